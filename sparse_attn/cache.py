@@ -1,0 +1,247 @@
+"""The KV cache pytree with per-block digests kept in sync on every write.
+
+Letters: B batch, K kv heads, T capacity (slots), N = T // block_size blocks, D head dim.
+
+Slots are written at explicit indices, so append and overwrite (dense rectification, retro
+re-embedding) are one operation, ``write``. Each slot also records the token position it holds
+(``pos``, -1 when empty): an uncompressed cache has ``pos == slot``; a compressed cache
+(compaction after eviction) keeps the original positions of the kept keys per head.
+
+Block digests, recomputed from the block's valid keys after every write that touches it:
+  * ``kmin, kmax [B, K, N, D]``: the per-channel bounding box (Quest, Tang et al. 2024, Sec. 3.2);
+  * ``kcen [B, K, N, D]``, ``krad [B, K, N]``: the centroid and the bounding-sphere radius
+    ``max_j ||k_j - c||`` (ArkVale page digests, Chen et al. 2024, Sec. 4.2).
+Empty blocks have all-zero digests; selectors mask them by ``length``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class KVCache:
+  """Fixed-capacity KV cache of one layer.
+
+  Attributes:
+    k, v: ``[B, K, T, D]`` keys (post-RoPE) and values.
+    pos: ``[B, K, T]`` int32 token position held by each slot, -1 if empty.
+    length: ``[B]`` int32 number of slots in use (one past the highest written slot).
+    kmin, kmax, kcen: ``[B, K, N, D]`` block digests (cache dtype).
+    krad: ``[B, K, N]`` float32 bounding-sphere radius per block.
+    block_size: static block (page) size.
+  """
+
+  k: jax.Array
+  v: jax.Array
+  pos: jax.Array
+  length: jax.Array
+  kmin: jax.Array
+  kmax: jax.Array
+  kcen: jax.Array
+  krad: jax.Array
+  block_size: int = dataclasses.field(metadata=dict(static=True), default=16)
+
+  @property
+  def batch(self) -> int:
+    return self.k.shape[0]
+
+  @property
+  def num_kv_heads(self) -> int:
+    return self.k.shape[1]
+
+  @property
+  def capacity(self) -> int:
+    return self.k.shape[2]
+
+  @property
+  def head_dim(self) -> int:
+    return self.k.shape[3]
+
+  @property
+  def num_blocks(self) -> int:
+    return self.capacity // self.block_size
+
+  @property
+  def valid(self) -> jax.Array:
+    """``[B, K, T]`` bool: the slot holds a key that may be attended."""
+    slots = jnp.arange(self.capacity, dtype=jnp.int32)
+    return (self.pos >= 0) & (slots[None, None, :] < self.length[:, None, None])
+
+  def nbytes(self) -> int:
+    """Bytes held by every buffer of the cache (what eviction must shrink)."""
+    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self))
+
+
+def init_cache(batch: int, num_kv_heads: int, capacity: int, head_dim: int,
+               block_size: int = 16, dtype=jnp.float32) -> KVCache:
+  """An empty cache of ``capacity`` slots (a multiple of ``block_size``)."""
+  if block_size <= 0:
+    raise ValueError(f"block_size must be positive, got {block_size}")
+  if capacity <= 0 or capacity % block_size:
+    raise ValueError(
+        f"capacity {capacity} must be a positive multiple of block_size {block_size}")
+  nb = capacity // block_size
+  shape = (batch, num_kv_heads, capacity, head_dim)
+  dshape = (batch, num_kv_heads, nb, head_dim)
+  return KVCache(
+      k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
+      pos=jnp.full(shape[:3], -1, jnp.int32), length=jnp.zeros((batch,), jnp.int32),
+      kmin=jnp.zeros(dshape, dtype), kmax=jnp.zeros(dshape, dtype),
+      kcen=jnp.zeros(dshape, dtype), krad=jnp.zeros(dshape[:3], jnp.float32),
+      block_size=block_size)
+
+
+def block_digests(k, valid, block_size):
+  """Digests of whole blocks from their valid keys.
+
+  Args:
+    k: ``[..., N * block_size, D]`` keys.
+    valid: ``[..., N * block_size]`` bool.
+    block_size: static.
+
+  Returns:
+    ``kmin, kmax, kcen [..., N, D]`` (dtype of k) and ``krad [..., N]`` float32; zeros for
+    blocks with no valid key.
+  """
+  *lead, t, d = k.shape
+  nb = t // block_size
+  kb = k.reshape(*lead, nb, block_size, d).astype(jnp.float32)
+  vb = valid.reshape(*lead, nb, block_size, 1)
+  cnt = jnp.sum(vb, axis=-2)  # [..., N, 1]
+  any_valid = cnt > 0
+  kmin = jnp.where(any_valid, jnp.min(jnp.where(vb, kb, jnp.inf), axis=-2), 0.0)
+  kmax = jnp.where(any_valid, jnp.max(jnp.where(vb, kb, -jnp.inf), axis=-2), 0.0)
+  kcen = jnp.sum(jnp.where(vb, kb, 0.0), axis=-2) / jnp.maximum(cnt, 1)
+  dist = jnp.sqrt(jnp.sum(jnp.square(kb - kcen[..., None, :]), axis=-1))
+  krad = jnp.max(jnp.where(vb[..., 0], dist, 0.0), axis=-1)
+  dt = k.dtype
+  return kmin.astype(dt), kmax.astype(dt), kcen.astype(dt), krad
+
+
+def _check_write(cache: KVCache, k_new, v_new, positions):
+  b, hkv, _, d = cache.k.shape
+  s = positions.shape[-1]
+  want = (b, hkv, s, d)
+  for name, x in (("k_new", k_new), ("v_new", v_new)):
+    if tuple(x.shape) != want:
+      raise ValueError(f"{name} has shape {tuple(x.shape)}, expected {want} "
+                       f"(cache [B={b}, Hkv={hkv}, T={cache.capacity}, D={d}], {s} positions)")
+    if x.dtype != cache.k.dtype:
+      raise ValueError(f"{name} has dtype {x.dtype}, the cache holds {cache.k.dtype}")
+  if positions.shape != (b, s):
+    raise ValueError(f"positions has shape {positions.shape}, expected ({b}, {s})")
+  if s > cache.capacity:
+    raise ValueError(f"writing {s} positions into a cache of capacity {cache.capacity}")
+  try:  # concrete positions can be checked eagerly; traced ones are dropped if out of range
+    hi = int(jnp.max(positions))
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
+    return
+  if hi >= cache.capacity:
+    raise ValueError(f"write at slot {hi} past the cache capacity {cache.capacity}")
+
+
+def write(cache: KVCache, k_new, v_new, positions, token_positions=None) -> KVCache:
+  """Writes keys/values at explicit slots (append and overwrite alike).
+
+  Args:
+    cache: the layer cache.
+    k_new, v_new: ``[B, K, S, D]`` in the cache dtype.
+    positions: ``[B, S]`` int32 slot of each new entry; negative = skip (padding).
+    token_positions: ``[B, S]`` or ``[B, K, S]`` token positions recorded in ``pos``
+      (default: ``positions``; differs after compaction).
+
+  Returns:
+    The cache with the entries written, ``length`` advanced and the digests of every touched
+    block recomputed from the block's valid keys.
+  """
+  _check_write(cache, k_new, v_new, positions)
+  b, hkv, t, d = cache.k.shape
+  bs = cache.block_size
+  s = positions.shape[-1]
+  positions = positions.astype(jnp.int32)
+  # Out-of-range slot = dropped by the scatter.
+  slot = jnp.where((positions >= 0) & (positions < t), positions, t)
+  if token_positions is None:
+    token_positions = positions
+  tok = jnp.broadcast_to(
+      token_positions if token_positions.ndim == 3 else token_positions[:, None, :],
+      (b, hkv, s)).astype(jnp.int32)
+  bi = jnp.arange(b)[:, None, None]
+  hi = jnp.arange(hkv)[None, :, None]
+  si = slot[:, None, :]
+  k = cache.k.at[bi, hi, si].set(k_new, mode="drop")
+  v = cache.v.at[bi, hi, si].set(v_new, mode="drop")
+  pos = cache.pos.at[bi, hi, si].set(tok, mode="drop")
+  written = jnp.where(slot < t, slot + 1, 0)
+  length = jnp.maximum(cache.length, jnp.max(written, axis=-1, initial=0))
+  new = dataclasses.replace(cache, k=k, v=v, pos=pos, length=length)
+  if s >= cache.num_blocks:
+    return _refresh_all_digests(new)
+  return _refresh_block_digests(new, slot // bs)
+
+
+def _refresh_all_digests(cache: KVCache) -> KVCache:
+  kmin, kmax, kcen, krad = block_digests(cache.k, cache.valid, cache.block_size)
+  return dataclasses.replace(cache, kmin=kmin, kmax=kmax, kcen=kcen, krad=krad)
+
+
+def _refresh_block_digests(cache: KVCache, blocks) -> KVCache:
+  """Recomputes the digests of ``blocks [B, S]`` (ids >= N are ignored)."""
+  b, hkv, t, d = cache.k.shape
+  bs, nb = cache.block_size, cache.num_blocks
+  s = blocks.shape[-1]
+  safe = jnp.minimum(blocks, nb - 1)
+  # [B, K, S, bs] slots of each touched block
+  slots = (safe[:, None, :, None] * bs + jnp.arange(bs)).astype(jnp.int32)
+  slots = jnp.broadcast_to(slots, (b, hkv, s, bs)).reshape(b, hkv, s * bs)
+  kb = jnp.take_along_axis(cache.k, slots[..., None], axis=2)
+  vb = jnp.take_along_axis(cache.valid, slots, axis=2)
+  kmin, kmax, kcen, krad = block_digests(kb, vb, bs)  # [B, K, S, D]
+  bi = jnp.arange(b)[:, None, None]
+  hi = jnp.arange(hkv)[None, :, None]
+  idx = jnp.where(blocks < nb, blocks, nb)[:, None, :]
+  upd = lambda arr, val: arr.at[bi, hi, idx].set(val, mode="drop")
+  return dataclasses.replace(cache, kmin=upd(cache.kmin, kmin), kmax=upd(cache.kmax, kmax),
+                             kcen=upd(cache.kcen, kcen), krad=upd(cache.krad, krad))
+
+
+def gather_blocks(x, block_idx, block_size):
+  """Reads a list of blocks of a cache array.
+
+  Args:
+    x: ``[B, K, T, ...]`` cache array (keys, values, positions or validity).
+    block_idx: ``[B, H, n]`` int block ids with ``H`` a multiple of ``K`` (head ``h`` reads
+      kv head ``h // (H // K)``); ids are clipped into range.
+    block_size: static granularity (1 for token lists).
+
+  Returns:
+    ``[B, H, n * block_size, ...]``.
+  """
+  b, hkv, t = x.shape[:3]
+  h, n = block_idx.shape[1], block_idx.shape[2]
+  if h % hkv:
+    raise ValueError(f"selection has {h} heads, not a multiple of {hkv} kv heads")
+  nb = t // block_size
+  xb = x.reshape(b, hkv, nb, block_size, *x.shape[3:])
+  idx = jnp.clip(block_idx, 0, nb - 1)
+  bi = jnp.arange(b)[:, None, None]
+  hi = (jnp.arange(h) // (h // hkv))[None, :, None]
+  out = xb[bi, hi, idx]  # [B, H, n, bs, ...]
+  return out.reshape(b, h, n * block_size, *x.shape[3:])
+
+
+def replace_storage(cache: KVCache, k, v, pos, length) -> KVCache:
+  """A cache over new storage (e.g. after compaction); all digests recomputed."""
+  new = dataclasses.replace(cache, k=k, v=v, pos=pos.astype(jnp.int32),
+                            length=length.astype(jnp.int32))
+  nb = k.shape[2] // cache.block_size
+  d = k.shape[3]
+  z = jnp.zeros(k.shape[:2] + (nb, d), k.dtype)
+  new = dataclasses.replace(new, kmin=z, kmax=z, kcen=z,
+                            krad=jnp.zeros(k.shape[:2] + (nb,), jnp.float32))
+  return _refresh_all_digests(new)

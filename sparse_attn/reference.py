@@ -1,0 +1,135 @@
+"""Exact (dense) GQA attention returning ``(out, lse)``.
+
+Einsum letters used throughout the package:
+  B batch, K kv heads, G query heads per kv head, S query length, T key length, D head dim.
+
+Every attention primitive in the library returns ``(out, lse)`` with
+``lse = log sum_j exp(scale * q . k_j)`` over the attended keys (natural log, float32).
+A row that attends nothing returns ``out = 0`` and ``lse = -inf`` and never NaN.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+
+NEG_INF = float("-inf")
+
+
+def default_scale(head_dim: int, scale: float | None = None) -> float:
+  """The softmax scale: ``1/sqrt(D)`` unless given."""
+  return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def grouped_attention(q, k, v, mask=None, scale=None):
+  """Attention with the query heads already grouped by kv head.
+
+  Args:
+    q: ``[B, K, G, S, D]`` queries.
+    k: ``[B, K, T, D]`` keys.
+    v: ``[B, K, T, D]`` values.
+    mask: boolean, broadcastable to ``[B, K, G, S, T]``; True = attend.
+    scale: softmax scale, default ``1/sqrt(D)``.
+
+  Returns:
+    ``out [B, K, G, S, D]`` in ``q.dtype`` and ``lse [B, K, G, S]`` float32.
+  """
+  scale = default_scale(q.shape[-1], scale)
+  # [B, K, G, S, T]
+  logits = jnp.einsum("bkgsd,bktd->bkgst", q, k, preferred_element_type=jnp.float32)
+  logits = logits * scale
+  if mask is not None:
+    logits = jnp.where(mask, logits, NEG_INF)
+  out, lse = softmax_weighted_sum(logits, v)
+  return out.astype(q.dtype), lse
+
+
+def softmax_weighted_sum(logits, v):
+  """Safe softmax of ``logits [B, K, G, S, T]`` applied to ``v [B, K, T, D]``.
+
+  Masked entries are ``-inf``. Returns ``(out [B, K, G, S, D] f32, lse [B, K, G, S] f32)``;
+  fully masked rows give ``out = 0, lse = -inf``.
+  """
+  m = jnp.max(logits, axis=-1, keepdims=True)
+  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+  p = jnp.exp(logits - m_safe)  # exp(-inf) = 0 for masked keys
+  denom = jnp.sum(p, axis=-1)
+  # [B, K, G, S, D]
+  num = jnp.einsum("bkgst,bktd->bkgsd", p, v.astype(jnp.float32))
+  safe_denom = jnp.where(denom > 0, denom, 1.0)
+  out = jnp.where((denom > 0)[..., None], num / safe_denom[..., None], 0.0)
+  lse = jnp.where(denom > 0, m_safe[..., 0] + jnp.log(safe_denom), NEG_INF)
+  return out, lse
+
+
+def attention_mask(batch, q_len, kv_len, *, kv_length=None, q_positions=None,
+                   k_positions=None):
+  """Builds a boolean mask ``[B, 1|K, 1, S, T]`` from lengths and positions.
+
+  Args:
+    batch, q_len, kv_len: static sizes.
+    kv_length: ``[B]`` int, keys at slots ``>= kv_length`` are masked.
+    q_positions: ``[B, S]`` int, the token position of each query; when given the mask is
+      causal (key position ``<= `` query position). Negative positions mask the query row.
+    k_positions: ``[B, T]`` or ``[B, K, T]`` int token position of each key slot
+      (default: the slot index); negative entries are empty slots.
+  """
+  slots = jnp.arange(kv_len, dtype=jnp.int32)
+  mask = jnp.ones((batch, 1, 1, q_len, kv_len), dtype=bool)
+  if kv_length is not None:
+    mask &= (slots[None, :] < kv_length[:, None])[:, None, None, None, :]
+  if k_positions is None:
+    kpos = jnp.broadcast_to(slots, (batch, 1, kv_len))
+  else:
+    kpos = k_positions if k_positions.ndim == 3 else k_positions[:, None, :]
+    mask &= (kpos >= 0)[:, :, None, None, :]
+  if q_positions is not None:
+    qpos = q_positions[:, None, None, :, None]
+    mask &= (kpos[:, :, None, None, :] <= qpos) & (qpos >= 0)
+  return mask
+
+
+def attention(q, k, v, mask=None, scale=None, *, kv_length=None, q_positions=None,
+              k_positions=None):
+  """Exact GQA attention. Query head ``h`` reads kv head ``h // G``.
+
+  Args:
+    q: ``[B, Hq, S, D]`` queries.
+    k: ``[B, Hkv, T, D]`` keys (post-RoPE).
+    v: ``[B, Hkv, T, D]`` values.
+    mask: optional boolean broadcastable to ``[B, Hq, S, T]``; True = attend.
+    scale: softmax scale, default ``1/sqrt(D)``.
+    kv_length: optional ``[B]`` valid key count (length mask).
+    q_positions: optional ``[B, S]`` query token positions (makes the mask causal).
+    k_positions: optional ``[B, T]`` or ``[B, Hkv, T]`` key token positions.
+
+  Returns:
+    ``out [B, Hq, S, D]`` (``q.dtype``) and ``lse [B, Hq, S]`` (float32).
+  """
+  b, hq, s, d = q.shape
+  hkv, t = k.shape[1], k.shape[2]
+  if hq % hkv:
+    raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
+  g = hq // hkv
+  full = attention_mask(b, s, t, kv_length=kv_length, q_positions=q_positions,
+                        k_positions=k_positions)
+  if mask is not None:
+    mask = jnp.broadcast_to(mask, (b, hq, s, t)).reshape(b, hkv, g, s, t)
+    full = full & mask
+  out, lse = grouped_attention(q.reshape(b, hkv, g, s, d), k, v, full, scale)
+  return out.reshape(b, hq, s, d), lse.reshape(b, hq, s)
+
+
+def logits(q, k, scale=None):
+  """Raw scaled GQA logits ``[B, Hq, S, T]`` (float32) for analysis and oracles."""
+  b, hq, s, d = q.shape
+  hkv = k.shape[1]
+  scale = default_scale(d, scale)
+  qg = q.reshape(b, hkv, hq // hkv, s, d)
+  out = jnp.einsum("bkgsd,bktd->bkgst", qg, k, preferred_element_type=jnp.float32)
+  return (out * scale).reshape(b, hq, s, -1)
+
+
+__all__ = ["attention", "grouped_attention", "softmax_weighted_sum", "attention_mask",
+           "default_scale", "logits", "NEG_INF"]

@@ -1,0 +1,148 @@
+"""Selectors: which blocks (or tokens) a decode step attends.
+
+Letters: B batch, K kv heads, Hq query heads, H selection heads (K or Hq), N entries (blocks of
+``block_size`` tokens, or single tokens), n the static list length, D head dim.
+
+A selection is a fixed-size list of entry ids per (batch, head) plus a valid count, so shapes are
+static under jit: ``idx [B, H, n]`` and ``n_valid [B, H]``; ids past ``n_valid`` are padding.
+Forced entries (sinks, local window) come first, then the highest scores; ids are distinct and
+never point past the context.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from sparse_attn import reference, scoring
+from sparse_attn.budget import Budget
+from sparse_attn.cache import KVCache
+
+_FORCED = 3.0e38  # above any real score, finite so that no inf arithmetic happens
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Selection:
+  """Selected entries per (batch, head).
+
+  Attributes:
+    idx: ``[B, H, n]`` int32 entry ids (block ids, or token slots when ``granularity == 1``).
+    n_valid: ``[B, H]`` int32 number of leading valid ids.
+    granularity: static tokens per entry (the cache block size, or 1).
+  """
+
+  idx: jax.Array
+  n_valid: jax.Array
+  granularity: int = dataclasses.field(metadata=dict(static=True), default=1)
+
+  def token_mask(self, capacity: int):
+    """``[B, H, capacity]`` bool: the slots covered by the valid entries."""
+    b, h, n = self.idx.shape
+    ok = jnp.arange(n)[None, None, :] < self.n_valid[..., None]
+    nb = capacity // self.granularity
+    hit = jnp.zeros((b, h, nb + 1), bool)
+    hit = hit.at[jnp.arange(b)[:, None, None], jnp.arange(h)[None, :, None],
+                 jnp.where(ok, self.idx, nb)].set(True)[..., :nb]
+    return jnp.repeat(hit, self.granularity, axis=-1)
+
+
+def top_entries(scores, valid, forced, count, n_max: int, granularity: int) -> Selection:
+  """Top-``count`` entries by score with forced entries first.
+
+  Args:
+    scores: ``[B, H, N]`` float32.
+    valid: ``[B, N]`` bool, entries inside the context (others are never selected).
+    forced: ``[B, N]`` bool, entries always selected (subset of valid).
+    count: ``[B]`` int32 budget count (forced entries included; raised to the forced count).
+    n_max: static list length (``>= count``).
+    granularity: tokens per entry.
+  """
+  n_max = min(n_max, scores.shape[-1])
+  s = jnp.where(jnp.isnan(scores), -_FORCED, jnp.clip(scores, -_FORCED, _FORCED / 2))
+  s = jnp.where(forced[:, None, :], _FORCED, s)
+  s = jnp.where(valid[:, None, :], s, -jnp.inf)
+  _, idx = jax.lax.top_k(s, n_max)
+  n_ctx = jnp.sum(valid, axis=-1)
+  n = jnp.minimum(jnp.maximum(count, jnp.sum(forced, axis=-1)), n_ctx)
+  n = jnp.minimum(n, n_max)
+  n_valid = jnp.broadcast_to(n[:, None], idx.shape[:2]).astype(jnp.int32)
+  return Selection(idx=idx.astype(jnp.int32), n_valid=n_valid, granularity=granularity)
+
+
+def _block_masks(cache: KVCache, budget: Budget):
+  nb, bs = cache.num_blocks, cache.block_size
+  valid = jnp.arange(nb)[None, :] * bs < cache.length[:, None]
+  return valid, budget.forced(cache.length, nb, bs)
+
+
+def select_blocks(scores, cache: KVCache, budget: Budget) -> Selection:
+  """Block selection from ``scores [B, H, N]`` under ``budget``."""
+  valid, forced = _block_masks(cache, budget)
+  bs = cache.block_size
+  return top_entries(scores, valid, forced, budget.count(cache.length, bs),
+                     budget.max_count(cache.capacity, bs), bs)
+
+
+def quest(q, cache: KVCache, budget: Budget, gqa: str = "head") -> Selection:
+  """Quest query-aware page selection (Tang et al. 2024, Sec. 3.2, Eq. 1).
+
+  Args:
+    q: ``[B, Hq, D]`` current queries.
+    cache: the layer cache (its ``kmin, kmax`` digests).
+    budget: the budget rule.
+    gqa: ``"head"`` (per query head) or ``"group"`` (ReSA's pooled group query).
+  """
+  qs = scoring.scoring_queries(q, cache.num_kv_heads, gqa)
+  return select_blocks(scoring.quest_scores(qs, cache.kmin, cache.kmax), cache, budget)
+
+
+def arkvale(q, cache: KVCache, budget: Budget, gqa: str = "head",
+            variant: str = "sphere") -> Selection:
+  """ArkVale page recall by bounding-volume digests (Chen et al. 2024, Sec. 4.2)."""
+  qs = scoring.scoring_queries(q, cache.num_kv_heads, gqa)
+  s = scoring.arkvale_scores(qs, cache.kcen, cache.krad, cache.kmin, cache.kmax, variant)
+  return select_blocks(s, cache, budget)
+
+
+def _token_masks(cache: KVCache, budget: Budget):
+  t = cache.capacity
+  valid = cache.valid[:, 0, :] & (jnp.arange(t)[None, :] < cache.length[:, None])
+  return valid, budget.forced(cache.length, t, 1) & valid
+
+
+def topk(q, cache: KVCache, budget: Budget, gqa: str = "head", scale=None) -> Selection:
+  """Ideal token-level top-k on the true logits (the oracle of Quest/RESA comparisons).
+
+  ``gqa="group"`` ranks tokens by the group's mean logit, one list per kv head.
+  """
+  lg = reference.logits(q[:, :, None, :], cache.k, scale)[:, :, 0, :]  # [B, Hq, T]
+  if gqa == "group":
+    b, hq, t = lg.shape
+    lg = jnp.mean(lg.reshape(b, cache.num_kv_heads, hq // cache.num_kv_heads, t), axis=2)
+  elif gqa != "head":
+    raise ValueError(f"gqa must be one of {scoring.GQA_MODES}, got {gqa!r}")
+  valid, forced = _token_masks(cache, budget)
+  return top_entries(lg, valid, forced, budget.count(cache.length, 1),
+                     budget.max_count(cache.capacity, 1), 1)
+
+
+def streaming(q, cache: KVCache, budget: Budget) -> Selection:
+  """StreamingLLM attention (Xiao et al. 2024, Sec. 3.3): sink tokens + a recent window.
+
+  The window is the budget minus the sinks (``local_window`` when the budget is smaller), one
+  list per kv head.
+  """
+  valid, _ = _token_masks(cache, budget)
+  count = budget.count(cache.length, 1)
+  window = jnp.maximum(count - budget.n_sink, budget.local_window)
+  t = cache.capacity
+  idx = jnp.arange(t)[None, :]
+  keep = valid & ((idx < budget.n_sink) | (idx >= cache.length[:, None] - window[:, None]))
+  b, hkv = cache.batch, cache.num_kv_heads
+  scores = jnp.broadcast_to(idx.astype(jnp.float32), (b, hkv, t))  # recency order
+  del q  # position-only rule
+  return top_entries(scores, valid, keep, jnp.zeros_like(count), budget.max_count(t, 1), 1)
+

@@ -1,0 +1,76 @@
+"""Sparse decode attention over a selection: gather the selected entries, attend them exactly.
+
+Letters: B batch, K kv heads, Hq query heads, H selection heads, n list length, g granularity.
+This jnp path is the reference the Pallas kernels are checked against, and the CPU fast path:
+it reads only the selected blocks (a gather), never a mask over the whole cache.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from sparse_attn import reference
+from sparse_attn.cache import KVCache, gather_blocks
+from sparse_attn.selection import Selection
+
+IMPLS = ("auto", "pallas", "xla")
+
+
+def resolve_impl(impl: str) -> str:
+  """``auto`` -> ``pallas`` on a GPU backend, ``xla`` elsewhere."""
+  if impl not in IMPLS:
+    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+  if impl == "auto":
+    return "pallas" if jax.default_backend() == "gpu" else "xla"
+  return impl
+
+
+def gather_selection(cache: KVCache, sel: Selection):
+  """Keys, values and the attend mask of the selected entries.
+
+  Returns:
+    ``k, v [B, H, n*g, D]``, ``ok [B, H, n*g]`` bool (entry valid, slot in use), and the token
+    positions ``pos [B, H, n*g]`` of the gathered slots.
+  """
+  g = sel.granularity
+  k = gather_blocks(cache.k, sel.idx, g)
+  v = gather_blocks(cache.v, sel.idx, g)
+  pos = gather_blocks(cache.pos, sel.idx, g)
+  slot = sel.idx[..., None] * g + jnp.arange(g)
+  slot = slot.reshape(*sel.idx.shape[:2], -1)
+  listed = jnp.arange(sel.idx.shape[-1])[None, None, :] < sel.n_valid[..., None]
+  listed = jnp.repeat(listed, g, axis=-1)
+  ok = listed & (pos >= 0) & (slot < cache.length[:, None, None])
+  return k, v, ok, pos
+
+
+def sparse_decode(q, cache: KVCache, sel: Selection, scale=None, *, impl: str = "xla",
+                  interpret: bool = False):
+  """Exact attention of one query per head over the selected entries.
+
+  Args:
+    q: ``[B, Hq, D]`` queries (Hq a multiple of the selection's H).
+    cache: the layer cache.
+    sel: the selection (``idx [B, H, n]``).
+    scale: softmax scale (default ``1/sqrt(D)``).
+    impl: ``"xla"`` (this jnp path), ``"pallas"`` (the Triton kernel; block selections only) or
+      ``"auto"``.
+    interpret: run the Pallas kernel in interpret mode.
+
+  Returns:
+    ``out [B, Hq, D]`` (q.dtype) and ``lse [B, Hq]`` float32.
+  """
+  if resolve_impl(impl) == "pallas" and sel.granularity == cache.block_size:
+    import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
+    return pallas_kernels.sparse_decode(q, cache.k, cache.v, sel.idx, sel.n_valid, cache.length,
+                            block_size=cache.block_size, scale=scale, impl="pallas",
+                            interpret=interpret)
+  b, hq, d = q.shape
+  h = sel.idx.shape[1]
+  if hq % h:
+    raise ValueError(f"selection heads {h} do not divide query heads {hq}")
+  k, v, ok, _ = gather_selection(cache, sel)
+  qg = q.reshape(b, h, hq // h, 1, d)
+  out, lse = reference.grouped_attention(qg, k, v, ok[:, :, None, None, :], scale)
+  return out.reshape(b, hq, d), lse.reshape(b, hq)
