@@ -165,10 +165,14 @@ def make(spec: str = "dense", **options) -> Method:
   Raises:
     ValueError: unknown names or options, or invalid values (the message lists valid ones).
   """
+  from sparse_attn import compression  # pylint: disable=g-import-not-at-top (registry cycle)
   parts = parse_spec(spec)
   (name, inline), rest = parts[0], parts[1:]
+  if name in compression.BUILDERS:
+    return compression.BUILDERS[name](spec, parts, options)
   if name not in BASE_NAMES:
-    raise ValueError(f"unknown method {name!r} in {spec!r}; valid: {sorted(BASE_NAMES)}")
+    valid = sorted(BASE_NAMES + tuple(compression.BUILDERS))
+    raise ValueError(f"unknown method {name!r} in {spec!r}; valid: {valid}")
   if rest:
     raise ValueError(f"unknown enhancer(s) {[n for n, _ in rest]} in {spec!r}")
   opts = {**inline, **options}
