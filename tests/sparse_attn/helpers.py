@@ -1,0 +1,28 @@
+"""Random problems shared by the sparse_attn tests (fresh normal data, never zeros)."""
+
+import jax.numpy as jnp
+import numpy as np
+
+from sparse_attn import cache as cache_lib
+
+TOL = {jnp.float32: dict(atol=2e-5, rtol=2e-5), jnp.bfloat16: dict(atol=2e-2, rtol=2e-2)}
+
+
+def tol(dtype):
+  return TOL[jnp.dtype(dtype).type]
+
+
+def normal(rng, shape, dtype=jnp.float32, scale=1.0):
+  return jnp.asarray(rng.normal(size=shape) * scale, dtype)
+
+
+def filled_cache(rng, b, hkv, t, d, lengths, block_size=16, dtype=jnp.float32, scale=1.0):
+  """A cache with ``lengths[i]`` random keys/values written in row i (appended in one write)."""
+  c = cache_lib.init_cache(b, hkv, t, d, block_size, dtype)
+  s = max(max(lengths), 1)
+  pos = np.full((b, s), -1, np.int32)
+  for i, n in enumerate(lengths):
+    pos[i, :n] = np.arange(n)
+  k = normal(rng, (b, hkv, s, d), dtype, scale)
+  v = normal(rng, (b, hkv, s, d), dtype)
+  return cache_lib.write(c, k, v, jnp.asarray(pos))

@@ -1,0 +1,110 @@
+"""The method registry and per-layer prefill/decode: invariants 1, 6, 7 of DESIGN.md."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparse_attn import methods
+from tests.sparse_attn import helpers
+
+SELECTORS = ["quest", "quest:gqa=group", "arkvale", "arkvale:variant=cuboid", "topk",
+             "topk:gqa=group", "streaming"]
+
+
+def _run(method, rng, b=2, hq=4, hkv=2, d=16, prompt=(37, 20), steps=5, dtype=jnp.float32,
+         scale=1.0):
+  """Prefill rows of different lengths (right padding), then decode a few tokens."""
+  cap = method.round_capacity(max(prompt) + steps)
+  cache = method.init_cache(b, hkv, cap, d, dtype)
+  state = method.init_state(b, hq, hkv, d, cap, dtype)
+  s = max(prompt)
+  pos = np.full((b, s), -1, np.int32)
+  for i, n in enumerate(prompt):
+    pos[i, :n] = np.arange(n)
+  mk = lambda *shape: helpers.normal(rng, shape, dtype, scale)
+  out, cache, state = method.prefill(mk(b, hq, s, d), mk(b, hkv, s, d), mk(b, hkv, s, d),
+                                     cache, state, jnp.asarray(pos))
+  cache, state = method.end_prefill(cache, state)
+  outs = [out]
+  step = jax.jit(method.decode)
+  for t in range(steps):
+    p = jnp.asarray(np.array(prompt)[:, None] + t, jnp.int32)
+    o, cache, state = step(mk(b, hq, 1, d), mk(b, hkv, 1, d), mk(b, hkv, 1, d), cache, state, p)
+    outs.append(o)
+  return outs, cache
+
+
+@pytest.mark.parametrize("spec", SELECTORS)
+def test_full_budget_equals_dense_through_prefill_and_decode(spec):
+  outs = {}
+  for name in (spec, "dense"):
+    m = methods.make(name, budget=1.0) if name != "dense" else methods.make("dense")
+    outs[name], _ = _run(m, np.random.default_rng(0))
+  for a, b in zip(outs[spec][1:], outs["dense"][1:]):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("spec", SELECTORS)
+def test_sparse_budget_differs_from_dense_but_stays_finite(spec):
+  m = methods.make(spec, budget=0.1, n_sink=0, local_window=0, block_size=4)
+  outs, cache = _run(m, np.random.default_rng(1), prompt=(90, 60))
+  dense, _ = _run(methods.make("dense", block_size=4), np.random.default_rng(1), prompt=(90, 60))
+  assert not np.allclose(outs[-1], dense[-1], atol=1e-3)  # it really is sparse
+  assert all(np.isfinite(np.asarray(o)).all() for o in outs)
+  np.testing.assert_array_equal(cache.length, [95, 65])
+
+
+@pytest.mark.parametrize("spec", ["dense"] + SELECTORS)
+def test_no_nan_for_empty_rows_bf16_large_logits_and_huge_budgets(spec):
+  m = methods.make(spec) if spec == "dense" else methods.make(spec, budget=10_000)
+  rng = np.random.default_rng(2)
+  outs, _ = _run(m, rng, prompt=(0, 33), dtype=jnp.bfloat16, scale=30.0)  # |q.k| ~ 1e4
+  for o in outs:
+    assert np.isfinite(np.asarray(o, np.float32)).all()
+  # an empty cache decoded by a padding row (position -1) attends nothing
+  c = m.init_cache(1, 1, 16, 8)
+  q = jnp.ones((1, 2, 1, 8))
+  o, c, _ = m.decode(q, q[:, :1], q[:, :1], c, {}, jnp.array([[-1]]))
+  assert np.all(np.asarray(o) == 0) and int(c.length[0]) == 0
+
+
+@pytest.mark.parametrize("spec", ["dense", "quest", "topk:gqa=group"])
+def test_jit_and_vmap_equal_plain_call(spec):
+  m = methods.make(spec) if spec == "dense" else methods.make(spec, budget=0.25, block_size=8)
+  rng = np.random.default_rng(3)
+  n, b, hq, hkv, d, t = 3, 2, 4, 2, 8, 64
+  caches = [helpers.filled_cache(rng, b, hkv, t, d, [40, 17], block_size=8) for _ in range(n)]
+  q = helpers.normal(rng, (n, b, hq, 1, d)); k = helpers.normal(rng, (n, b, hkv, 1, d))
+  pos = jnp.array([[40], [17]])
+  plain = [m.decode(q[i], k[i], k[i], caches[i], {}, pos)[0] for i in range(n)]
+  stacked = jax.tree.map(lambda *x: jnp.stack(x), *caches)
+  vm = jax.jit(jax.vmap(m.decode, in_axes=(0, 0, 0, 0, None, None)))(q, k, k, stacked, {}, pos)[0]
+  jt = jax.jit(m.decode)(q[0], k[0], k[0], caches[0], {}, pos)[0]
+  np.testing.assert_allclose(jt, plain[0], atol=1e-6)
+  for i in range(n):
+    np.testing.assert_allclose(vm[i], plain[i], atol=1e-6)
+
+
+def test_make_parses_specs_and_rejects_unknowns():
+  m = methods.make("quest:gqa=group,block_size=32", budget=0.05)
+  assert (m.gqa, m.block_size, m.budget.budget) == ("group", 32, 0.05)
+  r = methods.make("quest", p=0.1)
+  assert (r.budget.budget, r.budget.p, r.budget.n_min, r.budget.n_local) == (None, 0.1, 16, 1)
+  assert hash(m) != hash(r)  # static, hashable configs
+  assert methods.make("topk", budget=2048).budget.budget == 2048
+  with pytest.raises(ValueError, match="unknown method 'qwest'.*'quest'"):
+    methods.make("qwest")
+  with pytest.raises(ValueError, match="unknown option.*'budgett'.*valid options"):
+    methods.make("quest", budgett=0.1)
+  with pytest.raises(ValueError, match="unknown option"):
+    methods.make("dense", budget=0.1)
+  with pytest.raises(ValueError, match="gqa"):
+    methods.make("quest", gqa="pooled")
+  with pytest.raises(ValueError, match="impl"):
+    methods.make("quest", impl="cuda")
+  with pytest.raises(ValueError, match="either budget or"):
+    methods.make("quest", budget=0.1, p=0.1)
+  with pytest.raises(ValueError, match="key=value"):
+    methods.make("quest:gqa")
+  assert methods.make("quest").round_capacity(17) == 32
