@@ -1,0 +1,13 @@
+"""Flax (Linen) Llama-family port: loading (HF safetensors, GGUF), tokenizer, decode loop.
+
+  model = models.load("smollm2-135m-instruct")          # or an HF directory
+  out = models.generate(model, model.encode("Hi", chat=True), 32, methods.make("quest"))
+"""
+
+from models.config import ModelConfig, RopeConfig
+from models.decode import Generation, generate, teacher_forced
+from models.loading import Model, load
+from models.sampling import Sampling
+
+__all__ = ["ModelConfig", "RopeConfig", "Model", "load", "generate", "teacher_forced",
+           "Generation", "Sampling"]

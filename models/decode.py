@@ -1,0 +1,313 @@
+"""Chunked prefill + jitted decode steps with a pluggable ``sparse_attn`` method.
+
+Letters: B batch, S tokens in a step, W decode window (``method.window``), E hidden, V vocab,
+T cache capacity, L layers.
+
+Batching: prompts are **right-padded**; every row keeps its own positions ``0..len-1`` and
+padding carries position -1, so it is never written to the cache. Cache slot == token position,
+so rows of different lengths decode side by side with per-row positions and give the same
+results as batch 1.
+
+Every step is ``jax.jit``-compiled with static shapes (fixed cache capacity, fixed chunk size,
+positions as arrays); caches and method states are donated. A token ``history [B, T]`` lives on
+device so a step can re-read the last ``W`` tokens (retro windows) or the last ``f`` tokens
+(``method.rect_interval``: dense rectification, which rewrites their K/V and never changes the
+emitted tokens).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models import llama
+from models.sampling import Sampling, sample
+
+# ---------------------------------------------------------------- layer plumbing
+
+
+def init_caches(config, method, batch: int, capacity: int):
+  """Per-layer caches and method states stacked on a leading ``[L]`` axis."""
+  dt = llama.compute_dtype(config)
+  cache = method.init_cache(batch, config.num_kv_heads, capacity, config.head_dim, dt)
+  state = method.init_state(batch, config.num_heads, config.num_kv_heads, config.head_dim,
+                            capacity, dt)
+  stack = lambda x: jnp.repeat(jnp.asarray(x)[None], config.num_layers, axis=0)
+  return jax.tree.map(stack, cache), jax.tree.map(stack, state)
+
+
+def _apply(params, config, tokens, positions, caches, states, layer_fn):
+  """Runs all layers with ``layer_fn`` (a method's prefill/decode/rectify) as attention.
+
+  Returns ``(hidden [B, S, E] before the final norm, caches, states)``.
+  """
+  scale = llama.softmax_scale(config)
+
+  def attend(q, k, v, inp):
+    cache, state = inp
+    out, cache, state = layer_fn(q, k, v, cache, state, positions, scale=scale)
+    return out, (cache, state)
+
+  x = llama.embed(params, config, tokens)
+  h, (caches, states) = llama.run_layers(params, config, x, positions, attend, (caches, states))
+  return h, caches, states
+
+
+_STATIC = ("config", "method")
+_DONATE = ("caches", "states")
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=_DONATE)
+def prefill_step(params, tokens, positions, caches, states, *, config, method):
+  """One prompt chunk: ``tokens, positions [B, S]`` -> ``(hidden [B, S, E], caches, states)``."""
+  return _apply(params, config, tokens, positions, caches, states, method.prefill)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=_DONATE)
+def end_prefill(caches, states, *, config, method):
+  """Calls ``method.end_prefill`` on every layer (vmapped over the layer axis)."""
+  fn = lambda c, s: method.end_prefill(c, s, scale=llama.softmax_scale(config))
+  return jax.vmap(fn)(caches, states)
+
+
+def _window_tokens(history, positions):
+  """``history [B, T]`` read at ``positions [B, S]`` (negative -> token 0)."""
+  tok = jnp.take_along_axis(history, jnp.maximum(positions, 0), axis=1)
+  return jnp.where(positions >= 0, tok, 0)
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC + ("sampling",),
+                   donate_argnames=_DONATE + ("history",))
+def decode_step(params, history, positions, caches, states, key, *, config, method, sampling):
+  """One decode step over the last ``W`` tokens; samples the next token.
+
+  Args:
+    history: ``[B, T]`` int32 tokens by position.
+    positions: ``[B, W]`` int32 positions of the window (newest last; negative = none).
+    key: PRNG key of this step.
+
+  Returns:
+    ``(next_token [B], logits [B, V] float32, history (next token written), caches, states)``.
+  """
+  tokens = _window_tokens(history, positions)
+  h, caches, states = _apply(params, config, tokens, positions, caches, states, method.decode)
+  logits = llama.logits_from_hidden(params, config, h[:, -1])
+  nxt = sample(logits, key, sampling)
+  b = jnp.arange(history.shape[0])
+  history = history.at[b, positions[:, -1] + 1].set(nxt, mode="drop")
+  return nxt, logits, history, caches, states
+
+
+@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=_DONATE)
+def rectify_step(params, history, positions, caches, states, *, config, method):
+  """Dense re-encoding of ``positions [B, f]`` (``method.rectify``); outputs are discarded."""
+  tokens = _window_tokens(history, positions)
+  _, caches, states = _apply(params, config, tokens, positions, caches, states, method.rectify)
+  return caches, states
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling"))
+def sample_from_hidden(params, h, key, *, config, sampling):
+  """``h [B, E]`` -> ``(token [B], logits [B, V])``."""
+  logits = llama.logits_from_hidden(params, config, h)
+  return sample(logits, key, sampling), logits
+
+
+# ---------------------------------------------------------------- host-side loops
+
+
+def chunk_size_for(max_len: int, prefill_chunk: int) -> int:
+  """Chunk length: ``prefill_chunk``, or the next power of two >= 16 for short prompts."""
+  return min(prefill_chunk, max(16, 1 << (max(max_len, 1) - 1).bit_length()))
+
+
+def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: int,
+            prefill_chunk: int = 512):
+  """Prefills right-padded ``prompts [B, S]`` in chunks.
+
+  Returns:
+    ``(last_hidden [B, E], history [B, T], caches, states)``; ``last_hidden`` is the hidden
+    state (pre final norm) of each row's last prompt token.
+  """
+  config, params = model.config, model.params
+  b, s = prompts.shape
+  if np.any(lengths < 1):
+    raise ValueError("every prompt needs at least one token")
+  if s > capacity:
+    raise ValueError(f"prompt of {s} tokens exceeds the cache capacity {capacity}")
+  w = config.sliding_window
+  if w is not None and capacity > w:
+    raise NotImplementedError(
+        f"sliding_window={w} < cache capacity {capacity}: the method interface has no "
+        "window mask yet; use a context within the window")
+  history = np.zeros((b, capacity), np.int32)
+  history[:, :s] = prompts
+  caches, states = init_caches(config, method, b, capacity)
+  c = chunk_size_for(int(lengths.max()), prefill_chunk)
+  last = jnp.zeros((b, config.hidden_size), llama.compute_dtype(config))
+  rows = jnp.arange(b)
+  for start in range(0, int(lengths.max()), c):
+    idx = np.arange(start, start + c)
+    pos = np.where(idx[None] < lengths[:, None], idx[None], -1).astype(np.int32)
+    tok = np.where(pos >= 0, np.pad(prompts, ((0, 0), (0, c)))[:, start:start + c], 0)
+    h, caches, states = prefill_step(params, jnp.asarray(tok, jnp.int32), jnp.asarray(pos),
+                                      caches, states, config=config, method=method)
+    here = (lengths - 1 >= start) & (lengths - 1 < start + c)
+    picked = h[rows, jnp.asarray(np.clip(lengths - 1 - start, 0, c - 1))]
+    last = jnp.where(jnp.asarray(here)[:, None], picked, last)
+  caches, states = end_prefill(caches, states, config=config, method=method)
+  return last, jnp.asarray(history), caches, states
+
+
+def window_positions(newest: np.ndarray, w: int) -> np.ndarray:
+  """``[B, w]`` positions ``newest-w+1 .. newest`` (negative entries = not yet existing)."""
+  pos = newest[:, None] + np.arange(1 - w, 1)[None]
+  return np.where(pos >= 0, pos, -1).astype(np.int32)
+
+
+def _as_batch(prompt_tokens):
+  """A prompt (ids) or a list of prompts -> right-padded ``[B, S]`` and lengths ``[B]``."""
+  seqs = list(prompt_tokens)
+  if seqs and np.isscalar(seqs[0]):
+    seqs = [seqs]
+  lengths = np.array([len(s) for s in seqs], np.int32)
+  out = np.zeros((len(seqs), max(int(lengths.max()), 1)), np.int32)
+  for i, s in enumerate(seqs):
+    out[i, :len(s)] = np.asarray(s, np.int32)
+  return out, lengths
+
+
+@dataclasses.dataclass
+class Generation:
+  """Output of ``generate``.
+
+  Attributes:
+    tokens: per row, the generated ids (cut after the first EOS when ``stop_at_eos``).
+    prefill_seconds, decode_seconds: wall time (including compilation on the first call).
+    prompt_tokens: total prompt tokens; decode_steps: decode steps run (per row).
+  """
+
+  tokens: list[list[int]]
+  prefill_seconds: float
+  decode_seconds: float
+  prompt_tokens: int
+  decode_steps: int
+
+  @property
+  def prefill_tokens_per_second(self) -> float:
+    return self.prompt_tokens / max(self.prefill_seconds, 1e-9)
+
+  @property
+  def decode_tokens_per_second(self) -> float:
+    return len(self.tokens) * self.decode_steps / max(self.decode_seconds, 1e-9)
+
+
+def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampling = Sampling(),
+             *, prefill_chunk: int = 512, capacity: int | None = None,
+             stop_at_eos: bool = True) -> Generation:
+  """Generates up to ``max_new_tokens`` per prompt with ``method`` as the attention.
+
+  Args:
+    model: a loaded model (``.config``, ``.params``, optional ``.tokenizer`` for EOS ids).
+    prompt_tokens: one list of ids, or a list of lists (right-padded internally).
+    max_new_tokens: tokens to emit per row.
+    method: a ``sparse_attn.methods.Method`` (its ``window`` and ``rect_interval`` are obeyed).
+    sampling: greedy / temperature / top-p with a seed.
+    prefill_chunk: prompt chunk length.
+    capacity: cache capacity (default: longest prompt + max_new_tokens, rounded up).
+    stop_at_eos: stop a row after an EOS id (and the whole loop once all rows stopped).
+  """
+  config = model.config
+  prompts, lengths = _as_batch(prompt_tokens)
+  need = int(lengths.max()) + max_new_tokens
+  capacity = method.round_capacity(capacity or need)
+  if capacity < need:
+    raise ValueError(f"capacity {capacity} < prompt + max_new_tokens = {need}")
+  key = jax.random.key(sampling.seed)
+  t0 = time.perf_counter()
+  last, history, caches, states = prefill(model, prompts, lengths, method, capacity,
+                                          prefill_chunk)
+  nxt, _ = sample_from_hidden(model.params, last, jax.random.fold_in(key, 0), config=config,
+                              sampling=sampling)
+  history = history.at[jnp.arange(len(lengths)), jnp.asarray(lengths)].set(nxt, mode="drop")
+  nxt.block_until_ready()
+  t1 = time.perf_counter()
+  eos = set(config.eos_token_ids)
+  if getattr(model, "tokenizer", None) is not None:
+    eos |= set(model.tokenizer.eos_ids)
+  out = [np.asarray(nxt)]
+  done = np.isin(out[0], list(eos)) if stop_at_eos else np.zeros(len(lengths), bool)
+  w, f = method.window, method.rect_interval
+  steps = 0
+  for i in range(1, max_new_tokens):
+    if stop_at_eos and done.all():
+      break
+    newest = lengths + i - 1  # position of the token fed in this step
+    nxt, _, history, caches, states = decode_step(
+        model.params, history, jnp.asarray(window_positions(newest, w)), caches, states,
+        jax.random.fold_in(key, i), config=config, method=method, sampling=sampling)
+    steps += 1
+    if f and steps % f == 0:
+      caches, states = rectify_step(model.params, history,
+                                    jnp.asarray(window_positions(newest, f)), caches, states,
+                                    config=config, method=method)
+    out.append(np.asarray(nxt))
+    if stop_at_eos:
+      done |= np.isin(out[-1], list(eos))
+  t2 = time.perf_counter()
+  toks = np.stack(out, axis=1)
+  rows = []
+  for r in toks.tolist():
+    if stop_at_eos:
+      cut = next((j for j, t in enumerate(r) if t in eos), None)
+      r = r if cut is None else r[:cut + 1]
+    rows.append(r)
+  return Generation(rows, t1 - t0, t2 - t1, int(lengths.sum()), steps)
+
+
+def teacher_forced(model, tokens, prefill_len: int, method, *, prefill_chunk: int = 512,
+                   capacity: int | None = None):
+  """Logits of ground-truth continuation fed one token at a time through ``method.decode``.
+
+  The first ``prefill_len`` tokens are prefilled densely (``method.prefill``), then tokens
+  ``prefill_len .. N-1`` go through the decode path (this is perplexity under sparse decoding).
+
+  Args:
+    tokens: ``[B, N]`` int ids (all rows the same length).
+    prefill_len: prompt length, ``1 <= prefill_len <= N``.
+
+  Returns:
+    float32 ``[B, N - prefill_len + 1, V]``: entry ``i`` is the logits after reading token
+    ``prefill_len - 1 + i`` (so ``[:, :-1]`` predicts ``tokens[:, prefill_len:]``); with the
+    dense method this equals ``llama.forward(tokens)[:, prefill_len - 1:]``.
+  """
+  config = model.config
+  tokens = np.asarray(tokens, np.int32)
+  b, n = tokens.shape
+  if not 1 <= prefill_len <= n:
+    raise ValueError(f"prefill_len={prefill_len} must be in [1, {n}]")
+  capacity = method.round_capacity(capacity or n)
+  lengths = np.full((b,), prefill_len, np.int32)
+  last, history, caches, states = prefill(model, tokens[:, :prefill_len], lengths, method,
+                                          capacity, prefill_chunk)
+  history = history.at[:, :n].set(jnp.asarray(tokens))
+  _, first = sample_from_hidden(model.params, last, jax.random.key(0), config=config,
+                                sampling=Sampling())
+  out = [first]
+  for p in range(prefill_len, n):
+    newest = np.full((b,), p, np.int32)
+    _, logits, history, caches, states = decode_step(
+        model.params, history, jnp.asarray(window_positions(newest, method.window)), caches,
+        states, jax.random.key(0), config=config, method=method, sampling=Sampling())
+    history = history.at[:, :n].set(jnp.asarray(tokens))  # undo the sampled write
+    if method.rect_interval and (p - prefill_len + 1) % method.rect_interval == 0:
+      caches, states = rectify_step(
+          model.params, history, jnp.asarray(window_positions(newest, method.rect_interval)),
+          caches, states, config=config, method=method)
+    out.append(logits)
+  return np.asarray(jnp.stack(out, axis=1))

@@ -1,0 +1,191 @@
+"""Flax (Linen) Llama-family decoder: RMSNorm, RoPE, GQA, SwiGLU, optional biases.
+
+Letters: B batch, S tokens in the step, E hidden size, F MLP size, V vocab, L layers,
+N query heads, K kv heads, D head dim.
+
+One ``Block`` module holds a decoder layer; the stack is a ``jax.lax.scan`` over layer
+parameters stacked on a leading ``[L]`` axis (one compiled layer, fast compiles). Attention is
+not part of the module: ``Block.__call__`` hands post-RoPE ``q, k, v`` to an ``attend`` callable,
+which is how the decode loop plugs in a ``sparse_attn`` method (cache and method state travel
+through the scan as per-layer inputs/outputs) and how ``forward`` runs exact causal attention.
+
+Params pytree::
+
+  {"embed": [V, E], "layers": Block params with a leading [L] axis,
+   "final_norm": {"scale": [E]}, "lm_head": [E, V] (absent when embeddings are tied)}
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from models import rope as rope_lib
+from models.config import ModelConfig
+from sparse_attn import reference
+
+Params = dict[str, Any]
+
+
+def compute_dtype(config: ModelConfig):
+  return jnp.dtype(config.dtype)
+
+
+class RMSNorm(nn.Module):
+  """``x / rms(x) * scale``, normalised in float32 (as Llama's reference)."""
+
+  eps: float
+  dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, x):
+    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    xf = x.astype(jnp.float32)
+    xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    return (scale.astype(self.dtype) * xf.astype(self.dtype)).astype(self.dtype)
+
+
+class Block(nn.Module):
+  """One decoder layer; attention itself is the ``attend`` callable."""
+
+  config: ModelConfig
+
+  @nn.compact
+  def __call__(self, x, positions, attend: Callable):
+    """Runs the layer.
+
+    Args:
+      x: ``[B, S, E]`` residual stream.
+      positions: ``[B, S]`` int32 RoPE positions (negative = padding).
+      attend: ``(q [B, N, S, D], k [B, K, S, D], v [B, K, S, D]) -> (out [B, N, S, D], aux)``.
+
+    Returns:
+      ``(x [B, S, E], aux)``.
+    """
+    c = self.config
+    dt = compute_dtype(c)
+    dense = lambda f, bias, name: nn.Dense(f, use_bias=bias, dtype=dt, param_dtype=dt,
+                                           name=name)
+    b, s, _ = x.shape
+    h = RMSNorm(c.rms_norm_eps, dt, name="attn_norm")(x)
+    heads = lambda y, n: y.reshape(b, s, n, c.head_dim).transpose(0, 2, 1, 3)
+    # [B, N, S, D] / [B, K, S, D]
+    q = heads(dense(c.q_size, c.qkv_bias, "q_proj")(h), c.num_heads)
+    k = heads(dense(c.kv_size, c.qkv_bias, "k_proj")(h), c.num_kv_heads)
+    v = heads(dense(c.kv_size, c.qkv_bias, "v_proj")(h), c.num_kv_heads)
+    inv_freq = rope_lib.inverse_frequencies(c.rope, c.head_dim)
+    q = rope_lib.apply_rope(q, positions, inv_freq)
+    k = rope_lib.apply_rope(k, positions, inv_freq)
+    out, aux = attend(q, k, v)
+    out = out.astype(dt).transpose(0, 2, 1, 3).reshape(b, s, c.q_size)  # [B, S, N*D]
+    x = x + dense(c.hidden_size, c.o_bias, "o_proj")(out)
+    h = RMSNorm(c.rms_norm_eps, dt, name="mlp_norm")(x)
+    gate = dense(c.intermediate_size, c.mlp_bias, "gate_proj")(h)  # [B, S, F]
+    up = dense(c.intermediate_size, c.mlp_bias, "up_proj")(h)
+    x = x + dense(c.hidden_size, c.mlp_bias, "down_proj")(nn.silu(gate) * up)
+    return x, aux
+
+
+def softmax_scale(config: ModelConfig) -> float:
+  return 1.0 / math.sqrt(config.head_dim)
+
+
+def init_params(config: ModelConfig, key: jax.Array) -> Params:
+  """Random parameters (for tests and tiny models)."""
+  k_emb, k_layers, k_head = jax.random.split(key, 3)
+  block = Block(config)
+  x = jnp.zeros((1, 1, config.hidden_size), compute_dtype(config))
+  pos = jnp.zeros((1, 1), jnp.int32)
+  dummy = lambda q, k, v: (q, None)
+  init_one = lambda k: block.init(k, x, pos, dummy)["params"]
+  layers = jax.vmap(init_one)(jax.random.split(k_layers, config.num_layers))
+  dt = compute_dtype(config)
+  params = {
+      "embed": (jax.random.normal(k_emb, (config.vocab_size, config.hidden_size)) * 0.5
+               ).astype(dt),
+      "layers": layers,
+      "final_norm": {"scale": jnp.ones((config.hidden_size,), jnp.float32)},
+  }
+  if not config.tie_word_embeddings:
+    params["lm_head"] = (jax.random.normal(k_head, (config.hidden_size, config.vocab_size))
+                         / math.sqrt(config.hidden_size)).astype(dt)
+  return params
+
+
+def embed(params: Params, config: ModelConfig, tokens):
+  """``tokens [B, S]`` -> ``[B, S, E]``."""
+  return jnp.take(params["embed"], tokens, axis=0).astype(compute_dtype(config))
+
+
+def run_layers(params: Params, config: ModelConfig, x, positions, attend, per_layer=None):
+  """Applies every layer, scanning over the stacked layer parameters.
+
+  Args:
+    x: ``[B, S, E]`` embeddings.
+    positions: ``[B, S]`` int32.
+    attend: ``(q, k, v, layer_input) -> (out, layer_output)``.
+    per_layer: pytree with a leading ``[L]`` axis fed to ``attend`` (caches, states) or None.
+
+  Returns:
+    ``(x [B, S, E], stacked layer outputs)``.
+  """
+  block = Block(config)
+
+  def body(h, xs):
+    p, inp = xs
+    h, aux = block.apply({"params": p}, h, positions, lambda q, k, v: attend(q, k, v, inp))
+    return h, aux
+
+  return jax.lax.scan(body, x, (params["layers"], per_layer))
+
+
+def logits_from_hidden(params: Params, config: ModelConfig, h):
+  """Final norm + LM head: ``h [..., E]`` -> float32 logits ``[..., V]``."""
+  dt = compute_dtype(config)
+  h = RMSNorm(config.rms_norm_eps, dt).apply({"params": params["final_norm"]}, h)
+  if config.tie_word_embeddings:
+    out = jnp.einsum("...e,ve->...v", h, params["embed"].astype(dt),
+                     preferred_element_type=jnp.float32)
+  else:
+    out = jnp.einsum("...e,ev->...v", h, params["lm_head"].astype(dt),
+                     preferred_element_type=jnp.float32)
+  return out.astype(jnp.float32)
+
+
+def causal_attend(config: ModelConfig, positions):
+  """Exact causal attention of a whole sequence over itself (no cache), for ``forward``."""
+  scale = softmax_scale(config)
+
+  def attend(q, k, v, _):
+    mask = None
+    if config.sliding_window is not None:
+      # [B, 1, S, T]: key within the window of the query
+      dist = positions[:, :, None] - positions[:, None, :]
+      mask = (dist < config.sliding_window)[:, None]
+    out, _ = reference.attention(q, k, v, mask, scale, q_positions=positions,
+                                 k_positions=positions)
+    return out, None
+
+  return attend
+
+
+def forward(params: Params, config: ModelConfig, tokens, positions=None):
+  """Full-sequence forward pass with exact causal attention (the parity reference).
+
+  Args:
+    tokens: ``[B, S]`` int32.
+    positions: ``[B, S]`` int32 (default ``0..S-1``; negative = padding).
+
+  Returns:
+    float32 logits ``[B, S, V]``.
+  """
+  b, s = tokens.shape
+  if positions is None:
+    positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+  x = embed(params, config, tokens)
+  x, _ = run_layers(params, config, x, positions, causal_attend(config, positions))
+  return logits_from_hidden(params, config, x)

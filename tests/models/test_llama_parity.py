@@ -1,0 +1,66 @@
+"""Logits of the Flax port vs transformers on tiny random checkpoints (float32)."""
+
+import json
+
+import numpy as np
+import pytest
+
+import models
+from models import hf_loader
+from models.config import ModelConfig
+from tests.models import tiny
+
+
+@pytest.mark.parametrize("name", sorted(tiny.CONFIGS))
+def test_logits_match_transformers(name, tmp_path):
+  ref_model = tiny.make_hf(name, tmp_path)
+  model = models.load(str(tmp_path))
+  tokens = np.random.default_rng(1).integers(0, tiny.BASE["vocab_size"], (2, 24))
+  ref = tiny.hf_logits(ref_model, tokens)
+  ours = np.asarray(model.forward(tokens))
+  assert ours.shape == ref.shape
+  assert tiny.rel_error(ours, ref) <= 1e-4
+
+
+def test_config_fields(tmp_path):
+  tiny.make_hf("qwen2", tmp_path)
+  cfg = models.load(str(tmp_path)).config
+  assert cfg.model_type == "qwen2" and cfg.qkv_bias and not cfg.o_bias
+  assert not cfg.tie_word_embeddings and cfg.rope.theta == 1e6
+  assert cfg.group_size == 2
+
+
+def _hf_config(**kw):
+  base = dict(model_type="llama", vocab_size=10, hidden_size=8, intermediate_size=16,
+              num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1)
+  return {**base, **kw}
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(model_type="gpt2"), "unsupported model_type"),
+    (dict(some_new_option=True), "some_new_option"),
+    (dict(hidden_act="gelu"), "hidden_act"),
+    (dict(rope_scaling=dict(rope_type="yarn", factor=2.0)), "yarn"),
+    (dict(rope_scaling=dict(rope_type="linear", factor=2.0, beta=1)), "beta"),
+    (dict(model_type="qwen2", use_sliding_window=True), "sliding"),
+])
+def test_unsupported_options_raise(bad, match):
+  with pytest.raises(ValueError, match=match):
+    ModelConfig.from_hf_config(_hf_config(**bad))
+
+
+def test_shape_mismatch_names_tensor(tmp_path):
+  tiny.make_hf("llama_gqa_tied", tmp_path)
+  cfg = json.loads((tmp_path / "config.json").read_text())
+  cfg["intermediate_size"] = 120
+  (tmp_path / "config.json").write_text(json.dumps(cfg))
+  with pytest.raises(hf_loader.CheckpointError, match=r"mlp\.(gate|up|down)_proj.*112.*120"):
+    models.load(str(tmp_path))
+
+
+def test_missing_files(tmp_path):
+  with pytest.raises(FileNotFoundError, match="neither a known model name"):
+    models.load(str(tmp_path / "nope"))
+  (tmp_path / "config.json").write_text(json.dumps(_hf_config()))
+  with pytest.raises(FileNotFoundError, match="safetensors"):
+    models.load(str(tmp_path))
