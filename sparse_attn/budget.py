@@ -97,5 +97,5 @@ class Budget:
       last = (ln + unit - 1) // unit
       local = idx >= last - self.n_local
     else:
-      local = (idx + 1) * unit > ln - self.local_window
+      local = ((idx + 1) * unit > ln - self.local_window) & (self.local_window > 0)
     return (sink | local) & (idx * unit < ln)

@@ -78,7 +78,7 @@ def _np_expected_set(scores, length, bs, bud):
   if bud.n_local is not None:
     forced |= {n for n in blocks if n >= nb_ctx - bud.n_local}
   else:
-    forced |= {n for n in blocks if (n + 1) * bs > length - bud.local_window}
+    forced |= {n for n in blocks if bud.local_window and (n + 1) * bs > length - bud.local_window}
   if bud.budget is None:
     count = max(bud.n_min, math.ceil(nb_ctx * bud.p))
   elif isinstance(bud.budget, float):
