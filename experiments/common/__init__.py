@@ -1,0 +1,1 @@
+"""Shared experiment plumbing: results (JSON lines), data, rendering, absl entry glue."""
