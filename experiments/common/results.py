@@ -81,8 +81,14 @@ class ResultWriter:
     if key is not None:
       rec["key"] = key
       self._done.add(key)
-    with open(self.path, "a", encoding="utf-8") as f:
-      f.write(json.dumps(rec) + "\n")
+    with open(self.path, "a+b") as f:
+      f.seek(0, os.SEEK_END)
+      if f.tell():  # a run killed mid-line leaves no newline: never glue onto its fragment
+        f.seek(-1, os.SEEK_END)
+        lead = b"" if f.read(1) == b"\n" else b"\n"
+      else:
+        lead = b""
+      f.write(lead + (json.dumps(rec) + "\n").encode("utf-8"))
     return rec
 
   def records(self) -> list[dict]:
