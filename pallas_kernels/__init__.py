@@ -1,0 +1,22 @@
+"""Pallas (Triton) GPU kernels for sparse decoding, each beside its plain-jnp reference.
+
+Every op takes ``impl="auto" | "pallas" | "xla"`` (``auto``: Pallas on a GPU backend, the jnp
+reference elsewhere) and ``interpret`` (run the kernel in Pallas interpret mode, e.g. on CPU).
+This package never imports ``sparse_attn``; ``sparse_attn`` dispatches to it.
+"""
+
+from pallas_kernels._common import TileConfig, choose_num_splits, resolve_impl
+from pallas_kernels.block_score import (block_score, block_score_pooled,
+                                        block_score_pooled_reference, block_score_reference)
+from pallas_kernels.sparse_decode import sparse_decode, sparse_decode_reference
+from pallas_kernels.sparse_decode_multiquery import (sparse_decode_multiquery,
+                                                     sparse_decode_multiquery_reference)
+from pallas_kernels.sparse_decode_resa import sparse_decode_resa, sparse_decode_resa_reference
+
+__all__ = [
+    "TileConfig", "choose_num_splits", "resolve_impl",
+    "block_score", "block_score_pooled", "block_score_reference", "block_score_pooled_reference",
+    "sparse_decode", "sparse_decode_reference",
+    "sparse_decode_resa", "sparse_decode_resa_reference",
+    "sparse_decode_multiquery", "sparse_decode_multiquery_reference",
+]

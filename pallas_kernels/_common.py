@@ -1,0 +1,169 @@
+"""Shared helpers of the Pallas kernels: impl dispatch, padding, split heuristic, tiles, combine.
+
+Letters: B batch, K kv heads, P program heads (K for group-shared selection, N = query heads for
+per-head selection), R query rows of one program (group heads x window queries), n list length,
+S splits, T cache slots, D head dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+IMPLS = ("auto", "pallas", "xla")
+
+# Triton's tl.dot needs every operand dimension >= 16.
+MIN_DOT_ROWS = 16
+# Programs wanted in flight: 2 waves of an H100's 132 SMs.
+TARGET_PROGRAMS = 264
+# Fewest list entries a split should own; below this the combine costs more than it saves.
+MIN_BLOCKS_PER_SPLIT = 4
+
+
+def resolve_impl(impl: str) -> str:
+  """``"auto"`` -> ``"pallas"`` on a GPU backend, ``"xla"`` elsewhere; checks the name."""
+  if impl not in IMPLS:
+    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
+  if impl == "auto":
+    return "pallas" if jax.default_backend() == "gpu" else "xla"
+  return impl
+
+
+def next_pow2(x: int) -> int:
+  """Smallest power of 2 >= ``x`` (1 for ``x <= 1``)."""
+  return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+def pad_rows(rows: int, minimum: int = MIN_DOT_ROWS) -> int:
+  """Row count of a register tile: a power of 2, at least ``minimum`` (tl.dot's 16)."""
+  return max(minimum, next_pow2(rows))
+
+
+def choose_num_splits(num_programs: int, n_blocks: int, *, target: int = TARGET_PROGRAMS,
+                      min_blocks: int = MIN_BLOCKS_PER_SPLIT) -> int:
+  """Split-K count for a decode kernel with ``num_programs`` (batch x heads) programs.
+
+  Enough splits to fill ``target`` programs, but never fewer than ``min_blocks`` list entries a
+  split (flash-decoding's rule: split only when batch x heads cannot fill the GPU).
+  """
+  if n_blocks <= 0:
+    return 1
+  want = -(-target // max(num_programs, 1))
+  cap = max(1, n_blocks // min_blocks)
+  return int(max(1, min(want, cap)))
+
+
+def check_block_size(block_size: int, t: int) -> int:
+  """Validates ``block_size`` (a power of 2, >= 16 for tl.dot) against capacity ``t``; returns NB."""
+  if block_size < 16 or block_size & (block_size - 1):
+    raise ValueError(f"block_size must be a power of 2 >= 16, got {block_size}")
+  if t % block_size:
+    raise ValueError(f"cache capacity {t} is not a multiple of block_size {block_size}")
+  return t // block_size
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+  """Static launch configuration of a kernel (hashable: a jit static argument).
+
+  Attributes:
+    num_warps: Triton warps per program.
+    num_stages: Triton software-pipelining stages.
+    num_splits: split-K count of the decode kernels (``None``: ``choose_num_splits``).
+    block_nb: blocks scored per program by ``block_score`` (a power of 2).
+  """
+  num_warps: int = 4
+  num_stages: int = 2
+  num_splits: int | None = None
+  block_nb: int = 64
+
+  def __post_init__(self):
+    if self.block_nb < 16 or self.block_nb & (self.block_nb - 1):
+      raise ValueError(f"block_nb must be a power of 2 >= 16, got {self.block_nb}")
+    if self.num_splits is not None and self.num_splits < 1:
+      raise ValueError(f"num_splits must be >= 1, got {self.num_splits}")
+
+
+def combine_splits(out, lse, axis: int):
+  """Flash-decoding combine of split partials stacked along ``axis``.
+
+  Args:
+    out: ``[..., S, ..., D]`` float32 partial outputs, each normalised over its own keys.
+    lse: ``[..., S, ...]`` float32 partial log-sum-exps (``-inf`` for an empty split).
+    axis: the split axis of ``lse`` (the same axis of ``out``).
+
+  Returns:
+    ``(out [..., D] f32, lse [...] f32)``; ``0`` and ``-inf`` when every split is empty.
+  """
+  m = jnp.max(lse, axis=axis, keepdims=True)
+  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+  w = jnp.exp(lse - m_safe)  # 0 for empty splits
+  denom = jnp.sum(w, axis=axis)
+  safe = jnp.where(denom > 0, denom, 1.0)
+  o = jnp.sum(w[..., None] * out, axis=axis) / safe[..., None]
+  o = jnp.where((denom > 0)[..., None], o, 0.0)
+  l = jnp.where(denom > 0, jnp.squeeze(m_safe, axis) + jnp.log(safe), -jnp.inf)
+  return o, l
+
+
+# ----------------------------------------------------------------- reference building blocks
+
+
+def gather_blocks(x, block_idx, block_size: int):
+  """Gathers listed blocks of a cache without copying the whole cache.
+
+  Args:
+    x: ``[B, K, T, ...]`` cache array (keys, values, or ``[B, P, T]`` priors when ``P = K``).
+    block_idx: ``[B, P, n]`` block ids, ``P`` a multiple of ``K``; program head ``p`` reads
+      head ``p // (P // K)``. Ids are clipped into range.
+    block_size: tokens per block.
+
+  Returns:
+    ``[B, P, n * block_size, ...]`` the listed blocks' slots, in list order.
+  """
+  b, k, t = x.shape[:3]
+  p, n = block_idx.shape[1:]
+  nb = t // block_size
+  xb = x.reshape(b, k, nb, block_size, *x.shape[3:])
+  idx = jnp.clip(block_idx, 0, nb - 1)
+  bi = jnp.arange(b)[:, None, None]
+  hi = (jnp.arange(p) // (p // k))[None, :, None]
+  out = xb[bi, hi, idx]  # [B, P, n, bs, ...]
+  return out.reshape(b, p, n * block_size, *x.shape[3:])
+
+
+def listed_slots_ok(block_idx, n_valid, length, block_size: int):
+  """Which gathered slots may be attended: listed (``i < n_valid``) and before ``length``.
+
+  Returns:
+    ``ok [B, P, n * block_size]`` bool and the slot ids ``[B, P, n * block_size]`` int32.
+  """
+  b, p, n = block_idx.shape
+  # [B, P, n, bs]
+  slot = block_idx[..., None] * block_size + jnp.arange(block_size, dtype=jnp.int32)
+  listed = (jnp.arange(n) < n_valid[..., None])[..., None]
+  ok = listed & (slot < length[:, None, None, None])
+  return ok.reshape(b, p, -1), slot.reshape(b, p, -1)
+
+
+def masked_softmax_sum(logits, ok, v):
+  """Safe softmax over masked ``logits [B, P, R, L]`` applied to ``v [B, P, L, D]``, in float32.
+
+  Returns:
+    ``out [B, P, R, D]`` f32 and ``lse [B, P, R]`` f32; rows with nothing attended give
+    ``0`` and ``-inf``.
+  """
+  logits = jnp.where(ok, logits.astype(jnp.float32), -jnp.inf)
+  m = jnp.max(logits, axis=-1, keepdims=True)
+  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+  p = jnp.exp(logits - m_safe)
+  denom = jnp.sum(p, axis=-1)
+  # [B, P, R, D]
+  num = jnp.einsum("bprl,bpld->bprd", p, v.astype(jnp.float32),
+                   precision=jax.lax.Precision.HIGHEST)
+  safe = jnp.where(denom > 0, denom, 1.0)
+  out = jnp.where((denom > 0)[..., None], num / safe[..., None], 0.0)
+  lse = jnp.where(denom > 0, m_safe[..., 0] + jnp.log(safe), -jnp.inf)
+  return out, lse

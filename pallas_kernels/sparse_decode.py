@@ -1,0 +1,99 @@
+"""Sparse flash-decoding over a list of selected KV blocks: ``sparse_decode`` and its reference.
+
+One query per head attends exactly the listed blocks of its kv head (Quest / ArkVale style block
+selection), with token-level masking of slots ``>= length``. The Pallas path runs one program per
+(batch, selection head, split) and merges the splits by log-sum-exp (flash-decoding).
+
+Letters: B batch, N query heads (Hq), K kv heads (Hkv), G = N // K, H selection heads (K or N),
+n list length, T cache slots, D head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import _common
+from pallas_kernels._decode_kernel import decode_partials
+
+
+def default_scale(head_dim: int, scale: float | None) -> float:
+  return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def selection_rows(hq: int, hkv: int, hs: int) -> int:
+  """Query heads sharing one selection list: ``G`` (group-shared) or 1 (per query head)."""
+  if hq % hkv or hs not in (hkv, hq):
+    raise ValueError(f"selection heads {hs} must be Hkv={hkv} or Hq={hq} (Hq % Hkv == 0)")
+  return hq // hs
+
+
+def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: int,
+                            scale: float | None = None):
+  """Plain-jnp sparse decode: gather the listed blocks, masked softmax in float32.
+
+  Args: as ``sparse_decode``.
+
+  Returns:
+    ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32.
+  """
+  b, hq, d = q.shape
+  hs = block_idx.shape[1]
+  rows = selection_rows(hq, k.shape[1], hs)
+  scale = default_scale(d, scale)
+  # [B, H, L, D] with L = n * block_size
+  kg = _common.gather_blocks(k, block_idx, block_size)
+  vg = _common.gather_blocks(v, block_idx, block_size)
+  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size)
+  # [B, H, R, D]
+  qr = q.reshape(b, hs, rows, d)
+  # [B, H, R, L]
+  logits = jnp.einsum("bhrd,bhld->bhrl", qr.astype(jnp.float32), kg.astype(jnp.float32),
+                      precision=jax.lax.Precision.HIGHEST) * scale
+  out, lse = _common.masked_softmax_sum(logits, ok[:, :, None, :], vg)
+  return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)
+
+
+@functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
+                                             "interpret", "num_warps", "num_stages"))
+def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
+                  scale: float | None = None, num_splits: int | None = None, impl: str = "auto",
+                  interpret: bool = False, num_warps: int = 4, num_stages: int = 2):
+  """Exact attention of one query per head over the listed KV blocks.
+
+  Args:
+    q: ``[B, N, D]`` queries.
+    k, v: ``[B, K, T, D]`` cache, ``T`` a multiple of ``block_size``.
+    block_idx: ``[B, H, n]`` int32 block ids, ``H = K`` (all G query heads of kv head ``h`` use
+      list ``h``) or ``H = N`` (query head ``h`` uses its own list, reading kv head ``h // G``).
+      Ids are distinct; entries at ``i >= n_valid`` are ignored.
+    n_valid: ``[B, H]`` int32 number of valid list entries.
+    length: ``[B]`` int32; slots ``>= length`` are never attended.
+    block_size: tokens per block (static; a power of 2 >= 16).
+    scale: softmax scale (static), default ``1/sqrt(D)``.
+    num_splits: split-K count (static), default from the problem size.
+    impl: ``"pallas"``, ``"xla"`` (``sparse_decode_reference``) or ``"auto"``.
+    interpret: run the Pallas kernel in interpret mode (CPU).
+    num_warps, num_stages: Triton launch parameters.
+
+  Returns:
+    ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32 (``0`` and ``-inf`` for a row
+    that attends nothing).
+  """
+  _common.check_block_size(block_size, k.shape[2])
+  if _common.resolve_impl(impl) == "xla":
+    return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
+                                   scale=scale)
+  b, hq, d = q.shape
+  hs, n = block_idx.shape[1:]
+  rows = selection_rows(hq, k.shape[1], hs)
+  if n == 0:
+    return jnp.zeros_like(q), jnp.full((b, hq), -jnp.inf, jnp.float32)
+  tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits)
+  [(out, lse)] = decode_partials(
+      q.reshape(b, hs, rows, d), k, v, block_idx, n_valid, length, block_size=block_size,
+      scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
+  return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)

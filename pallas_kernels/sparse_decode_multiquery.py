@@ -1,0 +1,97 @@
+"""Multi-query sparse decode for RetroAttention: ``sparse_decode_multiquery`` and its reference.
+
+RetroAttention (Algorithm 2) revisits the last W decode steps: query ``w`` of the window may use a
+listed block only if the block was available at its step (``block_mask``, from the cache's
+``block_last_seen``), and only keys at or before its own position (``q_limit``). All W queries of
+all G heads of a group share one block list, so the kernel loads each listed block once for
+G x W query rows.
+
+Letters: B batch, N query heads, K kv heads, H selection heads, W window queries, n list length,
+T slots, D head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import _common
+from pallas_kernels._decode_kernel import decode_partials
+from pallas_kernels.sparse_decode import default_scale, selection_rows
+
+
+def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
+                                       *, block_size: int, scale: float | None = None):
+  """Plain-jnp multi-query sparse decode: gather the listed blocks, masked f32 softmax.
+
+  Args: as ``sparse_decode_multiquery``.
+
+  Returns:
+    ``out [B, N, W, D]`` in ``q.dtype`` and ``lse [B, N, W]`` float32.
+  """
+  b, hq, w, d = q.shape
+  hs = block_idx.shape[1]
+  g = selection_rows(hq, k.shape[1], hs)
+  scale = default_scale(d, scale)
+  # [B, H, L, D]
+  kg = _common.gather_blocks(k, block_idx, block_size)
+  vg = _common.gather_blocks(v, block_idx, block_size)
+  ok, slot = _common.listed_slots_ok(block_idx, n_valid, length, block_size)
+  # [B, H, W, L]: query w may use the block holding slot l, and only up to its own position.
+  use = jnp.repeat(block_mask.astype(bool), block_size, axis=-1)
+  use &= slot[:, :, None, :] <= q_limit[:, None, :, None]
+  ok = ok[:, :, None, :] & use
+  # [B, H, G, W, L]
+  logits = jnp.einsum("bhgwd,bhld->bhgwl", q.reshape(b, hs, g, w, d).astype(jnp.float32),
+                      kg.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST) * scale
+  ok = jnp.broadcast_to(ok[:, :, None], logits.shape)
+  out, lse = _common.masked_softmax_sum(logits.reshape(b, hs, g * w, -1),
+                                        ok.reshape(b, hs, g * w, -1), vg)
+  return out.reshape(b, hq, w, d).astype(q.dtype), lse.reshape(b, hq, w)
+
+
+@functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
+                                             "interpret", "num_warps", "num_stages"))
+def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length, *,
+                             block_size: int, scale: float | None = None,
+                             num_splits: int | None = None, impl: str = "auto",
+                             interpret: bool = False, num_warps: int = 4, num_stages: int = 2):
+  """Sparse decode of W queries per head over one shared block list.
+
+  Args:
+    q: ``[B, N, W, D]`` queries (W per head: the retro window).
+    k, v: ``[B, K, T, D]`` cache.
+    block_idx: ``[B, H, n]`` int32, ``H`` = K (group-shared) or N (per query head).
+    n_valid: ``[B, H]`` int32 valid list entries.
+    block_mask: ``[B, H, W, n]`` bool; query ``w`` may use listed block ``i``.
+    q_limit: ``[B, W]`` int32; query ``w`` attends only slots ``<= q_limit[b, w]`` (negative:
+      nothing).
+    length: ``[B]`` int32; slots ``>= length`` are never attended.
+    block_size, scale, num_splits, impl, interpret, num_warps, num_stages: as ``sparse_decode``.
+
+  Returns:
+    ``out [B, N, W, D]`` in ``q.dtype`` and ``lse [B, N, W]`` float32 (``0`` / ``-inf`` for a
+    query that attends nothing).
+  """
+  _common.check_block_size(block_size, k.shape[2])
+  if _common.resolve_impl(impl) == "xla":
+    return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
+                                              length, block_size=block_size, scale=scale)
+  b, hq, w, d = q.shape
+  hs, n = block_idx.shape[1:]
+  g = selection_rows(hq, k.shape[1], hs)
+  if n == 0:
+    return jnp.zeros_like(q), jnp.full((b, hq, w), -jnp.inf, jnp.float32)
+  # Row r = g * W + w of program head h is query head h * G' + g at window step w.
+  # [B, H, n, G' * W]
+  row_mask = jnp.broadcast_to(jnp.swapaxes(block_mask, 2, 3)[:, :, :, None, :], (b, hs, n, g, w))
+  # [B, H, G' * W]
+  row_limit = jnp.broadcast_to(q_limit[:, None, None, :], (b, hs, g, w))
+  tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits)
+  [(out, lse)] = decode_partials(
+      q.reshape(b, hs, g * w, d), k, v, block_idx, n_valid, length,
+      row_mask=row_mask.reshape(b, hs, n, g * w), row_limit=row_limit.reshape(b, hs, g * w),
+      block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
+  return out.reshape(b, hq, w, d).astype(q.dtype), lse.reshape(b, hq, w)

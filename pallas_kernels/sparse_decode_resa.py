@@ -1,0 +1,89 @@
+"""Sparse decode fused with RESA's prior accumulation: ``sparse_decode_resa`` and its reference.
+
+RESA (residual estimation) completes a sparse attention with a rank-1 estimate of the unselected
+keys: a prior logit ``P_j`` per slot, its total mass ``Z`` and prior-weighted value ``O_est``. To
+remove the selected positions from the estimate (RESA Eq. 4-5) the aggregator needs, over the
+same selected set ``I``, the prior's own softmax statistics
+
+  ``prior_lse = log sum_{j in I} e^{P_j}``,  ``prior_out = sum_{j in I} e^{P_j} v_j / e^{prior_lse}``.
+
+The kernel accumulates them in the same pass as the attention itself (same blocks, same V loads),
+online and max-shifted, split-K combined like the main path.
+
+Letters: B batch, N query heads, K kv heads, H selection heads, n list length, T slots, D head dim.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import _common
+from pallas_kernels._decode_kernel import decode_partials
+from pallas_kernels.sparse_decode import default_scale, selection_rows, sparse_decode_reference
+
+
+def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
+                                 scale: float | None = None):
+  """Plain-jnp RESA-fused sparse decode (gather the listed blocks and priors, f32 softmax).
+
+  Args: as ``sparse_decode_resa``.
+
+  Returns:
+    ``(out [B, N, D] q.dtype, lse [B, N] f32, prior_out [B, N, D] f32, prior_lse [B, N] f32)``.
+  """
+  b, hq, d = q.shape
+  hs = block_idx.shape[1]
+  rows = selection_rows(hq, k.shape[1], hs)
+  out, lse = sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
+                                     scale=scale)
+  # [B, H, T, R]: the prior of each row, slots first so blocks gather like keys.
+  pr = jnp.swapaxes(prior.astype(jnp.float32).reshape(b, hs, rows, -1), 2, 3)
+  # [B, H, R, L]
+  pg = jnp.swapaxes(_common.gather_blocks(pr, block_idx, block_size), 2, 3)
+  vg = _common.gather_blocks(v, block_idx, block_size)
+  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size)
+  p_out, p_lse = _common.masked_softmax_sum(pg, ok[:, :, None, :], vg)
+  return out, lse, p_out.reshape(b, hq, d), p_lse.reshape(b, hq)
+
+
+@functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
+                                             "interpret", "num_warps", "num_stages"))
+def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
+                       scale: float | None = None, num_splits: int | None = None,
+                       impl: str = "auto", interpret: bool = False, num_warps: int = 4,
+                       num_stages: int = 2):
+  """``sparse_decode`` plus RESA's prior statistics over the same selected positions.
+
+  Args:
+    q: ``[B, N, D]`` queries.
+    k, v: ``[B, K, T, D]`` cache.
+    prior: ``[B, N, T]`` float32 RESA prior logits ``P_j`` (already scaled) of every slot.
+    block_idx: ``[B, H, n]`` int32, ``H`` = K (group-shared) or N (per query head).
+    n_valid: ``[B, H]`` int32; ``length``: ``[B]`` int32.
+    block_size, scale, num_splits, impl, interpret, num_warps, num_stages: as ``sparse_decode``.
+
+  Returns:
+    ``(out [B, N, D], lse [B, N])`` exactly as ``sparse_decode`` (out in ``q.dtype``), and
+    ``prior_out [B, N, D]`` float32, ``prior_lse [B, N]`` float32: the softmax of ``P_j`` over the
+    attended positions applied to ``v`` and its log-sum-exp (``0`` / ``-inf`` when empty).
+  """
+  _common.check_block_size(block_size, k.shape[2])
+  if _common.resolve_impl(impl) == "xla":
+    return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
+                                        block_size=block_size, scale=scale)
+  b, hq, d = q.shape
+  hs, n = block_idx.shape[1:]
+  rows = selection_rows(hq, k.shape[1], hs)
+  if n == 0:
+    zeros, empty = jnp.zeros((b, hq, d), jnp.float32), jnp.full((b, hq), -jnp.inf, jnp.float32)
+    return zeros.astype(q.dtype), empty, zeros, empty
+  tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits)
+  (out, lse), (p_out, p_lse) = decode_partials(
+      q.reshape(b, hs, rows, d), k, v, block_idx, n_valid, length,
+      prior=prior.reshape(b, hs, rows, -1), block_size=block_size,
+      scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
+  return (out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq),
+          p_out.reshape(b, hq, d), p_lse.reshape(b, hq))

@@ -1,0 +1,88 @@
+"""block_score / block_score_pooled: Pallas (interpret mode) == Quest Eq. 1 reference."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pallas_kernels import (block_score, block_score_pooled, block_score_pooled_reference,
+                            block_score_reference)
+
+INTERPRET = True
+# Both paths multiply exactly (bf16 x bf16 fits f32) and sum in float32 in different orders.
+TOLS = {jnp.float32: (1e-4, 1e-5), jnp.bfloat16: (1e-3, 1e-4)}
+reference = jax.jit(block_score_reference, static_argnames="block_size")
+pooled_reference = jax.jit(block_score_pooled_reference, static_argnames="block_size")
+
+
+def digests(rng, b, kh, nb, bs, d, dtype):
+  """Keys and their real per-block channel min / max (so kmin <= kmax, as in the cache)."""
+  k = rng.standard_normal((b, kh, nb, bs, d)).astype(np.float32)
+  k = np.asarray(jnp.asarray(k, dtype).astype(jnp.float32))
+  return k, jnp.asarray(k.min(axis=3), dtype), jnp.asarray(k.max(axis=3), dtype)
+
+
+def check(got, want, dtype):
+  got, want = np.asarray(got), np.asarray(want)
+  assert got.dtype == np.float32 and not np.isnan(got).any()
+  np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want))
+  live = np.isfinite(want)
+  atol, rtol = TOLS[dtype]
+  np.testing.assert_allclose(got[live], want[live], atol=atol, rtol=rtol)
+
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+SHAPES = [  # batch, kv heads, group, head dim, block size, blocks, block_nb, dtype
+    (1, 1, 1, 64, 16, 5, 16, F32),
+    (2, 3, 3, 64, 16, 70, 32, BF16),
+    (2, 2, 8, 128, 32, 33, 64, F32),
+    (1, 2, 4, 128, 64, 16, 16, BF16),
+    (2, 1, 2, 64, 32, 130, 64, BF16),
+]
+
+
+@settings(max_examples=15, deadline=None)
+@given(shape=st.sampled_from(SHAPES), seed=st.integers(0, 2**31 - 1))
+def test_kernel_matches_reference(shape, seed):
+  b, kh, g, d, bs, nb, block_nb, dtype = shape
+  rng = np.random.default_rng(seed)
+  _, kmin, kmax = digests(rng, b, kh, nb, bs, d, dtype)
+  q = jnp.asarray(rng.standard_normal((b, kh, g, d)), dtype)
+  length = jnp.asarray(rng.integers(0, nb * bs + 1, (b,)), jnp.int32)
+  length = length.at[0].set(rng.choice([0, nb * bs, nb * bs - bs // 2]))
+  kw = dict(block_size=bs, impl="pallas", interpret=INTERPRET, block_nb=block_nb)
+  got = block_score(q, kmin, kmax, length, **kw)
+  assert got.shape == (b, kh, g, nb)
+  check(got, reference(q, kmin, kmax, length, block_size=bs), dtype)
+  got = block_score_pooled(q, kmin, kmax, length, **kw)
+  assert got.shape == (b, kh, nb)
+  check(got, pooled_reference(q, kmin, kmax, length, block_size=bs), dtype)
+
+
+def test_reference_bounds_every_logit_and_masks_past_length():
+  """Quest's guarantee: the score of a block >= q.k for every key in it."""
+  rng = np.random.default_rng(0)
+  k, kmin, kmax = digests(rng, 1, 2, 6, 16, 64, jnp.float32)
+  q = jnp.asarray(rng.standard_normal((1, 2, 3, 64)), jnp.float32)
+  length = jnp.asarray([70], jnp.int32)  # blocks 0..4 live (4 partially), block 5 not
+  score = np.asarray(reference(q, kmin, kmax, length, block_size=16))
+  # [B, K, G, NB, bs]
+  logits = np.einsum("bkgd,bknsd->bkgns", np.asarray(q), k)
+  assert (score[..., :5] >= logits.max(-1)[..., :5] - 1e-4).all()
+  assert np.isneginf(score[..., 5]).all()
+
+
+def test_impl_dispatch():
+  rng = np.random.default_rng(1)
+  _, kmin, kmax = digests(rng, 1, 1, 4, 16, 64, jnp.float32)
+  q = jnp.asarray(rng.standard_normal((1, 1, 2, 64)), jnp.float32)
+  length = jnp.asarray([50], jnp.int32)
+  want = reference(q, kmin, kmax, length, block_size=16)
+  for impl in ("xla", "auto"):
+    np.testing.assert_array_equal(block_score(q, kmin, kmax, length, block_size=16, impl=impl),
+                                  want)
+  with pytest.raises(ValueError):
+    block_score(q, kmin, kmax, length, block_size=16, impl="cuda")

@@ -1,0 +1,63 @@
+"""pallas_kernels._common helpers and the roofline script."""
+
+from __future__ import annotations
+
+import jax
+import pytest
+
+from pallas_kernels import _common, roofline
+
+
+def test_resolve_impl():
+  assert _common.resolve_impl("xla") == "xla"
+  assert _common.resolve_impl("pallas") == "pallas"
+  want = "pallas" if jax.default_backend() == "gpu" else "xla"
+  assert _common.resolve_impl("auto") == want
+  with pytest.raises(ValueError):
+    _common.resolve_impl("triton")
+
+
+def test_padding_helpers():
+  assert [_common.next_pow2(x) for x in (0, 1, 3, 16, 17, 80)] == [1, 1, 4, 16, 32, 128]
+  assert [_common.pad_rows(x) for x in (1, 3, 16, 24, 64)] == [16, 16, 16, 32, 64]
+
+
+def test_choose_num_splits():
+  # Batch x heads already fill the GPU: no split.
+  assert _common.choose_num_splits(512, 200) == 1
+  # Few programs, long list: split, but keep >= MIN_BLOCKS_PER_SPLIT entries per split.
+  assert _common.choose_num_splits(8, 26) == 26 // _common.MIN_BLOCKS_PER_SPLIT
+  assert _common.choose_num_splits(8, 4096) == -(-_common.TARGET_PROGRAMS // 8)
+  assert _common.choose_num_splits(8, 0) == 1
+
+
+def test_tile_config_and_block_size_validation():
+  with pytest.raises(ValueError):
+    _common.TileConfig(block_nb=24)
+  with pytest.raises(ValueError):
+    _common.TileConfig(num_splits=0)
+  assert _common.check_block_size(16, 128) == 8
+  for bad in ((8, 128), (24, 96), (16, 100)):
+    with pytest.raises(ValueError):
+      _common.check_block_size(*bad)
+
+
+def test_roofline_prints_every_kernel(capsys):
+  roofline.main([])
+  text = capsys.readouterr().out
+  for name in ("block_score", "sparse_decode", "sparse_decode_resa", "sparse_decode_multiquery",
+               "Llama-3.1-8B", "SmolLM2"):
+    assert name in text
+  roofline.main(["--hq", "8", "--hkv", "8", "--per-head", "--blocks", "4"])
+  assert "per-head" in capsys.readouterr().out
+
+
+def test_roofline_counts_scale_with_selection():
+  small = roofline.sparse_decode_cost(roofline.Shape(blocks=10))
+  big = roofline.sparse_decode_cost(roofline.Shape(blocks=20))
+  assert big.bytes > small.bytes and big.flops == 2 * small.flops
+  # Per-head selection reads the listed blocks once per query head, G times more.
+  shared = roofline.Shape(blocks=64, splits=1)
+  per_head = roofline.Shape(blocks=64, splits=1, per_head=True)
+  ratio = roofline.sparse_decode_cost(per_head).bytes / roofline.sparse_decode_cost(shared).bytes
+  assert 3.5 < ratio < 4.0

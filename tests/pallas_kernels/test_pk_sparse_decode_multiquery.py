@@ -1,0 +1,97 @@
+"""sparse_decode_multiquery: Pallas (interpret mode) == jnp reference == masked dense attention."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+from pallas_kernels import (sparse_decode, sparse_decode_multiquery,
+                            sparse_decode_multiquery_reference)
+from sparse_attn import reference as dense
+from pk_testutil import Case, assert_attention_close, cases, pooled_cases
+
+INTERPRET = True
+reference = jax.jit(sparse_decode_multiquery_reference, static_argnames=("block_size", "scale"))
+dense_attention = jax.jit(dense.attention)
+
+
+def window_inputs(case, seed):
+  """Random ``block_mask [B, H, W, n]`` and ``q_limit [B, W]`` (some negative: attends nothing)."""
+  rng = np.random.default_rng(seed + 1)
+  w = case.window
+  block_mask = rng.random((case.batch, case.sel_heads, w, case.list_len)) < 0.7
+  q_limit = rng.integers(-1, case.t + 2, (case.batch, w))
+  q_limit[0, 0] = -1
+  return jnp.asarray(block_mask), jnp.asarray(q_limit, jnp.int32)
+
+
+def run_kernel(case, *arrays, **kw):
+  return sparse_decode_multiquery(*arrays, block_size=case.block_size, impl="pallas",
+                                  interpret=INTERPRET, **kw)
+
+
+def check_kernel(case):
+  q, k, v, idx, n_valid, length, _ = case.arrays()
+  block_mask, q_limit = window_inputs(case, case.seed)
+  args = (q, k, v, idx, n_valid, block_mask, q_limit, length)
+  out, lse = run_kernel(case, *args, num_splits=case.num_splits)
+  assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == q.shape[:3]
+  ref_out, ref_lse = reference(*args, block_size=case.block_size)
+  assert_attention_close(out, lse, ref_out, ref_lse, case.dtype)
+
+
+@settings(max_examples=12, deadline=None)
+@given(case=pooled_cases(windows=(3,)))
+def test_kernel_matches_reference(case):
+  check_kernel(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=10, deadline=None)
+@given(case=cases(windows=(1, 2, 4, 5), max_list=8))
+def test_kernel_matches_reference_random_shapes(case):
+  check_kernel(case)
+
+
+@settings(max_examples=8, deadline=None)
+@given(case=pooled_cases(windows=(3,)))
+def test_reference_equals_dense_attention(case):
+  """Listed blocks x block_mask as a dense mask, q_limit as causal query positions."""
+  q, k, v, idx, n_valid, length, _ = case.arrays()
+  block_mask, q_limit = window_inputs(case, case.seed)
+  out, lse = reference(q, k, v, idx, n_valid, block_mask, q_limit, length,
+                       block_size=case.block_size)
+  b, w = case.batch, case.window
+  mask = np.zeros((b, case.hq, w, case.t), bool)
+  for bi in range(b):
+    for h in range(case.hq):
+      hl = h if case.per_head else h // case.group
+      for i in range(int(n_valid[bi, hl])):
+        blk = int(idx[bi, hl, i])
+        mask[bi, h, :, blk * case.block_size:(blk + 1) * case.block_size] = (
+            np.asarray(block_mask[bi, hl, :, i])[:, None])
+  d_out, d_lse = dense_attention(q, k, v, jnp.asarray(mask), kv_length=length,
+                                 q_positions=q_limit)
+  assert_attention_close(out, lse, d_out, d_lse, case.dtype)
+
+
+def test_single_query_unmasked_equals_sparse_decode():
+  case = Case(batch=2, hkv=2, group=4, head_dim=128, block_size=16, num_blocks=9, list_len=5,
+              per_head=False, dtype=jnp.float32, seed=4, window=1, multi=True)
+  q, k, v, idx, n_valid, length, _ = case.arrays()
+  block_mask = jnp.ones((2, 2, 1, 5), bool)
+  q_limit = jnp.full((2, 1), case.t, jnp.int32)
+  out, lse = run_kernel(case, q, k, v, idx, n_valid, block_mask, q_limit, length)
+  want = sparse_decode(q[:, :, 0], k, v, idx, n_valid, length, block_size=16, impl="pallas",
+                       interpret=INTERPRET)
+  assert_attention_close(out[:, :, 0], lse[:, :, 0], want[0], want[1], jnp.float32)
+
+
+def test_unpadded_rows_and_head_dim():
+  """G x W = 16 rows and D = 128: the kernel's unmasked load / store paths."""
+  case = Case(batch=1, hkv=2, group=4, head_dim=128, block_size=32, num_blocks=8, list_len=6,
+              per_head=False, dtype=jnp.bfloat16, seed=9, window=4, multi=True)
+  check_kernel(case)
