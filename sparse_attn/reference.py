@@ -36,9 +36,13 @@ def grouped_attention(q, k, v, mask=None, scale=None):
     ``out [B, K, G, S, D]`` in ``q.dtype`` and ``lse [B, K, G, S]`` float32.
   """
   scale = default_scale(q.shape[-1], scale)
-  # [B, K, G, S, T]
-  logits = jnp.einsum("bkgsd,bktd->bkgst", q, k, preferred_element_type=jnp.float32)
-  logits = logits * scale
+  b, kh, g, s, d = q.shape
+  # G and S are merged into one row axis: XLA:CPU runs a (B K)-batched matmul ~5x faster than
+  # the same einsum with two free query axes.
+  # [B, K, G*S, T]
+  logits = jnp.einsum("bkmd,bktd->bkmt", q.reshape(b, kh, g * s, d), k,
+                      preferred_element_type=jnp.float32)
+  logits = logits.reshape(b, kh, g, s, -1) * scale
   if mask is not None:
     logits = jnp.where(mask, logits, NEG_INF)
   out, lse = softmax_weighted_sum(logits, v)
@@ -55,8 +59,10 @@ def softmax_weighted_sum(logits, v):
   m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
   p = jnp.exp(logits - m_safe)  # exp(-inf) = 0 for masked keys
   denom = jnp.sum(p, axis=-1)
+  b, kh, g, s, t = p.shape
   # [B, K, G, S, D]
-  num = jnp.einsum("bkgst,bktd->bkgsd", p, v.astype(jnp.float32))
+  num = jnp.einsum("bkmt,bktd->bkmd", p.reshape(b, kh, g * s, t), v.astype(jnp.float32))
+  num = num.reshape(b, kh, g, s, -1)
   safe_denom = jnp.where(denom > 0, denom, 1.0)
   out = jnp.where((denom > 0)[..., None], num / safe_denom[..., None], 0.0)
   lse = jnp.where(denom > 0, m_safe[..., 0] + jnp.log(safe_denom), NEG_INF)
