@@ -148,7 +148,7 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
   history = np.zeros((b, capacity), np.int32)
   history[:, :s] = prompts
   caches, states = init_caches(config, method, b, capacity)
-  c = chunk_size_for(int(lengths.max()), prefill_chunk)
+  c = min(chunk_size_for(int(lengths.max()), prefill_chunk), capacity)
   last = jnp.zeros((b, config.hidden_size), llama.compute_dtype(config))
   rows = jnp.arange(b)
   for start in range(0, int(lengths.max()), c):

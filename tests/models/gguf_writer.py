@@ -1,0 +1,69 @@
+"""Writes a tiny transformers model as a llama.cpp-style GGUF (for loader tests)."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+
+from models import tokenizer as tokenizer_lib
+
+_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "self_attn.o_proj.weight": "attn_output.weight",
+}
+for _p in "qkv":
+  for _s in ("weight", "bias"):
+    _NAMES[f"self_attn.{_p}_proj.{_s}"] = f"attn_{_p}.{_s}"
+
+
+def _permute(w, heads):
+  """llama.cpp's converter: interleave each head's rotary halves."""
+  d = w.shape[0] // heads
+  return w.reshape(heads, 2, d // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(hf_model, path, arch: str = "llama", q8_mlp: bool = False) -> None:
+  """Writes ``hf_model`` (a transformers Llama/Qwen2, vocab >= 258) to ``path``."""
+  cfg = hf_model.config
+  w = gguf.GGUFWriter(str(path), arch)
+  w.add_block_count(cfg.num_hidden_layers)
+  w.add_context_length(cfg.max_position_embeddings)
+  w.add_embedding_length(cfg.hidden_size)
+  w.add_feed_forward_length(cfg.intermediate_size)
+  w.add_head_count(cfg.num_attention_heads)
+  w.add_head_count_kv(cfg.num_key_value_heads)
+  w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+  w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+  tokens = sorted(tokenizer_lib._byte_alphabet()) + ["Ġt", "<|endoftext|>"]
+  tokens += [f"<unused{i}>" for i in range(cfg.vocab_size - len(tokens))]
+  w.add_tokenizer_model("gpt2")
+  w.add_tokenizer_pre("default")
+  w.add_token_list(tokens)
+  w.add_token_types([3 if t.startswith("<") else 1 for t in tokens])
+  w.add_token_merges(["Ġ t"])
+  w.add_eos_token_id(257)
+  for name, t in hf_model.state_dict().items():
+    a = t.detach().float().numpy()
+    if name == "lm_head.weight" and cfg.tie_word_embeddings:
+      continue
+    if name.startswith("model.layers."):
+      i, rest = name[len("model.layers."):].split(".", 1)
+      if arch == "llama" and rest.startswith("self_attn.q_proj"):
+        a = _permute(a, cfg.num_attention_heads)
+      elif arch == "llama" and rest.startswith("self_attn.k_proj"):
+        a = _permute(a, cfg.num_key_value_heads)
+      out = f"blk.{i}.{_NAMES[rest]}"
+    else:
+      out = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight":
+             "output_norm.weight", "lm_head.weight": "output.weight"}[name]
+    if q8_mlp and "ffn_" in out and a.ndim == 2 and a.shape[-1] % 32 == 0:
+      q = gguf.quants.quantize(a, gguf.GGMLQuantizationType.Q8_0)
+      w.add_tensor(out, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+    else:
+      w.add_tensor(out, np.ascontiguousarray(a, np.float32))
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()

@@ -1,0 +1,60 @@
+"""GGUF loading end to end on tiny written files: Q/K unpermute, Qwen2 naming, the cache."""
+
+import numpy as np
+import pytest
+
+import models
+from models import loading
+from tests.models import gguf_writer, tiny
+
+VOCAB = dict(vocab_size=300)
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+  monkeypatch.setenv("SPARSE_ATTN_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("name, arch", [("llama_gqa_tied", "llama"), ("qwen2", "qwen2")])
+def test_gguf_logits_match_transformers(name, arch, tmp_path, monkeypatch):
+  monkeypatch.setitem(tiny.BASE, "vocab_size", 300)
+  ref = tiny.make_hf(name, tmp_path / "hf")
+  gguf_writer.write_gguf(ref, tmp_path / "m.gguf", arch)
+  model = models.load(str(tmp_path / "m.gguf"))
+  assert model.config.model_type == arch
+  assert model.config.tie_word_embeddings == (name == "llama_gqa_tied")
+  tokens = np.random.default_rng(0).integers(0, 300, (1, 20))
+  assert tiny.rel_error(model.forward(tokens), tiny.hf_logits(ref, tokens)) <= 1e-4
+  assert model.tokenizer.encode(" t<|endoftext|>") == [256, 257]
+
+
+def test_q8_dequantized_close(tmp_path, monkeypatch):
+  monkeypatch.setitem(tiny.BASE, "vocab_size", 300)
+  ref = tiny.make_hf("llama_gqa_tied", tmp_path / "hf")
+  gguf_writer.write_gguf(ref, tmp_path / "m.gguf", q8_mlp=True)
+  model = models.load(str(tmp_path / "m.gguf"))
+  tokens = np.random.default_rng(0).integers(0, 300, (1, 20))
+  assert tiny.rel_error(model.forward(tokens), tiny.hf_logits(ref, tokens)) <= 2e-2
+
+
+def test_corrupt_or_partial_cache_is_rebuilt(tmp_path, monkeypatch):
+  monkeypatch.setitem(tiny.BASE, "vocab_size", 300)
+  ref = tiny.make_hf("llama_gqa_tied", tmp_path / "hf")
+  gguf_writer.write_gguf(ref, tmp_path / "m.gguf")
+  first = models.load(str(tmp_path / "m.gguf"))
+  (entry,) = (tmp_path / "cache").iterdir()
+  files = sorted((p for p in (entry / "params").rglob("*") if p.is_file()),
+                 key=lambda p: p.stat().st_size)
+  blob = bytearray(files[-1].read_bytes())  # flip bytes in the largest params file
+  mid = len(blob) // 2
+  blob[mid:mid + 32] = bytes(255 - b for b in blob[mid:mid + 32])
+  files[-1].write_bytes(bytes(blob))
+  assert loading._read_entry(str(entry)) is None and not entry.exists()
+  again = models.load(str(tmp_path / "m.gguf"))  # rebuilt from the GGUF
+  np.testing.assert_array_equal(np.asarray(again.params["embed"]),
+                                np.asarray(first.params["embed"]))
+  assert loading._read_entry(str(entry)) is not None
+  (entry / "manifest.json").unlink()  # partial entry (no manifest) -> removed
+  assert loading._read_entry(str(entry)) is None and not entry.exists()
+  models.load(str(tmp_path / "m.gguf"))
+  assert loading._read_entry(str(entry)) is not None
