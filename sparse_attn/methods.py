@@ -12,6 +12,11 @@ argument under ``jax.jit``). Per layer the model calls, with post-RoPE ``q [B, H
   out, cache, state = m.rectify(q, k, v, cache, state, positions, scale=s)   # every rect_interval
 
 ``make("dense")`` is exact attention, the reference every other method is tested against.
+
+Enhancers compose with any selector (``sparse_attn.enhancers``): ``"quest+resa"`` (RESA residual
+estimation, option ``lam``, ``typical_query``, ``prior_update``), ``"quest+rect"`` (ReSA dense
+rectification every ``f`` tokens), ``"quest+retro"`` (RetroAttention, window ``w``), in any
+combination, e.g. ``"quest:gqa=group+resa:lam=0.5+rect:f=32+retro:w=4"``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ import jax.numpy as jnp
 from sparse_attn import reference, scoring, selection, sparse
 from sparse_attn.budget import Budget
 from sparse_attn.cache import KVCache, init_cache, write
+from sparse_attn.enhancers import compose
+from sparse_attn.enhancers import rectify as rect_lib
+from sparse_attn.enhancers import resa as resa_lib
+from sparse_attn.enhancers import retro as retro_lib
 from sparse_attn.spec import parse_spec
 
 # name -> fn(method, q [B, Hq, D], cache, scale) -> Selection
@@ -38,6 +47,13 @@ BASE_NAMES = ("dense",) + tuple(SELECTORS)
 COMMON_OPTIONS = ("block_size", "impl", "interpret")
 BUDGET_OPTIONS = ("budget", "p", "n_min", "n_local", "n_sink", "local_window")
 SELECTOR_OPTIONS = BUDGET_OPTIONS + ("gqa", "variant")
+# enhancer -> its options (given inline, ``quest+resa:lam=0.5``, or as keywords to ``make``)
+ENHANCER_OPTIONS = {
+    "resa": ("lam", "typical_query", "prior_update"),
+    "rect": ("f",),
+    "retro": ("w",),
+}
+TOKEN_SELECTORS = ("topk", "streaming")  # selections of single slots (granularity 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +69,12 @@ class Method:
     variant: ArkVale bounding volume (``"sphere"`` or ``"cuboid"``).
     impl: ``"auto" | "pallas" | "xla"`` for the attention ops.
     interpret: run Pallas kernels in interpret mode.
+    resa: RESA residual estimation on (Yang et al., ICLR 2026).
+    lam: RESA's lambda, the weight of the estimated unselected keys (0 = the selector alone).
+    typical_query: RESA's ``mu_Q``: ``"mean"`` prompt query or the ``"last"`` one.
+    prior_update: ``"incremental"`` (decoded keys join the prior) or ``"prefill_only"``.
+    rect_f: ReSA dense rectification every ``rect_f`` generated tokens (0 = never).
+    retro_w: RetroAttention window (1 = off).
   """
 
   spec: str = "dense"
@@ -63,17 +85,55 @@ class Method:
   variant: str = "sphere"
   impl: str = "auto"
   interpret: bool = False
+  resa: bool = False
+  lam: float = 1.0
+  typical_query: str = "mean"
+  prior_update: str = "incremental"
+  rect_f: int = 0
+  retro_w: int = 1
 
   # ---- schedule flags the decode loop obeys ----
   @property
   def window(self) -> int:
     """Queries per head in a decode step (RetroAttention's window; 1 otherwise)."""
-    return 1
+    return self.retro_w
 
   @property
   def rect_interval(self) -> int:
     """Re-encode densely every this many generated tokens (0 = never)."""
-    return 0
+    return self.rect_f
+
+  @property
+  def enhanced(self) -> bool:
+    """RESA or retro on (their per-layer functions live in ``enhancers.compose``)."""
+    return self.resa or self.retro_w > 1
+
+  @property
+  def granularity(self) -> int:
+    """Tokens per selected entry: the block size, or 1 for token-level selectors."""
+    return 1 if self.selector in TOKEN_SELECTORS else self.block_size
+
+  def selection_heads(self, num_q_heads: int, num_kv_heads: int) -> int:
+    """Heads of a selection: one list per kv head (group-shared, streaming) or per query head."""
+    return num_kv_heads if (self.gqa == "group" or self.selector == "streaming") else num_q_heads
+
+  def memory_access(self, context: int | None = None) -> float:
+    """ReSA's per-step memory-access model ``1/b + p + 1/f`` of dense (Sun et al., Sec. 2.3).
+
+    ``p`` is ReSA's ratio, or the budget as a fraction of ``context`` (needed for token budgets).
+    """
+    bud = self.budget
+    if bud is None:
+      return 1.0
+    if bud.budget is None:
+      p = bud.p
+    elif isinstance(bud.budget, float):
+      p = bud.budget
+    elif context:
+      p = min(1.0, bud.budget / context)
+    else:
+      raise ValueError("a token budget needs the context length for the memory-access model")
+    return rect_lib.memory_access(self.block_size, p, self.rect_f)
 
   @property
   def is_dense(self) -> bool:
@@ -89,7 +149,9 @@ class Method:
 
   def init_state(self, batch, num_q_heads, num_kv_heads, head_dim, capacity,
                  dtype=jnp.float32) -> Any:
-    del batch, num_q_heads, num_kv_heads, head_dim, capacity, dtype
+    del dtype
+    if self.enhanced:
+      return compose.init_state(self, batch, num_q_heads, num_kv_heads, head_dim, capacity)
     return {}
 
   def prefill(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
@@ -97,16 +159,21 @@ class Method:
 
     Returns ``(out [B, Hq, S, D], cache, state)``.
     """
+    if self.enhanced:
+      return compose.prefill(self, q, k, v, cache, state, positions, scale)
     cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), positions)
     out, _ = dense_over_cache(q, cache, positions, scale)
     return out, cache, state
 
   def end_prefill(self, cache: KVCache, state, *, scale=None):
-    del scale
+    if self.enhanced:
+      return compose.end_prefill(self, cache, state, scale)
     return cache, state
 
   def rectify(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
     """Dense re-encoding of recent tokens (overwrites their K/V); same contract as prefill."""
+    if self.enhanced:
+      return compose.rectify(self, q, k, v, cache, state, positions, scale)
     return self.prefill(q, k, v, cache, state, positions, scale=scale)
 
   def select(self, q, cache: KVCache, scale=None) -> selection.Selection:
@@ -122,9 +189,15 @@ class Method:
     return sparse.sparse_decode(q, cache, sel, scale, impl=self.impl, interpret=self.interpret)
 
   def decode(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
-    """Appends the new token's K/V and attends. ``q [B, Hq, 1, D]`` -> ``out [B, Hq, 1, D]``."""
+    """Appends the new token's K/V and attends. ``q [B, Hq, W, D]`` -> ``out [B, Hq, W, D]``.
+
+    ``W == window``: with RetroAttention the window's past tokens are re-embedded (their K/V
+    overwritten) and their outputs updated; otherwise ``W == 1``.
+    """
     if q.shape[2] != self.window:
       raise ValueError(f"{self.spec} decodes {self.window} query per step, got {q.shape[2]}")
+    if self.enhanced:
+      return compose.decode(self, q, k, v, cache, state, positions, scale)
     cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), positions)
     out, _ = self.attend(q[:, :, 0], cache, positions[:, 0], scale)
     return out[:, :, None], cache, state
@@ -160,7 +233,11 @@ def make(spec: str = "dense", **options) -> Method:
       also be given inline: ``"quest:gqa=group"``).
     **options: ``budget`` (float fraction in (0, 1] or int token count), ``p`` / ``n_min`` /
       ``n_local`` (ReSA's dynamic rule), ``n_sink``, ``local_window``, ``gqa``, ``variant``,
-      ``block_size``, ``impl``, ``interpret``.
+      ``block_size``, ``impl``, ``interpret``; with enhancers (``"quest+resa+rect+retro"``, each
+      at most once, in any order, options inline ``"quest+resa:lam=0.5"`` or as keywords):
+      ``lam`` (>= 0, default 1), ``typical_query`` (``mean``/``last``), ``prior_update``
+      (``incremental``/``prefill_only``) for ``resa``; ``f`` (default 32; 0 or ``inf`` = never)
+      for ``rect``; ``w`` (1..8, default 2) for ``retro``.
 
   Raises:
     ValueError: unknown names or options, or invalid values (the message lists valid ones).
@@ -173,10 +250,10 @@ def make(spec: str = "dense", **options) -> Method:
   if name not in BASE_NAMES:
     valid = sorted(BASE_NAMES + tuple(compression.BUILDERS))
     raise ValueError(f"unknown method {name!r} in {spec!r}; valid: {valid}")
-  if rest:
-    raise ValueError(f"unknown enhancer(s) {[n for n, _ in rest]} in {spec!r}")
-  opts = {**inline, **options}
+  enh, enh_opts = _parse_enhancers(spec, name, rest, options)
+  opts = {**inline, **{k: v for k, v in options.items() if k not in enh_opts}}
   valid = COMMON_OPTIONS + (() if name == "dense" else SELECTOR_OPTIONS)
+  valid += tuple(o for e in enh for o in ENHANCER_OPTIONS[e])
   _check_options(name, opts, valid)
   impl = opts.get("impl", "auto")
   sparse.resolve_impl(impl)
@@ -193,4 +270,49 @@ def make(spec: str = "dense", **options) -> Method:
   variant = opts.get("variant", "sphere")
   if variant not in scoring.ARKVALE_VARIANTS:
     raise ValueError(f"variant must be one of {scoring.ARKVALE_VARIANTS}, got {variant!r}")
-  return Method(**common, budget=_budget_from(opts), gqa=gqa, variant=variant)
+  return Method(**common, budget=_budget_from(opts), gqa=gqa, variant=variant,
+                **_enhancer_fields(enh, enh_opts))
+
+
+def _parse_enhancers(spec: str, name: str, rest, options: dict):
+  """``[(enhancer, inline), ...]`` -> (enhancer names, their merged options)."""
+  enh, enh_opts = [], {}
+  for e, inline in rest:
+    if e not in ENHANCER_OPTIONS:
+      raise ValueError(f"unknown enhancer {e!r} in {spec!r}; valid: {sorted(ENHANCER_OPTIONS)}")
+    if e in enh:
+      raise ValueError(f"enhancer {e!r} given twice in {spec!r}")
+    _check_options(e, inline, ENHANCER_OPTIONS[e])
+    enh.append(e)
+    enh_opts.update(inline)
+  if enh and name == "dense":
+    raise ValueError(f"enhancers {enh} need a selector, not 'dense' ({spec!r}); valid "
+                     f"selectors: {sorted(SELECTORS)}")
+  for e in enh:  # keyword options of a present enhancer override inline ones, as for selectors
+    for o in ENHANCER_OPTIONS[e]:
+      if o in options:
+        enh_opts[o] = options[o]
+  return tuple(enh), enh_opts
+
+
+def _enhancer_fields(enh, opts: dict) -> dict:
+  out = {}
+  if "resa" in enh:
+    lam = opts.get("lam", 1.0)
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
+      raise ValueError(f"RESA lam must be a number >= 0, got {lam!r}")
+    tq = opts.get("typical_query", "mean")
+    if tq not in resa_lib.TYPICAL_QUERIES:
+      raise ValueError(f"typical_query must be one of {resa_lib.TYPICAL_QUERIES}, got {tq!r}")
+    pu = opts.get("prior_update", "incremental")
+    if pu not in resa_lib.PRIOR_UPDATES:
+      raise ValueError(f"prior_update must be one of {resa_lib.PRIOR_UPDATES}, got {pu!r}")
+    out.update(resa=True, lam=float(lam), typical_query=tq, prior_update=pu)
+  if "rect" in enh:
+    out["rect_f"] = rect_lib.interval(opts.get("f", rect_lib.DEFAULT_F))
+  if "retro" in enh:
+    w = opts.get("w", 2)
+    if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= retro_lib.MAX_WINDOW:
+      raise ValueError(f"retro window w must be an int in [1, {retro_lib.MAX_WINDOW}], got {w!r}")
+    out["retro_w"] = w
+  return out

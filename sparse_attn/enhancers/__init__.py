@@ -1,0 +1,17 @@
+"""Enhancers that compose with any selector: RESA, ReSA rectification, RetroAttention.
+
+``resa`` (Yang et al., ICLR 2026): residual estimation of the unselected keys.
+``rectify`` (Sun et al. 2025): periodic dense rectification of the KV cache.
+``retro`` (Choi et al. 2025): retrospective updates of the last ``w - 1`` outputs.
+``compose``: the per-layer functions ``sparse_attn.methods.Method`` dispatches to.
+"""
+
+from sparse_attn.enhancers import compose, rectify, resa, retro
+from sparse_attn.enhancers.resa import resa_partials
+
+ENHANCERS = ("resa", "rect", "retro")
+OPTIONS = {
+    "resa": ("lam", "typical_query", "prior_update"),
+    "rect": ("f",),
+    "retro": ("w",),
+}

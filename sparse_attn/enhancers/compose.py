@@ -1,0 +1,197 @@
+"""Per-layer functions of a selector composed with RESA, rectification and RetroAttention.
+
+``sparse_attn.methods.Method`` dispatches here whenever an enhancer is on; each function has the
+contract of the matching ``Method`` method (see that module). The state is a dict with an
+optional ``"resa"`` part (``enhancers.resa``) and an optional ``"retro"`` part
+(``enhancers.retro``), both fixed-shape pytrees.
+
+Letters: B batch, K kv heads, N query heads, H selection heads, S queries per head (the retro
+window ``w`` in decode), T slots, D head dim.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from sparse_attn import reference, sparse
+from sparse_attn.cache import KVCache, write
+from sparse_attn.enhancers import resa, retro
+from sparse_attn.merge import merge_n
+
+
+def init_state(m, batch, num_q_heads, num_kv_heads, head_dim, capacity) -> dict:
+  state = {}
+  if m.resa:
+    state["resa"] = resa.init_state(batch, num_q_heads, num_kv_heads, head_dim, capacity)
+  if m.window > 1:
+    state["retro"] = retro.init_state(
+        batch, num_q_heads, m.selection_heads(num_q_heads, num_kv_heads),
+        capacity // m.granularity, m.window, head_dim, m.resa)
+  return state
+
+
+def _dense(q, cache: KVCache, positions, scale):
+  return reference.attention(q, cache.k, cache.v, scale=scale, kv_length=cache.length,
+                             q_positions=positions, k_positions=cache.pos)
+
+
+def _dense_entries(m, cache: KVCache, out, lse, positions):
+  """Retro ring entries of dense outputs ``[B,N,S,..]`` (seen everything at or before them)."""
+  n = out.shape[1]
+  # [B, K, S]: keys at or before each query
+  cnt = jnp.sum(cache.valid[:, :, None, :]
+                & (cache.pos[:, :, None, :] <= positions[:, None, :, None]), axis=-1)
+  exposed = jnp.repeat(cnt, n // cache.num_kv_heads, axis=1).astype(jnp.int32)
+  e = dict(out=out.astype(jnp.float32), lse=lse, exposed=exposed, full=positions >= 0)
+  if m.resa:
+    e.update(pout=jnp.zeros_like(e["out"]), plse=jnp.full_like(lse, -jnp.inf),
+             seen=jnp.zeros_like(exposed))
+  return e
+
+
+def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool):
+  k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
+  if m.resa and prior_formed:
+    state = {**state, "resa": resa.update_prior(state["resa"], cache, k, v, positions, scale,
+                                                m.prior_update == "incremental")}
+  return write(cache, k, v, positions), state
+
+
+def _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed):
+  scale = reference.default_scale(q.shape[-1], scale)
+  cache, state = _write(m, cache, state, k, v, positions, scale, prior_formed)
+  out, lse = _dense(q, cache, positions, scale)
+  if "retro" in state:
+    ring = retro.store(state["retro"]["ring"], positions,
+                       _dense_entries(m, cache, out, lse, positions))
+    state = {**state, "retro": {**state["retro"], "ring": ring}}
+  return out, cache, state
+
+
+def prefill(m, q, k, v, cache, state, positions, scale=None):
+  """Dense causal prefill; RESA accumulates the prompt's queries (chunk by chunk)."""
+  if m.resa:
+    state = {**state, "resa": resa.accumulate_queries(state["resa"], q, positions)}
+  return _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed=False)
+
+
+def end_prefill(m, cache, state, scale=None):
+  if m.resa:
+    scale = reference.default_scale(cache.head_dim, scale)
+    state = {**state, "resa": resa.form_prior(state["resa"], cache, scale, m.typical_query)}
+  return cache, state
+
+
+def rectify(m, q, k, v, cache, state, positions, scale=None):
+  """ReSA dense rectification (Sun et al. 2025, Sec. 2.2): overwrite K/V, attend densely.
+
+  The RESA prior follows the overwritten keys; the retro output cache takes the dense outputs
+  (marked ``full``: nothing left to add retrospectively).
+  """
+  return _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed=True)
+
+
+def decode(m, q, k, v, cache, state, positions, scale=None):
+  """One decode step over the window ``positions [B, w]`` (newest last)."""
+  scale = reference.default_scale(q.shape[-1], scale)
+  cache, state = _write(m, cache, state, k, v, positions, scale, prior_formed=True)
+  if m.window == 1:
+    out = _single(m, q[:, :, 0], cache, state, scale)
+    return out[:, :, None].astype(q.dtype), cache, state
+  out, state = _retro_step(m, q, cache, state, positions, scale)
+  return out.astype(q.dtype), cache, state
+
+
+def _single(m, q, cache, state, scale):
+  """Sparse attention of the newest query, RESA-completed when on (RESA Eq. 3-5)."""
+  sel = m.select(q, cache, scale)
+  if not m.resa:
+    out, _ = sparse.sparse_decode(q, cache, sel, scale, impl=m.impl, interpret=m.interpret)
+    return out
+  st = state["resa"]
+  true, prior_seen, seen = resa.partials(q, cache, sel, st["prior"], scale, impl=m.impl,
+                                         interpret=m.interpret)
+  covered = seen >= resa.prior_count(st, q.shape[1])
+  out, _ = resa.aggregate(true, prior_seen, resa.total(st), resa.bias(st, q, scale), m.lam,
+                          covered)
+  return out
+
+
+def _window_priors(st, cache: KVCache, positions):
+  """Prior totals of each window query, excluding the window keys after it (causality).
+
+  Returns ``(O_est [B,N,w,D], log Z [B,N,w], count [B,N,w])`` over the prior-set keys at or
+  before each query (the window holds the only keys after a past query).
+  """
+  b, n, t = st["prior"].shape
+  w = positions.shape[1]
+  g = n // cache.num_kv_heads
+  slot = jnp.clip(positions, 0, t - 1)
+  # [B, N, w]
+  pw = jnp.take_along_axis(st["prior"], jnp.broadcast_to(slot[:, None], (b, n, w)), axis=-1)
+  pw = jnp.where((positions >= 0)[:, None], pw, -jnp.inf)
+  bi, ki = jnp.arange(b)[:, None, None], jnp.arange(cache.num_kv_heads)[None, :, None]
+  vw = jnp.repeat(cache.v[bi, ki, slot[:, None, :]].astype(jnp.float32), g, axis=1)
+  ew = jnp.where(jnp.isfinite(pw), jnp.exp(pw - st["pmax"][..., None]), 0.0)  # [B, N, w]
+  after = jnp.arange(w)[None, :] > jnp.arange(w)[:, None]  # [i, j]: key j after query i
+  zf = jnp.einsum("bnj,ij->bni", ew, after.astype(jnp.float32))
+  of = jnp.einsum("bnj,bnjd,ij->bnid", ew, vw, after.astype(jnp.float32))
+  cf = jnp.einsum("bnj,ij->bni", jnp.isfinite(pw).astype(jnp.int32), after.astype(jnp.int32))
+  z = jnp.maximum(st["zsum"][..., None] - zf, 0.0)
+  pos = z > 0
+  o_est = jnp.where(pos[..., None], (st["osum"][:, :, None] - of)
+                    / jnp.where(pos, z, 1.0)[..., None], 0.0)
+  log_z = jnp.where(pos, st["pmax"][..., None] + jnp.log(jnp.where(pos, z, 1.0)), -jnp.inf)
+  count = resa.prior_count(st, n)[..., None] - cf
+  return o_est, log_z, count
+
+
+def _retro_step(m, q, cache, state, positions, scale):
+  """RetroAttention (Choi et al. 2025, Eq. 2, 6-9, Algorithm 2) over the window of ``w`` queries."""
+  rs = state["retro"]
+  b, n, w, d = q.shape
+  t = positions[:, -1]
+  last_seen = retro.mark_current(rs["last_seen"], t, m.granularity)
+  sel = m.select(q[:, :, -1], cache, scale)
+  cached = retro.lookup(rs["ring"], positions[:, :-1])
+  full = jnp.concatenate([cached["full"], jnp.zeros((b, 1), bool)], axis=1)  # [B, w]
+  use = retro.entry_mask(last_seen, sel, positions, full)  # [B, H, w, n]
+  kg, vg, ok, pos_g = sparse.gather_selection(cache, sel)  # [B, H, L, ...]
+  g = sel.granularity
+  # [B, H, w, L]: listed, unseen by the query, and at or before it (the causal limit)
+  ok_all = (ok[:, :, None] & jnp.repeat(use, g, axis=-1)
+            & (pos_g[:, :, None, :] <= positions[:, None, :, None]))
+  st = state.get("resa")
+  pg = resa.gather_prior(st["prior"], sel) if m.resa else None
+  true, prior_part, seen, exposed = resa.masked_partials(q, kg, vg, ok_all, pg, scale)
+  if (not m.resa and g == cache.block_size
+      and sparse.resolve_impl(m.impl) == "pallas"):
+    import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
+    o, l = pallas_kernels.sparse_decode_multiquery(
+        q, cache.k, cache.v, sel.idx, sel.n_valid, use, positions, cache.length,
+        block_size=g, scale=scale, impl="pallas", interpret=m.interpret)
+    true = (o.astype(jnp.float32), l)
+
+  def with_cache(new, old_o, old_l):
+    """Past queries: merge the supplementary part into the cached output (Eq. 2)."""
+    o, l = merge_n(jnp.stack([old_o, new[0][:, :, :-1]]), jnp.stack([old_l, new[1][:, :, :-1]]))
+    return (jnp.concatenate([o, new[0][:, :, -1:]], axis=2),
+            jnp.concatenate([l, new[1][:, :, -1:]], axis=2))
+
+  pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x[:, :, :1])], axis=2)
+  true = with_cache(true, cached["out"], cached["lse"])
+  entries = dict(out=true[0], lse=true[1], exposed=exposed + pad(cached["exposed"]), full=full)
+  out = true[0]
+  if m.resa:
+    prior_part = with_cache(prior_part, cached["pout"], cached["plse"])
+    seen = seen + pad(cached["seen"])
+    entries.update(pout=prior_part[0], plse=prior_part[1], seen=seen)
+    o_est, log_z, count = _window_priors(st, cache, positions)
+    covered = full[:, None, :] | (seen >= count)
+    out, _ = resa.aggregate(true, prior_part, (o_est, log_z), resa.bias(st, q, scale), m.lam,
+                            covered)
+  out = jnp.where((positions >= 0)[:, None, :, None], out, 0.0)
+  rs = dict(ring=retro.store(rs["ring"], positions, entries),
+            last_seen=retro.mark_selected(last_seen, sel, t),
+            retired_pos=positions[:, 0], retired_exposed=entries["exposed"][:, :, 0])
+  return out, {**state, "retro": rs}

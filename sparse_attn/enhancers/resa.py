@@ -1,0 +1,307 @@
+"""RESA: residual estimation for the unselected keys of a sparse attention.
+
+Yang et al., "RESA: Residual Estimation for Sparse Attention" (ICLR 2026). A sparse decode step
+attends the selected set ``I`` exactly and replaces every unselected logit by a rank-1 estimate:
+
+  * Prior Estimator (Sec. 4.2, Eq. 2), once at the end of prefill, per layer and query head:
+    ``mu_Q`` = mean prompt query (or the last one, ``typical_query="last"``), ``mu_K`` = mean key,
+    prior logits ``P_j = scale * mu_Q . k_j``, ``Z = sum_j e^{P_j}``, ``O_est = softmax(P) V``.
+  * Online Aggregator (Eq. 3-5), every step: bias ``b = scale * (q - mu_Q) . mu_K``; unselected
+    keys get the logit ``P_j + b`` (weighted by ``lam``), selected keys their true ``s_j``:
+    ``out = [lam e^b (Z O_est - sum_I e^{P_j} v_j) + sum_I e^{s_j} v_j]
+           / [lam e^b (Z - sum_I e^{P_j}) + sum_I e^{s_j}]``,
+    in log space with max shifts and the unselected mass clamped at 0. Cost O(|I|).
+
+Letters: B batch, K kv heads, G query heads per kv head, N = K*G query heads, H selection heads,
+R = N // H rows per selection head, S queries per head, T slots, L gathered slots, D head dim.
+
+State (a dict of fixed-shape arrays, per layer):
+  ``qsum [B,N,D]``, ``qcount [B]``, ``qlast [B,N,D]``, ``qlast_pos [B]``: prompt query statistics
+  (accumulated over prefill chunks); ``mu_q [B,N,D]``; ``ksum [B,K,D]``, ``kcount [B,K]``: sum and
+  count of the keys in the prior set (``mu_K = ksum / kcount``); ``prior [B,N,T]`` f32 ``P_j``
+  (``-inf`` for slots outside the prior set); ``pmax, zsum [B,N]``, ``osum [B,N,D]``: ``Z`` and
+  ``Z O_est`` as max-shifted running sums (``Z = e^pmax zsum``, ``O_est = osum / zsum``).
+
+The prior set is the prompt's keys (``prior_update="prefill_only"``, the paper's setting) or every
+key written so far (``"incremental"``). Overwriting a slot (rectification, retro re-embedding)
+subtracts the old key's contribution and adds the new one, so ``P``, ``Z``, ``O_est`` and ``mu_K``
+always describe exactly the keys now in the cache (up to f32 rounding of the running sums).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from sparse_attn import reference
+from sparse_attn.cache import KVCache, gather_blocks
+from sparse_attn.selection import Selection
+
+TYPICAL_QUERIES = ("mean", "last")
+PRIOR_UPDATES = ("incremental", "prefill_only")
+NEG_INF = float("-inf")
+
+
+def init_state(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+               capacity: int) -> dict:
+  """An empty RESA state (no prompt seen, empty prior)."""
+  f32 = jnp.float32
+  bn, bnd = (batch, num_q_heads), (batch, num_q_heads, head_dim)
+  return dict(
+      qsum=jnp.zeros(bnd, f32), qcount=jnp.zeros((batch,), f32), qlast=jnp.zeros(bnd, f32),
+      qlast_pos=jnp.full((batch,), -1, jnp.int32), mu_q=jnp.zeros(bnd, f32),
+      ksum=jnp.zeros((batch, num_kv_heads, head_dim), f32),
+      kcount=jnp.zeros((batch, num_kv_heads), jnp.int32),
+      prior=jnp.full((batch, num_q_heads, capacity), NEG_INF, f32),
+      pmax=jnp.zeros(bn, f32), zsum=jnp.zeros(bn, f32), osum=jnp.zeros(bnd, f32))
+
+
+def accumulate_queries(state: dict, q, positions) -> dict:
+  """Adds a prefill chunk's queries ``q [B,N,S,D]`` at ``positions [B,S]`` to the statistics."""
+  ok = positions >= 0  # [B, S]
+  qf = q.astype(jnp.float32)
+  qsum = state["qsum"] + jnp.einsum("bnsd,bs->bnd", qf, ok.astype(jnp.float32))
+  qcount = state["qcount"] + jnp.sum(ok, axis=-1).astype(jnp.float32)
+  last = jnp.argmax(jnp.where(ok, positions, -1), axis=-1)  # [B]
+  last_pos = jnp.max(jnp.where(ok, positions, -1), axis=-1)
+  newer = last_pos > state["qlast_pos"]
+  # [B, N, D]
+  q_at = jnp.take_along_axis(qf, last[:, None, None, None], axis=2)[:, :, 0]
+  qlast = jnp.where(newer[:, None, None], q_at, state["qlast"])
+  return {**state, "qsum": qsum, "qcount": qcount, "qlast": qlast,
+          "qlast_pos": jnp.maximum(last_pos, state["qlast_pos"])}
+
+
+def _prior_logits(mu_q, k, scale):
+  """``scale * mu_q . k`` -> ``[B, N, T]`` f32 for ``mu_q [B,N,D]``, ``k [B,K,T,D]``."""
+  b, n, d = mu_q.shape
+  kh = k.shape[1]
+  # [B, K, G, T]
+  p = jnp.einsum("bkgd,bktd->bkgt", mu_q.reshape(b, kh, n // kh, d), k.astype(jnp.float32),
+                 precision=jax.lax.Precision.HIGHEST)
+  return (p * scale).reshape(b, n, -1)
+
+
+def form_prior(state: dict, cache: KVCache, scale: float, typical_query: str = "mean") -> dict:
+  """The Prior Estimator (RESA Sec. 4.2, Eq. 2) over every valid key of the cache."""
+  if typical_query == "mean":
+    mu_q = state["qsum"] / jnp.maximum(state["qcount"], 1.0)[:, None, None]
+  elif typical_query == "last":
+    mu_q = state["qlast"]
+  else:
+    raise ValueError(f"typical_query must be one of {TYPICAL_QUERIES}, got {typical_query!r}")
+  valid = cache.valid  # [B, K, T]
+  b, n, _ = mu_q.shape
+  g = n // cache.num_kv_heads
+  vq = jnp.repeat(valid, g, axis=1)  # [B, N, T]
+  prior = jnp.where(vq, _prior_logits(mu_q, cache.k, scale), NEG_INF)
+  pmax = jnp.max(prior, axis=-1)
+  pmax = jnp.where(jnp.isfinite(pmax), pmax, 0.0)
+  w = jnp.exp(prior - pmax[..., None])  # [B, N, T], 0 outside the prior set
+  vf = cache.v.astype(jnp.float32)
+  osum = jnp.einsum("bkgt,bktd->bkgd", w.reshape(b, -1, g, w.shape[-1]), vf,
+                    precision=jax.lax.Precision.HIGHEST).reshape(b, n, -1)
+  ksum = jnp.einsum("bkt,bktd->bkd", valid.astype(jnp.float32), cache.k.astype(jnp.float32),
+                    precision=jax.lax.Precision.HIGHEST)
+  return {**state, "mu_q": mu_q, "prior": prior, "pmax": pmax, "zsum": jnp.sum(w, axis=-1),
+          "osum": osum, "ksum": ksum, "kcount": jnp.sum(valid, axis=-1).astype(jnp.int32)}
+
+
+def update_prior(state: dict, cache: KVCache, k_new, v_new, positions, scale: float,
+                 incremental: bool = True) -> dict:
+  """Keeps the prior exact when keys are written at ``positions [B,S]`` (call before ``write``).
+
+  ``cache`` is the cache *before* the write: an overwritten slot's old prior logit, value and key
+  are subtracted from ``Z``, ``Z O_est`` and the key sum, the new key's are added. A new slot joins
+  the prior set only when ``incremental``; an overwritten slot keeps its membership.
+  """
+  b, n, t = state["prior"].shape
+  kh = cache.num_kv_heads
+  g = n // kh
+  ok = (positions >= 0) & (positions < t)  # [B, S]
+  slot = jnp.clip(positions, 0, t - 1).astype(jnp.int32)
+  # [B, N, S]
+  old_p = jnp.take_along_axis(state["prior"], jnp.broadcast_to(slot[:, None], (b, n, slot.shape[1])),
+                              axis=-1)
+  old_in = jnp.isfinite(old_p) & ok[:, None]
+  new_in = jnp.broadcast_to(ok[:, None], old_in.shape) if incremental else old_in
+  # [B, N, S]: the new keys' prior logits (the new keys play the role of the slots)
+  new_p = jnp.where(new_in, _prior_logits(state["mu_q"], k_new, scale), NEG_INF)
+  bi = jnp.arange(b)[:, None, None]
+  ki = jnp.arange(kh)[None, :, None]
+  si = slot[:, None, :]
+  old_v = jnp.repeat(cache.v[bi, ki, si].astype(jnp.float32), g, axis=1)  # [B, N, S, D]
+  old_k = cache.k[bi, ki, si].astype(jnp.float32)  # [B, K, S, D]
+  new_v = jnp.repeat(v_new.astype(jnp.float32), g, axis=1)
+  # Running max shift: rescale the sums when a new logit exceeds it.
+  pmax = jnp.maximum(state["pmax"], jnp.max(jnp.where(new_in, new_p, NEG_INF), axis=-1))
+  pmax = jnp.where(jnp.isfinite(pmax), pmax, 0.0)
+  rescale = jnp.exp(state["pmax"] - pmax)
+  w_old = jnp.where(old_in, jnp.exp(old_p - pmax[..., None]), 0.0)  # [B, N, S]
+  w_new = jnp.where(new_in, jnp.exp(new_p - pmax[..., None]), 0.0)
+  zsum = state["zsum"] * rescale - jnp.sum(w_old, -1) + jnp.sum(w_new, -1)
+  osum = (state["osum"] * rescale[..., None] - jnp.einsum("bns,bnsd->bnd", w_old, old_v)
+          + jnp.einsum("bns,bnsd->bnd", w_new, new_v))
+  old_in_k, new_in_k = old_in[:, ::g], new_in[:, ::g]  # membership is shared by a kv group
+  ksum = (state["ksum"] - jnp.einsum("bks,bksd->bkd", old_in_k.astype(jnp.float32), old_k)
+          + jnp.einsum("bks,bksd->bkd", new_in_k.astype(jnp.float32), k_new.astype(jnp.float32)))
+  kcount = state["kcount"] - jnp.sum(old_in_k, -1) + jnp.sum(new_in_k, -1)
+  ni = jnp.arange(n)[None, :, None]
+  put = jnp.where(ok, slot, t)[:, None, :]
+  prior = state["prior"].at[jnp.arange(b)[:, None, None], ni, put].set(new_p, mode="drop")
+  return {**state, "prior": prior, "pmax": pmax, "zsum": jnp.maximum(zsum, 0.0), "osum": osum,
+          "ksum": ksum, "kcount": kcount.astype(jnp.int32)}
+
+
+def total(state: dict):
+  """``(O_est [B,N,D], log Z [B,N])`` of the whole prior set (``0, -inf`` when it is empty)."""
+  z = state["zsum"]
+  pos = z > 0
+  o_est = jnp.where(pos[..., None], state["osum"] / jnp.where(pos, z, 1.0)[..., None], 0.0)
+  return o_est, jnp.where(pos, state["pmax"] + jnp.log(jnp.where(pos, z, 1.0)), NEG_INF)
+
+
+def mu_k(state: dict):
+  """``[B, K, D]`` mean key of the prior set (0 when empty)."""
+  return state["ksum"] / jnp.maximum(state["kcount"], 1)[..., None].astype(jnp.float32)
+
+
+def bias(state: dict, q, scale: float):
+  """``b = scale * (q - mu_Q) . mu_K`` (RESA Eq. 4) for ``q [B,N,D]`` or ``[B,N,S,D]``."""
+  mk = mu_k(state)
+  b, n = q.shape[:2]
+  g = n // mk.shape[1]
+  mkn = jnp.repeat(mk, g, axis=1)  # [B, N, D]
+  dq = q.astype(jnp.float32) - (state["mu_q"] if q.ndim == 3 else state["mu_q"][:, :, None])
+  if q.ndim == 3:
+    return scale * jnp.einsum("bnd,bnd->bn", dq, mkn, precision=jax.lax.Precision.HIGHEST)
+  return scale * jnp.einsum("bnsd,bnd->bns", dq, mkn, precision=jax.lax.Precision.HIGHEST)
+
+
+def prior_count(state: dict, num_q_heads: int):
+  """``[B, N]`` int32 keys in the prior set, per query head."""
+  return jnp.repeat(state["kcount"], num_q_heads // state["kcount"].shape[1], axis=1)
+
+
+def aggregate(true, prior_seen, prior_total, b, lam: float, covered=None):
+  """RESA's Online Aggregator (Eq. 3-5) in log space.
+
+  Args:
+    true: ``(out [..., D], lse [...])`` exact attention over the seen set ``I``.
+    prior_seen: ``(out, lse)`` of the prior logits over the same set (``sum_I e^{P_j} v_j``).
+    prior_total: ``(O_est, log Z)`` over the whole prior set.
+    b: ``[...]`` the bias ``scale (q - mu_Q) . mu_K``.
+    lam: RESA's lambda, the weight of every unselected key (0 = the selector alone).
+    covered: optional bool ``[...]``: ``I`` holds the whole prior set (no residual at all).
+
+  Returns:
+    ``(out [..., D] f32, lse [...] f32)``: the estimated full attention and its log-normaliser.
+  """
+  o, l = true[0].astype(jnp.float32), true[1]
+  if lam == 0:
+    return o, l
+  po, pl = prior_seen
+  oe, lz = prior_total
+  has_z = jnp.isfinite(lz)
+  r = jnp.where(has_z & jnp.isfinite(pl), jnp.exp(pl - jnp.where(has_z, lz, 0.0)), 0.0)
+  rem = 1.0 - r  # unselected fraction of the prior mass, clamped at 0 below
+  live = has_z & (rem > 0)
+  if covered is not None:
+    live &= ~covered
+  safe_rem = jnp.where(live, rem, 1.0)
+  # Normalised residual output (Z O_est - sum_I e^P v) / (Z - sum_I e^P).
+  o_res = (oe - r[..., None] * po) / safe_rem[..., None]
+  l_res = jnp.where(live, lz + jnp.log(safe_rem) + b + jnp.log(lam), NEG_INF)
+  m = jnp.maximum(l, l_res)
+  m = jnp.where(jnp.isfinite(m), m, 0.0)
+  w_s = jnp.where(jnp.isfinite(l), jnp.exp(l - m), 0.0)
+  w_r = jnp.where(live, jnp.exp(l_res - m), 0.0)
+  den = w_s + w_r
+  safe = jnp.where(den > 0, den, 1.0)
+  out = jnp.where((den > 0)[..., None],
+                  (w_s[..., None] * o + w_r[..., None] * o_res) / safe[..., None], 0.0)
+  return out, jnp.where(den > 0, m + jnp.log(safe), NEG_INF)
+
+
+def gather_prior(prior, sel: Selection):
+  """The prior logits of the selected slots: ``[B,N,T]`` -> ``[B,H,R,L]``."""
+  b, n, t = prior.shape
+  h = sel.idx.shape[1]
+  # [B, H, T, R]: slots first so blocks gather like keys (H plays the kv-head role).
+  pr = jnp.swapaxes(prior.reshape(b, h, n // h, t), 2, 3)
+  return jnp.swapaxes(gather_blocks(pr, sel.idx, sel.granularity), 2, 3)
+
+
+def masked_partials(q, kg, vg, ok, pg, scale):
+  """True and prior partials of ``q [B,N,S,D]`` over gathered slots with a per-query mask.
+
+  Args:
+    q: ``[B, N, S, D]``; kg, vg: ``[B, H, L, D]``; ok: ``[B, H, S, L]`` bool.
+    pg: ``[B, H, R, L]`` prior logits of the gathered slots, or None.
+    scale: softmax scale.
+
+  Returns:
+    ``(out [B,N,S,D] f32, lse [B,N,S])``, the prior pair (or None), ``seen [B,N,S]`` int32 (prior
+    members attended) and ``exposed [B,N,S]`` int32 (keys attended).
+  """
+  b, n, s, d = q.shape
+  h = kg.shape[1]
+  r = n // h
+  qg = q.reshape(b, h, r, s, d)
+  # [B, H, R, S, L]
+  lg = jnp.einsum("bhrsd,bhld->bhrsl", qg, kg, preferred_element_type=jnp.float32) * scale
+  okb = jnp.broadcast_to(ok[:, :, None], lg.shape)
+  out, lse = reference.softmax_weighted_sum(jnp.where(okb, lg, NEG_INF), vg)
+  exposed = jnp.broadcast_to(jnp.sum(ok, -1)[:, :, None], (b, h, r, s)).reshape(b, n, s)
+  shape = lambda x: x.reshape(b, n, s, *x.shape[4:])  # [B, H, R, S, ...] -> [B, N, S, ...]
+  if pg is None:
+    return (shape(out), shape(lse)), None, jnp.zeros_like(exposed), exposed.astype(jnp.int32)
+  pmask = okb & jnp.isfinite(pg)[:, :, :, None, :]
+  pl = jnp.where(pmask, pg[:, :, :, None, :], NEG_INF)
+  pout, plse = reference.softmax_weighted_sum(pl, vg)
+  seen = jnp.sum(pmask, -1).reshape(b, n, s).astype(jnp.int32)
+  return (shape(out), shape(lse)), (shape(pout), shape(plse)), seen, exposed.astype(jnp.int32)
+
+
+def partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: str = "xla",
+             interpret: bool = False):
+  """One decode query per head over the selection: true and prior partials plus prior coverage.
+
+  Uses the fused ``pallas_kernels.sparse_decode_resa`` kernel when ``impl`` resolves to Pallas
+  and the selection is block-level; otherwise the jnp path (``resa_partials``).
+
+  Returns:
+    ``(out [B,N,D] f32, lse [B,N]), (prior_out, prior_lse), seen [B,N] int32``.
+  """
+  from sparse_attn import sparse  # pylint: disable=g-import-not-at-top (avoid a cycle)
+  if sparse.resolve_impl(impl) == "pallas" and sel.granularity == cache.block_size:
+    import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
+    out, lse, pout, plse = pallas_kernels.sparse_decode_resa(
+        q, cache.k, cache.v, prior, sel.idx, sel.n_valid, cache.length,
+        block_size=cache.block_size, scale=scale, impl="pallas", interpret=interpret)
+    _, _, ok, _ = _gather_ok(cache, sel)
+    pg = gather_prior(prior, sel)  # [B, H, R, L]
+    seen = jnp.sum(ok[:, :, None] & jnp.isfinite(pg), -1).reshape(q.shape[:2])
+    return (out.astype(jnp.float32), lse), (pout, plse), seen.astype(jnp.int32)
+  (out, lse), (pout, plse), seen, _ = _jnp_partials(q, cache, sel, prior, scale)
+  return (out, lse), (pout, plse), seen
+
+
+def _gather_ok(cache, sel):
+  from sparse_attn import sparse  # pylint: disable=g-import-not-at-top
+  return sparse.gather_selection(cache, sel)
+
+
+def _jnp_partials(q, cache, sel, prior, scale):
+  kg, vg, ok, _ = _gather_ok(cache, sel)
+  res = masked_partials(q[:, :, None], kg, vg, ok[:, :, None], gather_prior(prior, sel), scale)
+  (out, lse), (pout, plse), seen, exposed = res
+  return ((out[:, :, 0], lse[:, :, 0]), (pout[:, :, 0], plse[:, :, 0]), seen[:, :, 0],
+          exposed[:, :, 0])
+
+
+def resa_partials(q, cache: KVCache, sel: Selection, prior, scale=None):
+  """jnp reference of the fused kernel: ``(out, lse, prior_out, prior_lse)`` for ``q [B,N,D]``."""
+  scale = reference.default_scale(q.shape[-1], scale)
+  (out, lse), (pout, plse), _, _ = _jnp_partials(q, cache, sel, prior, scale)
+  return out.astype(q.dtype), lse, pout, plse
