@@ -1,0 +1,195 @@
+"""Expected Attention: score keys by the attention future queries are expected to pay them.
+
+Devoto et al., "Expected Attention: KV Cache Compression by Estimating Attention from Future
+Queries Distribution" (2025), Sec. 3. Letters: B batch, K kv heads, G group, N = K G query
+heads, W buffered queries, F future positions, T cache slots, D head dim.
+
+For every query head, future (pre-RoPE) queries are modelled as ``q ~ N(mu, Sigma)``, estimated
+from the last ``n_queries`` (256) queries (Sec. 3.1). RoPE at the next ``n_future`` (512)
+positions is averaged, ``R_bar = 1/F sum_j R_{t+j}`` (Eq. 5), and applied to both statistics,
+``mu_bar = R_bar mu`` and ``Sigma_bar = R_bar Sigma R_bar^T`` (Eq. 6). For a post-RoPE key ``k``
+the expected unnormalised score is the Gaussian moment generating function (Eq. 7)
+
+    E[exp(s q.k)] = exp(s mu_bar.k + s^2/2 k^T Sigma_bar k)        (s = 1/sqrt(d): /(2d))
+
+normalised over the keys into the expected attention ``a_hat`` (Eq. 8), and the importance is
+``(a_hat + eps) ||v||`` (Eq. 9). GQA: ``a_hat`` is averaged over the group's query heads (Sec. 3).
+The first ``n_sink`` (4) tokens are excluded from the statistics and the softmax, and always kept.
+
+**RoPE.** The method is given post-RoPE queries, so it cannot see pre-RoPE ones directly. With
+``rope_theta`` (or explicit ``rope_inv_freq`` for scaled RoPE) given, every buffered query is
+rotated back by its own position (the Hugging Face half-split convention, channel ``i`` paired
+with ``i + D/2``), which recovers the pre-RoPE query exactly, and Eq. 5-6 are applied as in the
+paper, ``t`` the next token position. Without a RoPE config the statistics are those of the
+post-RoPE queries and ``R_bar = I`` (a documented deviation: the rotations of the buffered
+queries' own positions are then averaged into ``mu`` and ``Sigma`` instead of the future ones).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+from sparse_attn.compression import observe
+from sparse_attn.compression.base import CompressionMethod, builder
+
+
+def inverse_frequencies(head_dim: int, theta: float) -> np.ndarray:
+  """``[D/2]`` RoPE inverse frequencies ``theta^(-2i/D)`` (Su et al. 2021)."""
+  return (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)).astype(
+      np.float32)
+
+
+def rotate(x, positions, inv_freq):
+  """RoPE rotation of ``x [B, N, S, D]`` by ``positions [B, S]`` (half-split convention)."""
+  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, S, D/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)[:, None]  # [B, 1, S, D]
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  return x * jnp.cos(angles) + rotated * jnp.sin(angles)
+
+
+def average_rotation(start, n_future: int, inv_freq):
+  """``R_bar [B, D, D] = 1/F sum_{j<F} R_{start+j}`` (Devoto et al., Eq. 5).
+
+  ``R_p = diag(cos(p w)) + diag(sin(p w)) P`` with ``P x = rotate_half(x)``.
+  """
+  d = 2 * inv_freq.shape[0]
+  pos = start[:, None].astype(jnp.float32) + jnp.arange(n_future, dtype=jnp.float32)  # [B, F]
+  angles = pos[..., None] * jnp.asarray(inv_freq)  # [B, F, D/2]
+  c = jnp.mean(jnp.cos(angles), axis=1)
+  s = jnp.mean(jnp.sin(angles), axis=1)
+  c = jnp.concatenate([c, c], axis=-1)  # [B, D]
+  s = jnp.concatenate([s, s], axis=-1)
+  eye = jnp.eye(d // 2, dtype=jnp.float32)
+  zero = jnp.zeros_like(eye)
+  p = jnp.block([[zero, -eye], [eye, zero]])  # rotate_half as a matrix
+  return c[:, :, None] * jnp.eye(d, dtype=jnp.float32) + s[:, :, None] * p
+
+
+def query_statistics(buf, filled):
+  """Mean ``[B, N, D]`` and (biased) covariance ``[B, N, D, D]`` of the buffered queries."""
+  w = filled[:, :, None, None]
+  cnt = jnp.maximum(jnp.sum(filled, axis=1), 1).astype(jnp.float32)[:, None, None]
+  mu = jnp.sum(jnp.where(w, buf, 0.0), axis=1) / cnt
+  xc = jnp.where(w, buf - mu[:, None], 0.0)
+  cov = jnp.einsum("bwnd,bwne->bnde", xc, xc) / cnt[..., None]
+  return mu, cov
+
+
+def expected_attention(mu_bar, cov_bar, k, kmask, scale):
+  """Expected attention ``a_hat`` (Devoto et al., Eq. 7-8), per query head.
+
+  Args:
+    mu_bar: ``[B, N, D]`` rotated query mean.
+    cov_bar: ``[B, N, D, D]`` rotated covariance, or None (mean only).
+    k: ``[B, K, T, D]`` post-RoPE keys.
+    kmask: ``[B, K, T]`` bool keys taking part in the softmax.
+    scale: softmax scale ``s`` (``1/sqrt(d)``).
+
+  Returns:
+    ``[B, K, G, T]`` float32, each row a distribution over the masked keys (0 elsewhere).
+  """
+  b, n, d = mu_bar.shape
+  hkv = k.shape[1]
+  kf = k.astype(jnp.float32)
+  mu_g = mu_bar.reshape(b, hkv, n // hkv, d)
+  # [B, K, G, T]: log E[exp(s q.k)] = s mu.k + s^2/2 k^T Sigma k  (Eq. 7)
+  z = scale * jnp.einsum("bkgd,bktd->bkgt", mu_g, kf)
+  if cov_bar is not None:
+    cov_g = cov_bar.reshape(b, hkv, n // hkv, d, d)
+    z = z + 0.5 * scale * scale * jnp.einsum("bktd,bkgde,bkte->bkgt", kf, cov_g, kf)
+  z = jnp.where(kmask[:, :, None], z, -jnp.inf)
+  m = jnp.max(z, axis=-1, keepdims=True)
+  e = jnp.exp(z - jnp.where(jnp.isfinite(m), m, 0.0))
+  den = jnp.sum(e, axis=-1, keepdims=True)
+  return jnp.where(den > 0, e / jnp.where(den > 0, den, 1.0), 0.0)  # Eq. 8
+
+
+@dataclasses.dataclass(frozen=True)
+class ExpectedAttention(CompressionMethod):
+  """Expected Attention eviction (Devoto et al. 2025, Eq. 5-9).
+
+  Attributes:
+    n_future: future positions RoPE is averaged over (``T`` of Eq. 5).
+    n_queries: buffered recent queries the statistics are estimated from (Sec. 3.1).
+    use_covariance: include the ``k^T Sigma_bar k / (2d)`` term of Eq. 7.
+    use_vnorm: rescale by ``||v||`` (Eq. 9).
+    eps: the ``epsilon`` of Eq. 9.
+    rope_theta: RoPE base of the model (enables exact pre-RoPE statistics).
+    rope_inv_freq: ``D/2`` inverse frequencies (a tuple; for scaled RoPE), instead of theta.
+  """
+
+  n_future: int = 512
+  n_queries: int = 256
+  use_covariance: bool = True
+  use_vnorm: bool = True
+  eps: float = 0.01
+  rope_theta: float | None = None
+  rope_inv_freq: tuple | None = None
+
+  name = "expected_attention"
+  DEFAULTS = {"n_sink": 4, "interval": 512}
+
+  def __post_init__(self):
+    super().__post_init__()
+    for field in ("n_future", "n_queries"):
+      if getattr(self, field) < 1:
+        raise ValueError(f"{field} must be >= 1, got {getattr(self, field)}")
+    if self.eps < 0:
+      raise ValueError(f"eps must be >= 0, got {self.eps}")
+    if self.rope_theta is not None and self.rope_inv_freq is not None:
+      raise ValueError("give rope_theta or rope_inv_freq, not both")
+    if self.rope_theta is not None and self.rope_theta <= 0:
+      raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+    if self.rope_inv_freq is not None:
+      object.__setattr__(self, "rope_inv_freq", tuple(float(f) for f in self.rope_inv_freq))
+
+  def inv_freq(self, head_dim: int):
+    """The RoPE inverse frequencies, or None when no RoPE config was given."""
+    if self.rope_inv_freq is not None:
+      if 2 * len(self.rope_inv_freq) != head_dim:
+        raise ValueError(f"rope_inv_freq has {len(self.rope_inv_freq)} entries, "
+                         f"head_dim {head_dim} needs {head_dim // 2}")
+      return np.asarray(self.rope_inv_freq, np.float32)
+    if self.rope_theta is not None:
+      return inverse_frequencies(head_dim, self.rope_theta)
+    return None
+
+  def init_extra(self, batch, num_q_heads, num_kv_heads, head_dim, capacity):
+    return {"queries": observe.init_ring(batch, num_q_heads, self.n_queries, head_dim)}
+
+  def observe(self, q, cache, state, positions, lse, scale):
+    """Buffers the (pre-RoPE when a RoPE config is given) queries past the sinks."""
+    inv = self.inv_freq(q.shape[-1])
+    x = q.astype(jnp.float32)
+    if inv is not None:
+      x = rotate(x, -positions, inv)
+    ring = observe.ring_push(state["queries"], x, positions, positions >= self.n_sink)
+    return dict(state, queries=ring)
+
+  def statistics(self, state, head_dim: int):
+    """``mu_bar [B, N, D]`` and ``Sigma_bar [B, N, D, D]`` or None (Eq. 5-6)."""
+    ring = state["queries"]
+    mu, cov = query_statistics(ring["buf"], observe.ring_filled(ring))
+    inv = self.inv_freq(head_dim)
+    if inv is not None:
+      r = average_rotation(state["next_pos"], self.n_future, inv)  # [B, D, D]
+      mu = jnp.einsum("bde,bne->bnd", r, mu)
+      cov = jnp.einsum("bde,bnef,bgf->bndg", r, cov, r)
+    return mu, (cov if self.use_covariance else None)
+
+  def scores(self, cache, state, scale, n):
+    """``[B, K, T]``: ``(mean_g a_hat + eps) ||v||`` (Eq. 9); sinks are forced by the base."""
+    del n
+    mu, cov = self.statistics(state, cache.head_dim)
+    kmask = cache.valid & (cache.pos >= self.n_sink)
+    a = jnp.mean(expected_attention(mu, cov, cache.k, kmask, scale), axis=2)
+    if self.use_vnorm:
+      return (a + self.eps) * jnp.linalg.norm(cache.v.astype(jnp.float32), axis=-1)
+    return a
+
+
+build = builder(ExpectedAttention)

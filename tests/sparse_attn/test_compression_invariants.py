@@ -1,0 +1,148 @@
+"""Invariant 5 for every compression method: ratio 0 is dense; ratio r really shrinks the cache.
+
+Also: sinks are always kept, bad ratios / options raise, and the prompt tokens kept per head are
+exactly ``ceil((1 - r) L)`` in a physically smaller buffer (``KVCache.nbytes``).
+"""
+
+import fractions
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparse_attn import compression, methods
+
+NAMES = sorted(compression.BUILDERS)
+B, HQ, HKV, D = 2, 4, 2, 16
+L, T = 40, 64  # prompt length, allocated capacity (prompt + decode room)
+STEPS = 3
+LENGTHS = (40, 33)  # the second row is padded (positions -1)
+
+
+def problem(seed=0):
+  rng = np.random.default_rng(seed)
+  f = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
+  pos = np.tile(np.arange(L), (B, 1))
+  for i, n in enumerate(LENGTHS):
+    pos[i, n:] = -1
+  return dict(q=f(B, HQ, L, D), k=f(B, HKV, L, D), v=f(B, HKV, L, D), pos=jnp.asarray(pos),
+              dq=f(STEPS, B, HQ, 1, D), dk=f(STEPS, B, HKV, 1, D), dv=f(STEPS, B, HKV, 1, D))
+
+
+def run(m, p):
+  """prefill -> end_prefill -> STEPS decode steps; returns outputs and caches."""
+  cache = m.init_cache(B, HKV, T, D)
+  state = m.init_state(B, HQ, HKV, D, T)
+  out, cache, state = jax.jit(m.prefill)(p["q"], p["k"], p["v"], cache, state, p["pos"])
+  full = cache
+  cache, state = m.end_prefill(cache, state)
+  outs = [out]
+  dec = jax.jit(m.decode)
+  lengths = jnp.asarray(LENGTHS)
+  for i in range(STEPS):
+    o, cache, state = dec(p["dq"][i], p["dk"][i], p["dv"][i], cache, state,
+                          (lengths + i)[:, None])
+    outs.append(o)
+  return outs, full, cache
+
+
+@pytest.fixture(scope="module")
+def dense_run():
+  m = methods.make("dense")
+  p = problem()
+  cache = m.init_cache(B, HKV, T, D)
+  state = m.init_state(B, HQ, HKV, D, T)
+  out, cache, state = m.prefill(p["q"], p["k"], p["v"], cache, state, p["pos"])
+  outs = [out]
+  lengths = jnp.asarray(LENGTHS)
+  for i in range(STEPS):
+    # the dense method writes at slot = position; rows are contiguous so that is slot = length
+    o, cache, state = m.decode(p["dq"][i], p["dk"][i], p["dv"][i], cache, state,
+                               (lengths + i)[:, None])
+    outs.append(o)
+  return outs
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ratio_zero_is_dense(name, dense_run):
+  outs, _, cache = run(methods.make(name, ratio=0.0), problem())
+  assert cache.capacity == T
+  for got, want in zip(outs, dense_run):
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
+
+
+def expected_kept(n, ratio):
+  f = fractions.Fraction(ratio).limit_denominator(1000)
+  return math.ceil((1 - f) * n)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_ratio_keeps_ceil_in_smaller_buffer(name):
+  ratio, n_sink = 0.5, 2
+  opts = dict(window_size=8) if name == "snapkv" else {}
+  m = methods.make(name, ratio=ratio, n_sink=n_sink, **opts)
+  outs, full, cache = run(m, problem(1))
+  kept = [expected_kept(n, ratio) for n in LENGTHS]
+  valid = np.asarray(cache.valid)
+  pos = np.asarray(cache.pos)
+  for b in range(B):
+    for h in range(HKV):
+      prompt = pos[b, h][valid[b, h] & (pos[b, h] < LENGTHS[b])]
+      assert len(prompt) == kept[b], (b, h)
+      assert set(range(n_sink)) <= set(prompt.tolist())  # sinks always kept
+      assert len(set(prompt.tolist())) == len(prompt)
+  # decode room = the caller's headroom (T - max L), compaction to the largest head
+  assert cache.capacity == m.round_capacity(max(kept) + T - max(LENGTHS))
+  assert cache.capacity < T
+  assert cache.nbytes() < full.nbytes()
+  # every per-slot buffer shrinks with the capacity (only `length [B]` does not)
+  assert cache.nbytes() == pytest.approx(full.nbytes() * cache.capacity / T, rel=1e-3)
+  for o in outs:
+    assert np.all(np.isfinite(np.asarray(o)))
+
+
+def test_ratio_07_count_is_exact():
+  assert expected_kept(10, 0.7) == 3
+  m = methods.make("knorm", ratio=0.7, block_size=4)
+  p = problem(2)
+  _, _, cache = run(m, p)
+  np.testing.assert_array_equal(np.asarray(cache.valid).sum(-1)[:, 0] - STEPS,
+                                [expected_kept(n, 0.7) for n in LENGTHS])
+
+
+@pytest.mark.parametrize("ratio", [-0.1, 1.0, 1.5, True, "half"])
+def test_bad_ratio_raises(ratio):
+  with pytest.raises(ValueError, match="ratio"):
+    methods.make("expected_attention", ratio=ratio)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(foo=1), "valid options"), (dict(phase="later"), "phase"),
+    (dict(head_budget="greedy"), "head_budget"), (dict(n_sink=-1), "n_sink"),
+    (dict(interval=0), "interval")])
+def test_bad_options_raise(bad, match):
+  for name in NAMES:
+    with pytest.raises(ValueError, match=match):
+      methods.make(name, ratio=0.5, **bad)
+
+
+def test_spec_inline_options_and_registry():
+  m = methods.make("snapkv:ratio=0.25,window_size=16,head_budget=adakv")
+  assert (m.ratio, m.window_size, m.head_budget) == (0.25, 16, "adakv")
+  assert m.window == 1 and m.rect_interval == 0  # the decode-loop flags
+  assert methods.make("streaming_llm").n_sink == 4
+  with pytest.raises(ValueError, match="enhancer"):
+    methods.make("snapkv+resa", ratio=0.5)
+  hash(methods.make("expected_attention", ratio=0.5, rope_inv_freq=np.ones(8)))
+
+
+def test_end_prefill_under_jit_needs_decode_slots():
+  m = methods.make("knorm", ratio=0.5)
+  p = problem()
+  cache = m.init_cache(B, HKV, T, D)
+  state = m.init_state(B, HQ, HKV, D, T)
+  _, cache, state = m.prefill(p["q"], p["k"], p["v"], cache, state, p["pos"])
+  with pytest.raises(ValueError, match="decode_slots"):
+    jax.jit(m.end_prefill)(cache, state)
