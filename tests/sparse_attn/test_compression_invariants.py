@@ -4,6 +4,7 @@ Also: sinks are always kept, bad ratios / options raise, and the prompt tokens k
 exactly ``ceil((1 - r) L)`` in a physically smaller buffer (``KVCache.nbytes``).
 """
 
+import dataclasses
 import fractions
 import math
 
@@ -31,8 +32,8 @@ def problem(seed=0):
               dq=f(STEPS, B, HQ, 1, D), dk=f(STEPS, B, HKV, 1, D), dv=f(STEPS, B, HKV, 1, D))
 
 
-def run(m, p):
-  """prefill -> end_prefill -> STEPS decode steps; returns outputs and caches."""
+def run(m, p, steps=STEPS):
+  """prefill -> end_prefill -> ``steps`` decode steps; returns outputs and caches."""
   cache = m.init_cache(B, HKV, T, D)
   state = m.init_state(B, HQ, HKV, D, T)
   out, cache, state = jax.jit(m.prefill)(p["q"], p["k"], p["v"], cache, state, p["pos"])
@@ -41,7 +42,7 @@ def run(m, p):
   outs = [out]
   dec = jax.jit(m.decode)
   lengths = jnp.asarray(LENGTHS)
-  for i in range(STEPS):
+  for i in range(steps):
     o, cache, state = dec(p["dq"][i], p["dk"][i], p["dv"][i], cache, state,
                           (lengths + i)[:, None])
     outs.append(o)
@@ -54,12 +55,13 @@ def dense_run():
   p = problem()
   cache = m.init_cache(B, HKV, T, D)
   state = m.init_state(B, HQ, HKV, D, T)
-  out, cache, state = m.prefill(p["q"], p["k"], p["v"], cache, state, p["pos"])
+  out, cache, state = jax.jit(m.prefill)(p["q"], p["k"], p["v"], cache, state, p["pos"])
   outs = [out]
   lengths = jnp.asarray(LENGTHS)
+  dec = jax.jit(m.decode)
   for i in range(STEPS):
     # the dense method writes at slot = position; rows are contiguous so that is slot = length
-    o, cache, state = m.decode(p["dq"][i], p["dk"][i], p["dv"][i], cache, state,
+    o, cache, state = dec(p["dq"][i], p["dk"][i], p["dv"][i], cache, state,
                                (lengths + i)[:, None])
     outs.append(o)
   return outs
@@ -83,7 +85,7 @@ def test_ratio_keeps_ceil_in_smaller_buffer(name):
   ratio, n_sink = 0.5, 2
   opts = dict(window_size=8) if name == "snapkv" else {}
   m = methods.make(name, ratio=ratio, n_sink=n_sink, **opts)
-  outs, full, cache = run(m, problem(1))
+  outs, full, cache = run(m, problem(1), steps=0)
   kept = [expected_kept(n, ratio) for n in LENGTHS]
   valid = np.asarray(cache.valid)
   pos = np.asarray(cache.pos)
@@ -107,9 +109,33 @@ def test_ratio_07_count_is_exact():
   assert expected_kept(10, 0.7) == 3
   m = methods.make("knorm", ratio=0.7, block_size=4)
   p = problem(2)
-  _, _, cache = run(m, p)
-  np.testing.assert_array_equal(np.asarray(cache.valid).sum(-1)[:, 0] - STEPS,
+  _, _, cache = run(m, p, steps=0)
+  np.testing.assert_array_equal(np.asarray(cache.valid).sum(-1)[:, 0],
                                 [expected_kept(n, 0.7) for n in LENGTHS])
+
+
+@pytest.mark.parametrize("name", ["knorm", "h2o"])
+def test_decode_reads_only_the_kept_tokens(name):
+  """After compaction, decoding equals exact attention over the kept prompt tokens + new ones."""
+  m = methods.make(name, ratio=0.5, head_budget="adakv")
+  p = problem(3)
+  outs, full, cache = run(m, p)
+  # Reference: the full prompt cache with the evicted tokens masked out, then the decoded ones.
+  kept = np.zeros((B, HKV, T), bool)
+  pos, valid = np.asarray(cache.pos), np.asarray(cache.valid)
+  for b in range(B):
+    for h in range(HKV):
+      kept[b, h, pos[b, h][valid[b, h]]] = True
+  dense = methods.make("dense")
+  ref_cache = dataclasses.replace(
+      full, pos=jnp.where(jnp.asarray(kept[..., :T]), full.pos, -1))
+  lengths = jnp.asarray(LENGTHS)
+  state = dense.init_state(B, HQ, HKV, D, T)
+  dec = jax.jit(dense.decode)
+  for i in range(STEPS):
+    o, ref_cache, state = dec(p["dq"][i], p["dk"][i], p["dv"][i], ref_cache, state,
+                                       (lengths + i)[:, None])
+    np.testing.assert_allclose(outs[i + 1], o, atol=2e-5, rtol=2e-5)
 
 
 @pytest.mark.parametrize("ratio", [-0.1, 1.0, 1.5, True, "half"])
@@ -143,6 +169,6 @@ def test_end_prefill_under_jit_needs_decode_slots():
   p = problem()
   cache = m.init_cache(B, HKV, T, D)
   state = m.init_state(B, HQ, HKV, D, T)
-  _, cache, state = m.prefill(p["q"], p["k"], p["v"], cache, state, p["pos"])
+  _, cache, state = jax.jit(m.prefill)(p["q"], p["k"], p["v"], cache, state, p["pos"])
   with pytest.raises(ValueError, match="decode_slots"):
     jax.jit(m.end_prefill)(cache, state)

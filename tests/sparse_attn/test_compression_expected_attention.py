@@ -1,0 +1,146 @@
+"""Expected Attention (Devoto et al. 2025) against an independent numpy implementation of Eq. 5-9.
+
+The numpy side builds every RoPE matrix explicitly from 2x2 rotations of the channel pairs
+``(i, i + D/2)`` and works from the pre-RoPE queries it generated, so it also checks that the
+method recovers pre-RoPE statistics from the post-RoPE queries it is given.
+"""
+
+import math
+
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparse_attn import methods
+from sparse_attn.compression import expected_attention as ea
+
+B, HQ, HKV, D = 2, 4, 2, 8
+L, T = 48, 64
+LENGTHS = (48, 37)
+THETA = 50.0
+N_QUERIES, N_FUTURE, N_SINK, EPS = 16, 32, 3, 0.01
+
+
+def rope_matrix(p, inv):
+  """``R_p [D, D]``: a 2x2 rotation by ``p * inv[i]`` on every channel pair (i, i + D/2)."""
+  d = 2 * len(inv)
+  r = np.zeros((d, d))
+  for i, w in enumerate(inv):
+    c, s = math.cos(p * w), math.sin(p * w)
+    j = i + d // 2
+    r[i, i], r[i, j], r[j, i], r[j, j] = c, -s, s, c
+  return r
+
+
+def make_problem(seed):
+  rng = np.random.default_rng(seed)
+  inv = 1.0 / THETA ** (np.arange(0, D, 2) / D)
+  qpre = rng.normal(size=(B, HQ, L, D)) * 0.7 + rng.normal(size=(B, HQ, 1, D))
+  kpre = rng.normal(size=(B, HKV, L, D)) + 0.5 * rng.normal(size=(B, HKV, 1, D))
+  v = rng.normal(size=(B, HKV, L, D))
+  rots = np.stack([rope_matrix(p, inv) for p in range(L)])  # [L, D, D]
+  qpost = np.einsum("lde,bhle->bhld", rots, qpre)
+  kpost = np.einsum("lde,bhle->bhld", rots, kpre)
+  pos = np.tile(np.arange(L), (B, 1))
+  for b, n in enumerate(LENGTHS):
+    pos[b, n:] = -1
+  return dict(inv=inv, qpre=qpre, qpost=qpost, kpost=kpost, v=v, pos=pos)
+
+
+def numpy_scores(p, use_rope, use_cov, use_vnorm):
+  """Eq. 5-9 for every (row, kv head, key); NaN for sinks / empty keys."""
+  scale = 1.0 / math.sqrt(D)
+  out = np.full((B, HKV, L), np.nan)
+  g = HQ // HKV
+  for b, n in enumerate(LENGTHS):
+    window = [i for i in range(n) if i >= N_SINK][-N_QUERIES:]
+    rbar = (np.mean([rope_matrix(n + j, p["inv"]) for j in range(N_FUTURE)], axis=0)
+            if use_rope else np.eye(D))  # Eq. 5, t + 1 = n the next position
+    keys = list(range(N_SINK, n))
+    for h in range(HKV):
+      a = np.zeros(len(keys))
+      for qh in range(h * g, (h + 1) * g):
+        x = (p["qpre"] if use_rope else p["qpost"])[b, qh, window]
+        mu = x.mean(0)
+        cov = (x - mu).T @ (x - mu) / len(window)
+        mu_bar, cov_bar = rbar @ mu, rbar @ cov @ rbar.T  # Eq. 6
+        k = p["kpost"][b, h, keys]
+        z = scale * k @ mu_bar  # Eq. 7
+        if use_cov:
+          z = z + 0.5 * scale**2 * np.einsum("td,de,te->t", k, cov_bar, k)
+        e = np.exp(z - z.max())
+        a += e / e.sum() / g  # Eq. 8, averaged over the group
+      if use_vnorm:
+        a = (a + EPS) * np.linalg.norm(p["v"][b, h, keys], axis=-1)  # Eq. 9
+      out[b, h, keys] = a
+  return out
+
+
+def prefilled(m, p):
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  cache = m.init_cache(B, HKV, T, D)
+  state = m.init_state(B, HQ, HKV, D, T)
+  _, cache, state = jax.jit(m.prefill)(f32(p["qpost"]), f32(p["kpost"]), f32(p["v"]), cache,
+                                       state, jnp.asarray(p["pos"]))
+  return cache, state
+
+
+@pytest.mark.parametrize("use_rope,use_cov,use_vnorm",
+                         [(True, True, True), (True, False, False), (False, True, True)])
+def test_scores_match_numpy_eq5_to_9(use_rope, use_cov, use_vnorm):
+  rope = dict(rope_theta=THETA) if use_rope else {}
+  m = methods.make("expected_attention", ratio=0.5, n_queries=N_QUERIES, n_future=N_FUTURE,
+                   n_sink=N_SINK, eps=EPS, use_covariance=use_cov, use_vnorm=use_vnorm, **rope)
+  p = make_problem(0)
+  cache, state = prefilled(m, p)
+  got = np.asarray(jax.jit(m.scores, static_argnums=2)(cache, state, 1 / math.sqrt(D), None))
+  want = numpy_scores(p, use_rope, use_cov, use_vnorm)
+  ok = ~np.isnan(want)
+  np.testing.assert_allclose(got[:, :, :L][ok], want[ok], rtol=2e-4, atol=1e-7)
+  # The kept set: sinks plus the top of Eq. 9 per head.
+  cache2, _ = m.end_prefill(cache, state)
+  pos, valid = np.asarray(cache2.pos), np.asarray(cache2.valid)
+  for b, n in enumerate(LENGTHS):
+    k = math.ceil(n / 2)
+    for h in range(HKV):
+      top = np.argsort(-want[b, h, N_SINK:n], kind="stable")[:k - N_SINK] + N_SINK
+      assert set(pos[b, h][valid[b, h]].tolist()) == set(range(N_SINK)) | set(top.tolist())
+
+
+def test_average_rotation_is_the_mean_of_2x2_rotations():
+  inv = 1.0 / THETA ** (np.arange(0, D, 2) / D)
+  got = np.asarray(ea.average_rotation(jnp.asarray([5, 100]), N_FUTURE, inv.astype(np.float32)))
+  for b, start in enumerate((5, 100)):
+    want = np.mean([rope_matrix(start + j, inv) for j in range(N_FUTURE)], axis=0)
+    np.testing.assert_allclose(got[b], want, atol=2e-6)
+
+
+def test_rotate_back_recovers_pre_rope_queries():
+  p = make_problem(1)
+  back = ea.rotate(jnp.asarray(p["qpost"], jnp.float32), -jnp.asarray(np.arange(L))[None],
+                   p["inv"].astype(np.float32))
+  np.testing.assert_allclose(back, p["qpre"], atol=2e-5)
+
+
+@hypothesis.given(seed=st.integers(0, 2**31 - 1))
+@hypothesis.settings(max_examples=5, deadline=None)
+def test_closed_form_matches_monte_carlo(seed):
+  """E[exp(s q.k)] = exp(s mu.k + s^2/2 k^T Sigma k) for q ~ N(mu, Sigma) (Eq. 7), and Eq. 8."""
+  rng = np.random.default_rng(seed)
+  d, nk, ns = 8, 6, 400_000
+  s = 1.0 / math.sqrt(d)
+  mu = rng.normal(size=d) * 0.5
+  a = rng.normal(size=(d, d)) * 0.25
+  cov = a @ a.T
+  k = rng.normal(size=(nk, d))
+  q = mu + rng.normal(size=(ns, d)) @ np.linalg.cholesky(cov).T
+  mc = np.exp(s * q @ k.T).mean(0)  # [nk]
+  closed = np.exp(s * k @ mu + 0.5 * s * s * np.einsum("td,de,te->t", k, cov, k))
+  np.testing.assert_allclose(mc, closed, rtol=0.02)
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  a_hat = ea.expected_attention(f32(mu)[None, None], f32(cov)[None, None], f32(k)[None, None],
+                                jnp.ones((1, 1, nk), bool), s)[0, 0, 0]
+  np.testing.assert_allclose(a_hat, mc / mc.sum(), rtol=0.02)
