@@ -98,7 +98,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
     # [bs, Dp]
     k = _load(k_ref.at[kv_at], col_mask).astype(cdt)
     v = _load(v_ref.at[kv_at], col_mask)
-    if v.dtype != cdt and cdt == jnp.float32:
+    if cdt == jnp.float32:  # mixed f32 / bf16 inputs: an exact f32 p.v
       v = v.astype(cdt)
     # [Rp, bs]
     s = plgpu.dot(q, k, trans_b=True, precision=precision).astype(jnp.float32) * scale

@@ -50,7 +50,7 @@ def test_kernel_matches_reference(case):
 
 
 @pytest.mark.slow
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(case=cases(windows=(1, 2, 4, 5), max_list=8))
 def test_kernel_matches_reference_random_shapes(case):
   check_kernel(case)

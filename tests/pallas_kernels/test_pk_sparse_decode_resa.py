@@ -43,7 +43,7 @@ def test_kernel_matches_reference(case):
 
 
 @pytest.mark.slow
-@settings(max_examples=10, deadline=None)
+@settings(max_examples=8, deadline=None)
 @given(case=cases())
 def test_kernel_matches_reference_random_shapes(case):
   check_kernel(case)
