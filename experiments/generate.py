@@ -1,0 +1,88 @@
+r"""Generate with a sparse-attention method next to dense attention, with tokens/s.
+
+  python -m experiments.generate --prompt="Explain sparse attention." --method=quest --budget=0.1
+
+Flags pick the model (default: the embedded SmolLM2-135M-Instruct), the method spec (any string
+``sparse_attn.methods.make`` accepts) and its budget. Timings exclude compilation: each run is
+preceded by a short warm-up with the same shapes.
+"""
+
+from __future__ import annotations
+
+import textwrap
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model", "smollm2-135m-instruct", "Model name or HF directory.")
+flags.DEFINE_string("prompt", "Explain in a few sentences why the sky is blue.", "Prompt text.")
+flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
+flags.DEFINE_bool("chat", True, "Wrap the prompt in the model's chat template.")
+flags.DEFINE_string("method", "quest", "Method spec, e.g. quest, arkvale, topk, streaming.")
+flags.DEFINE_float("budget", None, "Budget: fraction of the context if <= 1, else tokens.")
+flags.DEFINE_integer("block_size", 16, "Cache block (page) size.")
+flags.DEFINE_integer("max_new_tokens", 64, "Tokens to generate.")
+flags.DEFINE_float("temperature", 0.0, "0 = greedy.")
+flags.DEFINE_float("top_p", 1.0, "Nucleus sampling mass.")
+flags.DEFINE_integer("seed", 0, "Sampling seed.")
+flags.DEFINE_integer("prefill_chunk", 512, "Prompt chunk length.")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Params/compute dtype.")
+flags.DEFINE_integer("width", 60, "Column width of the side-by-side view.")
+
+
+def method_options(budget, block_size) -> dict:
+  opts = {"block_size": block_size}
+  if budget is not None:
+    opts["budget"] = budget if budget <= 1 else int(budget)
+  return opts
+
+
+def run_one(model, ids, method, sampling, max_new_tokens, prefill_chunk):
+  """Warm-up (compiles the same shapes), then the timed generation."""
+  from models import decode
+
+  capacity = method.round_capacity(len(ids) + max_new_tokens)
+  kw = dict(prefill_chunk=prefill_chunk, capacity=capacity)
+  decode.generate(model, ids, 3, method, sampling, stop_at_eos=False, **kw)
+  return decode.generate(model, ids, max_new_tokens, method, sampling, **kw)
+
+
+def side_by_side(left_title, left, right_title, right, width) -> str:
+  wrap = lambda s: sum((textwrap.wrap(p, width) or [""] for p in s.split("\n")), [])
+  a, b = [left_title, "-" * width] + wrap(left), [right_title, "-" * width] + wrap(right)
+  a += [""] * (len(b) - len(a))
+  b += [""] * (len(a) - len(b))
+  return "\n".join(f"{x:<{width}} | {y}" for x, y in zip(a, b))
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)  # orbax is chatty at INFO
+  import models
+  from sparse_attn import methods
+
+  model = models.load(FLAGS.model, dtype=FLAGS.dtype)
+  prompt = FLAGS.prompt
+  if FLAGS.prompt_file:
+    with open(FLAGS.prompt_file) as f:
+      prompt = f.read()
+  ids = model.encode(prompt, chat=FLAGS.chat)
+  sampling = models.Sampling(FLAGS.temperature, FLAGS.top_p, FLAGS.seed)
+  dense = methods.make("dense", block_size=FLAGS.block_size)
+  method = methods.make(FLAGS.method, **method_options(FLAGS.budget, FLAGS.block_size))
+  results = {}
+  for label, m in (("dense", dense), (method.spec, method)):
+    results[label] = run_one(model, ids, m, sampling, FLAGS.max_new_tokens, FLAGS.prefill_chunk)
+  print(f"model {FLAGS.model}, prompt {len(ids)} tokens, budget {FLAGS.budget}\n")
+  (l_name, l_gen), (r_name, r_gen) = results.items()
+  print(side_by_side(l_name, model.decode(l_gen.tokens[0]), r_name,
+                     model.decode(r_gen.tokens[0]), FLAGS.width))
+  print()
+  print(f"{'method':<16}{'prefill tok/s':>15}{'decode tok/s':>15}{'new tokens':>12}")
+  for name, g in results.items():
+    print(f"{name:<16}{g.prefill_tokens_per_second:>15.1f}{g.decode_tokens_per_second:>15.2f}"
+          f"{len(g.tokens[0]):>12}")
+
+
+if __name__ == "__main__":
+  app.run(main)
