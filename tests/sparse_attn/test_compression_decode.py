@@ -1,0 +1,99 @@
+"""Decode-time compression keeps the cache at its budget; jit and vmap equal the plain call."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparse_attn import methods
+
+B, HQ, HKV, D = 2, 2, 1, 8
+L, T = 32, 64
+STEPS = 2000
+
+
+def prompt(seed, b=B):
+  key = jax.random.PRNGKey(seed)
+  kq, kk, kv = jax.random.split(key, 3)
+  pos = jnp.tile(jnp.arange(L), (b, 1))
+  return (jax.random.normal(kq, (b, HQ, L, D)), jax.random.normal(kk, (b, HKV, L, D)),
+          jax.random.normal(kv, (b, HKV, L, D)), pos)
+
+
+@pytest.mark.parametrize("name,opts,budget", [
+    ("expected_attention", dict(phase="both", ratio=0.5, rope_theta=1e4), 16),  # interval 512
+    ("tova", dict(phase="both", ratio=0.5), 16),  # one token evicted per step
+    ("streaming_llm", dict(phase="decode", max_tokens=20, interval=7), 20),
+])
+def test_decode_compression_keeps_cache_at_budget(name, opts, budget):
+  m = methods.make(name, **opts)
+  q, k, v, pos = prompt(0)
+  cache = m.init_cache(B, HKV, T, D)
+  state = m.init_state(B, HQ, HKV, D, T)
+  _, cache, state = jax.jit(m.prefill)(q, k, v, cache, state, pos)
+  cache, state = m.end_prefill(cache, state)
+  cap = cache.capacity
+  assert cap == m.round_capacity(max(budget, L if m.phase == "decode" else budget) + m.interval)
+  nbytes = cache.nbytes()
+
+  @jax.jit
+  def generate(cache, state):
+    def step(carry, i):
+      cache, state = carry
+      kq, kk, kv = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(1), i), 3)
+      out, cache, state = m.decode(
+          jax.random.normal(kq, (B, HQ, 1, D)), jax.random.normal(kk, (B, HKV, 1, D)),
+          jax.random.normal(kv, (B, HKV, 1, D)), cache, state, jnp.full((B, 1), L + i))
+      return (cache, state), (jnp.sum(cache.valid, -1), state["since"], out)
+    return jax.lax.scan(step, (cache, state), jnp.arange(STEPS))
+
+  (cache, state), (count, since, out) = generate(cache, state)
+  count, since = np.asarray(count), np.asarray(since)
+  assert np.all(np.isfinite(np.asarray(out)))
+  assert cache.capacity == cap and cache.nbytes() == nbytes
+  assert count.max() <= budget + m.interval
+  assert np.all(count[since == 0] == budget)  # right after every compression: the budget
+  assert (since == 0).sum() >= STEPS // (m.interval + 1)
+  # tokens are kept with their own positions; the newest token is always in the cache
+  for b in range(B):
+    last = np.asarray(cache.pos)[b, 0][np.asarray(cache.valid)[b, 0]]
+    assert len(set(last.tolist())) == len(last) and last.max() == L + STEPS - 1
+  if name == "streaming_llm":
+    pos = np.sort(np.asarray(cache.pos)[0, 0][np.asarray(cache.valid)[0, 0]])
+    n = count[-1, 0, 0]
+    np.testing.assert_array_equal(pos, list(range(4)) + list(range(L + STEPS - n + 4, L + STEPS)))
+
+
+def _pipeline(m):
+  def run(q, k, v, pos, dq, dk, dv):
+    b = q.shape[0]
+    cache = m.init_cache(b, HKV, T, D)
+    state = m.init_state(b, HQ, HKV, D, T)
+    out, cache, state = m.prefill(q, k, v, cache, state, pos)
+    cache, state = m.end_prefill(cache, state)
+    outs = [out]
+    for i in range(dq.shape[0]):
+      o, cache, state = m.decode(dq[i], dk[i], dv[i], cache, state, jnp.full((b, 1), L + i))
+      outs.append(o)
+    return outs, cache, state
+  return run
+
+
+@pytest.mark.parametrize("name", ["expected_attention"])  # the most stateful; others alike
+def test_jit_and_vmap_equal_plain(name):
+  m = methods.make(name, ratio=0.5, phase="both", interval=2, decode_slots=T - L,
+                   head_budget="adakv", **(dict(window_size=8) if name == "snapkv" else {}))
+  run = _pipeline(m)
+  probs = [prompt(s) for s in (3, 4)]
+  dec = [tuple(jax.random.normal(jax.random.PRNGKey(10 + s), (2, B, h, 1, D))
+               for h in (HQ, HKV, HKV)) for s in (3, 4)]
+  plain = run(*probs[0], *dec[0])
+  jitted = jax.jit(run)(*probs[0], *dec[0])
+  stack = lambda *xs: jax.tree_util.tree_map(lambda *a: jnp.stack(a), *xs)
+  batched = jax.jit(jax.vmap(run))(*stack(*[p + d for p, d in zip(probs, dec)]))
+  second = jax.jit(run)(*probs[1], *dec[1])
+  close = lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+  jax.tree_util.tree_map(close, plain, jitted)
+  jax.tree_util.tree_map(close, jax.tree_util.tree_map(lambda x: x[0], batched), jitted)
+  jax.tree_util.tree_map(close, jax.tree_util.tree_map(lambda x: x[1], batched), second)
+  assert jitted[1].capacity < T
