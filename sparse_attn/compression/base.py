@@ -7,8 +7,9 @@ A :class:`CompressionMethod` has the per-layer interface of ``sparse_attn.method
 ``rect_interval``); a subclass only says how it scores keys (and what it remembers to do so).
 
 Schedule:
-  * ``prefill`` writes the chunk at slots = token positions and attends densely and causally;
-    scoring methods record what they need of the queries in their state.
+  * ``prefill`` (before ``end_prefill``; chunks allowed) writes the chunk at slots = token
+    positions and attends densely and causally; scoring methods record what they need of the
+    queries in their state.
   * ``end_prefill`` (phase ``prefill`` | ``both``) keeps ``ceil((1 - ratio) L)`` tokens per kv
     head (``L`` the prompt length of the row; sinks first), and compacts them into a smaller
     buffer of ``round_up(max kept per head + headroom)`` slots, where ``headroom`` is the decode
@@ -176,7 +177,9 @@ class CompressionMethod:
     return out, cache, state
 
   def rectify(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
-    return self.prefill(q, k, v, cache, state, positions, scale=scale)
+    """Not supported: evicted tokens cannot be re-encoded (``rect_interval`` is 0)."""
+    del q, k, v, cache, state, positions, scale
+    raise ValueError(f"{self.spec}: compression methods do not rectify (rect_interval=0)")
 
   def keep_mask(self, cache: KVCache, state, scale, n, ceiling: int | None = None):
     """The slots kept when every kv head is cut to ``n [B]`` tokens (or Ada-KV's layer total).
@@ -205,7 +208,9 @@ class CompressionMethod:
     # [B] prompt tokens per head
     n = jnp.max(jnp.sum(cache.valid, axis=-1, dtype=jnp.int32), axis=-1)
     kept = compact_lib.keep_count(n, self.ratio)
-    budget = (jnp.full_like(n, self.max_tokens) if self.max_tokens is not None else kept)
+    # decode-phase budget; at least 1 so an empty prompt row still keeps its newest token
+    budget = (jnp.full_like(n, self.max_tokens) if self.max_tokens is not None
+              else jnp.maximum(kept, 1))
     if self.compresses_prefill:
       return self.keep_mask(cache, state, scale, kept), budget
     return cache.valid, budget

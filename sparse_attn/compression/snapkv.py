@@ -1,11 +1,11 @@
 """SnapKV: votes of an observation window of recent queries, pooled (Li et al., 2024).
 
 "SnapKV: LLM Knows What You are Looking for Before Generation" (NeurIPS 2024), Sec. 4.2 and
-Listing 1: the last ``window_size`` (64) prompt queries attend the whole prompt; the attention each
-prefix key receives is summed over the window queries (the "votes"), smoothed by 1-D pooling of
-kernel ``kernel`` (5) over the sequence, and the top keys of each head are kept together with the
-window's own keys. The state keeps a ring of the last ``window_size`` queries and their positions, so
-only a ``window x L`` block of attention is ever computed. GQA: votes are averaged over the
+Listing 1: the last ``window_size`` (64) prompt queries attend the whole prompt; the attention
+each prefix key receives is summed over the window queries (the "votes"), smoothed by 1-D pooling
+of kernel ``kernel`` (5) over the sequence, and the top keys of each head are kept together with
+the window's own keys. The state keeps a ring of the last ``window_size`` queries and their
+positions, so only a ``window x L`` block of attention is ever computed. GQA: votes are averaged over the
 group's query heads. ``pooling`` is ``"avg"`` (the authors' code) or ``"max"``.
 """
 
