@@ -1,0 +1,43 @@
+"""Models for experiments: any name/path ``models.load`` takes, plus ``tiny-random``.
+
+``tiny-random`` is a 2-layer random Llama with SmolLM2's real tokenizer (read from the embedded
+GGUF's metadata, no weights converted), used by the ``--config.quick=True`` CI runs: it exercises
+every code path of an experiment in seconds; its numbers mean nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+import models
+from models import llama
+from models import tokenizer as tokenizer_lib
+from models.config import ModelConfig, RopeConfig
+from models.loading import Model
+
+TINY = "tiny-random"
+
+
+@functools.lru_cache(maxsize=None)
+def smollm2_tokenizer():
+  import gguf  # pylint: disable=g-import-not-at-top
+  from models import gguf_loader, sources  # pylint: disable=g-import-not-at-top
+  reader = gguf.GGUFReader(sources.smollm2_path())
+  return tokenizer_lib.from_gguf_metadata(gguf_loader.read_metadata(reader))
+
+
+def tiny_random(seed: int = 0) -> Model:
+  tok = smollm2_tokenizer()
+  config = ModelConfig(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128,
+                       num_layers=2, num_heads=6, num_kv_heads=2, head_dim=16,
+                       rope=RopeConfig(theta=10000.0), tie_word_embeddings=True,
+                       eos_token_ids=tuple(tok.eos_ids))
+  params = llama.init_params(config, jax.random.key(seed))
+  return Model(config, params, tok, TINY)
+
+
+def load_model(name: str) -> Model:
+  """``tiny-random`` or anything ``models.load`` accepts (a registered name or an HF dir)."""
+  return tiny_random() if name == TINY else models.load(name)
