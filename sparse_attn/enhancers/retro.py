@@ -136,5 +136,6 @@ def effective_budget(state: dict):
   """Fig. 2c: ``(retired_pos [B], retired_exposed [B,N])`` of the query that left the window at
   the last step (keys it attended, the union over its steps), and the ring's running counts
   ``(pos [B,W], exposed [B,N,W])``."""
+  state = state.get("retro", state)  # a method's layer state or its retro part
   ring = state["ring"]
   return (state["retired_pos"], state["retired_exposed"]), (ring["pos"], ring["exposed"])
