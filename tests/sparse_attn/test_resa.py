@@ -93,7 +93,7 @@ def _oracle(m, q, cache, qp, ppos, prompt_len, lam):
   return out
 
 
-@hypothesis.settings(max_examples=10, deadline=None,
+@hypothesis.settings(max_examples=8, deadline=None,
                      phases=(hypothesis.Phase.explicit, hypothesis.Phase.generate))
 @hypothesis.given(sel=st.sampled_from(sorted(SELECTORS)), lam=st.sampled_from([0.0, 0.5, 1.0]),
                   update=st.sampled_from(resa.PRIOR_UPDATES),

@@ -112,7 +112,7 @@ def _expected(run, t, expo, h_sel):
   return want, counts
 
 
-@hypothesis.settings(max_examples=6, deadline=None,
+@hypothesis.settings(max_examples=5, deadline=None,
                      phases=(hypothesis.Phase.explicit, hypothesis.Phase.generate))
 @hypothesis.given(sel=st.sampled_from(sorted(SELECTORS)), w=st.integers(2, 4),
                   prompt_len=st.integers(20, 40), seed=st.integers(0, 2**16))
