@@ -8,10 +8,3 @@
 
 from sparse_attn.enhancers import compose, rectify, resa, retro
 from sparse_attn.enhancers.resa import resa_partials
-
-ENHANCERS = ("resa", "rect", "retro")
-OPTIONS = {
-    "resa": ("lam", "typical_query", "prior_update"),
-    "rect": ("f",),
-    "retro": ("w",),
-}
