@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
-from sparse_attn import reference, scoring, selection, sparse
+from sparse_attn import adaptive, reference, scoring, selection, sparse
 from sparse_attn.budget import Budget
 from sparse_attn.cache import KVCache, init_cache, write
 from sparse_attn.enhancers import compose
@@ -37,8 +37,8 @@ from sparse_attn.spec import parse_spec
 
 # name -> fn(method, q [B, Hq, D], cache, scale) -> Selection
 SELECTORS: dict[str, Callable[..., selection.Selection]] = {
-    "quest": lambda m, q, c, s: selection.quest(q, c, m.budget, m.gqa),
-    "arkvale": lambda m, q, c, s: selection.arkvale(q, c, m.budget, m.gqa, m.variant),
+    "quest": lambda m, q, c, s: m.select_blocks(q, c, s),
+    "arkvale": lambda m, q, c, s: m.select_blocks(q, c, s),
     "topk": lambda m, q, c, s: selection.topk(q, c, m.budget, m.gqa, s),
     "streaming": lambda m, q, c, s: selection.streaming(q, c, m.budget),
 }
@@ -46,7 +46,8 @@ BASE_NAMES = ("dense",) + tuple(SELECTORS)
 
 COMMON_OPTIONS = ("block_size", "impl", "interpret")
 BUDGET_OPTIONS = ("budget", "p", "n_min", "n_local", "n_sink", "local_window")
-SELECTOR_OPTIONS = BUDGET_OPTIONS + ("gqa", "variant")
+SELECTOR_OPTIONS = BUDGET_OPTIONS + ("gqa", "variant", "topp", "adakv")
+BLOCK_SELECTORS = ("quest", "arkvale")  # digest-scored; adaptive budget rules apply to these
 # enhancer -> its options (given inline, ``quest+resa:lam=0.5``, or as keywords to ``make``)
 ENHANCER_OPTIONS = {
     "resa": ("lam", "typical_query", "prior_update"),
@@ -75,6 +76,10 @@ class Method:
     prior_update: ``"incremental"`` (decoded keys join the prior) or ``"prefill_only"``.
     rect_f: ReSA dense rectification every ``rect_f`` generated tokens (0 = never).
     retro_w: RetroAttention window (1 = off).
+    topp: adaptive top-p rule: the fewest blocks with estimated mass >= ``topp`` per head,
+      capped by the budget (Twilight / PSA; ``sparse_attn.adaptive.topp``).
+    adakv: Ada-KV head-adaptive allocation of the layer's block budget with this per-head floor
+      fraction (Feng et al. 2024; ``sparse_attn.adaptive.adakv``).
   """
 
   spec: str = "dense"
@@ -91,6 +96,8 @@ class Method:
   prior_update: str = "incremental"
   rect_f: int = 0
   retro_w: int = 1
+  topp: float | None = None
+  adakv: float | None = None
 
   # ---- schedule flags the decode loop obeys ----
   @property
@@ -180,6 +187,31 @@ class Method:
     """The selection of the current queries ``q [B, Hq, D]``."""
     return SELECTORS[self.selector](self, q, cache, scale)
 
+  def block_scores(self, q, cache: KVCache):
+    """Digest scores ``[B, H, N]`` of the block selectors (Pallas ``block_score`` for Quest)."""
+    qs = scoring.scoring_queries(q, cache.num_kv_heads, self.gqa)
+    if self.selector == "quest" and sparse.resolve_impl(self.impl) == "pallas":
+      import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
+      b, h, d = qs.shape
+      qg = qs.reshape(b, cache.num_kv_heads, h // cache.num_kv_heads, d)
+      s = pallas_kernels.block_score(qg, cache.kmin, cache.kmax, cache.length,
+                                     block_size=cache.block_size, impl="pallas",
+                                     interpret=self.interpret)
+      return s.reshape(b, h, -1)
+    if self.selector == "quest":
+      return scoring.quest_scores(qs, cache.kmin, cache.kmax)
+    return scoring.arkvale_scores(qs, cache.kcen, cache.krad, cache.kmin, cache.kmax,
+                                  self.variant)
+
+  def select_blocks(self, q, cache: KVCache, scale=None) -> selection.Selection:
+    """Block selection under the fixed budget or an adaptive rule (``topp`` / ``adakv``)."""
+    scores = self.block_scores(q, cache)
+    if self.topp is not None:
+      return adaptive.topp(scores, cache, self.budget, self.topp, scale)
+    if self.adakv is not None:
+      return adaptive.adakv(scores, cache, self.budget, scale, floor=self.adakv)
+    return selection.select_blocks(scores, cache, self.budget)
+
   def attend(self, q, cache: KVCache, positions, scale=None):
     """Decode attention of ``q [B, Hq, D]`` at ``positions [B]`` -> ``(out, lse)``."""
     if self.is_dense:
@@ -233,7 +265,8 @@ def make(spec: str = "dense", **options) -> Method:
       also be given inline: ``"quest:gqa=group"``).
     **options: ``budget`` (float fraction in (0, 1] or int token count), ``p`` / ``n_min`` /
       ``n_local`` (ReSA's dynamic rule), ``n_sink``, ``local_window``, ``gqa``, ``variant``,
-      ``block_size``, ``impl``, ``interpret``; with enhancers (``"quest+resa+rect+retro"``, each
+      ``topp`` (adaptive top-p mass threshold) or ``adakv`` (Ada-KV per-head floor) for
+      ``quest``/``arkvale``, ``block_size``, ``impl``, ``interpret``; with enhancers (``"quest+resa+rect+retro"``, each
       at most once, in any order, options inline ``"quest+resa:lam=0.5"`` or as keywords):
       ``lam`` (>= 0, default 1), ``typical_query`` (``mean``/``last``), ``prior_update``
       (``incremental``/``prefill_only``) for ``resa``; ``f`` (default 32; 0 or ``inf`` = never)
@@ -271,7 +304,23 @@ def make(spec: str = "dense", **options) -> Method:
   if variant not in scoring.ARKVALE_VARIANTS:
     raise ValueError(f"variant must be one of {scoring.ARKVALE_VARIANTS}, got {variant!r}")
   return Method(**common, budget=_budget_from(opts), gqa=gqa, variant=variant,
-                **_enhancer_fields(enh, enh_opts))
+                **_adaptive_fields(name, opts), **_enhancer_fields(enh, enh_opts))
+
+
+def _adaptive_fields(name: str, opts: dict) -> dict:
+  topp, floor = opts.get("topp"), opts.get("adakv")
+  if topp is None and floor is None:
+    return {}
+  if name not in BLOCK_SELECTORS:
+    raise ValueError(f"topp/adakv apply to the block selectors {BLOCK_SELECTORS}, not {name!r}")
+  if topp is not None and floor is not None:
+    raise ValueError("give either topp or adakv, not both")
+  if topp is not None and (isinstance(topp, bool) or not 0.0 < float(topp) <= 1.0):
+    raise ValueError(f"topp must be in (0, 1], got {topp!r}")
+  if floor is not None and (isinstance(floor, bool) or not 0.0 <= float(floor) <= 1.0):
+    raise ValueError(f"adakv floor must be in [0, 1], got {floor!r}")
+  return dict(topp=None if topp is None else float(topp),
+              adakv=None if floor is None else float(floor))
 
 
 def _parse_enhancers(spec: str, name: str, rest, options: dict):

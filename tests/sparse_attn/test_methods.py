@@ -108,3 +108,36 @@ def test_make_parses_specs_and_rejects_unknowns():
   with pytest.raises(ValueError, match="key=value"):
     methods.make("quest:gqa")
   assert methods.make("quest").round_capacity(17) == 32
+
+
+def test_adaptive_budget_specs_compose_and_reach_dense():
+  m = methods.make("quest:topp=0.9+resa", budget=0.5)
+  assert (m.topp, m.resa) == (0.9, True)
+  assert methods.make("arkvale", adakv=0.2).adakv == 0.2
+  # top-p with tau = 1 under a full budget attends everything: equals dense
+  full, _ = _run(methods.make("quest", topp=1.0, budget=1.0), np.random.default_rng(4))
+  dense, _ = _run(methods.make("dense"), np.random.default_rng(4))
+  for a, b in zip(full[1:], dense[1:]):
+    np.testing.assert_allclose(a, b, atol=2e-5, rtol=2e-5)
+  outs, _ = _run(methods.make("quest", adakv=0.2, budget=0.2, block_size=4),
+                 np.random.default_rng(5), prompt=(90, 60))
+  assert all(np.isfinite(np.asarray(o)).all() for o in outs)
+  with pytest.raises(ValueError, match="not both"):
+    methods.make("quest", topp=0.9, adakv=0.2)
+  with pytest.raises(ValueError, match="block selectors"):
+    methods.make("topk", topp=0.9)
+  with pytest.raises(ValueError, match="topp must be"):
+    methods.make("quest", topp=1.5)
+
+
+def test_pallas_dispatch_in_interpret_mode_equals_xla():
+  """impl='pallas' routes Quest scoring and sparse decode through the kernels."""
+  rng = np.random.default_rng(6)
+  c = helpers.filled_cache(rng, 1, 2, 128, 64, [100], block_size=16)
+  q = helpers.normal(rng, (1, 4, 64))
+  pos = jnp.array([99])
+  for spec in ("quest", "quest:gqa=group"):
+    got = methods.make(spec, budget=0.3, impl="pallas", interpret=True).attend(q, c, pos)
+    want = methods.make(spec, budget=0.3, impl="xla").attend(q, c, pos)
+    np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(got[1], want[1], atol=2e-5, rtol=2e-5)
