@@ -4,6 +4,7 @@
   out = models.generate(model, model.encode("Hi", chat=True), 32, methods.make("quest"))
 """
 
+from models import sampling
 from models.config import ModelConfig, RopeConfig
 from models.decode import Generation, generate, teacher_forced
 from models.loading import Model, load

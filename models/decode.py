@@ -68,11 +68,23 @@ def prefill_step(params, tokens, positions, caches, states, *, config, method):
   return _apply(params, config, tokens, positions, caches, states, method.prefill)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=_DONATE)
 def end_prefill(caches, states, *, config, method):
-  """Calls ``method.end_prefill`` on every layer (vmapped over the layer axis)."""
-  fn = lambda c, s: method.end_prefill(c, s, scale=llama.softmax_scale(config))
-  return jax.vmap(fn)(caches, states)
+  """Calls ``method.end_prefill`` layer by layer, eagerly (outside jit).
+
+  Eager on purpose: compression methods size their compacted cache from the concrete prompt
+  lengths, so the returned cache may be smaller than the one passed in (decode steps are then
+  compiled for that smaller capacity).
+  """
+  scale = llama.softmax_scale(config)
+  outs = []
+  for i in range(config.num_layers):
+    c, s = jax.tree.map(lambda a: a[i], (caches, states))
+    outs.append(method.end_prefill(c, s, scale=scale))
+  shapes = {tuple(x.shape for x in jax.tree.leaves(o)) for o in outs}
+  if len(shapes) == 1:
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
+  # Layer-dependent sizes (e.g. Ada-KV budgets): per-layer list, unrolled layer loop.
+  return [c for c, _ in outs], [s for _, s in outs]
 
 
 def _window_tokens(history, positions):

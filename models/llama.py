@@ -138,6 +138,8 @@ def run_layers(params: Params, config: ModelConfig, x, positions, attend, per_la
     ``(x [B, S, E], updated per_layer)``.
   """
   block = Block(config)
+  if isinstance(per_layer, tuple) and per_layer and isinstance(per_layer[0], list):
+    return _run_layers_unrolled(block, params, x, positions, attend, per_layer)
 
   def body(carry, xs):
     h, stacked = carry
@@ -151,6 +153,17 @@ def run_layers(params: Params, config: ModelConfig, x, positions, attend, per_la
   layer_ids = jnp.arange(config.num_layers)
   (x, per_layer), _ = jax.lax.scan(body, (x, per_layer), (params["layers"], layer_ids))
   return x, per_layer
+
+
+def _run_layers_unrolled(block, params, x, positions, attend, per_layer):
+  """``run_layers`` for per-layer inputs given as lists (layers whose caches differ in size)."""
+  outs = []
+  for i, inp in enumerate(zip(*per_layer)):
+    p = jax.tree.map(lambda a: a[i], params["layers"])
+    x, out = block.apply({"params": p}, x, positions,
+                         lambda q, k, v, inp=inp: attend(q, k, v, inp))
+    outs.append(out)
+  return x, tuple(list(o) for o in zip(*outs))
 
 
 def logits_from_hidden(params: Params, config: ModelConfig, h):

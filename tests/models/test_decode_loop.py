@@ -1,4 +1,7 @@
-"""The decode loop: dense teacher forcing == full forward, padding, methods, schedule hooks."""
+"""The decode loop: dense teacher forcing == full forward, padding, methods, schedule hooks.
+
+Every call uses the same capacity and chunk size so the compiled steps are shared.
+"""
 
 import dataclasses
 
@@ -14,90 +17,101 @@ from sparse_attn import methods
 CFG = ModelConfig(vocab_size=61, hidden_size=48, intermediate_size=96, num_layers=2,
                   num_heads=6, num_kv_heads=2, head_dim=8, rope=RopeConfig(theta=1000.0),
                   tie_word_embeddings=False, qkv_bias=True)
+KW = dict(prefill_chunk=16, capacity=64, stop_at_eos=False)
+DENSE = methods.make("dense", block_size=8)
+
 
 @pytest.fixture(scope="module")
 def model():
   return models.Model(CFG, llama.init_params(CFG, jax.random.key(0)), None, "tiny")
 
+
 def _tokens(b, n, seed=0):
   return np.random.default_rng(seed).integers(0, CFG.vocab_size, (b, n)).astype(np.int32)
 
+
+PROMPT = _tokens(1, 40)[0].tolist()
+
+
+@pytest.fixture(scope="module")
+def dense_tokens(model):
+  return decode.generate(model, PROMPT, 8, DENSE, **KW).tokens
+
+
 def test_dense_teacher_forced_equals_forward(model):
-  tokens = _tokens(2, 40)
+  tokens = _tokens(2, 48)
   full = np.asarray(model.forward(tokens))
-  # chunk 16 -> three prompt chunks, the last one partly padding
-  tf = decode.teacher_forced(model, tokens, 21, methods.make("dense"), prefill_chunk=16)
-  assert tf.shape == (2, 40 - 21 + 1, CFG.vocab_size)
+  # chunk 16 -> two prompt chunks, the second one partly padding
+  tf = decode.teacher_forced(model, tokens, 21, DENSE, prefill_chunk=16, capacity=64)
+  assert tf.shape == (2, 48 - 21 + 1, CFG.vocab_size)
   np.testing.assert_allclose(tf, full[:, 20:], rtol=1e-4, atol=1e-4)
 
-def test_batch_with_padding_equals_batch_one(model):
-  prompts = [_tokens(1, n, seed=n)[0].tolist() for n in (5, 19, 12)]
-  method = methods.make("dense")
-  kw = dict(prefill_chunk=8, capacity=64, stop_at_eos=False)
-  batched = decode.generate(model, prompts, 10, method, **kw)
-  for i, p in enumerate(prompts):
-    single = decode.generate(model, p, 10, method, **kw)
-    assert batched.tokens[i] == single.tokens[0]
 
-def test_generate_greedy_matches_forward_argmax(model):
-  prompt = _tokens(1, 9)[0].tolist()
-  gen = decode.generate(model, prompt, 6, methods.make("dense"), stop_at_eos=False)
-  seq = list(prompt)
-  for _ in range(6):
-    seq.append(int(np.argmax(np.asarray(model.forward(np.array([seq])))[0, -1])))
-  assert gen.tokens[0] == seq[len(prompt):]
-  assert gen.decode_steps == 5 and gen.decode_tokens_per_second > 0
+def test_greedy_generation_matches_forward_argmax(model, dense_tokens):
+  seq = np.array([PROMPT + dense_tokens[0]])
+  logits = np.asarray(model.forward(seq))[0, len(PROMPT) - 1:-1]
+  assert dense_tokens[0] == logits.argmax(-1).tolist()
 
-@pytest.mark.parametrize("spec, kw", [("quest", dict(budget=0.25, block_size=8)),
-                                      ("quest", dict(budget=1.0, block_size=8))])
-def test_sparse_method_runs(model, spec, kw):
-  prompt = _tokens(1, 40)[0].tolist()
-  method = methods.make(spec, **kw)
-  gen = decode.generate(model, prompt, 8, method, stop_at_eos=False)
+
+def test_batch_with_padding_equals_batch_one(model, dense_tokens):
+  prompts = [_tokens(1, n, seed=n)[0].tolist() for n in (5, 19)] + [PROMPT]
+  batched = decode.generate(model, prompts, 8, DENSE, **KW)
+  assert batched.tokens[2] == dense_tokens[0]
+  for i, p in enumerate(prompts[:2]):
+    assert batched.tokens[i] == decode.generate(model, p, 8, DENSE, **KW).tokens[0]
+
+
+@pytest.mark.parametrize("spec, kw, exact", [
+    ("quest", dict(budget=0.25), False),
+    ("quest", dict(budget=1.0), True),  # a budget covering everything is dense
+    ("quest+retro", dict(budget=1.0, w=3), True),  # window > 1 decode steps
+    ("quest+rect", dict(budget=0.25, f=3), False),
+    ("snapkv", dict(ratio=0.5), False),  # compacted (smaller) cache after the prompt
+    ("h2o", dict(ratio=0.5, head_budget="adakv"), False),  # per-layer cache sizes
+])
+def test_methods_run_end_to_end(model, dense_tokens, spec, kw, exact):
+  method = methods.make(spec, block_size=8, **kw)
+  gen = decode.generate(model, PROMPT, 8, method, **KW)
   assert len(gen.tokens[0]) == 8
-  if kw["budget"] == 1.0:  # a budget covering everything is dense
-    dense = decode.generate(model, prompt, 8, methods.make("dense", block_size=8),
-                            stop_at_eos=False)
-    assert gen.tokens == dense.tokens
+  if exact:
+    assert gen.tokens == dense_tokens
+
 
 @dataclasses.dataclass(frozen=True)
 class _Rectifying(methods.Method):
   """Dense attention that also asks for a dense rectification every 3 tokens."""
 
-  calls: tuple = ()
-
   @property
   def rect_interval(self) -> int:
     return 3
 
-def test_rectification_hook_keeps_dense_tokens(model):
-  prompt = _tokens(1, 11)[0].tolist()
-  base = decode.generate(model, prompt, 10, methods.make("dense"), stop_at_eos=False)
-  rect = decode.generate(model, prompt, 10, _Rectifying(), stop_at_eos=False)
-  assert rect.tokens == base.tokens
-  tokens = _tokens(1, 30)
-  tf = decode.teacher_forced(model, tokens, 12, _Rectifying())
-  np.testing.assert_allclose(tf, np.asarray(model.forward(tokens))[:, 11:], rtol=1e-4,
+
+def test_rectification_hook_keeps_dense_tokens(model, dense_tokens):
+  rect = _Rectifying(block_size=8)
+  assert decode.generate(model, PROMPT, 8, rect, **KW).tokens == dense_tokens
+  tokens = _tokens(1, 48)
+  tf = decode.teacher_forced(model, tokens, 21, rect, prefill_chunk=16, capacity=64)
+  np.testing.assert_allclose(tf, np.asarray(model.forward(tokens))[:, 20:], rtol=1e-4,
                              atol=1e-4)
 
-def test_sampling_seeded_and_top_p(model):
-  prompt = _tokens(1, 7)[0].tolist()
-  s = models.Sampling(temperature=1.0, top_p=0.9, seed=3)
-  a = decode.generate(model, prompt, 8, methods.make("dense"), s, stop_at_eos=False)
-  b = decode.generate(model, prompt, 8, methods.make("dense"), s, stop_at_eos=False)
-  assert a.tokens == b.tokens
-  tiny_p = models.Sampling(temperature=1.0, top_p=1e-6, seed=5)  # top-p -> greedy
-  c = decode.generate(model, prompt, 8, methods.make("dense"), tiny_p, stop_at_eos=False)
-  g = decode.generate(model, prompt, 8, methods.make("dense"), stop_at_eos=False)
-  assert c.tokens == g.tokens
 
-def test_stop_at_eos(model):
-  prompt = _tokens(1, 7)[0].tolist()
-  g = decode.generate(model, prompt, 8, methods.make("dense"), stop_at_eos=False)
-  eos = g.tokens[0][2]
+def test_sampling_seeded_and_top_p(model, dense_tokens):
+  s = models.Sampling(temperature=1.0, top_p=0.9, seed=3)
+  a = decode.generate(model, PROMPT, 8, DENSE, s, **KW)
+  b = decode.generate(model, PROMPT, 8, DENSE, s, **KW)
+  assert a.tokens == b.tokens
+  logits = np.log(np.array([[0.1, 0.5, 0.2, 0.15, 0.05]]))  # tiny top_p -> argmax
+  for seed in range(5):
+    tok = models.sampling.sample(logits, jax.random.key(seed), models.Sampling(1.0, 1e-6))
+    assert int(tok[0]) == 1
+
+
+def test_stop_at_eos(model, dense_tokens):
+  eos = dense_tokens[0][2]
   m2 = models.Model(CFG.replace(eos_token_ids=(eos,)), model.params, None)
-  cut = decode.generate(m2, prompt, 8, methods.make("dense"))
-  assert cut.tokens[0] == g.tokens[0][:g.tokens[0].index(eos) + 1]
+  cut = decode.generate(m2, PROMPT, 8, DENSE, **{**KW, "stop_at_eos": True})
+  assert cut.tokens[0] == dense_tokens[0][:dense_tokens[0].index(eos) + 1]
+
 
 def test_window_positions():
   np.testing.assert_array_equal(decode.window_positions(np.array([1, 5]), 3),
