@@ -1,0 +1,27 @@
+r"""RULER-style synthetic accuracy under sparse decoding (see ``configs/accuracy.py``).
+
+  python -m experiments.accuracy --config=configs/accuracy.py --workdir=results/accuracy
+
+Writes ``results.jsonl`` (one record per method x sample), ``accuracy.md`` and
+``accuracy_vs_length.png`` into the workdir; a rerun resumes where the last one stopped.
+"""
+
+from absl import logging
+
+from experiments.common import cli
+
+cli.define_flags("accuracy")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  from experiments.tasks import accuracy, config_util  # pylint: disable=g-import-not-at-top
+  config, workdir = cli.parsed()
+  config = config_util.resolve(config, "accuracy")
+  accuracy.run(config, workdir)
+  print(open(f"{workdir}/accuracy.md", encoding="utf-8").read())
+
+
+if __name__ == "__main__":
+  cli.run(main)

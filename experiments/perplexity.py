@@ -1,0 +1,27 @@
+r"""Perplexity under sparse decoding (see ``configs/perplexity.py``).
+
+  python -m experiments.perplexity --config=configs/perplexity.py --workdir=results/perplexity
+
+Writes ``results.jsonl`` (one record per method x view x decode length), ``perplexity.md`` and
+the sweep / interval figures into the workdir; a rerun resumes where the last one stopped.
+"""
+
+from absl import logging
+
+from experiments.common import cli
+
+cli.define_flags("perplexity")
+
+
+def main(argv):
+  del argv
+  logging.set_verbosity(logging.WARNING)
+  from experiments.tasks import perplexity, config_util  # pylint: disable=g-import-not-at-top
+  config, workdir = cli.parsed()
+  config = config_util.resolve(config, "perplexity")
+  perplexity.run(config, workdir)
+  print(open(f"{workdir}/perplexity.md", encoding="utf-8").read())
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,191 @@
+"""Error accumulation in long outputs (ReSA Fig. 1; RetroAttention Table 4, 11, Fig. 1b, 2b-c).
+
+From the same prompts (windows of a long real text), every method generates ``new_tokens``
+greedily. Measured per method against dense:
+
+* tokens until the first divergence from dense, and the normalised token edit similarity;
+* KL(dense || method) and argmax agreement per ``interval`` tokens, teacher-forcing every method
+  along the **dense** trajectory (so the error measured is the method's own, not the effect of
+  an earlier different token);
+* for ``+retro``: the effective KV budget of each query once it leaves the window, as a factor
+  of the nominal budget of its first step (Retro Fig. 2c);
+* for ``+track`` (``experiments.tasks.reuse``): the overlap of the selected blocks of adjacent
+  queries (Retro Fig. 2b); ``+reuse`` is the top-k-reuse baseline (Retro Table 4).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+
+import numpy as np
+
+from experiments.common import cli, modelzoo, render, results
+from experiments.tasks import decoding, scoring, specs
+from experiments.tasks.perplexity import documents
+from sparse_attn.enhancers import retro
+
+EXPERIMENT = "long_generation"
+
+
+class StateProbe:
+  """A ``lockstep`` hook: retro's effective budget factors and selection overlap per step."""
+
+  def __init__(self):
+    self.nominal = collections.defaultdict(dict)  # label -> {(row, pos): nominal exposed}
+    self.factor = collections.defaultdict(list)  # label -> [(step, mean factor over rows)]
+    self.overlap = collections.defaultdict(list)  # label -> [(step, mean overlap)]
+
+  def __call__(self, label, step, states):
+    if isinstance(states, dict) and "retro" in states:
+      self._retro(label, step, states)
+    if isinstance(states, dict) and "overlap" in states:
+      ov = np.asarray(states["overlap"])
+      if np.isfinite(ov).any():
+        self.overlap[label].append((step, float(np.nanmean(ov))))
+
+  def _retro(self, label, step, states):
+    (rpos, rexp), (pos, exp) = (tuple(np.asarray(a) for a in pair)
+                                for pair in retro.effective_budget(states))
+    # pos [L, B, W], exp [L, B, N, W]; the newest position is the largest one in the ring
+    newest = pos.max(axis=-1)  # [L, B]
+    nom = self.nominal[label]
+    facs = []
+    for b in range(pos.shape[1]):
+      slot = int(np.argmax(pos[0, b]))
+      nom[(b, int(newest[0, b]))] = float(exp[:, b, :, slot].mean())
+      r = int(rpos[0, b])
+      if (b, r) in nom and nom[(b, r)] > 0:
+        facs.append(float(rexp[:, b].mean()) / nom.pop((b, r)))
+    if facs:
+      self.factor[label].append((step, float(np.mean(facs))))
+
+
+def run(config, workdir: str) -> list[dict]:
+  model = modelzoo.load_model(config.model)
+  writer = results.ResultWriter(workdir, config, EXPERIMENT)
+  entries = specs.expand(config.methods, config.budgets, block_size=config.block_size)
+  if entries[0].label != "dense":
+    entries = [specs.Entry("dense", "dense", None,
+                           specs.build("dense", block_size=config.block_size))] + [
+                               e for e in entries if e.label != "dense"]
+  key = lambda label: f"{config.model}|{config.prompt_length}|{config.new_tokens}|{label}"
+  if all(writer.done(key(e.label)) for e in entries):
+    records = writer.records()
+    write_outputs(records, workdir)
+    return records
+  prompts = documents(model, config.text, config.prompt_length, config.num_prompts, config.seed)
+  lengths = np.full((len(prompts),), prompts.shape[1], np.int32)
+  n = config.new_tokens
+  progress = cli.Progress(2 * len(entries), "long_generation")
+  gens = {}
+  for e, (m, pre) in zip(entries, decoding.prefill_all(model, prompts, lengths,
+                                                       [e.method for e in entries],
+                                                       prompts.shape[1] + n)):
+    gens[e.label] = decoding.greedy(model, pre, m, n, stop_at_eos=False)
+    progress.update(1, f"generate {e.label}")
+  dense = gens["dense"]
+  trajectory = np.concatenate([prompts, np.asarray(dense, np.int32)], axis=1)
+  probe = StateProbe()
+  forced = decoding.lockstep(model, trajectory, prompts.shape[1],
+                             {e.label: e.method for e in entries}, hook=probe)
+  progress.update(len(entries), "teacher-forced")
+  size = config.interval
+  for e in entries:
+    st, g = forced[e.label], gens[e.label]
+    n_int = max(1, st["kl"].shape[1] // size)
+    fac = [f for _, f in probe.factor.get(e.label, [])]
+    ov = [o for _, o in probe.overlap.get(e.label, [])]
+    writer.write(dict(
+        model=config.model, method=e.label, spec=e.spec, budget=e.budget,
+        prompt_length=int(prompts.shape[1]), new_tokens=n, num_prompts=len(prompts),
+        retro_w=getattr(e.method, "retro_w", 1), interval=size,
+        first_divergence=[scoring.first_divergence(a, b) for a, b in zip(dense, g)],
+        edit_similarity=[scoring.edit_similarity(a, b) for a, b in zip(dense, g)],
+        kl=float(st["kl"].mean()), nll=float(st["nll"].mean()),
+        kl_intervals=[float(st["kl"][:, i * size:(i + 1) * size].mean()) for i in range(n_int)],
+        agree_intervals=[float(st["agree"][:, i * size:(i + 1) * size].mean())
+                         for i in range(n_int)],
+        effective_budget_factor=float(np.mean(fac)) if fac else None,
+        effective_budget_steps=_thin(probe.factor.get(e.label, [])),
+        overlap=float(np.mean(ov)) if ov else None,
+        overlap_steps=_thin(probe.overlap.get(e.label, [])),
+        sample_text=model.decode(g[0][:80])), key=key(e.label))
+  records = writer.records()
+  write_outputs(records, workdir)
+  return records
+
+
+def _thin(series, most: int = 256):
+  """At most ``most`` evenly spaced ``(step, value)`` points of a per-step series."""
+  if len(series) <= most:
+    return [list(p) for p in series]
+  idx = np.linspace(0, len(series) - 1, most).astype(int)
+  return [list(series[i]) for i in idx]
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def tables(records) -> list[str]:
+  out = []
+  groups = collections.defaultdict(list)
+  for r in records:
+    groups[(r["model"], r["prompt_length"], r["new_tokens"])].append(r)
+  for (model, plen, n), sel in sorted(groups.items()):
+    sel = sorted(sel, key=lambda r: r["method"] != "dense")
+    rows = []
+    for r in sel:
+      rows.append(dict(
+          method=r["method"], first_divergence=float(np.mean(r["first_divergence"])),
+          edit_similarity=float(np.mean(r["edit_similarity"])), kl=r["kl"],
+          kl_first=r["kl_intervals"][0], kl_last=r["kl_intervals"][-1],
+          agree=float(np.mean(r["agree_intervals"])),
+          effective_budget=r["effective_budget_factor"] or "", overlap=r["overlap"] or ""))
+    title = (f"### Long generation, `{model}`: {sel[0]['num_prompts']} prompts of {plen} tokens, "
+             f"{n} greedy tokens\n\nfirst_divergence: tokens equal to dense before the first "
+             "difference; edit_similarity: 1 - token edit distance / length (Retro Table 11); "
+             f"kl: KL(dense || method) along the dense trajectory (first / last "
+             f"{sel[0]['interval']}-token interval); effective_budget: keys a retro query saw "
+             "by the time it left the window / its first step's budget (Retro Fig. 2c); "
+             "overlap: adjacent queries' shared selected blocks (Retro Fig. 2b).")
+    out.append(title + "\n\n" + render.markdown_table(
+        rows, ["method", "first_divergence", "edit_similarity", "kl", "kl_first", "kl_last",
+               "agree", "effective_budget", "overlap"]))
+    size = sel[0]["interval"]
+    m = max(len(r["kl_intervals"]) for r in sel)
+    krows = [dict(method=r["method"], **{f"kl@{(i + 1) * size}": v
+                                         for i, v in enumerate(r["kl_intervals"])}) for r in sel]
+    out.append(f"KL(dense || method) per {size}-token interval (`{model}`):\n\n"
+               + render.markdown_table(krows, ["method"] + [f"kl@{(i + 1) * size}"
+                                                            for i in range(m)]))
+  return out
+
+
+def figures(records, workdir: str) -> list[str]:
+  if not records:
+    return []
+  fig, axes = render.new_figure(ncols=2)
+  ax = axes[0][0]
+  for r in records:
+    xs = [(i + 1) * r["interval"] for i in range(len(r["kl_intervals"]))]
+    ax.plot(xs, r["kl_intervals"], marker="o", label=f"{r['method']} ({r['model'][:12]})")
+  ax.set_xlabel("generated tokens")
+  ax.set_ylabel("KL(dense || method)")
+  ax.legend(fontsize=6)
+  ax = axes[0][1]
+  for r in records:
+    pts = r.get("effective_budget_steps") or []
+    if pts:
+      ax.plot([p[0] for p in pts], [p[1] for p in pts], label=r["method"])
+  ax.set_xlabel("decode step")
+  ax.set_ylabel("effective budget / nominal")
+  ax.legend(fontsize=6)
+  return [render.save_figure(fig, workdir, "long_generation.png")]
+
+
+def write_outputs(records, workdir: str) -> str:
+  sections = tables(records) + [f"![{os.path.basename(p)}]({os.path.basename(p)})"
+                                for p in figures(records, workdir)]
+  return render.write_markdown(workdir, "long_generation.md", "Long generation fidelity",
+                               sections)

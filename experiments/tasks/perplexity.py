@@ -1,0 +1,218 @@
+"""Perplexity under sparse decoding (ReSA Sec. 3.2, Fig. 4-5; RetroAttention Fig. 7).
+
+Documents are windows of ``L`` tokens of a long real text (Austen by default). Two views:
+
+* **tail** (ReSA): prefill ``L - x`` tokens densely, teacher-force the last ``x`` through each
+  method's decode path, and score the final ``eval_tokens`` (32 in ReSA). Swept over ``x``
+  (``xs``), the rectification interval ``f`` (``rect_fs``) and the sparsity ``p`` (``ps``).
+* **interval** (Retro): prefill ``L/2``, decode ``L/2``, perplexity per ``interval`` tokens.
+
+All methods of one view run in lockstep on the same documents, so every record also has
+KL(dense || method); relative perplexity is ``exp(mean NLL_method - mean NLL_dense)``.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from experiments.common import cli, data, modelzoo, render, results
+from experiments.tasks import decoding, specs
+
+EXPERIMENT = "perplexity"
+
+
+def documents(model, source: str, length: int, count: int, seed: int = 0) -> np.ndarray:
+  """``[count, length]`` token windows from evenly spaced places in a long text."""
+  text = data.long_text(source)
+  # tokenize only what is needed: ~5 chars per token is generous for English prose
+  need = count * length
+  ids: list[int] = []
+  chars = 6 * need + 10000
+  while len(ids) < need + length and chars < 40 * len(text):
+    ids = model.tokenizer.encode(text[:chars])
+    chars *= 2
+  if len(ids) < need:
+    raise ValueError(f"{source!r} has {len(ids)} tokens, fewer than {count} x {length}")
+  rng = np.random.default_rng(seed)
+  starts = np.linspace(0, len(ids) - length, count + 2)[1:-1].astype(int)
+  starts = np.clip(starts + rng.integers(0, 64, size=count), 0, len(ids) - length)
+  return np.stack([np.asarray(ids[s:s + length], np.int32) for s in starts])
+
+
+def _sweep_entries(config) -> list[tuple[str, specs.Entry]]:
+  """(sweep name, entry) for the tail view: methods x budgets, then the f and p sweeps."""
+  opts = dict(block_size=config.block_size)
+  out = [("methods", e) for e in specs.expand(config.methods, config.budgets, **opts)]
+  base = config.sweep_selector
+  for f in config.rect_fs:
+    spec = f"{base}+rect:f={f}"
+    out.append(("f", specs.Entry(f"{spec}@{config.sweep_budget:g}", spec, config.sweep_budget,
+                                 specs.build(spec, config.sweep_budget, **opts))))
+  for p in config.ps:
+    for spec in (f"{base}:p={p}", f"{base}:p={p}+rect:f={config.sweep_f}"):
+      out.append(("p", specs.Entry(spec, spec, None, specs.build(spec, None, **opts))))
+  return out
+
+
+def run(config, workdir: str) -> list[dict]:
+  model = modelzoo.load_model(config.model)
+  writer = results.ResultWriter(workdir, config, EXPERIMENT)
+  entries = _sweep_entries(config)
+  dense = specs.Entry("dense", "dense", None, specs.build("dense", block_size=config.block_size))
+  jobs = [("tail", x) for x in config.xs] + [("interval", None)] * bool(config.interval_length)
+  progress = cli.Progress(len(jobs), "perplexity")
+  for view, x in jobs:
+    if view == "tail":
+      length = config.length
+      rows = [(s, e) for s, e in entries if s == "methods" or x == config.sweep_x]
+    else:
+      length = config.interval_length
+      rows = [("interval", e) for e in specs.expand(config.interval_methods, config.budgets,
+                                                    block_size=config.block_size)]
+    docs = documents(model, config.text, length, config.num_docs, config.seed)
+    key = lambda label: f"{config.model}|{view}|{length}|{x}|{label}"
+    labels = {e.label: e for _, e in rows}
+    labels.setdefault("dense", dense)
+    if all(writer.done(key(k)) for k in labels):
+      progress.update(1)
+      continue
+    prefill_len = length - x if view == "tail" else length // 2
+    out = decoding.lockstep(model, docs, prefill_len, {k: e.method for k, e in labels.items()})
+    sweeps = collections.defaultdict(list)
+    for s, e in rows:
+      sweeps[e.label].append(s)
+    for label, e in labels.items():
+      st = out[label]
+      rec = dict(model=config.model, view=view, length=length, x=x, method=label, spec=e.spec,
+                 budget=e.budget, sweeps=sweeps.get(label, ["reference"]),
+                 rect_f=getattr(e.method, "rect_f", 0), p=_p(e.method),
+                 num_docs=int(docs.shape[0]), memory_access=_memory(e.method, length))
+      if view == "tail":
+        n_eval = min(config.eval_tokens, st["nll"].shape[1])
+        rec.update(eval_tokens=n_eval, nll=float(st["nll"][:, -n_eval:].mean()),
+                   kl=float(st["kl"][:, -n_eval:].mean()), nll_all=float(st["nll"].mean()),
+                   kl_all=float(st["kl"].mean()), agree=float(st["agree"].mean()))
+      else:
+        size = config.interval
+        n_int = max(1, st["nll"].shape[1] // size)
+        rec.update(interval=size,
+                   nll_intervals=[float(st["nll"][:, i * size:(i + 1) * size].mean())
+                                  for i in range(n_int)],
+                   kl_intervals=[float(st["kl"][:, i * size:(i + 1) * size].mean())
+                                 for i in range(n_int)],
+                   nll=float(st["nll"].mean()), kl=float(st["kl"].mean()))
+      rec["ppl"] = float(np.exp(rec["nll"]))
+      writer.write(rec, key=key(label))
+    progress.update(1, f"{view} x={x}")
+  records = writer.records()
+  write_outputs(records, workdir)
+  return records
+
+
+def _p(method):
+  bud = getattr(method, "budget", None)
+  return None if bud is None else (bud.p if bud.budget is None else bud.budget)
+
+
+def _memory(method, context):
+  try:
+    return float(method.memory_access(context))
+  except (AttributeError, ValueError):
+    return None
+
+
+# ---------------------------------------------------------------- rendering
+
+
+def _with_relative(records):
+  """Adds ``rel_ppl = exp(nll - nll_dense)`` against the dense record of the same run."""
+  dense = {(r["model"], r["view"], r["length"], r["x"]): r["nll"] for r in records
+           if r["method"] == "dense"}
+  out = []
+  for r in records:
+    ref = dense.get((r["model"], r["view"], r["length"], r["x"]))
+    out.append(dict(r, rel_ppl=float(np.exp(r["nll"] - ref)) if ref is not None else None))
+  return out
+
+
+def tables(records) -> list[str]:
+  recs = _with_relative(records)
+  out = []
+  cols = ["method", "ppl", "rel_ppl", "kl", "agree", "memory_access"]
+  tail = [r for r in recs if r["view"] == "tail"]
+  for model in sorted({r["model"] for r in tail}):
+    for sweep, what in (("methods", "x"), ("f", "rect_f"), ("p", "p")):
+      rows = [r for r in tail if r["model"] == model
+              and (sweep in r["sweeps"] or r["method"] == "dense")]
+      groups = sorted({(r["length"], r["x"]) for r in rows
+                       if sweep in r["sweeps"]})
+      for length, x in groups:
+        sel = [r for r in rows if r["length"] == length and r["x"] == x]
+        sel.sort(key=lambda r: (r["method"] != "dense", r.get(what) or 0))
+        title = (f"### Perplexity, last {sel[0]['eval_tokens']} tokens after decoding x={x} of "
+                 f"L={length} (`{model}`, {sel[0]['num_docs']} docs), sweep: {sweep}")
+        out.append(title + "\n\n" + render.markdown_table(sel, cols))
+  inter = [r for r in recs if r["view"] == "interval"]
+  for model in sorted({r["model"] for r in inter}):
+    sel = [r for r in inter if r["model"] == model]
+    sel.sort(key=lambda r: r["method"] != "dense")
+    n = max(len(r["nll_intervals"]) for r in sel)
+    size = sel[0]["interval"]
+    rows = []
+    for r in sel:
+      row = {"method": r["method"], "ppl": r["ppl"], "rel_ppl": r["rel_ppl"]}
+      for i, v in enumerate(r["nll_intervals"]):
+        row[f"ppl@{(i + 1) * size}"] = float(np.exp(v))
+      rows.append(row)
+    title = (f"### Perplexity per {size}-token interval of the decoded half "
+             f"(prefill L/2 = {sel[0]['length'] // 2}, `{model}`)")
+    out.append(title + "\n\n" + render.markdown_table(
+        rows, ["method", "ppl", "rel_ppl"] + [f"ppl@{(i + 1) * size}" for i in range(n)]))
+  return out
+
+
+def figures(records, workdir: str) -> list[str]:
+  recs = _with_relative(records)
+  names = []
+  tail = [r for r in recs if r["view"] == "tail"]
+  if tail:
+    fig, axes = render.new_figure(ncols=3)
+    for ax, (sweep, what, xlabel) in zip(axes[0], (("methods", "x", "decoded tokens x"),
+                                                   ("f", "rect_f", "rectification interval f"),
+                                                   ("p", "p", "sparsity p"))):
+      lines = collections.defaultdict(list)
+      for r in tail:
+        if sweep in r["sweeps"] and r.get(what) is not None:
+          name = r["spec"] if sweep == "methods" else ("+rect" if r["rect_f"] else "sparse")
+          lines[(r["model"], name)].append((r[what], r["rel_ppl"]))
+      for (model, name), pts in sorted(lines.items()):
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+      ax.axhline(1.0, color="k", lw=0.5)
+      ax.set_xlabel(xlabel)
+      ax.set_ylabel("perplexity / dense")
+      if lines:
+        ax.legend(fontsize=6)
+    names.append(render.save_figure(fig, workdir, "perplexity_sweeps.png"))
+  inter = [r for r in recs if r["view"] == "interval"]
+  if inter:
+    fig, axes = render.new_figure()
+    ax = axes[0][0]
+    for r in inter:
+      xs = [(i + 1) * r["interval"] for i in range(len(r["nll_intervals"]))]
+      ax.plot(xs, np.exp(r["nll_intervals"]), marker="o", label=r["method"])
+    ax.set_xlabel("decoded tokens")
+    ax.set_ylabel("perplexity per interval")
+    ax.legend(fontsize=6)
+    names.append(render.save_figure(fig, workdir, "perplexity_intervals.png"))
+  return names
+
+
+def write_outputs(records, workdir: str) -> str:
+  import os  # pylint: disable=g-import-not-at-top
+  sections = tables(records) + [f"![{os.path.basename(p)}]({os.path.basename(p)})"
+                                for p in figures(records, workdir)]
+  return render.write_markdown(workdir, "perplexity.md", "Perplexity under sparse decoding",
+                               sections)

@@ -1,0 +1,85 @@
+"""Method specs x budgets from a config -> labelled methods.
+
+A config lists ``methods`` (spec strings for ``sparse_attn.methods.make``) and ``budgets``
+(fractions of the context kept). Each spec is crossed with every budget, except:
+
+* ``dense`` (no budget), and specs that fix their own budget inline (``quest:budget=256``,
+  ``quest:p=0.1``);
+* compression methods (``snapkv``, ``expected_attention``, ...) take ``ratio = 1 - budget``
+  (the fraction evicted), so "budget 0.05" means the same kept fraction for every family;
+* ``+track`` / ``+reuse[:every=k]`` wrap a plain selector (``experiments.tasks.reuse``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sparse_attn import compression, methods
+from sparse_attn.spec import parse_spec
+
+from experiments.tasks import reuse
+
+_OWN_BUDGET = ("budget", "p", "ratio", "max_tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+  """One row of a comparison: ``label`` (``spec`` or ``spec@budget``), the budget, the method."""
+
+  label: str
+  spec: str
+  budget: float | None
+  method: object
+
+
+def _split_wrappers(spec: str):
+  """``"quest+reuse:every=2"`` -> ``("quest", "reuse", 2)``; no wrapper -> ``(spec, None, 0)``."""
+  parts = spec.split("+")
+  kept, wrapper, every = [], None, 0
+  for part in parts:
+    name, _, opts = part.partition(":")
+    if name in ("track", "reuse"):
+      wrapper = name
+      every = 2 if name == "reuse" else 0
+      for kv in filter(None, opts.split(",")):
+        k, _, v = kv.partition("=")
+        if k != "every":
+          raise ValueError(f"unknown option {k!r} for +{name} in {spec!r}; valid: ['every']")
+        every = int(v)
+    else:
+      kept.append(part)
+  return "+".join(kept), wrapper, every
+
+
+def build(spec: str, budget: float | None = None, **options):
+  """The method of ``spec`` at ``budget`` (fraction kept; None = the spec's own/default)."""
+  base_spec, wrapper, every = _split_wrappers(spec)
+  name = parse_spec(base_spec)[0][0]
+  opts = dict(options)
+  if budget is not None and name != "dense":
+    if name in compression.BUILDERS:
+      opts["ratio"] = round(1.0 - float(budget), 6)
+    else:
+      opts["budget"] = budget if budget <= 1 else int(budget)
+  m = methods.make(base_spec, **opts)
+  if wrapper is not None:
+    m = reuse.TrackedMethod.wrap(m, spec if budget is None else f"{spec}@{budget}", every)
+  return m
+
+
+def has_own_budget(spec: str) -> bool:
+  base, _, _ = _split_wrappers(spec)
+  if parse_spec(base)[0][0] == "dense":
+    return True
+  return any(k in _OWN_BUDGET for _, inline in parse_spec(base) for k in inline)
+
+
+def expand(specs, budgets, **options) -> list[Entry]:
+  """Every spec crossed with every budget (see the module docstring), dense-like rows once."""
+  out = []
+  for spec in specs:
+    if has_own_budget(spec) or not budgets:
+      out.append(Entry(spec, spec, None, build(spec, None, **options)))
+    else:
+      out += [Entry(f"{spec}@{b:g}", spec, float(b), build(spec, b, **options)) for b in budgets]
+  return out
