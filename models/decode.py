@@ -4,7 +4,7 @@ Letters: B batch, S tokens in a step, W decode window (``method.window``), E hid
 T cache capacity, L layers.
 
 Batching: prompts are **right-padded**; every row keeps its own positions ``0..len-1`` and
-padding carries position -1, so it is never written to the cache. Cache slot == token position,
+padding carries position -1, so it is never written to the cache. Methods write by position,
 so rows of different lengths decode side by side with per-row positions and give the same
 results as batch 1.
 
@@ -18,7 +18,6 @@ emitted tokens).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 
 import jax
@@ -26,112 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from models import llama
-from models.sampling import Sampling, sample
-
-# ---------------------------------------------------------------- layer plumbing
-
-
-def init_caches(config, method, batch: int, capacity: int):
-  """Per-layer caches and method states stacked on a leading ``[L]`` axis."""
-  dt = llama.compute_dtype(config)
-  cache = method.init_cache(batch, config.num_kv_heads, capacity, config.head_dim, dt)
-  state = method.init_state(batch, config.num_heads, config.num_kv_heads, config.head_dim,
-                            capacity, dt)
-  stack = lambda x: jnp.repeat(jnp.asarray(x)[None], config.num_layers, axis=0)
-  return jax.tree.map(stack, cache), jax.tree.map(stack, state)
-
-
-def _apply(params, config, tokens, positions, caches, states, layer_fn):
-  """Runs all layers with ``layer_fn`` (a method's prefill/decode/rectify) as attention.
-
-  Returns ``(hidden [B, S, E] before the final norm, caches, states)``.
-  """
-  scale = llama.softmax_scale(config)
-
-  def attend(q, k, v, inp):
-    cache, state = inp
-    out, cache, state = layer_fn(q, k, v, cache, state, positions, scale=scale)
-    return out, (cache, state)
-
-  x = llama.embed(params, config, tokens)
-  h, (caches, states) = llama.run_layers(params, config, x, positions, attend, (caches, states))
-  return h, caches, states
-
-
-_STATIC = ("config", "method")
-_DONATE = ("caches", "states")
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=_DONATE)
-def prefill_step(params, tokens, positions, caches, states, *, config, method):
-  """One prompt chunk: ``tokens, positions [B, S]`` -> ``(hidden [B, S, E], caches, states)``."""
-  return _apply(params, config, tokens, positions, caches, states, method.prefill)
-
-
-def end_prefill(caches, states, *, config, method):
-  """Calls ``method.end_prefill`` layer by layer, eagerly (outside jit).
-
-  Eager on purpose: compression methods size their compacted cache from the concrete prompt
-  lengths, so the returned cache may be smaller than the one passed in (decode steps are then
-  compiled for that smaller capacity).
-  """
-  scale = llama.softmax_scale(config)
-  outs = []
-  for i in range(config.num_layers):
-    c, s = jax.tree.map(lambda a: a[i], (caches, states))
-    outs.append(method.end_prefill(c, s, scale=scale))
-  shapes = {tuple(x.shape for x in jax.tree.leaves(o)) for o in outs}
-  if len(shapes) == 1:
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
-  # Layer-dependent sizes (e.g. Ada-KV budgets): per-layer list, unrolled layer loop.
-  return [c for c, _ in outs], [s for _, s in outs]
-
-
-def _window_tokens(history, positions):
-  """``history [B, T]`` read at ``positions [B, S]`` (negative -> token 0)."""
-  tok = jnp.take_along_axis(history, jnp.maximum(positions, 0), axis=1)
-  return jnp.where(positions >= 0, tok, 0)
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC + ("sampling",),
-                   donate_argnames=_DONATE + ("history",))
-def decode_step(params, history, positions, caches, states, key, *, config, method, sampling):
-  """One decode step over the last ``W`` tokens; samples the next token.
-
-  Args:
-    history: ``[B, T]`` int32 tokens by position.
-    positions: ``[B, W]`` int32 positions of the window (newest last; negative = none).
-    key: PRNG key of this step.
-
-  Returns:
-    ``(next_token [B], logits [B, V] float32, history (next token written), caches, states)``.
-  """
-  tokens = _window_tokens(history, positions)
-  h, caches, states = _apply(params, config, tokens, positions, caches, states, method.decode)
-  logits = llama.logits_from_hidden(params, config, h[:, -1])
-  nxt = sample(logits, key, sampling)
-  b = jnp.arange(history.shape[0])
-  history = history.at[b, positions[:, -1] + 1].set(nxt, mode="drop")
-  return nxt, logits, history, caches, states
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=_DONATE)
-def rectify_step(params, history, positions, caches, states, *, config, method):
-  """Dense re-encoding of ``positions [B, f]`` (``method.rectify``); outputs are discarded."""
-  tokens = _window_tokens(history, positions)
-  _, caches, states = _apply(params, config, tokens, positions, caches, states, method.rectify)
-  return caches, states
-
-
-@functools.partial(jax.jit, static_argnames=("config", "sampling"))
-def sample_from_hidden(params, h, key, *, config, sampling):
-  """``h [B, E]`` -> ``(token [B], logits [B, V])``."""
-  logits = llama.logits_from_hidden(params, config, h)
-  return sample(logits, key, sampling), logits
-
-
-# ---------------------------------------------------------------- host-side loops
-
+from models.sampling import Sampling
+from models.steps import (decode_step, end_prefill, init_caches, prefill_step,
+                          rectify_step, sample_from_hidden)
 
 def chunk_size_for(max_len: int, prefill_chunk: int) -> int:
   """Chunk length: ``prefill_chunk``, or the next power of two >= 16 for short prompts."""
