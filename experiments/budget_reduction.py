@@ -1,0 +1,25 @@
+r"""Smallest budget within 2% of dense with and without RESA (RESA Sec. 5.5, Fig. 7b).
+
+  python -m experiments.budget_reduction --config=configs/budget_reduction.py [--config.quick=True]
+
+See ``configs/budget_reduction.py`` for the options and ``experiments/analysis/quality.py`` for the tasks.
+"""
+
+from configs import budget_reduction as defaults
+from experiments.analysis import budget_experiment
+from experiments.common import cli
+
+cli.define_flags("budget_reduction")
+
+
+def main(argv):
+  del argv
+  config, workdir = cli.parsed()
+  if config.quick:
+    defaults.apply_quick(config)
+  for row in budget_experiment.run(config, workdir):
+    print(row)
+
+
+if __name__ == "__main__":
+  cli.run(main)

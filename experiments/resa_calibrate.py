@@ -1,0 +1,25 @@
+r"""Per-head RESA lambda calibration with optax + orbax (beyond the paper).
+
+  python -m experiments.resa_calibrate --config=configs/resa_calibrate.py [--config.quick=True]
+
+See ``configs/resa_calibrate.py`` for the options and ``experiments/analysis/calibrate.py`` for the method.
+"""
+
+from configs import resa_calibrate as defaults
+from experiments.analysis import calibrate_experiment
+from experiments.common import cli
+
+cli.define_flags("resa_calibrate")
+
+
+def main(argv):
+  del argv
+  config, workdir = cli.parsed()
+  if config.quick:
+    defaults.apply_quick(config)
+  for row in calibrate_experiment.run(config, workdir):
+    print(row)
+
+
+if __name__ == "__main__":
+  cli.run(main)

@@ -1,0 +1,25 @@
+r"""RESA lambda sweep on retrieval-like and summary-like tasks (RESA Sec. 5.4, Fig. 7a).
+
+  python -m experiments.resa_lambda --config=configs/resa_lambda.py [--config.quick=True]
+
+See ``configs/resa_lambda.py`` for the options and ``experiments/analysis/quality.py`` for the tasks.
+"""
+
+from configs import resa_lambda as defaults
+from experiments.analysis import lambda_experiment
+from experiments.common import cli
+
+cli.define_flags("resa_lambda")
+
+
+def main(argv):
+  del argv
+  config, workdir = cli.parsed()
+  if config.quick:
+    defaults.apply_quick(config)
+  for row in lambda_experiment.run(config, workdir):
+    print(row)
+
+
+if __name__ == "__main__":
+  cli.run(main)

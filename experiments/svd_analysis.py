@@ -1,0 +1,25 @@
+r"""SVD of attention logits (RESA Sec. 3.2; Fig. 2, 4, 5b, 6b).
+
+  python -m experiments.svd_analysis --config=configs/svd_analysis.py [--config.quick=True]
+
+See ``configs/svd_analysis.py`` for the options and ``experiments/analysis/svd.py`` for the math.
+"""
+
+from configs import svd_analysis as defaults
+from experiments.analysis import svd_experiment
+from experiments.common import cli
+
+cli.define_flags("svd_analysis")
+
+
+def main(argv):
+  del argv
+  config, workdir = cli.parsed()
+  if config.quick:
+    defaults.apply_quick(config)
+  for row in svd_experiment.run(config, workdir):
+    print(row)
+
+
+if __name__ == "__main__":
+  cli.run(main)
