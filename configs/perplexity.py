@@ -40,7 +40,7 @@ def get_config(quick: bool = False):
   c.interval = 256
   if quick:
     c.model = "tiny-random"
-    c.methods = ("dense", "quest+rect:f=4", "quest+resa")
+    c.methods = ("dense", "quest+rect:f=4")
     c.budgets = (0.1,)
     c.length = 192
     c.num_docs = 1

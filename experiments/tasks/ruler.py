@@ -167,6 +167,8 @@ def _vt(rng, target, depth, hops=4, **_):
 def _qa(rng, target, depth, **_):
   squad = data.squad()
   item = squad[int(rng.integers(len(squad)))]
+  while len(item["context"]) + len(item["question"]) > 2 * target:  # leave room (chars/4 tokens)
+    item = squad[int(rng.integers(len(squad)))]
   others = sorted({s["context"] for s in squad} - {item["context"]})
   order = rng.permutation(len(others))
   docs, chars = [], 0
