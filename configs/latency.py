@@ -1,0 +1,62 @@
+r"""Decode latency and memory benchmark (issue 9).
+
+  python -m experiments.latency --config=configs/latency.py --workdir=results/latency
+
+Subsets: ``--config.sections=per_layer,torch_peer`` (of ``per_layer, torch_peer, end_to_end,
+memory, resa``), ``--config.contexts=8192,32768``, ``--config.dtypes=bfloat16``,
+``--config.methods=dense,quest:gqa=group``. CI: ``--config.quick=True`` (tiny shapes, the
+``tiny-random`` model, and the Pallas kernels in interpret mode on one tiny shape).
+GPU: ``--config.impl=pallas`` (``pip install -e ".[gpu]"``) adds achieved bandwidth vs peak.
+"""
+
+import ml_collections
+
+# Methods of the per-layer section (spec strings; p, block_size, impl are added from the config).
+# Enhancers ride on ReSA's group-shared Quest selection, the fast one; "quest:gqa=head" is
+# Quest's per-query-head selection (G x more KV read).
+PER_LAYER_METHODS = ",".join([
+    "dense", "quest:gqa=head", "quest:gqa=group", "quest:gqa=group+resa",
+    "quest:gqa=group+retro:w=2", "quest:gqa=group+retro:w=4", "quest:gqa=group+retro:w=8",
+    "quest:gqa=group+rect:f=32", "topk:gqa=group",
+])
+
+
+def get_config():
+  c = ml_collections.ConfigDict()
+  c.quick = False  # tiny shapes + tiny-random model (CI); overrides the sizes below
+  c.sections = "per_layer,torch_peer,end_to_end,memory,resa"
+  c.seed = 0
+  c.threads = 0  # torch threads; 0 = os.cpu_count() (XLA:CPU uses every core)
+  c.warmup = 1  # untimed calls after compilation
+  c.repeats = 7  # timed rounds (methods interleaved round-robin); medians are reported
+  # ---- per layer (Llama-3.1-8B attention) ----
+  c.num_heads = 32
+  c.num_kv_heads = 8
+  c.head_dim = 128
+  c.contexts = "8192,32768,131072"
+  c.dtypes = "float32,bfloat16"
+  c.methods = PER_LAYER_METHODS
+  c.block_size = 16
+  c.p = 0.1  # ReSA's sparsity ratio: n = max(n_min, ceil(M p)) blocks
+  c.impl = "auto"  # auto | xla | pallas
+  c.interpret = False  # Pallas interpret mode (CPU)
+  c.peak_bandwidth_gbs = 0.0  # device peak for the achieved-bandwidth column (0 = auto on GPU)
+  c.max_seconds_per_context = 240.0  # fewer rounds at long contexts when a step is slow
+  # ---- end to end ----
+  c.model = "smollm2-135m-instruct"
+  c.e2e_methods = "dense,quest:gqa=group,quest:gqa=group+resa"
+  c.e2e_budget_p = 0.1
+  c.prefill_contexts = "2048,8192"
+  c.decode_contexts = "2048,8192,32768"
+  c.decode_steps = 16
+  c.prefill_chunk = 512
+  c.transformers = True  # the PyTorch peer (transformers generate, CPU)
+  # ---- memory ----
+  c.memory_context = 32768
+  c.memory_layers = 4  # layers of the Llama-8B-shaped stack held in memory
+  c.memory_dtype = "bfloat16"
+  c.memory_methods = "dense,expected_attention:ratio=0.5,expected_attention:ratio=0.9"
+  # ---- RESA overheads ----
+  c.resa_contexts = "8192,32768"
+  c.resa_chunk = 512
+  return c

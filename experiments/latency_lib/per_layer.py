@@ -1,0 +1,203 @@
+"""Per-layer decode attention at Llama-3.1-8B's shape (Hq 32, Hkv 8, D 128, batch 1), plus the
+PyTorch SDPA peer of the dense step.
+
+One pre-filled cache per (dtype, context) is threaded through every method's jitted ``decode``
+with the cache and state donated (``donate_argnums``), so the new token's K/V write is in place
+(XLA:CPU honours donation; the write costs ~0.2 ms at 32k instead of a 270 MB copy). All methods
+write the same K/V at the same slots, so sharing the cache changes no timing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.latency_lib import timing, traffic
+from sparse_attn import methods
+from sparse_attn.cache import write
+from sparse_attn.spec import parse_spec
+
+PEAK_GBS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
+STATE_CHUNK = 16  # prompt queries that form RESA's prior (a short last chunk keeps 128k cheap)
+
+
+def make_method(spec: str, s, p: float | None = None):
+  """``methods.make`` with the config's p, block size and impl (inline options win)."""
+  inline = {k for _, opts in parse_spec(spec) for k in opts}
+  kw = dict(block_size=s.block_size, impl=s.impl, interpret=s.interpret)
+  if parse_spec(spec)[0][0] != "dense":
+    kw["p"] = s.p if p is None else p
+  return methods.make(spec, **{k: v for k, v in kw.items() if k not in inline})
+
+
+def peak_gbs(s) -> float:
+  if s.peak_bandwidth_gbs:
+    return float(s.peak_bandwidth_gbs)
+  if jax.default_backend() == "gpu":
+    kind = jax.devices()[0].device_kind
+    return next((v for k, v in PEAK_GBS.items() if k in kind), 0.0)
+  return 0.0
+
+
+def _decode_fn(m):
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def step(cache, state, q, k, v, pos):
+    out, cache, state = m.decode(q, k, v, cache, state, pos)
+    return out, cache, state
+  return step
+
+
+def _rectify_fn(m):
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def step(cache, state, q, k, v, pos):
+    out, cache, state = m.rectify(q, k, v, cache, state, pos)
+    return out, cache, state
+  return step
+
+
+def _prefill_fn(m):
+  @functools.partial(jax.jit, donate_argnums=(0, 1))
+  def step(cache, state, q, k, v, pos):
+    _, cache, state = m.prefill(q, k, v, cache, state, pos)
+    return m.end_prefill(cache, state)
+  return step
+
+
+class Bench:
+  """The shared cache and inputs of one (dtype, context)."""
+
+  def __init__(self, s, dtype, context: int, max_new: int, seed: int):
+    self.s, self.dtype, self.context = s, jnp.dtype(dtype), context
+    hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
+    bs = s.block_size
+    self.capacity = -(-(context + max_new) // bs) * bs
+    keys = jax.random.split(jax.random.key(seed), 6)
+    k = jax.random.normal(keys[0], (1, hkv, context, d), self.dtype)
+    v = jax.random.normal(keys[1], (1, hkv, context, d), self.dtype)
+    dense = methods.make("dense", block_size=bs)
+    cache = dense.init_cache(1, hkv, self.capacity, d, self.dtype)
+    pos = jnp.arange(context, dtype=jnp.int32)[None]
+    self.cache = jax.jit(write, donate_argnums=(0,))(cache, k, v, pos)
+    self.kv_numpy = (np.asarray(k.astype(jnp.float32)), np.asarray(v.astype(jnp.float32)))
+    del k, v
+    self.q = jax.random.normal(keys[2], (1, hq, max_new, d), self.dtype)
+    self.k_new = jax.random.normal(keys[3], (1, hkv, max_new, d), self.dtype)
+    self.v_new = jax.random.normal(keys[4], (1, hkv, max_new, d), self.dtype)
+    self.q_chunk = jax.random.normal(keys[5], (1, hq, STATE_CHUNK, d), self.dtype)
+
+  def window(self, n: int):
+    """Positions ``[1, n]`` ending at the decode slot ``context``, and their q/k/v."""
+    pos = jnp.arange(self.context - n + 1, self.context + 1, dtype=jnp.int32)[None]
+    return self.q[:, :, :n], self.k_new[:, :, :n], self.v_new[:, :, :n], pos
+
+  def state_for(self, m):
+    """``m``'s state after a short last prompt chunk and ``end_prefill`` (RESA's prior)."""
+    st = m.init_state(1, self.s.num_heads, self.s.num_kv_heads, self.s.head_dim, self.capacity,
+                      self.dtype)
+    if not m.enhanced:
+      return st
+    lo = self.context - STATE_CHUNK
+    pos = jnp.arange(lo, self.context, dtype=jnp.int32)[None]
+    kc = self.cache.k[:, :, lo:self.context]
+    vc = self.cache.v[:, :, lo:self.context]  # rewrite the same K/V: the cache is unchanged
+    self.cache, st = _prefill_fn(m)(self.cache, st, self.q_chunk, kc, vc, pos)
+    return st
+
+  def selected_tokens(self, m) -> float:
+    if m.is_dense:
+      return float(self.context)
+    sel = jax.jit(m.select)(self.q[:, :, 0], self.cache)
+    return float(np.mean(np.asarray(sel.n_valid))) * sel.granularity
+
+  def candidates(self, m, name):
+    """Timed decode step of ``m`` (and its rectify pass when it rectifies)."""
+    st = {"state": self.state_for(m)}
+    q, k, v, pos = self.window(m.window)
+    step = _decode_fn(m)
+
+    def dec():
+      out, self.cache, st["state"] = step(self.cache, st["state"], q, k, v, pos)
+      return out
+    out = [timing.Candidate(name, dec)]
+    if m.rect_interval:
+      rq, rk, rv, rpos = self.window(m.rect_interval)
+      rect = _rectify_fn(m)
+
+      def rec():
+        o, self.cache, st["state"] = rect(self.cache, st["state"], rq, rk, rv, rpos)
+        return o
+      out.append(timing.Candidate(name + " [rectify pass]", rec))
+    return out
+
+  def attend_only(self, m, name):
+    att = jax.jit(m.attend)
+    q = self.q[:, :, 0]
+    pos = jnp.array([self.context - 1], jnp.int32)
+    return timing.Candidate(name, lambda: att(q, self.cache, pos)[0])
+
+  def torch_sdpa(self, threads: int):
+    """PyTorch ``scaled_dot_product_attention`` (GQA) over the same K/V, same threads."""
+    import torch  # pylint: disable=g-import-not-at-top
+    import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
+    torch.set_num_threads(threads)
+    tdt = torch.bfloat16 if self.dtype == jnp.bfloat16 else torch.float32
+    k, v = (torch.from_numpy(x).to(tdt) for x in self.kv_numpy)
+    q = torch.from_numpy(np.asarray(self.q[:, :, :1].astype(jnp.float32))).to(tdt)
+
+    def fn():
+      with torch.inference_mode():
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True).float().numpy()
+    return timing.Candidate("torch SDPA (dense)", fn)
+
+
+def run_context(s, dtype: str, context: int, specs: list[str], torch_peer: bool) -> list[dict]:
+  """Times every method at one (dtype, context); returns one record per timed row."""
+  ms = [(spec, make_method(spec, s)) for spec in specs]
+  max_new = max([8] + [m.window for _, m in ms] + [m.rect_interval for _, m in ms])
+  b = Bench(s, dtype, context, max_new, s.seed)
+  itemsize = b.dtype.itemsize
+  cands, meta = [], {}
+  for spec, m in ms:
+    meta[spec] = (m, b.selected_tokens(m))
+    cands += b.candidates(m, spec)
+    if m.is_dense:
+      cands.append(b.attend_only(m, "dense (attend only)"))
+  if torch_peer:
+    cands.append(b.torch_sdpa(s.threads))
+  b.kv_numpy = None
+  timing.interleaved(cands, s.warmup, s.repeats, s.max_seconds_per_context)
+  by_name = {c.name: c for c in cands}
+  dense_s = by_name["dense"].median_s if "dense" in by_name else float("nan")
+  dbytes = traffic.dense_bytes(context, s.num_kv_heads, s.head_dim, itemsize)
+  peak = peak_gbs(s)
+  rows = []
+  for c in cands:
+    if c.name.endswith("[rectify pass]"):
+      continue
+    sec, rec = c.median_s, {}
+    if c.name in meta:
+      m, sel = meta[c.name]
+      frac = traffic.fraction(m, context=context, selected_tokens=sel,
+                              num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
+                              head_dim=s.head_dim, itemsize=itemsize)
+      rec.update(selected_tokens=sel, p_eff=sel / context, window=m.window,
+                 impl=m.impl if m.is_dense else methods.sparse.resolve_impl(m.impl),
+                 rect_interval=m.rect_interval)
+      if m.rect_interval:
+        rect_s = by_name[c.name + " [rectify pass]"].median_s
+        rec.update(decode_ms=sec * 1e3, rectify_ms=rect_s * 1e3)
+        sec = sec + rect_s / m.rect_interval  # amortised per step
+    else:
+      frac = 1.0  # dense attend-only and the torch peer read everything
+    gbs = dbytes * frac / sec / 1e9
+    rec.update(section="per_layer", dtype=dtype, context=context, method=c.name,
+               ms=sec * 1e3, times_ms=[t * 1e3 for t in c.times], first_call_s=c.first_s,
+               speedup=dense_s / sec, traffic_fraction=frac, bound=1.0 / frac, gbs=gbs,
+               pct_peak=100.0 * gbs / peak if peak else None, threads=s.threads,
+               cpu_count=os.cpu_count())
+    rows.append(rec)
+  return rows

@@ -1,0 +1,44 @@
+"""RESA's overheads as its paper reports them (Yang et al., Tables 3-4).
+
+Measured here: the last prefill chunk of one layer (Llama-8B attention) through ``prefill`` +
+``end_prefill`` with and without RESA (the prior is formed over the whole cache in
+``end_prefill``: one ``mu_Q . K`` pass and one softmax-weighted ``V`` pass), interleaved.
+Derived in ``report`` from the other sections: whole-prefill overhead on SmolLM2
+(``end_to_end`` prefill of ``quest+resa`` vs ``quest``) and decode overhead over the selector
+alone (``per_layer`` and ``end_to_end`` decode).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from experiments.latency_lib import per_layer, timing
+
+
+def run_context(s, context: int, selector: str = "quest:gqa=group") -> list[dict]:
+  dtype = jnp.dtype(s.dtypes.split(",")[0])
+  chunk = min(s.resa_chunk, context // 2)
+  b = per_layer.Bench(s, dtype, context, 8, s.seed)
+  b.kv_numpy = None
+  hq, d = s.num_heads, s.head_dim
+  q = jax.random.normal(jax.random.key(s.seed + 1), (1, hq, chunk, d), dtype)
+  lo = context - chunk
+  pos = jnp.arange(lo, context, dtype=jnp.int32)[None]
+  kc, vc = b.cache.k[:, :, lo:context], b.cache.v[:, :, lo:context]
+  cands = []
+  for spec in (selector, selector + "+resa"):
+    m = per_layer.make_method(spec, s)
+    fn = per_layer._prefill_fn(m)  # pylint: disable=protected-access
+    init = lambda m=m: m.init_state(1, hq, s.num_kv_heads, d, b.capacity, dtype)
+
+    def step(fn=fn, init=init):
+      b.cache, st = fn(b.cache, init(), q, kc, vc, pos)
+      return st
+    cands.append(timing.Candidate(spec, step))
+  timing.interleaved(cands, s.warmup, s.repeats, s.max_seconds_per_context)
+  base, resa = cands[0].median_s, cands[1].median_s
+  return [dict(section="resa", what="last prefill chunk + end_prefill (one layer)",
+               dtype=str(dtype), context=context, chunk=chunk, selector=selector,
+               selector_ms=base * 1e3, resa_ms=resa * 1e3,
+               overhead_pct=100.0 * (resa / base - 1.0))]

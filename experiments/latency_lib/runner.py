@@ -1,0 +1,44 @@
+"""Runs the selected sections, appending one JSON record per measurement (resumable)."""
+
+from __future__ import annotations
+
+import jax
+
+from experiments.common import cli, results
+from experiments.latency_lib import (end_to_end, memory, per_layer, report, resa_overhead,
+                                     settings)
+
+
+def run(config, workdir: str) -> str:
+  """Measures, writes ``results.jsonl``, ``latency.md``, ``latency.png``; returns the markdown."""
+  s = settings.resolve(config)
+  writer = results.ResultWriter(workdir, config, "latency")
+  sections = s.sections
+  write = lambda rec, key: writer.write(rec, key=key)
+  if "per_layer" in sections or "torch_peer" in sections:
+    specs = settings.split_list(s.methods) if "per_layer" in sections else ["dense"]
+    grid = [(dt, ctx) for dt in settings.split_list(s.dtypes) for ctx in settings.ints(s.contexts)]
+    prog = cli.Progress(len(grid), "per-layer", every=0.0)
+    for dt, ctx in grid:
+      key = lambda name: f"per_layer/{dt}/{ctx}/{name}"
+      names = specs + (["torch SDPA (dense)"] if "torch_peer" in sections else [])
+      if not all(writer.done(key(n)) for n in names):
+        for rec in per_layer.run_context(s, dt, ctx, specs, "torch_peer" in sections):
+          write(rec, key(rec["method"]))
+        jax.clear_caches()
+      prog.update(note=f"{dt} {ctx}")
+  if "end_to_end" in sections:
+    end_to_end.run(s, settings.split_list(s.e2e_methods), writer.done, write)
+  if "memory" in sections:
+    key = lambda spec: f"memory/{s.memory_context}/{spec}"
+    todo = [m for m in settings.split_list(s.memory_methods) if not writer.done(key(m))]
+    for rec in memory.measure(s, todo) if todo else []:
+      write(dict(section="memory", **rec), key(rec["method"]))
+  if "resa" in sections:
+    for ctx in settings.ints(s.resa_contexts):
+      key = f"resa/{ctx}"
+      if not writer.done(key):
+        for rec in resa_overhead.run_context(s, ctx):
+          write(rec, key)
+  text, _ = report.write(writer.records(), workdir)
+  return text

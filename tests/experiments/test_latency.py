@@ -1,0 +1,51 @@
+"""experiments/latency.py on the quick configuration: every section runs, outputs are finite."""
+
+import json
+import math
+import os
+
+from configs import latency as latency_config
+from experiments import latency_lib
+from experiments.latency_lib import settings, traffic
+from sparse_attn import methods
+
+
+def test_split_list_keeps_inline_options():
+  got = settings.split_list("dense,quest:gqa=group,impl=pallas+resa,topk")
+  assert got == ["dense", "quest:gqa=group,impl=pallas+resa", "topk"]
+
+
+def test_traffic_bound_is_resa_memory_model():
+  m = methods.make("quest:gqa=group+rect:f=32", p=0.1, block_size=16)
+  frac = traffic.fraction(m, context=32768, selected_tokens=3276.8, num_q_heads=32,
+                          num_kv_heads=8, head_dim=128, itemsize=2)
+  assert math.isclose(frac, m.memory_access())  # 1/b + p + 1/f
+  head = methods.make("quest:gqa=head", p=0.1)
+  assert math.isclose(traffic.fraction(head, context=1000, selected_tokens=100, num_q_heads=32,
+                                       num_kv_heads=8, head_dim=128, itemsize=2),
+                      1 / 16 + 4 * 0.1)  # per-head selection reads G x the KV
+
+
+def test_quick_run_writes_finite_results(tmp_path):
+  config = latency_config.get_config()
+  config.quick = True
+  text = latency_lib.run(config, str(tmp_path))
+  for name in ("results.jsonl", "latency.md", "latency.png"):
+    assert os.path.getsize(tmp_path / name) > 0
+  recs = [json.loads(line) for line in open(tmp_path / "results.jsonl")]
+  sections = {r["section"] for r in recs}
+  assert sections == set(settings.SECTIONS) - {"torch_peer"}
+  per_layer = [r for r in recs if r["section"] == "per_layer"]
+  names = {r["method"] for r in per_layer}
+  assert {"dense", "torch SDPA (dense)", "quest:gqa=group,impl=pallas,interpret=true"} <= names
+  for r in per_layer:
+    assert math.isfinite(r["ms"]) and r["ms"] > 0 and math.isfinite(r["bound"]), r
+  for r in recs:
+    if r["section"] == "end_to_end":
+      assert math.isfinite(r["tok_s"]) and r["tok_s"] > 0, r
+    if r["section"] == "memory":
+      assert r["cache_bytes"] > 0 and r["peak_rss_mb"] > 0, r
+  mem = {r["method"]: r["cache_bytes"] for r in recs if r["section"] == "memory"}
+  assert mem["expected_attention:ratio=0.5"] < 0.6 * mem["dense"]
+  assert math.isfinite(next(r for r in recs if r["section"] == "resa")["overhead_pct"])
+  assert "| dense |" in text and "torch SDPA" in text
