@@ -114,23 +114,30 @@ def combine_splits(out, lse, axis: int):
 def gather_blocks(x, block_idx, block_size: int):
   """Gathers listed blocks of a cache without copying the whole cache.
 
+  One row gather over a flattened ``[B*K*N, block_size, ...]`` view: XLA:CPU lowers a gather of
+  contiguous rows with one flat index to a row-copy loop, 1-5x faster than three-index advanced
+  indexing at Llama-8B decode shapes (32k context, 13.5 MB gathered).
+
   Args:
-    x: ``[B, K, T, ...]`` cache array (keys, values, or ``[B, P, T]`` priors when ``P = K``).
+    x: ``[B, K, T, ...]`` cache array (keys, values, positions, or ``[B, P, T]`` priors).
     block_idx: ``[B, P, n]`` block ids, ``P`` a multiple of ``K``; program head ``p`` reads
       head ``p // (P // K)``. Ids are clipped into range.
-    block_size: tokens per block.
+    block_size: tokens per block (1 for token lists).
 
   Returns:
     ``[B, P, n * block_size, ...]`` the listed blocks' slots, in list order.
   """
   b, k, t = x.shape[:3]
   p, n = block_idx.shape[1:]
+  if p % k:
+    raise ValueError(f"selection has {p} heads, not a multiple of {k} kv heads")
   nb = t // block_size
-  xb = x.reshape(b, k, nb, block_size, *x.shape[3:])
-  idx = jnp.clip(block_idx, 0, nb - 1)
-  bi = jnp.arange(b)[:, None, None]
-  hi = (jnp.arange(p) // (p // k))[None, :, None]
-  out = xb[bi, hi, idx]  # [B, P, n, bs, ...]
+  rows = x.reshape(b * k * nb, block_size, *x.shape[3:])
+  kv_head = jnp.arange(p, dtype=jnp.int32) // (p // k)
+  # [B, P, n] flat row ids
+  flat = ((jnp.arange(b, dtype=jnp.int32)[:, None, None] * k + kv_head[None, :, None]) * nb
+          + jnp.clip(block_idx, 0, nb - 1).astype(jnp.int32))
+  out = jnp.take(rows, flat.reshape(-1), axis=0, mode="clip")
   return out.reshape(b, p, n * block_size, *x.shape[3:])
 
 

@@ -21,6 +21,11 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+# Reads a block list of a cache array: ``x [B, K, T, ...]``, ``block_idx [B, H, n]`` ->
+# ``[B, H, n * block_size, ...]`` (head h reads kv head h // (H // K)); shared with the kernels'
+# references so both paths gather identically.
+from pallas_kernels._common import gather_blocks  # pylint: disable=unused-import
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
@@ -208,31 +213,6 @@ def _refresh_block_digests(cache: KVCache, blocks) -> KVCache:
   upd = lambda arr, val: arr.at[bi, hi, idx].set(val, mode="drop")
   return dataclasses.replace(cache, kmin=upd(cache.kmin, kmin), kmax=upd(cache.kmax, kmax),
                              kcen=upd(cache.kcen, kcen), krad=upd(cache.krad, krad))
-
-
-def gather_blocks(x, block_idx, block_size):
-  """Reads a list of blocks of a cache array.
-
-  Args:
-    x: ``[B, K, T, ...]`` cache array (keys, values, positions or validity).
-    block_idx: ``[B, H, n]`` int block ids with ``H`` a multiple of ``K`` (head ``h`` reads
-      kv head ``h // (H // K)``); ids are clipped into range.
-    block_size: static granularity (1 for token lists).
-
-  Returns:
-    ``[B, H, n * block_size, ...]``.
-  """
-  b, hkv, t = x.shape[:3]
-  h, n = block_idx.shape[1], block_idx.shape[2]
-  if h % hkv:
-    raise ValueError(f"selection has {h} heads, not a multiple of {hkv} kv heads")
-  nb = t // block_size
-  xb = x.reshape(b, hkv, nb, block_size, *x.shape[3:])
-  idx = jnp.clip(block_idx, 0, nb - 1)
-  bi = jnp.arange(b)[:, None, None]
-  hi = (jnp.arange(h) // (h // hkv))[None, :, None]
-  out = xb[bi, hi, idx]  # [B, H, n, bs, ...]
-  return out.reshape(b, h, n * block_size, *x.shape[3:])
 
 
 def replace_storage(cache: KVCache, k, v, pos, length) -> KVCache:
