@@ -40,7 +40,7 @@ def apply_quick(c):
   c.chunk = 128
   c.selectors = ("quest",)
   c.budgets = (0.1,)
-  c.extra = ("quest+resa:lam=0.0", "quest+retro:w=2", "quest+rect:f=4")
+  c.extra = ("quest+resa:lam=0.0", "quest+retro:w=2")
   c.extra_budgets = (0.1,)
   c.heatmap_budget = 0.1
   return c

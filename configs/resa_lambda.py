@@ -34,5 +34,5 @@ def apply_quick(c):
   c.ctx = 128
   c.cont = 4
   c.budget = 0.1
-  c.lambdas = (0.0, 1.0)
+  c.lambdas = (1.0,)
   return c

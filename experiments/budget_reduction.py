@@ -2,7 +2,7 @@ r"""Smallest budget within 2% of dense with and without RESA (RESA Sec. 5.5, Fig
 
   python -m experiments.budget_reduction --config=configs/budget_reduction.py [--config.quick=True]
 
-See ``configs/budget_reduction.py`` for the options and ``experiments/analysis/quality.py`` for the tasks.
+See ``configs/budget_reduction.py`` (options) and ``experiments/analysis/quality.py`` (tasks).
 """
 
 from configs import budget_reduction as defaults

@@ -2,7 +2,7 @@ r"""Per-head RESA lambda calibration with optax + orbax (beyond the paper).
 
   python -m experiments.resa_calibrate --config=configs/resa_calibrate.py [--config.quick=True]
 
-See ``configs/resa_calibrate.py`` for the options and ``experiments/analysis/calibrate.py`` for the method.
+See ``configs/resa_calibrate.py`` (options) and ``experiments/analysis/calibrate.py`` (method).
 """
 
 from configs import resa_calibrate as defaults

@@ -2,7 +2,7 @@ r"""RESA lambda sweep on retrieval-like and summary-like tasks (RESA Sec. 5.4, F
 
   python -m experiments.resa_lambda --config=configs/resa_lambda.py [--config.quick=True]
 
-See ``configs/resa_lambda.py`` for the options and ``experiments/analysis/quality.py`` for the tasks.
+See ``configs/resa_lambda.py`` (options) and ``experiments/analysis/quality.py`` (tasks).
 """
 
 from configs import resa_lambda as defaults

@@ -10,6 +10,8 @@ text (``capture``). The method prefills the first ``prefill_len`` tokens through
 Each step's output is compared with exact attention over the same cache. Errors do not
 propagate between layers here (that is the end-to-end NLL's job), so ``+rect``, whose benefit
 is replacing sparse-decoded K/V by dense ones, is a no-op under oracle inputs by construction.
+RetroAttention's newest output is its selector's; its gain is in the window's past outputs, so
+``out_rel_l2_retired`` measures the oldest window query after its ``w - 1`` updates.
 
 Scores: a selector attends ``a_j = softmax_j(s_j)`` over its selected set ``I`` (0 elsewhere);
 RESA (Eq. 3-5) gives every unselected prior key the logit ``P_j + b + log(lam)`` with
@@ -60,8 +62,8 @@ def _lse(x, axis=-1):
 
 def _softmax(x):
   l = _lse(x)
-  return jnp.where(jnp.isfinite(l)[..., None], jnp.exp(x - jnp.where(jnp.isfinite(l), l, 0.0)[..., None]),
-                   0.0)
+  ok = jnp.isfinite(l)[..., None]
+  return jnp.where(ok, jnp.exp(x - jnp.where(ok, l[..., None], 0.0)), 0.0)
 
 
 def _weighted_v(logits, v, g):
@@ -216,6 +218,7 @@ def simulate(method, q, k, v, scale: float, prefill_len: int, steps: int, *,
   if prefill_len < w:
     raise ValueError(f"prefill_len {prefill_len} < decode window {w}")
   cap = method.round_capacity(prefill_len + steps)
+  chunk = min(chunk, cap)
   stack = lambda a: jnp.repeat(jnp.asarray(a)[None], nl, axis=0)
   cache = jax.tree.map(stack, method.init_cache(1, kh, cap, d, jnp.float32))
   state = jax.tree.map(stack, method.init_state(1, n, kh, d, cap, jnp.float32))

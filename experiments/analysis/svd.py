@@ -7,8 +7,9 @@ The logit matrix of a head over a prefill is ``M = scale * Q K^T`` (``[S, S]``, 
 matrix RESA decomposes). It has rank at most ``D``, so its singular values are exactly those of
 a ``D x D`` matrix: with thin QR factorisations ``Q = Q_q R_q`` and ``K = Q_k R_k`` (computed as
 Cholesky QR, in float64), ``M = Q_q (scale R_q R_k^T) Q_k^T`` and ``svd(M)`` follows from
-``svd(scale R_q R_k^T)`` in ``O(S D^2)`` instead of ``O(S^3)`` (``factored_svd``). ``dense_singular_values`` is the direct
-``jnp.linalg.svd`` of the ``S x S`` matrix, kept to check the factored path on a subset.
+``svd(scale R_q R_k^T)`` in ``O(S D^2)`` instead of ``O(S^3)`` (``factored_svd``).
+``dense_singular_values`` is the direct ``jnp.linalg.svd`` of the ``S x S`` matrix, kept to
+check the factored path on a subset.
 """
 
 from __future__ import annotations

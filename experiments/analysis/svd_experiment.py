@@ -248,8 +248,8 @@ def _fig2c(fits, workdir):
   layers = sorted(fits)
   for l in layers[::max(1, len(layers) // 4)][:4]:
     x, y, slope, icpt, r2 = fits[l]
-    ax[0, 0].plot(x, y[0], "o", ms=3)
-    ax[0, 0].plot(x, slope[0] * x + icpt[0], "-", label=f"L{l} h0 R^2={r2[0]:.3f}")
+    (line,) = ax[0, 0].plot(x, slope[0] * x + icpt[0], "-", label=f"L{l} h0 R^2={r2[0]:.3f}")
+    ax[0, 0].plot(x, y[0], "o", ms=3, color=line.get_color())
   ax[0, 0].set(xlabel="context length", ylabel="sigma_1", title="Fig. 2c: sigma_1 vs length")
   ax[0, 0].legend(fontsize=7)
   allr2 = np.concatenate([fits[l][4] for l in layers])
