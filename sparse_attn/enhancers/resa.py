@@ -247,18 +247,24 @@ def masked_partials(q, kg, vg, ok, pg, scale):
   b, n, s, d = q.shape
   h = kg.shape[1]
   r = n // h
-  qg = q.reshape(b, h, r, s, d)
+  # R and S merged into one row axis (XLA:CPU's fast batched-matmul path, see reference.py).
   # [B, H, R, S, L]
-  lg = jnp.einsum("bhrsd,bhld->bhrsl", qg, kg, preferred_element_type=jnp.float32) * scale
+  lg = jnp.einsum("bhmd,bhld->bhml", q.reshape(b, h, r * s, d), kg,
+                  preferred_element_type=jnp.float32).reshape(b, h, r, s, -1) * scale
   okb = jnp.broadcast_to(ok[:, :, None], lg.shape)
-  out, lse = reference.softmax_weighted_sum(jnp.where(okb, lg, NEG_INF), vg)
+  lg = jnp.where(okb, lg, NEG_INF)
   exposed = jnp.broadcast_to(jnp.sum(ok, -1)[:, :, None], (b, h, r, s)).reshape(b, n, s)
   shape = lambda x: x.reshape(b, n, s, *x.shape[4:])  # [B, H, R, S, ...] -> [B, N, S, ...]
   if pg is None:
+    out, lse = reference.softmax_weighted_sum(lg, vg)
     return (shape(out), shape(lse)), None, jnp.zeros_like(exposed), exposed.astype(jnp.int32)
   pmask = okb & jnp.isfinite(pg)[:, :, :, None, :]
   pl = jnp.where(pmask, pg[:, :, :, None, :], NEG_INF)
-  pout, plse = reference.softmax_weighted_sum(pl, vg)
+  # True and prior logits stacked on the row axis: one pass over the gathered values.
+  # [B, H, 2R, S, D], [B, H, 2R, S]
+  both_out, both_lse = reference.softmax_weighted_sum(jnp.concatenate([lg, pl], axis=2), vg)
+  out, pout = both_out[:, :, :r], both_out[:, :, r:]
+  lse, plse = both_lse[:, :, :r], both_lse[:, :, r:]
   seen = jnp.sum(pmask, -1).reshape(b, n, s).astype(jnp.int32)
   return (shape(out), shape(lse)), (shape(pout), shape(plse)), seen, exposed.astype(jnp.int32)
 
