@@ -138,8 +138,10 @@ class CompressionMethod:
     """``[B, K, T]`` float32 importance of every slot (higher = keep; ``+inf`` = forced).
 
     ``n [B]`` is the number of tokens per head about to be kept (H2O's recent window uses it).
+    Every registered method overrides this; the base class only defines the contract.
     """
-    raise NotImplementedError
+    raise TypeError(f"{type(self).__name__} does not define scores(); every compression "
+                    "method must (see sparse_attn/compression/*.py)")
 
   def compact_state(self, state, idx):
     """Moves slot-aligned state along with a compaction ``idx [B, K, C]`` (old slot per slot)."""
