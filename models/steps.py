@@ -1,8 +1,8 @@
 """Jitted per-step functions of the decode loop (prefill chunk, decode, rectify, end_prefill).
 
 Letters: B batch, S tokens in a step, W decode window, E hidden, V vocab, T capacity, L layers.
-Caches and method states are stacked on a leading ``[L]`` axis (or, when a method returns
-layer-dependent cache sizes, are per-layer lists) and are donated to every step.
+Caches and method states are stacked on a leading ``[L]`` axis during prefill and per-layer
+lists from ``end_prefill`` on (the decode layout, see there); both are donated to every step.
 """
 
 from __future__ import annotations
@@ -53,22 +53,32 @@ def prefill_step(params, tokens, positions, caches, states, *, config, method):
 
 
 def end_prefill(caches, states, *, config, method):
-  """Calls ``method.end_prefill`` layer by layer, eagerly (outside jit).
+  """Calls ``method.end_prefill`` layer by layer, eagerly (outside jit); returns per-layer lists.
 
   Eager on purpose: compression methods size their compacted cache from the concrete prompt
   lengths, so the returned cache may be smaller than the one passed in (decode steps are then
   compiled for that smaller capacity).
+
+  The result is in the decode layout: ``([cache_0, ..., cache_{L-1}], [state_0, ...])``, one
+  buffer per layer, and the decode steps unroll the layer loop over them. A stacked ``[L]``
+  cache rides through the layer scan as a carry whose layer slice is copied out and back in
+  every step (the whole cache, twice, per token: 2x slower decode at 32k on CPU); separate
+  donated buffers are written in place.
   """
   scale = llama.softmax_scale(config)
   outs = []
   for i in range(config.num_layers):
     c, s = jax.tree.map(lambda a: a[i], (caches, states))
     outs.append(method.end_prefill(c, s, scale=scale))
-  shapes = {tuple(x.shape for x in jax.tree.leaves(o)) for o in outs}
-  if len(shapes) == 1:
-    return jax.tree.map(lambda *xs: jnp.stack(xs), *outs)
-  # Layer-dependent sizes (e.g. Ada-KV budgets): per-layer list, unrolled layer loop.
   return [c for c, _ in outs], [s for _, s in outs]
+
+
+def stack_layers(tree):
+  """A per-layer list (the decode layout) stacked on a leading ``[L]`` axis, for inspection;
+  a tree that is already stacked is returned as is. Layers of different sizes cannot stack."""
+  if isinstance(tree, list):
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *tree)
+  return tree
 
 
 def _window_tokens(history, positions):

@@ -150,6 +150,21 @@ def _check_write(cache: KVCache, k_new, v_new, positions):
     raise ValueError(f"write at slot {hi} past the cache capacity {cache.capacity}")
 
 
+def scatter_set(arr, index, values):
+  """``arr.at[index].set(values, mode="drop")``, in place for 16-bit floats too.
+
+  XLA:CPU has no bf16/f16 scatter: it converts the whole buffer to f32 and back around it (a
+  full copy, ~100 ms per decode step at 32k for Llama-8B's cache). A scatter of the same bits
+  viewed as uint16 is native and stays in place.
+  """
+  values = values.astype(arr.dtype)
+  if jnp.dtype(arr.dtype).itemsize != 2 or not jnp.issubdtype(arr.dtype, jnp.floating):
+    return arr.at[index].set(values, mode="drop")
+  bits = lambda x: jax.lax.bitcast_convert_type(x, jnp.uint16)
+  out = bits(arr).at[index].set(bits(values), mode="drop")
+  return jax.lax.bitcast_convert_type(out, arr.dtype)
+
+
 def write(cache: KVCache, k_new, v_new, positions, token_positions=None) -> KVCache:
   """Writes keys/values at explicit slots (append and overwrite alike).
 
@@ -179,8 +194,8 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None) -> KVCa
   bi = jnp.arange(b)[:, None, None]
   hi = jnp.arange(hkv)[None, :, None]
   si = slot[:, None, :]
-  k = cache.k.at[bi, hi, si].set(k_new, mode="drop")
-  v = cache.v.at[bi, hi, si].set(v_new, mode="drop")
+  k = scatter_set(cache.k, (bi, hi, si), k_new)
+  v = scatter_set(cache.v, (bi, hi, si), v_new)
   pos = cache.pos.at[bi, hi, si].set(tok, mode="drop")
   written = jnp.where(slot < t, slot + 1, 0)
   length = jnp.maximum(cache.length, jnp.max(written, axis=-1, initial=0))
@@ -210,7 +225,7 @@ def _refresh_block_digests(cache: KVCache, blocks) -> KVCache:
   bi = jnp.arange(b)[:, None, None]
   hi = jnp.arange(hkv)[None, :, None]
   idx = jnp.where(blocks < nb, blocks, nb)[:, None, :]
-  upd = lambda arr, val: arr.at[bi, hi, idx].set(val, mode="drop")
+  upd = lambda arr, val: scatter_set(arr, (bi, hi, idx), val)
   return dataclasses.replace(cache, kmin=upd(cache.kmin, kmin), kmax=upd(cache.kmax, kmax),
                              kcen=upd(cache.kcen, kcen), krad=upd(cache.krad, krad))
 

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 from sparse_attn import adaptive, reference, scoring, selection, sparse
 from sparse_attn.budget import Budget
 from sparse_attn.cache import KVCache, init_cache, write
+from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.enhancers import compose
 from sparse_attn.enhancers import rectify as rect_lib
 from sparse_attn.enhancers import resa as resa_lib
@@ -233,12 +234,6 @@ class Method:
     cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), positions)
     out, _ = self.attend(q[:, :, 0], cache, positions[:, 0], scale)
     return out[:, :, None], cache, state
-
-
-def dense_over_cache(q, cache: KVCache, positions, scale=None):
-  """Causal exact attention of ``q [B, Hq, S, D]`` at ``positions [B, S]`` over the cache."""
-  return reference.attention(q, cache.k, cache.v, scale=scale, kv_length=cache.length,
-                             q_positions=positions, k_positions=cache.pos)
 
 
 def _check_options(name: str, options: dict, valid: tuple[str, ...]):

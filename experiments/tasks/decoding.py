@@ -3,9 +3,10 @@
 Built on ``models.decode``'s jitted steps (``prefill``, ``decode_step``, ``rectify_step``). What
 this adds for experiments on a CPU:
 
-* **shared prefill**: every method prefills densely, and a plain method (no enhancer state,
-  not a compression method) ends the prompt with exactly dense's cache, so one dense prefill
-  serves them all (a copy each); RESA / retro / compression methods prefill on their own;
+* **shared prefill**: every ``Method`` prefills densely and ends the prompt with exactly
+  dense's cache, and its enhancer state (RESA prior, retro ring) is a function of the prompt,
+  so one prefill of the methods' union serves them all (a copy each); compression methods
+  prefill on their own;
 * **lockstep teacher forcing**: all methods read the same token stream step by step, and the
   per-token NLL and KL(reference || method) are reduced on device, so no ``[N, V]`` logits
   are kept (perplexity under sparse decoding, ReSA Sec. 3.2; KL along a trajectory, ReSA Fig. 1);
@@ -24,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import decode
+from models import decode, steps
 from models.sampling import Sampling
 from sparse_attn import methods as methods_lib
 
@@ -43,29 +44,71 @@ class Prefilled:
   capacity: int
 
 
-def shares_dense_prefill(method) -> bool:
-  """Whether ``method``'s prompt phase is plain dense attention with nothing else kept."""
-  return isinstance(method, methods_lib.Method) and not method.enhanced
+def _prefill_union(group):
+  """One method whose prefill serves every method of ``group`` (same block size, capacity).
+
+  Every ``Method`` prefills densely, so their caches after the prompt are identical; only the
+  enhancer state differs, and that is a function of the prompt alone: RESA's prior depends on
+  ``typical_query``, retro's output ring on the window and the selection layout. The union
+  carries the RESA part and the retro part of the first members that have them; members whose
+  options differ get their own prefill (``_shares_union``).
+  """
+  resa = next((m for m in group if m.resa), None)
+  retro = next((m for m in group if m.window > 1), None)
+  base = retro or resa or group[0]
+  return dataclasses.replace(base, resa=resa is not None,
+                             typical_query=resa.typical_query if resa else base.typical_query)
+
+
+def _shares_union(m, union) -> bool:
+  if type(m) is not methods_lib.Method:  # subclasses (e.g. top-k reuse) keep state of their own
+    return False
+  if m.resa and m.typical_query != union.typical_query:
+    return False
+  return m.window == 1 or (m.window, m.gqa, m.selector == "streaming", m.granularity) == (
+      union.window, union.gqa, union.selector == "streaming", union.granularity)
+
+
+def _project(full, like):
+  """The part of the union's state ``full`` that has the structure of ``like`` (a subset of
+  its dict keys at every level: RESA without retro drops the ring's RESA entries, ...)."""
+  if isinstance(like, dict):
+    return {k: _project(full[k], v) for k, v in like.items()}
+  if full.shape != like.shape or full.dtype != like.dtype:
+    raise AssertionError(f"union state {full.shape} {full.dtype} != {like.shape} {like.dtype}")
+  return full
 
 
 def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, capacity: int,
                 prefill_chunk: int = 512):
   """Yields ``(method, Prefilled)`` for each method, sharing one dense prefill where possible.
 
+  The ``Method``s of one (block size, capacity) share one prefill of their union
+  (``_prefill_union``): the dense cache is copied and each takes its part of the union's
+  enhancer state. Compression methods (their prompt phase evicts) prefill on their own.
   Methods are yielded one at a time (the caller runs one to completion before the next), so
-  at most the shared cache and one working copy are alive.
+  at most the shared prefill and one working copy are alive.
   """
-  shared = {}
+  groups = {}
   for m in method_list:
-    if shares_dense_prefill(m):
-      key = (m.block_size, m.round_capacity(capacity))
+    if type(m) is methods_lib.Method:
+      groups.setdefault((m.block_size, m.round_capacity(capacity)), []).append(m)
+  unions = {key: _prefill_union(g) for key, g in groups.items()}
+  shared = {}
+  copy = lambda t: jax.tree.map(jnp.copy, t)
+  for m in method_list:
+    key = type(m) is methods_lib.Method and (m.block_size, m.round_capacity(capacity))
+    if key and _shares_union(m, unions[key]):
       if key not in shared:
-        dense = methods_lib.make("dense", block_size=m.block_size)
-        shared[key] = decode.prefill(model, prompts, lengths, dense, key[1], prefill_chunk)
-      last, history, caches, _ = shared[key]
-      _, states = decode.init_caches(model.config, m, len(lengths), key[1])
-      copy = lambda t: jax.tree.map(jnp.copy, t)
-      yield m, Prefilled(last, copy(history), copy(caches), states, lengths, key[1])
+        shared.clear()  # one shared prefill alive at a time
+        shared[key] = decode.prefill(model, prompts, lengths, unions[key], key[1],
+                                     prefill_chunk)
+      last, history, caches, states = shared[key]
+      cfg = model.config
+      like = jax.eval_shape(lambda m=m, cap=key[1]: m.init_state(
+          len(lengths), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cap))
+      mine = [_project(layer, like) for layer in states]  # states: per-layer list
+      yield m, Prefilled(last, copy(history), copy(caches), copy(mine), lengths, key[1])
     else:
       cap = m.round_capacity(capacity)
       yield m, Prefilled(*decode.prefill(model, prompts, lengths, m, cap, prefill_chunk),
@@ -101,7 +144,7 @@ def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: b
                                            jnp.asarray(decode.window_positions(newest, f)),
                                            caches, states, config=config, method=method)
     if hook is not None:
-      hook(i, states)
+      hook(i, steps.stack_layers(states))
     out.append(nxt)
   rows = np.asarray(jnp.stack(out, axis=1)).tolist()
   if stop_at_eos:
@@ -176,7 +219,7 @@ def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
             caches, states, config=config, method=m)
       r.update(hist=hist, caches=caches, states=states, logits=logits)
       if hook is not None:
-        hook(k, i + 1, states)
+        hook(k, i + 1, steps.stack_layers(states))
   out = {}
   for k in labels:
     nll, kl, agree = (np.stack([np.asarray(s[j]) for s in stats[k]], axis=1) for j in range(3))

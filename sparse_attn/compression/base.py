@@ -39,6 +39,7 @@ import jax.numpy as jnp
 
 from sparse_attn import reference
 from sparse_attn.cache import KVCache, init_cache, write
+from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.compression import compact as compact_lib
 from sparse_attn.compression import head_budget
 
@@ -162,8 +163,7 @@ class CompressionMethod:
     return state
 
   def _attend(self, q, cache: KVCache, state, positions, scale):
-    out, lse = reference.attention(q, cache.k, cache.v, scale=scale, kv_length=cache.length,
-                                   q_positions=positions, k_positions=cache.pos)
+    out, lse = dense_over_cache(q, cache, positions, scale)
     state = dict(state, next_pos=jnp.maximum(
         state["next_pos"], jnp.max(positions, axis=-1).astype(jnp.int32) + 1))
     scale = reference.default_scale(q.shape[-1], scale)

@@ -15,8 +15,10 @@ import jax.numpy as jnp
 
 from sparse_attn import reference, sparse
 from sparse_attn.cache import KVCache, write
+from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.enhancers import resa, retro
 from sparse_attn.merge import merge_n
+from sparse_attn.ordering import after
 
 
 def init_state(m, batch, num_q_heads, num_kv_heads, head_dim, capacity) -> dict:
@@ -28,11 +30,6 @@ def init_state(m, batch, num_q_heads, num_kv_heads, head_dim, capacity) -> dict:
         batch, num_q_heads, m.selection_heads(num_q_heads, num_kv_heads),
         capacity // m.granularity, m.window, head_dim, m.resa)
   return state
-
-
-def _dense(q, cache: KVCache, positions, scale):
-  return reference.attention(q, cache.k, cache.v, scale=scale, kv_length=cache.length,
-                             q_positions=positions, k_positions=cache.pos)
 
 
 def _dense_entries(m, cache: KVCache, out, lse, positions):
@@ -54,13 +51,15 @@ def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool)
   if m.resa and prior_formed:
     state = {**state, "resa": resa.update_prior(state["resa"], cache, k, v, positions, scale,
                                                 m.prior_update == "incremental")}
+    # The prior update read the overwritten slots: order that read before the write.
+    k, v = (after(x, state["resa"]["osum"], state["resa"]["ksum"]) for x in (k, v))
   return write(cache, k, v, positions), state
 
 
 def _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed):
   scale = reference.default_scale(q.shape[-1], scale)
   cache, state = _write(m, cache, state, k, v, positions, scale, prior_formed)
-  out, lse = _dense(q, cache, positions, scale)
+  out, lse = dense_over_cache(q, cache, positions, scale)
   if "retro" in state:
     ring = retro.store(state["retro"]["ring"], positions,
                        _dense_entries(m, cache, out, lse, positions))

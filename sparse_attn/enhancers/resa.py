@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from sparse_attn import reference
 from sparse_attn.cache import KVCache, gather_blocks
+from sparse_attn.ordering import after
 from sparse_attn.selection import Selection
 
 TYPICAL_QUERIES = ("mean", "last")
@@ -148,7 +149,8 @@ def update_prior(state: dict, cache: KVCache, k_new, v_new, positions, scale: fl
   kcount = state["kcount"] - jnp.sum(old_in_k, -1) + jnp.sum(new_in_k, -1)
   ni = jnp.arange(n)[None, :, None]
   put = jnp.where(ok, slot, t)[:, None, :]
-  prior = state["prior"].at[jnp.arange(b)[:, None, None], ni, put].set(new_p, mode="drop")
+  prior = state["prior"].at[jnp.arange(b)[:, None, None], ni, put].set(after(new_p, old_p),
+                                                                       mode="drop")
   return {**state, "prior": prior, "pmax": pmax, "zsum": jnp.maximum(zsum, 0.0), "osum": osum,
           "ksum": ksum, "kcount": kcount.astype(jnp.int32)}
 
