@@ -151,17 +151,18 @@ def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampli
   out = [np.asarray(nxt)]
   done = np.isin(out[0], list(eos)) if stop_at_eos else np.zeros(len(lengths), bool)
   w, f = method.window, method.rect_interval
+  params = llama.split_layers(model.params)  # the decode layout (see llama.split_layers)
   steps = 0
   for i in range(1, max_new_tokens):
     if stop_at_eos and done.all():
       break
     newest = lengths + i - 1  # position of the token fed in this step
     nxt, _, history, caches, states = decode_step(
-        model.params, history, jnp.asarray(window_positions(newest, w)), caches, states,
+        params, history, jnp.asarray(window_positions(newest, w)), caches, states,
         jax.random.fold_in(key, i), config=config, method=method, sampling=sampling)
     steps += 1
     if f and steps % f == 0:
-      caches, states = rectify_step(model.params, history,
+      caches, states = rectify_step(params, history,
                                     jnp.asarray(window_positions(newest, f)), caches, states,
                                     config=config, method=method)
     out.append(np.asarray(nxt))
@@ -207,15 +208,16 @@ def teacher_forced(model, tokens, prefill_len: int, method, *, prefill_chunk: in
   _, first = sample_from_hidden(model.params, last, jax.random.key(0), config=config,
                                 sampling=Sampling())
   out = [first]
+  params = llama.split_layers(model.params)
   for p in range(prefill_len, n):
     newest = np.full((b,), p, np.int32)
     _, logits, history, caches, states = decode_step(
-        model.params, history, jnp.asarray(window_positions(newest, method.window)), caches,
+        params, history, jnp.asarray(window_positions(newest, method.window)), caches,
         states, jax.random.key(0), config=config, method=method, sampling=Sampling())
     history = history.at[:, :n].set(jnp.asarray(tokens))  # undo the sampled write
     if method.rect_interval and (p - prefill_len + 1) % method.rect_interval == 0:
       caches, states = rectify_step(
-          model.params, history, jnp.asarray(window_positions(newest, method.rect_interval)),
+          params, history, jnp.asarray(window_positions(newest, method.rect_interval)),
           caches, states, config=config, method=method)
     out.append(logits)
   return np.asarray(jnp.stack(out, axis=1))

@@ -140,6 +140,8 @@ def run_layers(params: Params, config: ModelConfig, x, positions, attend, per_la
   block = Block(config)
   if isinstance(per_layer, tuple) and per_layer and isinstance(per_layer[0], list):
     return _run_layers_unrolled(block, params, x, positions, attend, per_layer)
+  if isinstance(params["layers"], list):  # split_layers' form: stack them for the scan
+    params = {**params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *params["layers"])}
 
   def body(carry, xs):
     h, stacked = carry
@@ -155,11 +157,25 @@ def run_layers(params: Params, config: ModelConfig, x, positions, attend, per_la
   return x, per_layer
 
 
+def split_layers(params: Params) -> Params:
+  """``params`` with ``"layers"`` as a list of per-layer trees (one copy of the weights).
+
+  For the unrolled layer loop of decoding: slicing layer ``i`` out of the stacked weights
+  inside a jitted step copies it, every step (~60 ms per token for SmolLM2 on CPU).
+  """
+  layers = params["layers"]
+  if isinstance(layers, list):
+    return params
+  num = jax.tree.leaves(layers)[0].shape[0]
+  return {**params, "layers": [jax.tree.map(lambda a: a[i], layers) for i in range(num)]}
+
+
 def _run_layers_unrolled(block, params, x, positions, attend, per_layer):
-  """``run_layers`` for per-layer inputs given as lists (layers whose caches differ in size)."""
+  """``run_layers`` for per-layer inputs given as lists (the decode layout)."""
   outs = []
+  layers = params["layers"]
   for i, inp in enumerate(zip(*per_layer)):
-    p = jax.tree.map(lambda a: a[i], params["layers"])
+    p = layers[i] if isinstance(layers, list) else jax.tree.map(lambda a: a[i], layers)
     x, out = block.apply({"params": p}, x, positions,
                          lambda q, k, v, inp=inp: attend(q, k, v, inp))
     outs.append(out)

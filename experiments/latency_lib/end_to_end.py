@@ -21,7 +21,7 @@ import numpy as np
 
 from experiments.common import data, modelzoo
 from experiments.latency_lib import per_layer
-from models import decode
+from models import decode, llama
 from models.sampling import Sampling
 from sparse_attn.cache import write
 
@@ -74,12 +74,13 @@ def ours_decode_s(model, method, context: int, steps: int) -> tuple[float, list[
   caches = _fill(caches, jax.random.key(0), context=context)
   caches, states = decode.end_prefill(caches, states, config=config, method=method)
   history = jnp.zeros((1, capacity), jnp.int32)
+  params = llama.split_layers(model.params)
   times = []
   for i in range(steps + 1):
     pos = jnp.asarray(decode.window_positions(np.array([context + i]), method.window))
     t0 = time.perf_counter()
     nxt, _, history, caches, states = decode.decode_step(
-        model.params, history, pos, caches, states, jax.random.key(i), config=config,
+        params, history, pos, caches, states, jax.random.key(i), config=config,
         method=method, sampling=Sampling())
     nxt.block_until_ready()
     times.append(time.perf_counter() - t0)

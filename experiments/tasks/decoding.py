@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import decode, steps
+from models import decode, llama, steps
 from models.sampling import Sampling
 from sparse_attn import methods as methods_lib
 
@@ -121,7 +121,7 @@ def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: b
 
   Returns, per row, the generated ids (cut after the first EOS with ``stop_at_eos``).
   """
-  config, params = model.config, model.params
+  config, params = model.config, llama.split_layers(model.params)
   eos = set(config.eos_token_ids) | set(getattr(model.tokenizer, "eos_ids", ()) or ())
   b = len(pre.lengths)
   nxt, _ = decode.sample_from_hidden(params, pre.last, jax.random.key(0), config=config,
@@ -179,7 +179,7 @@ def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
     label -> ``{"nll", "kl", "agree"}``, each ``[B, N - prefill_len]`` (per predicted token;
     ``kl`` is KL(reference || method) in nats, ``agree`` whether the argmaxes match).
   """
-  config, params = model.config, model.params
+  config, params = model.config, llama.split_layers(model.params)
   tokens = np.asarray(tokens, np.int32)
   b, n = tokens.shape
   if reference not in method_map:
