@@ -53,7 +53,10 @@ def get_config():
   c.transformers = True  # the PyTorch peer (transformers generate, CPU)
   # ---- memory ----
   c.memory_context = 32768
-  c.memory_layers = 4  # layers of the Llama-8B-shaped stack held in memory
+  # Layers of the Llama-8B-shaped stack held in memory (32 = the whole model). Compression
+  # prefills each layer densely and then evicts, so one layer's dense cache is a transient on
+  # top of the kept ones: with few layers it dominates the peak.
+  c.memory_layers = 32
   c.memory_dtype = "bfloat16"
   c.memory_methods = "dense,expected_attention:ratio=0.5,expected_attention:ratio=0.9"
   # ---- RESA overheads ----

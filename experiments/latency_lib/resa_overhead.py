@@ -29,12 +29,12 @@ def run_context(s, context: int, selector: str = "quest:gqa=group") -> list[dict
   cands = []
   for spec in (selector, selector + "+resa"):
     m = per_layer.make_method(spec, s)
-    fn = per_layer._prefill_fn(m)  # pylint: disable=protected-access
+    fn = per_layer.prefill_fn(m)
     init = lambda m=m: m.init_state(1, hq, s.num_kv_heads, d, b.capacity, dtype)
 
     def step(fn=fn, init=init):
-      b.cache, st = fn(b.cache, init(), q, kc, vc, pos)
-      return st
+      out, b.cache, st = fn(b.cache, init(), q, kc, vc, pos)
+      return out, st
     cands.append(timing.Candidate(spec, step))
   timing.interleaved(cands, s.warmup, s.repeats, s.max_seconds_per_context)
   base, resa = cands[0].median_s, cands[1].median_s

@@ -18,6 +18,7 @@ from experiments.common import cli, modelzoo, render, results
 from experiments.tasks import decoding, ruler, scoring, specs
 
 EXPERIMENT = "accuracy"
+CAPACITY_ROUND = 256
 
 
 def _key(model_name, label, s: ruler.Sample) -> str:
@@ -50,7 +51,8 @@ def run(config, workdir: str) -> list[dict]:
       for i, x in enumerate(ids):
         prompts[i, :len(x)] = x
       max_new = config.max_new_tokens or batch[0].max_new_tokens
-      capacity = int(lengths.max()) + max_new
+      # Rounded up so batches of one target length share the compiled steps.
+      capacity = -(-(int(lengths.max()) + max_new) // CAPACITY_ROUND) * CAPACITY_ROUND
       t0 = time.perf_counter()
       for e, (m, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
                                                          [e.method for e in todo], capacity)):
