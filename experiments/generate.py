@@ -30,13 +30,6 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Params/compute d
 flags.DEFINE_integer("width", 60, "Column width of the side-by-side view.")
 
 
-def method_options(budget, block_size) -> dict:
-  opts = {"block_size": block_size}
-  if budget is not None:
-    opts["budget"] = budget if budget <= 1 else int(budget)
-  return opts
-
-
 def run_one(model, ids, method, sampling, max_new_tokens, prefill_chunk):
   """Warm-up (compiles the same shapes), then the timed generation."""
   from models import decode
@@ -59,6 +52,8 @@ def main(argv):
   del argv
   logging.set_verbosity(logging.WARNING)  # orbax is chatty at INFO
   import models
+  from experiments.common import modelzoo
+  from experiments.tasks import specs
   from sparse_attn import methods
 
   model = models.load(FLAGS.model, dtype=FLAGS.dtype)
@@ -69,7 +64,10 @@ def main(argv):
   ids = model.encode(prompt, chat=FLAGS.chat)
   sampling = models.Sampling(FLAGS.temperature, FLAGS.top_p, FLAGS.seed)
   dense = methods.make("dense", block_size=FLAGS.block_size)
-  method = methods.make(FLAGS.method, **method_options(FLAGS.budget, FLAGS.block_size))
+  # specs.build: a budget means the kept fraction for every family (compression: ratio =
+  # 1 - budget), and methods that model RoPE get the model's frequencies.
+  method = specs.build(FLAGS.method, FLAGS.budget, block_size=FLAGS.block_size,
+                       rope_inv_freq=modelzoo.rope_inv_freq(model))
   results = {}
   for label, m in (("dense", dense), (method.spec, method)):
     results[label] = run_one(model, ids, m, sampling, FLAGS.max_new_tokens, FLAGS.prefill_chunk)

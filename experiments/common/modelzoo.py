@@ -12,7 +12,7 @@ import functools
 import jax
 
 import models
-from models import llama
+from models import llama, rope
 from models import tokenizer as tokenizer_lib
 from models.config import ModelConfig, RopeConfig
 from models.loading import Model
@@ -41,3 +41,10 @@ def tiny_random(seed: int = 0) -> Model:
 def load_model(name: str) -> Model:
   """``tiny-random`` or anything ``models.load`` accepts (a registered name or an HF dir)."""
   return tiny_random() if name == TINY else models.load(name)
+
+
+def rope_inv_freq(model: Model) -> tuple:
+  """The model's ``[D/2]`` RoPE inverse frequencies (scaling applied), for methods that model
+  RoPE (``experiments.tasks.specs.build``)."""
+  return tuple(float(f) for f in rope.inverse_frequencies(model.config.rope,
+                                                           model.config.head_dim))

@@ -29,7 +29,8 @@ def run(config, workdir: str) -> list[dict]:
   """Runs the accuracy sweep of ``config`` (see ``configs/accuracy.py``); returns the records."""
   model = modelzoo.load_model(config.model)
   prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
-  entries = specs.expand(config.methods, config.budgets, block_size=config.block_size)
+  entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
+                         rope_inv_freq=modelzoo.rope_inv_freq(model))
   writer = results.ResultWriter(workdir, config, EXPERIMENT)
   samples = ruler.dataset(config.tasks, config.lengths, config.num_samples, prompter,
                           list(config.depths), config.seed, config.haystack)

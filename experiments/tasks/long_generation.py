@@ -64,7 +64,8 @@ class StateProbe:
 def run(config, workdir: str) -> list[dict]:
   model = modelzoo.load_model(config.model)
   writer = results.ResultWriter(workdir, config, EXPERIMENT)
-  entries = specs.expand(config.methods, config.budgets, block_size=config.block_size)
+  entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
+                         rope_inv_freq=modelzoo.rope_inv_freq(model))
   if entries[0].label != "dense":
     entries = [specs.Entry("dense", "dense", None,
                            specs.build("dense", block_size=config.block_size))] + [

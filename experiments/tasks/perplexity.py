@@ -41,9 +41,9 @@ def documents(model, source: str, length: int, count: int, seed: int = 0) -> np.
   return np.stack([np.asarray(ids[s:s + length], np.int32) for s in starts])
 
 
-def _sweep_entries(config) -> list[tuple[str, specs.Entry]]:
+def _sweep_entries(config, rope_inv_freq=None) -> list[tuple[str, specs.Entry]]:
   """(sweep name, entry) for the tail view: methods x budgets, then the f and p sweeps."""
-  opts = dict(block_size=config.block_size)
+  opts = dict(block_size=config.block_size, rope_inv_freq=rope_inv_freq)
   out = [("methods", e) for e in specs.expand(config.methods, config.budgets, **opts)]
   base = config.sweep_selector
   for f in config.rect_fs:
@@ -59,7 +59,7 @@ def _sweep_entries(config) -> list[tuple[str, specs.Entry]]:
 def run(config, workdir: str) -> list[dict]:
   model = modelzoo.load_model(config.model)
   writer = results.ResultWriter(workdir, config, EXPERIMENT)
-  entries = _sweep_entries(config)
+  entries = _sweep_entries(config, modelzoo.rope_inv_freq(model))
   dense = specs.Entry("dense", "dense", None, specs.build("dense", block_size=config.block_size))
   jobs = [("tail", x) for x in config.xs] + [("interval", None)] * bool(config.interval_length)
   progress = cli.Progress(len(jobs), "perplexity")
@@ -69,8 +69,9 @@ def run(config, workdir: str) -> list[dict]:
       rows = [(s, e) for s, e in entries if s == "methods" or x == config.sweep_x]
     else:
       length = config.interval_length
-      rows = [("interval", e) for e in specs.expand(config.interval_methods, config.budgets,
-                                                    block_size=config.block_size)]
+      rows = [("interval", e) for e in specs.expand(
+          config.interval_methods, config.budgets, block_size=config.block_size,
+          rope_inv_freq=modelzoo.rope_inv_freq(model))]
     docs = documents(model, config.text, length, config.num_docs, config.seed)
     key = lambda label: f"{config.model}|{view}|{length}|{x}|{label}"
     labels = {e.label: e for _, e in rows}

@@ -51,8 +51,12 @@ def _split_wrappers(spec: str):
   return "+".join(kept), wrapper, every
 
 
-def build(spec: str, budget: float | None = None, **options):
-  """The method of ``spec`` at ``budget`` (fraction kept; None = the spec's own/default)."""
+def build(spec: str, budget: float | None = None, *, rope_inv_freq=None, **options):
+  """The method of ``spec`` at ``budget`` (fraction kept; None = the spec's own/default).
+
+  ``rope_inv_freq`` (the model's ``[D/2]`` RoPE frequencies) is given to methods that model
+  RoPE (Expected Attention's pre-RoPE query statistics) unless the spec sets their own.
+  """
   base_spec, wrapper, every = _split_wrappers(spec)
   name = parse_spec(base_spec)[0][0]
   opts = dict(options)
@@ -62,6 +66,9 @@ def build(spec: str, budget: float | None = None, **options):
     else:
       opts["budget"] = budget if budget <= 1 else int(budget)
   m = methods.make(base_spec, **opts)
+  if (rope_inv_freq is not None and getattr(m, "rope_inv_freq", False) is None
+      and getattr(m, "rope_theta", None) is None):
+    m = dataclasses.replace(m, rope_inv_freq=tuple(float(f) for f in rope_inv_freq))
   if wrapper is not None:
     m = reuse.TrackedMethod.wrap(m, spec if budget is None else f"{spec}@{budget}", every)
   return m
@@ -75,7 +82,10 @@ def has_own_budget(spec: str) -> bool:
 
 
 def expand(specs, budgets, **options) -> list[Entry]:
-  """Every spec crossed with every budget (see the module docstring), dense-like rows once."""
+  """Every spec crossed with every budget (see the module docstring), dense-like rows once.
+
+  ``options`` go to ``build`` (e.g. ``block_size``, ``rope_inv_freq``).
+  """
   out = []
   for spec in specs:
     if has_own_budget(spec) or not budgets:

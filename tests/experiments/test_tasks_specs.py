@@ -1,0 +1,24 @@
+"""``experiments.tasks.specs``: budgets map to every family, the model's RoPE reaches EA."""
+
+import pytest
+
+from experiments.common import modelzoo
+from experiments.tasks import specs
+
+
+def test_budget_means_kept_fraction_for_every_family():
+  assert specs.build("quest", 0.05).budget.budget == 0.05
+  assert specs.build("expected_attention", 0.05).ratio == pytest.approx(0.95)
+  assert specs.build("quest:budget=256", None).budget.budget == 256
+  labels = [e.label for e in specs.expand(["dense", "quest", "snapkv"], [0.1, 0.2])]
+  assert labels == ["dense", "quest@0.1", "quest@0.2", "snapkv@0.1", "snapkv@0.2"]
+
+
+def test_rope_frequencies_reach_methods_that_model_rope():
+  freqs = modelzoo.rope_inv_freq(modelzoo.tiny_random())
+  assert len(freqs) == modelzoo.tiny_random().config.head_dim // 2
+  ea = specs.build("expected_attention", 0.5, rope_inv_freq=freqs)
+  assert ea.rope_inv_freq == freqs
+  own = specs.build("expected_attention:rope_theta=500000", 0.5, rope_inv_freq=freqs)
+  assert own.rope_inv_freq is None and own.rope_theta == 500000
+  assert specs.build("quest", 0.1, rope_inv_freq=freqs).budget.budget == 0.1  # ignored
