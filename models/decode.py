@@ -55,6 +55,9 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
         f"method {method.spec!r} has sliding_window={getattr(method, 'sliding_window', None)}:"
         " pass models.decode.with_model_window(method, config, capacity) (generate and "
         "teacher_forced do)")
+  check = getattr(method, "check_context", None)  # selectors: refuse a budget choosing nothing
+  if check is not None:
+    check(int(lengths.min()))
   history = np.zeros((b, capacity), np.int32)
   history[:, :s] = prompts
   caches, states = init_caches(config, method, b, capacity)
