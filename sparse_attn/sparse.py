@@ -15,6 +15,21 @@ from sparse_attn import reference
 from sparse_attn.cache import KVCache, gather_blocks
 from sparse_attn.selection import Selection
 
+
+def mask_rows(out, lse, positions):
+  """Rows whose query is padding attended nothing: ``out = 0``, ``lse = -inf``.
+
+  A selection is chosen per head without looking at the query's position, so a padding row
+  (``positions [B] < 0``) would attend whatever its query selected; this enforces the
+  ``(out, lse)`` contract of an empty row (DESIGN invariant 7) on every sparse path.
+
+  Args:
+    out: ``[B, Hq, ..., D]``; lse: ``[B, Hq, ...]``; positions: ``[B]`` int.
+  """
+  live = (positions >= 0).reshape((-1,) + (1,) * (lse.ndim - 1))
+  return jnp.where(live[..., None], out, 0).astype(out.dtype), jnp.where(live, lse, -jnp.inf)
+
+
 def gather_selection(cache: KVCache, sel: Selection):
   """Keys, values and the attend mask of the selected entries.
 
