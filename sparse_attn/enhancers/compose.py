@@ -169,7 +169,7 @@ def _retro_step(m, q, cache, state, positions, scale):
     import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
     o, l = pallas_kernels.sparse_decode_multiquery(
         q, cache.k, cache.v, sel.idx, sel.n_valid, use, positions, cache.length,
-        block_size=g, scale=scale, impl="pallas", interpret=m.interpret)
+        block_size=g, scale=scale, impl="pallas", interpret=m.interpret, pos=cache.pos)
     true = (o.astype(jnp.float32), l)
 
   def with_cache(new, old_o, old_l):
