@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _quick(mod):
-  return mod.apply_quick(mod.get_config())
+  return mod.get_config(quick=True)
 
 
 def _records(workdir):

@@ -28,7 +28,7 @@ def test_traffic_bound_is_resa_memory_model():
 
 def test_quick_run_writes_finite_results(tmp_path):
   config = latency_config.get_config()
-  config.quick = True
+  config.quick = True  # resolved by settings.resolve (experiments.common.quick)
   text = latency_lib.run(config, str(tmp_path))
   for name in ("results.jsonl", "latency.md", "latency.png"):
     assert os.path.getsize(tmp_path / name) > 0
