@@ -7,6 +7,7 @@ import os
 from configs import latency as latency_config
 from experiments import latency_lib
 from experiments.latency_lib import settings, traffic
+from experiments.tasks import report
 from sparse_attn import methods
 
 
@@ -49,3 +50,5 @@ def test_quick_run_writes_finite_results(tmp_path):
   assert mem["expected_attention:ratio=0.5"] < 0.6 * mem["dense"]
   assert math.isfinite(next(r for r in recs if r["section"] == "resa")["overhead_pct"])
   assert "| dense |" in text and "torch SDPA" in text
+  md = open(report.build(str(tmp_path), str(tmp_path / "report")), encoding="utf-8").read()
+  assert "## Decode latency and memory (`results.jsonl`)" in md and "latency.png" in md
