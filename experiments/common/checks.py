@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 # (spec field, budget field) pairs of the configs: every spec is built at every budget.
 SPEC_FIELDS = (("methods", "budgets"), ("interval_methods", "budgets"),
@@ -18,11 +19,18 @@ SPEC_FIELDS = (("methods", "budgets"), ("interval_methods", "budgets"),
 def _known_models() -> tuple:
   """``models.sources.KNOWN_MODELS``, read without running ``models/__init__`` (jax, flax):
   a wrong model name must fail in a blink."""
-  init = importlib.util.find_spec("models").origin
-  spec = importlib.util.spec_from_file_location(
-      "_model_sources", os.path.join(os.path.dirname(init), "sources.py"))
-  sources = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(sources)
+  sources = sys.modules.get("models.sources") or sys.modules.get("_model_sources")
+  if sources is None:
+    init = importlib.util.find_spec("models").origin
+    spec = importlib.util.spec_from_file_location(
+        "_model_sources", os.path.join(os.path.dirname(init), "sources.py"))
+    sources = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = sources  # dataclasses look their module up while it executes
+    try:
+      spec.loader.exec_module(sources)
+    except Exception:  # pylint: disable=broad-except (fall back to the full package import)
+      del sys.modules[spec.name]
+      from models import sources  # pylint: disable=g-import-not-at-top,redefined-outer-name
   return tuple(sources.KNOWN_MODELS)
 
 
