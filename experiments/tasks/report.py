@@ -11,10 +11,11 @@ import collections
 import os
 
 from experiments.common import render, results
-from experiments.tasks import accuracy, long_generation, perplexity
+from experiments.tasks import accuracy_report, long_generation, perplexity
 
 RENDERERS = {
-    "accuracy": (accuracy.tables, lambda r, d: [accuracy.figure(r, d)]),
+    "accuracy": (lambda r: accuracy_report.tables(r) + list(
+        filter(None, [accuracy_report.paired_section(r)])), accuracy_report.figures),
     "perplexity": (perplexity.tables, perplexity.figures),
     "long_generation": (long_generation.tables, long_generation.figures),
 }
