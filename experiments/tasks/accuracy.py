@@ -24,6 +24,7 @@ import numpy as np
 
 from experiments.common import cli, modelzoo, results
 from experiments.tasks import accuracy_report, decoding, ruler, scoring, specs
+from sparse_attn.compression.base import CompressionMethod
 
 EXPERIMENT = "accuracy"
 PROTOCOLS = ("query_aware", "query_agnostic")
@@ -57,8 +58,8 @@ def attended_tokens(method, context: int):
 
 
 def kv_kept(pre: decoding.Prefilled) -> list[float] | None:
-  """Per row, the mean tokens per kv head left in a compression method's cache (None: no
-  eviction, the whole prompt is cached)."""
+  """Per row, the mean tokens per kv head left in a compression method's cache after its
+  prefill (mean over layers and heads)."""
   caches = pre.caches if isinstance(pre.caches, list) else None
   if not caches or not hasattr(caches[0], "valid"):
     return None
@@ -126,7 +127,7 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
       t0 = time.perf_counter()
       for e, (m, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
                                                          [e.method for e in todo], capacity)):
-        kept = kv_kept(pre)
+        kept = kv_kept(pre) if isinstance(m, CompressionMethod) else None
         if protocol == "query_agnostic":
           pre = decoding.extend(model, pre, m, suffix, suffix_lengths)
         rows = decoding.greedy(model, pre, m, max_new)

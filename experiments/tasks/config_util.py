@@ -11,10 +11,11 @@ import importlib
 
 
 def resolve(config, name: str):
-  """The config with quick values applied when ``config.quick`` (``configs/NAME.py``)."""
+  """The config with quick values applied when ``config.quick`` (``configs/NAME.py``, or the
+  config's own ``config_name`` when one file serves several configs of an experiment)."""
   if not config.get("quick", False):
     return config
-  module = importlib.import_module(f"configs.{name}")
+  module = importlib.import_module(f"configs.{config.get('config_name', name)}")
   full, quick = module.get_config(False), module.get_config(True)
   out = config.copy_and_resolve_references()
   with out.unlocked():

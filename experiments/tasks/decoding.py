@@ -89,9 +89,17 @@ def _project(full, like):
   return full
 
 
-def _shared_key(m, capacity):
-  """The group of methods ``m`` shares a prefill with, or None (its own prefill)."""
+def _shared_key(m, capacity, with_compression: bool = False):
+  """The group of methods ``m`` shares a prefill with, or None (its own prefill).
+
+  Dense attention joins the compression methods' group when there is one
+  (``with_compression`` and a compression method of the same block size and capacity): their
+  prefill is dense and leaves the cache at slots = positions, which is exactly dense's cache,
+  and dense keeps no state.
+  """
   if type(m) is methods_lib.Method:
+    if with_compression and m.is_dense and not m.enhanced:
+      return ("compression", m.block_size, m.round_capacity(capacity))
     return ("method", m.block_size, m.round_capacity(capacity))
   if isinstance(m, CompressionMethod) and not isinstance(m, compression_union.CompressionUnion):
     return ("compression", m.block_size, m.round_capacity(capacity))
@@ -109,18 +117,23 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
   yielded one at a time (the caller runs one to completion before the next), so at most the
   shared prefill and one working copy are alive.
   """
+  compressed = {_shared_key(m, capacity) for m in method_list
+                if isinstance(m, CompressionMethod)}
+  key_of = lambda m: (k if (k := _shared_key(m, capacity, True)) in compressed
+                      else _shared_key(m, capacity))
   groups = {}
   for m in method_list:
-    key = _shared_key(m, capacity)
-    if key is not None:
-      groups.setdefault(key, []).append(m)
+    if key_of(m) is not None:
+      groups.setdefault(key_of(m), []).append(m)
   unions = {key: (_prefill_union(g) if key[0] == "method" else
-                  compression_union.CompressionUnion.of(g)) for key, g in groups.items()}
+                  compression_union.CompressionUnion.of(
+                      [m for m in g if isinstance(m, CompressionMethod)]))
+            for key, g in groups.items()}
   shared = {}
   copy = lambda t: jax.tree.map(jnp.copy, t)
   cfg = model.config
   for m in method_list:
-    key = _shared_key(m, capacity)
+    key = key_of(m)
     if key is None or (key[0] == "method" and not _shares_union(m, unions[key])):
       cap = m.round_capacity(capacity)
       yield m, Prefilled(*decode.prefill(model, prompts, lengths, m, cap, prefill_chunk),
@@ -130,9 +143,12 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
       shared.clear()  # one shared prefill alive at a time
       shared[key] = decode.prefill(model, prompts, lengths, unions[key], key[2], prefill_chunk)
     last, history, caches, states = shared[key]
-    if key[0] == "compression":
+    if key[0] == "compression" and isinstance(m, CompressionMethod):
       mine_caches, mine = compression_union.split(unions[key], m, caches, states, cfg)
       yield m, Prefilled(last, copy(history), mine_caches, mine, lengths, key[2])
+      continue
+    if key[0] == "compression":  # dense: the union's cache as it is, no state
+      yield m, Prefilled(last, copy(history), copy(caches), [{} for _ in caches], lengths, key[2])
       continue
     like = jax.eval_shape(lambda m=m, cap=key[2]: m.init_state(
         len(lengths), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cap))

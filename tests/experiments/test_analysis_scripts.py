@@ -8,16 +8,11 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from configs import attention_error as ae_config
-from configs import budget_reduction as br_config
 from configs import resa_calibrate as rc_config
-from configs import resa_lambda as rl_config
-from experiments.analysis import (budget_experiment, calibrate_experiment, error_experiment,
-                                  lambda_experiment)
+from experiments.analysis import calibrate_experiment, error_experiment
 from experiments.common import results
-from sparse_attn import methods
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -76,27 +71,6 @@ def test_attention_error_quick(tmp_path):
   assert np.all(np.isfinite(recs["quest+retro:w=2"]["out_rel_l2_retired"]))
   resa = next(r for r in red if r["resa"].startswith("quest+resa:lam=1"))
   assert resa["score_l1_reduction"] > 0
-
-
-def test_resa_lambda_quick(tmp_path):
-  rows = lambda_experiment.run(_quick(rl_config), str(tmp_path))
-  assert (tmp_path / "fig7a_lambda_sweep.png").exists()
-  assert {r["task"] for r in rows} == {"squad", "longdoc"}
-  for r in rows:
-    assert np.isfinite(r["nll"]) and r["nll"] > 0 and r["quality"] > 0
-
-
-def test_budget_reduction_quick(tmp_path):
-  try:
-    methods.make("quest", adakv=0.2, budget=0.1)
-    methods.make("quest", topp=0.9, budget=0.5)
-  except (ValueError, TypeError) as e:
-    pytest.skip(f"adaptive selection not wired into methods.make yet: {e}")
-  red = budget_experiment.run(_quick(br_config), str(tmp_path))
-  assert (tmp_path / "fig7b_budget_reduction.png").exists()
-  assert {r["family"] for r in red} == {"quest:topp", "quest:adakv"}
-  for r in _records(str(tmp_path)):
-    assert 0 < r["measured_budget"] <= 1 and np.isfinite(r["nll"])
 
 
 def test_resa_calibrate_quick(tmp_path):
