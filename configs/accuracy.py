@@ -37,7 +37,6 @@ MEASURED = {}
 def get_config(quick: bool = False):
   c = config_dict.ConfigDict()
   c.quick = quick
-  c.config_name = "accuracy"
   c.model = "qwen2.5-coder-0.5b-instruct"
   c.protocol = "query_aware"
   c.methods = ("dense", "quest", "resa-quest", "arkvale", "resa-arkvale", "topk", "resa-topk",

@@ -26,7 +26,6 @@ BASELINES = ("snapkv", "tova", "h2o", "keydiff", "knorm", "streaming_llm")
 
 def get_config(quick: bool = False):
   c = accuracy.get_config(quick)
-  c.config_name = "accuracy_compression"
   c.protocol = "query_agnostic"
   c.methods = ("dense", "expected-attention") + BASELINES
   c.budgets = (0.75, 0.5, 0.25, 0.1)

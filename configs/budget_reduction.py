@@ -19,9 +19,8 @@ same 50).
 from configs import accuracy
 
 
-def get_config():
+def get_config(quick: bool = False):
   c = accuracy.get_config(False)
-  c.config_name = "budget_reduction"
   c.methods = ()
   c.budgets = ()
   c.pairs = ()
@@ -37,10 +36,12 @@ def get_config():
   c.resa_options = "lam=1.0"
   c.tolerance = 0.02  # accuracy >= dense - tolerance (absolute)
   c.budget_steps = 16  # decode steps for the measured budget
-  return c
+  c.quick = quick
+  return _apply_quick(c) if quick else c
 
 
-def apply_quick(c):
+def _apply_quick(c):
+  """The quick (CI) values: ``get_config(quick=True)``, resolved by ``experiments.common.quick``."""
   c.model = "tiny-random"
   c.tasks = ("niah_single_1",)
   c.lengths = (320,)

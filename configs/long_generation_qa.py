@@ -27,7 +27,6 @@ RETRO_B05 = "retro:budget=0.05,min_tokens=64"
 
 def get_config(quick: bool = False):
   c = accuracy.get_config(quick)
-  c.config_name = "long_generation_qa"
   c.methods = ("dense", QUEST_B15, "retro", "retro:w=4", QUEST_B05, RETRO_B05)
   c.budgets = ()
   c.pairs = (("retro", QUEST_B15), ("retro:w=4", QUEST_B15), (RETRO_B05, QUEST_B05))

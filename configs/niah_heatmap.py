@@ -20,7 +20,6 @@ from configs import accuracy_compression
 
 def get_config(quick: bool = False):
   c = accuracy_compression.get_config(quick)
-  c.config_name = "niah_heatmap"
   c.heatmap = True
   ea = "expected-attention:eps=0"
   c.methods = ("dense", ea) + accuracy_compression.BASELINES

@@ -33,7 +33,6 @@ RETRO_QUEST = "quest:budget=0.15,min_tokens=256,n_sink=0,local_window=1,forced_c
 def get_config(quick: bool = False):
   c = config_dict.ConfigDict()
   c.quick = quick
-  c.config_name = "perplexity"
   c.model = "smollm2-135m-instruct"
   c.text = "austen"
   c.methods = ("dense", RESA_SELECTION + ",p=0.1", "rectified")

@@ -18,9 +18,8 @@ Samples: 50 per task, i.e. every (task, lambda, form) cell holds 50 paired sampl
 from configs import accuracy
 
 
-def get_config():
+def get_config(quick: bool = False):
   c = accuracy.get_config(False)
-  c.config_name = "resa_lambda"
   c.method = "resa-quest"
   c.budget = 0.025
   c.lambdas = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -31,10 +30,12 @@ def get_config():
   c.lengths = (2048,)
   c.num_samples = 50
   c.batch_size = 5
-  return c
+  c.quick = quick
+  return _apply_quick(c) if quick else c
 
 
-def apply_quick(c):
+def _apply_quick(c):
+  """The quick (CI) values: ``get_config(quick=True)``, resolved by ``experiments.common.quick``."""
   c.model = "tiny-random"
   c.budget = 0.1
   c.lambdas = (0.0, 0.5, 1.0)

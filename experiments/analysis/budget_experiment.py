@@ -84,7 +84,8 @@ class _Rows:
 def run(config, workdir: str) -> list[dict]:
   rows = _Rows(config)
   records = accuracy.run(config, workdir, experiment=NAME, entries=rows.entries,
-                         fields=rows.fields, write=False)
+                         fields=rows.fields, write=False,
+                         keyed=("families", "topp_taus", "adakv_budgets"))
   return render_all(records, workdir)
 
 

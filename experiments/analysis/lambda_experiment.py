@@ -43,7 +43,7 @@ def _fields(entry) -> dict:
 
 def run(config, workdir: str) -> list[dict]:
   records = accuracy.run(config, workdir, experiment=NAME, fields=_fields, write=False,
-                         entries=lambda model: entries(config, model))
+                         entries=lambda model: entries(config, model), keyed=("lambdas",))
   return render_all(records, workdir)
 
 

@@ -27,6 +27,9 @@ from experiments.tasks import accuracy_report, decoding, ruler, scoring, specs
 from sparse_attn.compression.base import CompressionMethod
 
 EXPERIMENT = "accuracy"
+# In every record's key (extending them reuses finished rows); reporting-only fields ignored.
+KEYED = ("model", "protocol", "methods", "budgets", "tasks", "lengths")
+IGNORED = ("pairs", "heatmap")
 PROTOCOLS = ("query_aware", "query_agnostic")
 CAPACITY_ROUND = 256
 
@@ -81,7 +84,7 @@ def entries_of(config, model) -> list[specs.Entry]:
 
 
 def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
-        fields=None, write=True) -> list[dict]:
+        fields=None, write=True, keyed=()) -> list[dict]:
   """Runs the accuracy sweep of ``config`` (see ``configs/accuracy.py``); returns the records.
 
   Args:
@@ -90,6 +93,7 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
     entries: ``model -> [specs.Entry]`` (default: ``config.methods`` x ``config.budgets``).
     fields: ``Entry -> dict`` of extra record fields (e.g. the lambda of a sweep row).
     write: render ``accuracy.md`` into the workdir at the end.
+    keyed: further config fields whose value is in every record's key (the sweep's axes).
   """
   model = modelzoo.load_model(config.model)
   prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
@@ -97,7 +101,8 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
   protocol = config.get("protocol", "query_aware")
   if protocol not in PROTOCOLS:
     raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
-  writer = results.ResultWriter(workdir, config, experiment)
+  writer = results.ResultWriter(workdir, config, experiment, keyed=KEYED + tuple(keyed),
+                                ignore=IGNORED)
   samples = ruler.dataset(config.tasks, config.lengths, config.num_samples, prompter,
                           list(config.depths), config.seed, config.haystack,
                           **_task_options(config))

@@ -95,7 +95,7 @@ def test_long_generation_qa_quick(root):
 
 
 def test_resa_lambda_quick(tmp_path):
-  cfg = rl_config.apply_quick(rl_config.get_config())
+  cfg = rl_config.get_config(True)
   rows = lambda_experiment.run(cfg, str(tmp_path))
   assert (tmp_path / "fig7a_lambda_sweep.png").exists()
   # dense, lam 0 and 1 once, lam 0.5 in both forms; every cell over the same samples
@@ -109,7 +109,7 @@ def test_resa_lambda_quick(tmp_path):
 
 
 def test_budget_reduction_quick(tmp_path):
-  cfg = br_config.apply_quick(br_config.get_config())
+  cfg = br_config.get_config(True)
   red = budget_experiment.run(cfg, str(tmp_path))
   assert (tmp_path / "fig7b_budget_reduction.png").exists()
   assert {r["family"] for r in red} == {"quest:topp", "quest:adakv"}
