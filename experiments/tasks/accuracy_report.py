@@ -125,10 +125,10 @@ def paired_rows(records) -> list[dict]:
 def _difference(xa, xb) -> dict:
   """Mean difference ``a - b`` (points) with its paired-bootstrap 95% interval, and McNemar's
   exact p-value when every score is 0 or 1."""
-  boot = stats.paired_bootstrap(xa, xb)
-  out = dict(diff=100 * boot.diff, lo=100 * boot.lo, hi=100 * boot.hi)
+  diff, lo, hi = stats.paired_bootstrap(xa, xb)
+  out = dict(diff=100 * diff, lo=100 * lo, hi=100 * hi)
   binary = np.isin(xa, (0.0, 1.0)).all() and np.isin(xb, (0.0, 1.0)).all()
-  out["mcnemar_p"] = stats.mcnemar(xa.astype(bool), xb.astype(bool)).p if binary else ""
+  out["mcnemar_p"] = stats.mcnemar(xa, xb) if binary else ""
   return out
 
 
