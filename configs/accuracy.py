@@ -30,8 +30,6 @@ from ml_collections import config_dict
 RESA_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1",
               "niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt",
               "cwe", "fwe", "qa")
-# Measured seconds per sample (filled from the timing runs; see the module docstring).
-MEASURED = {}
 
 
 def get_config(quick: bool = False):
