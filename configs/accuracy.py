@@ -17,12 +17,18 @@ preset at p = 0.1 / 0.05 / 0.02 (f = 32, group-shared selection, n_min = 16); Re
 ``retro`` preset (b = 0.15, 256-token minimum, w = 2). Pairs "+RESA vs its selector" are
 reported on the same samples with a paired bootstrap interval and McNemar's test.
 
-Samples: ``num_samples`` = 5 per (task, length) over 11 tasks, so every method x budget x length
-average (the headline cell) holds 55 samples (5 per task cell); needle depths sweep [0, 1].
+Samples: ``num_samples`` = 5 per (task, length) over 12 tasks, so every method x budget x length
+average (the headline cell) holds 60 samples (5 per task cell); needle depths sweep [0, 1].
 
-Cost on this machine (2 cores; measured with a 4-sample batch at 4k under a load average of
-~12 from other jobs, scaled to an idle machine by the load, see the report of the protocols
-branch): one shared prefill per batch for all 23 method rows; see ``MEASURED`` below.
+Cost on this machine (2 cores). Measured (main at 410de26, 4 prompts of 4096 tokens, load
+average 4-12 from other jobs): the shared dense prefill took 879 s wall (~220 s per prompt;
+~55 s per prompt on an idle machine, scaling by the CPU share), 16 greedy steps of the batch
+116 s (dense), 147 s (quest), 208 s (quest+resa), compilation included. Model for an idle
+machine: ~55 s (4k) / ~130 s (8k) of prefill per prompt, shared by all 23 rows, plus ~1 s per
+decode step of a 5-prompt batch per row (~32 steps per task on average) and ~30 s of
+compilation per row and length. Estimates: 4k ~3.5 h, 8k ~5.5 h for the whole grid; the first
+slice (dense, quest, resa-quest at 2.5%, 4k: 3 rows x 60 prompts) ~75 min. The progress line
+prints the measured rate and ETA within the first batch; run the grid in slices.
 """
 
 from ml_collections import config_dict

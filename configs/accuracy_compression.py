@@ -16,7 +16,13 @@ eps = 0.01, covariance and value norm); the baselines run with their own default
 per batch serves every method and ratio (``experiments.tasks.compression_union``); dense reads
 the same cache. "EA vs each baseline" is paired on the same samples (paired bootstrap, McNemar).
 
-Samples: 5 per (task, length) over the 11 tasks: 55 per method x ratio (the headline cell).
+Samples: 5 per (task, length) over the 12 tasks: 60 per method x ratio (the headline cell).
+
+Cost (2 cores, idle-machine estimate from the measurements in ``configs/accuracy.py``): one
+shared prefill per 5-prompt batch (~1.3x dense for H2O's accumulated scores: ~70 s per prompt),
+then per row the question (~60 tokens) and the answer (~32 tokens) read one token at a time
+(~0.7 s per step of the batch on a compressed cache): ~29 rows x ~92 steps per batch. The full
+grid ~7 h; ratio 0.5 alone (8 rows) ~3 h; EA, SnapKV and dense at 0.5 ~1.3 h.
 """
 
 from configs import accuracy

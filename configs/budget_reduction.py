@@ -14,6 +14,10 @@ context on oracle inputs of the first prompt (``experiments/analysis/errors.py``
 
 Samples: 50 prompts of ``niah_multikey_2`` at 2k tokens (every row's accuracy is over the
 same 50).
+
+Cost (2 cores, idle-machine estimate, see ``configs/accuracy.py``): ~25 s of shared prefill per
+2k prompt (~20 min) plus 21 rows x 16 steps per 5-prompt batch at ~0.5 s (~3 min per batch,
+~30 min), plus one oracle capture of the first prompt: ~1 h in all.
 """
 
 from configs import accuracy

@@ -13,6 +13,10 @@ title) and the paired EA-vs-baseline differences.
 
 Samples: ``depths`` x ``num_samples`` per length: 6 depths x 3 seeds x 3 lengths = 54 per
 method (the headline cell: the whole heatmap's mean).
+
+Cost (2 cores, idle-machine estimate, see ``configs/accuracy.py``): prefill of 18 prompts per
+length (~25 / 55 / 110 s per prompt at 1k / 2k / 4k with H2O's scores) ~1 h, plus 8 rows x
+~45 steps (question + 16-token answer) per 6-prompt batch at ~0.5 s: ~1.5 h in all.
 """
 
 from configs import accuracy_compression

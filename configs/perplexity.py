@@ -22,6 +22,12 @@ with the retrospective window (w = 2), perplexity per 512-token interval. The pa
 
 Samples: ``num_docs`` = 4 documents x 32 scored tokens per tail cell (128 tokens), 2 documents
 x 4096 decoded tokens in the interval view; documents run one at a time (``doc_batch``).
+
+Cost (2 cores, idle-machine estimate; SmolLM2 is ~4x cheaper per token than Qwen): an 8k
+prefill ~25 s; lockstep decoding ~0.05 s per step and row. Tail: 3 x per document, with 3 / 3 /
+13 rows over 32 / 256 / 1024 steps: ~12 min per document, ~50 min for 4. Interval: 3 rows x
+4095 steps per document, ~10 min each, ~20 min. Memory: every row's 8k cache (~380 MB) is alive
+in the lockstep (13 rows at x = 1024: ~5 GB).
 """
 
 from ml_collections import config_dict

@@ -13,6 +13,10 @@ down (at 2.5% the selector still chooses 4 blocks by score besides the 4 sinks a
 tokens).
 
 Samples: 50 per task, i.e. every (task, lambda, form) cell holds 50 paired samples.
+
+Cost (2 cores, idle-machine estimate, see ``configs/accuracy.py``): ~25 s of shared prefill per
+2k prompt (100 prompts, ~45 min) plus 9 rows x ~16 / 64 steps per 5-prompt batch (niah / cwe)
+at ~0.5 s: ~1.2 h in all.
 """
 
 from configs import accuracy
