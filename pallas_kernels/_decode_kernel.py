@@ -20,7 +20,12 @@ Optional extras, all static flags of the same body:
   * ``prior``: RESA prior logits ``P_j`` accumulated alongside (same blocks, same V tile).
   * ``row_bits``: ``[n, A]`` int32; row ``r`` may use entry ``e`` iff bit ``r % C`` of word
     ``row_bits[e, min(r // C, A - 1)]`` is set (``C = bits_per_word``).
-  * ``row_limit``: per-row last slot (RetroAttention's causal limit per window query).
+  * ``row_limit``: per-row last token position (RetroAttention's causal limit per window query).
+  * ``pos``: ``[T]`` token position of each slot of the kv head (-1 = empty; a compacted cache has
+    holes below ``length``), loaded for the tile's slots next to K. A slot is attended iff
+    ``slot < length`` and ``pos >= 0`` (``KVCache.valid``, the jnp path's rule), and under
+    ``row_limit`` iff ``pos <= limit``. Without it every slot holds the position equal to its
+    index.
 
 Letters: B batch, K kv heads, P program heads, R rows, n list length, S splits, T slots, D head
 dim, J blocks per iteration, A row-bit words per entry.
@@ -82,10 +87,11 @@ def split_bounds(n_valid, split, *, list_len: int, max_splits: int, blocks_per_i
 def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: int,
                    blocks_per_iter: int, max_splits: int, num_blocks: int, list_len: int,
                    bit_words: int, bits_per_word: int, with_prior: bool, with_bits: bool,
-                   with_limit: bool):
+                   with_limit: bool, with_pos: bool):
   """Kernel body; refs are one program's views (see ``decode_partials`` for the layout)."""
   it = iter(refs)
   q_ref, k_ref, v_ref, idx_ref, nvalid_ref, length_ref = (next(it) for _ in range(6))
+  pos_ref = next(it) if with_pos else None
   prior_ref = next(it) if with_prior else None
   bits_ref = next(it) if with_bits else None
   lim_ref = next(it) if with_limit else None
@@ -145,6 +151,12 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
     at = (slots[:, None], col[None, :])
     k = plgpu.load(k_ref.at[at], mask=kv_mask, other=0).astype(cdt)
     v = plgpu.load(v_ref.at[at], mask=kv_mask, other=0)
+    # [W] token positions, loaded beside K/V rather than gating their loads (an empty slot holds
+    # zero K/V, so its lanes stay finite until masked below).
+    pos = slots
+    if with_pos:
+      pos = plgpu.load(pos_ref.at[slots], mask=use, other=-1)
+      use = use & (pos >= 0)
     if cdt == jnp.float32:  # mixed f32 / bf16 inputs: an exact f32 p.v
       v = v.astype(cdt)
     # [Rp, W]
@@ -154,7 +166,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
       w2 = words[None, :] if bit_words == 1 else words
       ok = ok & ((jnp.right_shift(w2, bit_of_row[:, None]) & 1) > 0)
     if with_limit:
-      ok = ok & (slots[None, :] <= limit[:, None])
+      ok = ok & (pos[None, :] <= limit[:, None])
     s = jnp.where(ok, s, NEG_INF)
     main = _online_update(carry[1], s, v, precision)
     if not with_prior:
@@ -186,7 +198,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
 
 
 def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=None,
-                    row_limit=None, *, block_size: int, scale: float, tiles: TileConfig,
+                    row_limit=None, pos=None, *, block_size: int, scale: float, tiles: TileConfig,
                     interpret: bool, bits_per_word: int = 1):
   """Runs the kernel and combines its splits.
 
@@ -197,7 +209,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
     block_idx: ``[B, P, n]`` int32 block lists; ``n_valid [B, P]``; ``length [B]``.
     prior: optional ``[B, P, R, T]`` float32 RESA prior logits.
     row_bits: optional ``[B, P, n, A]`` int32 per-(entry, row) bits (see the module doc).
-    row_limit: optional ``[B, P, R]`` int32, the last slot each row may attend.
+    row_limit: optional ``[B, P, R]`` int32, the last token position each row may attend.
+    pos: optional ``[B, K, T]`` int32 token position of each slot (-1 = empty); None: ``slot``.
     block_size, scale, tiles, interpret: static; ``bits_per_word``: static ``C``.
 
   Returns:
@@ -207,8 +220,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
   kh, t = k.shape[1], k.shape[2]
   n = block_idx.shape[-1]
   ratio = p // kh
-  with_prior, with_bits, with_limit = (prior is not None, row_bits is not None,
-                                       row_limit is not None)
+  with_prior, with_bits, with_limit, with_pos = (prior is not None, row_bits is not None,
+                                                 row_limit is not None, pos is not None)
   per_iter = tiles.blocks_per_iter or max(
       1, tokens_per_iter(d, jnp.dtype(k.dtype).itemsize, tiles.num_stages) // block_size)
   per_iter = min(per_iter, pad_rows(n, 1))
@@ -220,7 +233,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       _decode_kernel, block_size=block_size, scale=float(scale), rows=r, head_dim=d,
       blocks_per_iter=per_iter, max_splits=splits, num_blocks=t // block_size, list_len=n,
       bit_words=bit_words, bits_per_word=bits_per_word, with_prior=with_prior,
-      with_bits=with_bits, with_limit=with_limit)
+      with_bits=with_bits, with_limit=with_limit, with_pos=with_pos)
   head = lambda bi, pi, si: (bi, pi, 0, 0)
   kv = pl.BlockSpec((None, None, t, d), lambda bi, pi, si: (bi, pi // ratio, 0, 0))
   in_specs = [
@@ -231,6 +244,9 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
   ]
   args = [q, k, v, block_idx.astype(jnp.int32), n_valid.astype(jnp.int32),
           length.astype(jnp.int32)]
+  if with_pos:
+    in_specs.append(pl.BlockSpec((None, None, t), lambda bi, pi, si: (bi, pi // ratio, 0)))
+    args.append(pos.astype(jnp.int32))
   if with_prior:
     in_specs.append(pl.BlockSpec((None, None, r, t), head))
     args.append(prior.astype(jnp.float32))

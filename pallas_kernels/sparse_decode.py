@@ -1,9 +1,10 @@
 """Sparse flash-decoding over a list of selected KV blocks: ``sparse_decode`` and its reference.
 
 One query per head attends exactly the listed blocks of its kv head (Quest / ArkVale style block
-selection), with token-level masking of slots ``>= length``. The Pallas path runs one program per
-(batch, kv head, split) over the kv head's list (the union of its query heads' lists for
-per-head selection) and merges the splits by log-sum-exp (flash-decoding).
+selection), with token-level masking of slots ``>= length`` and of empty slots (``pos < 0``, a
+compacted cache's holes). The Pallas path runs one program per (batch, kv head, split) over the kv
+head's list (the union of its query heads' lists for per-head selection) and merges the splits by
+log-sum-exp (flash-decoding).
 
 Letters: B batch, N query heads (Hq), K kv heads (Hkv), G = N // K, H selection heads (K or N),
 n list length, T cache slots, D head dim.
@@ -47,7 +48,7 @@ def kv_head_lists(block_idx, n_valid, hq: int, hkv: int, num_blocks: int, payloa
 
 
 def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: int,
-                            scale: float | None = None):
+                            scale: float | None = None, pos=None):
   """Plain-jnp sparse decode: gather the listed blocks, masked softmax in float32.
 
   Args: as ``sparse_decode``.
@@ -62,7 +63,7 @@ def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: 
   # [B, H, L, D] with L = n * block_size
   kg = _common.gather_blocks(k, block_idx, block_size)
   vg = _common.gather_blocks(v, block_idx, block_size)
-  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size)
+  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size, pos)
   # [B, H, R, D]
   qr = q.reshape(b, hs, rows, d)
   # [B, H, R, L]
@@ -78,7 +79,7 @@ def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: 
 def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
                   scale: float | None = None, num_splits: int | None = None, impl: str = "auto",
                   interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
-                  blocks_per_iter: int | None = None):
+                  blocks_per_iter: int | None = None, pos=None):
   """Exact attention of one query per head over the listed KV blocks.
 
   Args:
@@ -89,6 +90,9 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
       Ids are distinct; entries at ``i >= n_valid`` are ignored.
     n_valid: ``[B, H]`` int32 number of valid list entries.
     length: ``[B]`` int32; slots ``>= length`` are never attended.
+    pos: optional ``[B, K, T]`` int32 token position held by each slot (``KVCache.pos``; -1 =
+      empty, never attended: a compacted cache has such holes below ``length``). None: every
+      slot below ``length`` holds a token.
     block_size: tokens per block (static; a power of 2 >= 16).
     scale: softmax scale (static), default ``1/sqrt(D)``.
     num_splits: most split-K slices (static), default from the problem size; fewer are used
@@ -108,7 +112,7 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   _common.check_block_size(block_size, k.shape[2])
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
-                                   scale=scale)
+                                   scale=scale, pos=pos)
   b, hq, d = q.shape
   hkv, n = k.shape[1], block_idx.shape[2]
   selection_rows(hq, hkv, block_idx.shape[1])
@@ -118,7 +122,7 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
   [(out, lse)] = decode_partials(
-      q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length,
+      q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
       row_bits=None if words is None else _union.head_bits(words), bits_per_word=hq // hkv,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)

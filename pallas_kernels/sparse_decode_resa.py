@@ -28,7 +28,7 @@ from pallas_kernels.sparse_decode import (default_scale, kv_head_lists, selectio
 
 
 def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
-                                 scale: float | None = None):
+                                 scale: float | None = None, pos=None):
   """Plain-jnp RESA-fused sparse decode (gather the listed blocks and priors, f32 softmax).
 
   Args: as ``sparse_decode_resa``.
@@ -40,13 +40,13 @@ def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, 
   hs = block_idx.shape[1]
   rows = selection_rows(hq, k.shape[1], hs)
   out, lse = sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
-                                     scale=scale)
+                                     scale=scale, pos=pos)
   # [B, H, T, R]: the prior of each row, slots first so blocks gather like keys.
   pr = jnp.swapaxes(prior.astype(jnp.float32).reshape(b, hs, rows, -1), 2, 3)
   # [B, H, R, L]
   pg = jnp.swapaxes(_common.gather_blocks(pr, block_idx, block_size), 2, 3)
   vg = _common.gather_blocks(v, block_idx, block_size)
-  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size)
+  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size, pos)
   p_out, p_lse = _common.masked_softmax_sum(pg, ok[:, :, None, :], vg)
   return out, lse, p_out.reshape(b, hq, d), p_lse.reshape(b, hq)
 
@@ -57,7 +57,7 @@ def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, 
 def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
                        scale: float | None = None, num_splits: int | None = None,
                        impl: str = "auto", interpret: bool = False, num_warps: int = 4,
-                       num_stages: int = 3, blocks_per_iter: int | None = None):
+                       num_stages: int = 3, blocks_per_iter: int | None = None, pos=None):
   """``sparse_decode`` plus RESA's prior statistics over the same selected positions.
 
   Args:
@@ -66,6 +66,9 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
     prior: ``[B, N, T]`` float32 RESA prior logits ``P_j`` (already scaled) of every slot.
     block_idx: ``[B, H, n]`` int32, ``H`` = K (group-shared) or N (per query head).
     n_valid: ``[B, H]`` int32; ``length``: ``[B]`` int32.
+    pos: optional ``[B, K, T]`` int32 token position held by each slot (``KVCache.pos``; -1 =
+      empty, never attended: a compacted cache has such holes below ``length``). None: every
+      slot below ``length`` holds a token.
     block_size, scale, num_splits, impl, interpret, num_warps, num_stages, blocks_per_iter: as
       ``sparse_decode``.
 
@@ -77,7 +80,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   _common.check_block_size(block_size, k.shape[2])
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
-                                        block_size=block_size, scale=scale)
+                                        block_size=block_size, scale=scale, pos=pos)
   b, hq, d = q.shape
   hkv, n = k.shape[1], block_idx.shape[2]
   selection_rows(hq, hkv, block_idx.shape[1])
@@ -89,7 +92,8 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
                              blocks_per_iter=blocks_per_iter)
   g = hq // hkv
   (out, lse), (p_out, p_lse) = decode_partials(
-      q.reshape(b, hkv, g, d), k, v, idx, nv, length, prior=prior.reshape(b, hkv, g, -1),
+      q.reshape(b, hkv, g, d), k, v, idx, nv, length, pos=pos,
+      prior=prior.reshape(b, hkv, g, -1),
       row_bits=None if words is None else _union.head_bits(words), bits_per_word=g,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
   return (out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq),

@@ -282,7 +282,8 @@ class Method:
       out, lse = dense_over_cache(q[:, :, None], cache, positions[:, None], scale)
       return out[:, :, 0], lse[:, :, 0]
     sel = self.select(q, cache, scale)
-    return sparse.sparse_decode(q, cache, sel, scale, impl=impl, interpret=self.interpret)
+    out, lse = sparse.sparse_decode(q, cache, sel, scale, impl=impl, interpret=self.interpret)
+    return sparse.mask_rows(out, lse, positions)
 
   def decode(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
     """Appends the new token's K/V and attends. ``q [B, Hq, W, D]`` -> ``out [B, Hq, W, D]``.
