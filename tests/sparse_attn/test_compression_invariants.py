@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from sparse_attn import compression, methods
+from sparse_attn.compression import flat
 
 NAMES = sorted(compression.BUILDERS)
 B, HQ, HKV, D = 2, 4, 2, 16
@@ -75,6 +76,13 @@ def test_ratio_zero_is_dense(name, dense_run):
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
 
 
+def per_head(cache):
+  """``pos, valid [B, K, S]`` of either layout (per-head ``KVCache`` or flat Ada-KV cache)."""
+  if isinstance(cache, flat.FlatKVCache):
+    cache = flat.heads_view(cache)
+  return np.asarray(cache.pos), np.asarray(cache.valid)
+
+
 def expected_kept(n, ratio):
   f = fractions.Fraction(ratio).limit_denominator(1000)
   return math.ceil((1 - f) * n)
@@ -122,7 +130,7 @@ def test_decode_reads_only_the_kept_tokens(name):
   outs, full, cache = run(m, p)
   # Reference: the full prompt cache with the evicted tokens masked out, then the decoded ones.
   kept = np.zeros((B, HKV, T), bool)
-  pos, valid = np.asarray(cache.pos), np.asarray(cache.valid)
+  pos, valid = per_head(cache)
   for b in range(B):
     for h in range(HKV):
       kept[b, h, pos[b, h][valid[b, h]]] = True
