@@ -9,9 +9,9 @@ Eq. 5). Where the statistics come from follows the paper's protocol (Sec. 3, "Im
 details"): prefill compression uses every prompt query after the ``n_sink`` sinks
 (``prefill_stats="all"``: running moments merged chunk by chunk, so a chunked prefill gives the
 statistics of the whole prompt), decoding compression a buffer of the last ``n_queries`` (256)
-queries. ``prefill_stats="window"`` estimates the prefill statistics from that buffer as well (the
-last ``n_queries`` prompt queries; this library's former default). RoPE at the next ``n_future`` (512)
-positions is averaged, ``R_bar = 1/F sum_j R_{t+j}`` (Eq. 5), and applied to both statistics,
+queries. ``prefill_stats="window"`` estimates the prefill statistics from that buffer as well
+(the last ``n_queries`` prompt queries; this library's former default). RoPE at the next
+``n_future`` (512) positions is averaged, ``R_bar = 1/F sum_j R_{t+j}`` (Eq. 5), and applied to both statistics,
 ``mu_bar = R_bar mu`` and ``Sigma_bar = R_bar Sigma R_bar^T`` (Eq. 6). For a post-RoPE key ``k``
 the expected unnormalised score is the Gaussian moment generating function (Eq. 7)
 
@@ -20,6 +20,11 @@ the expected unnormalised score is the Gaussian moment generating function (Eq. 
 normalised over the keys into the expected attention ``a_hat`` (Eq. 8), and the importance is
 ``(a_hat + eps) ||v||`` (Eq. 9). GQA: ``a_hat`` is averaged over the group's query heads (Sec. 3).
 The first ``n_sink`` (4) tokens are excluded from the statistics and the softmax, and always kept.
+The budget is allocated across heads by Ada-KV by default (``head_budget="adakv"``, the paper's
+setting, Sec. 3 "Head-Adaptive Compression"; ``"uniform"`` is its Table 4 ablation). The paper's
+defaults: ``n_future=512``, ``eps=0.01`` (``eps=0`` for needle in a haystack), covariance and value
+norm on, prefill statistics from all prompt queries, a 256-query buffer and compression every
+512 steps when decoding.
 
 **RoPE.** The method is given post-RoPE queries, so it cannot see pre-RoPE ones directly. With
 ``rope_theta`` (or explicit ``rope_inv_freq`` for scaled RoPE) given, every buffered query is
@@ -182,7 +187,9 @@ class ExpectedAttention(CompressionMethod):
   rope_inv_freq: tuple | None = None
 
   name = "expected_attention"
-  DEFAULTS = {"n_sink": 4, "interval": 512}
+  # Ada-KV head-adaptive budgets (Sec. 3 "Head-Adaptive Compression", Table 4b ablation),
+  # 4 sinks, compression every 512 decoding steps (Sec. 3 "Implementation details")
+  DEFAULTS = {"n_sink": 4, "interval": 512, "head_budget": "adakv"}
 
   def __post_init__(self):
     super().__post_init__()
