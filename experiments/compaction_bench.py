@@ -6,7 +6,8 @@ Prefills a random prompt of ``--context`` tokens on the model (default the embed
 then times ``end_prefill`` over all layers twice: the first call includes compilation (one per
 distinct compacted shape), the second is the steady state. Prints the cache bytes after
 compaction next to a dense cache of the same prompt (``bytes / dense``, DESIGN invariant 5).
-Timings are wall time on this machine, one run each.
+With ``--decode_steps`` it also reports decode tokens/s of ``models.generate`` on the compacted
+cache. Timings are wall time on this machine, one run each.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ flags.DEFINE_string("head_budget", "adakv", "uniform | adakv.")
 flags.DEFINE_integer("context", 1024, "Prompt tokens.")
 flags.DEFINE_integer("decode_room", 16, "Decode slots allocated past the prompt.")
 flags.DEFINE_integer("seed", 0, "Prompt seed.")
+flags.DEFINE_integer("decode_steps", 0, "If > 0, also time this many greedy decode steps "
+                     "(after a warm-up generation with the same shapes).")
 
 
 def _nbytes(caches) -> int:
@@ -69,6 +72,13 @@ def main(argv):
   print(f"{method.spec} ratio={FLAGS.ratio} head_budget={FLAGS.head_budget} "
         f"context={FLAGS.context}: cache {got / 2**20:.2f} MiB vs dense {dense_bytes / 2**20:.2f}"
         f" MiB = {got / dense_bytes:.3f}; {len(shapes)} distinct buffer shape(s) {shapes[:3]}")
+  if FLAGS.decode_steps > 0:
+    cap = method.round_capacity(FLAGS.context + FLAGS.decode_steps)
+    run = lambda n: decode.generate(model, prompts[0].tolist(), n, method, capacity=cap,
+                                    stop_at_eos=False)
+    run(2)  # warm-up: compiles the decode step at these shapes
+    gen = run(FLAGS.decode_steps)
+    print(f"decode: {gen.decode_tokens_per_second:.1f} tokens/s over {gen.decode_steps} steps")
 
 
 if __name__ == "__main__":

@@ -13,7 +13,9 @@ compaction the heads' tokens are contiguous (head 0's first, each in token order
 offsets into the buffer); each decode step appends ``K`` slots, one per head. Because the layer
 total is the same for every layer, every layer compacts to the same shape (compiled once).
 
-Query head ``h`` attends the slots of kv head ``h // G`` (a head mask over the flat buffer).
+Query head ``h`` attends the slots of kv head ``h // G`` (a head mask over the flat buffer):
+the memory is exact, the logits cost ``K`` times those of one head's slots (every query head
+scores the whole layer buffer, masked), a dense matmul with no gather.
 Scoring and slot-aligned method state use ``heads_view``: the buffer seen as ``[B, K, S]`` with
 each slot valid only in its own head's row, so every method's per-head ``scores`` works unchanged.
 The flat cache has no block digests: compression methods attend densely and never read them.

@@ -254,3 +254,22 @@ def test_adakv_flat_cache_against_numpy(seed, skew):
   # the capacity is fixed by the layer total, whatever the per-head split
   assert cache.capacity == m.round_capacity(HKV * expected_kept(max(LENGTHS), ratio)
                                             + HKV * (T - max(LENGTHS)))
+
+
+def test_adakv_flat_cache_masked_row_and_jit():
+  """A padding row (position -1) writes nothing and returns 0 on the flat cache (invariant 7),
+  and the jitted decode equals the plain call (invariant 6)."""
+  m = methods.make("knorm", ratio=0.5, head_budget="adakv")
+  p = problem(4)
+  _, _, cache = run(m, p, steps=0)
+  state = m.init_state(B, HQ, HKV, D, T)  # knorm keeps no query state
+  positions = jnp.asarray([[LENGTHS[0]], [-1]])
+  args = (p["dq"][0], p["dk"][0], p["dv"][0], cache, state, positions)
+  out, new, _ = m.decode(*args)
+  out_j, new_j, _ = jax.jit(m.decode)(*args)
+  np.testing.assert_allclose(out_j, out, atol=1e-6)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, new_j, new)
+  assert np.all(np.asarray(out[1]) == 0) and np.all(np.isfinite(np.asarray(out)))
+  for a, b in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(cache)):
+    np.testing.assert_array_equal(np.asarray(a)[1], np.asarray(b)[1])  # row 1 untouched
+  assert int(new.length[0]) == int(cache.length[0]) + HKV  # one slot per kv head
