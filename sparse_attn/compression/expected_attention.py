@@ -5,14 +5,14 @@ Queries Distribution" (2025), Sec. 3. Letters: B batch, K kv heads, G group, N =
 heads, W buffered queries, F future positions, T cache slots, D head dim.
 
 For every query head, future (pre-RoPE) queries are modelled as ``q ~ N(mu, Sigma)`` (Sec. 2.2,
-Eq. 5). Where the statistics come from follows the paper's protocol (Sec. 3, "Implementation
+Eq. 5). Where the statistics come from follows the paper's protocol (Sec. 3.1, "Implementation
 details"): prefill compression uses every prompt query after the ``n_sink`` sinks
 (``prefill_stats="all"``: running moments merged chunk by chunk, so a chunked prefill gives the
 statistics of the whole prompt), decoding compression a buffer of the last ``n_queries`` (256)
 queries. ``prefill_stats="window"`` estimates the prefill statistics from that buffer as well
 (the last ``n_queries`` prompt queries; this library's former default). RoPE at the next
-``n_future`` (512) positions is averaged, ``R_bar = 1/F sum_j R_{t+j}`` (Eq. 5), and applied to both statistics,
-``mu_bar = R_bar mu`` and ``Sigma_bar = R_bar Sigma R_bar^T`` (Eq. 6). For a post-RoPE key ``k``
+``n_future`` (512) positions is averaged, ``R_bar = 1/F sum_j R_{t+j}`` (Eq. 5), and applied to
+both statistics, ``mu_bar = R_bar mu`` and ``Sigma_bar = R_bar Sigma R_bar^T`` (Eq. 6). For a post-RoPE key ``k``
 the expected unnormalised score is the Gaussian moment generating function (Eq. 7)
 
     E[exp(s q.k)] = exp(s mu_bar.k + s^2/2 k^T Sigma_bar k)        (s = 1/sqrt(d): /(2d))
@@ -21,8 +21,8 @@ normalised over the keys into the expected attention ``a_hat`` (Eq. 8), and the 
 ``(a_hat + eps) ||v||`` (Eq. 9). GQA: ``a_hat`` is averaged over the group's query heads (Sec. 3).
 The first ``n_sink`` (4) tokens are excluded from the statistics and the softmax, and always kept.
 The budget is allocated across heads by Ada-KV by default (``head_budget="adakv"``, the paper's
-setting, Sec. 3 "Head-Adaptive Compression"; ``"uniform"`` is its Table 4 ablation). The paper's
-defaults: ``n_future=512``, ``eps=0.01`` (``eps=0`` for needle in a haystack), covariance and value
+setting, Sec. 2.2 "Head-Adaptive Compression"; ``"uniform"`` is the Sec. 5 / Table 4b ablation).
+The paper's defaults: ``n_future=512``, ``eps=0.01`` (``eps=0`` for needle in a haystack), covariance and value
 norm on, prefill statistics from all prompt queries, a 256-query buffer and compression every
 512 steps when decoding.
 
@@ -166,7 +166,7 @@ class ExpectedAttention(CompressionMethod):
 
   Attributes:
     n_future: future positions RoPE is averaged over (``T`` of Eq. 5).
-    n_queries: buffered recent queries the decoding statistics are estimated from (256, Sec. 3
+    n_queries: buffered recent queries the decoding statistics are estimated from (256, Sec. 3.1
       "Implementation details").
     prefill_stats: ``"all"`` (every prompt query after the sinks, the paper's prefill protocol)
       or ``"window"`` (the last ``n_queries`` prompt queries).
@@ -187,8 +187,8 @@ class ExpectedAttention(CompressionMethod):
   rope_inv_freq: tuple | None = None
 
   name = "expected_attention"
-  # Ada-KV head-adaptive budgets (Sec. 3 "Head-Adaptive Compression", Table 4b ablation),
-  # 4 sinks, compression every 512 decoding steps (Sec. 3 "Implementation details")
+  # Ada-KV head-adaptive budgets (Sec. 2.2 "Head-Adaptive Compression", Table 4b ablation),
+  # 4 sinks, compression every 512 decoding steps (Sec. 3.1 "Implementation details")
   DEFAULTS = {"n_sink": 4, "interval": 512, "head_budget": "adakv"}
 
   def __post_init__(self):

@@ -197,8 +197,8 @@ def test_decoding_compression_uses_the_recent_query_buffer():
 
 
 def test_paper_defaults():
-  """Devoto et al. 2025, Sec. 3: Ada-KV, T = 512, eps = 0.01, covariance and ||v||, 4 sinks,
-  prefill statistics from all prompt queries, a 256-query decoding buffer, interval 512."""
+  """Devoto et al. 2025, Sec. 2.2 and 3.1: Ada-KV, T = 512, eps = 0.01, covariance and ||v||,
+  4 sinks, prefill statistics from all prompt queries, a 256-query decoding buffer, interval 512."""
   m = methods.make("expected_attention", ratio=0.5)
   assert (m.head_budget, m.n_future, m.eps, m.use_covariance, m.use_vnorm, m.n_sink,
           m.prefill_stats, m.n_queries, m.interval) == ("adakv", 512, 0.01, True, True, 4,
