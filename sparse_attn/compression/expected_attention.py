@@ -12,8 +12,9 @@ statistics of the whole prompt), decoding compression a buffer of the last ``n_q
 queries. ``prefill_stats="window"`` estimates the prefill statistics from that buffer as well
 (the last ``n_queries`` prompt queries; this library's former default). RoPE at the next
 ``n_future`` (512) positions is averaged, ``R_bar = 1/F sum_j R_{t+j}`` (Eq. 5), and applied to
-both statistics, ``mu_bar = R_bar mu`` and ``Sigma_bar = R_bar Sigma R_bar^T`` (Eq. 6). For a post-RoPE key ``k``
-the expected unnormalised score is the Gaussian moment generating function (Eq. 7)
+both statistics, ``mu_bar = R_bar mu`` and ``Sigma_bar = R_bar Sigma R_bar^T`` (Eq. 6). For a
+post-RoPE key ``k`` the expected unnormalised score is the Gaussian moment generating function
+(Eq. 7)
 
     E[exp(s q.k)] = exp(s mu_bar.k + s^2/2 k^T Sigma_bar k)        (s = 1/sqrt(d): /(2d))
 
@@ -22,9 +23,9 @@ normalised over the keys into the expected attention ``a_hat`` (Eq. 8), and the 
 The first ``n_sink`` (4) tokens are excluded from the statistics and the softmax, and always kept.
 The budget is allocated across heads by Ada-KV by default (``head_budget="adakv"``, the paper's
 setting, Sec. 2.2 "Head-Adaptive Compression"; ``"uniform"`` is the Sec. 5 / Table 4b ablation).
-The paper's defaults: ``n_future=512``, ``eps=0.01`` (``eps=0`` for needle in a haystack), covariance and value
-norm on, prefill statistics from all prompt queries, a 256-query buffer and compression every
-512 steps when decoding.
+The paper's defaults: ``n_future=512``, ``eps=0.01`` (``eps=0`` for needle in a haystack),
+covariance and value norm on, prefill statistics from all prompt queries, a 256-query buffer and
+compression every 512 steps when decoding.
 
 **RoPE.** The method is given post-RoPE queries, so it cannot see pre-RoPE ones directly. With
 ``rope_theta`` (or explicit ``rope_inv_freq`` for scaled RoPE) given, every buffered query is
