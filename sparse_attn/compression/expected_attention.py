@@ -28,7 +28,7 @@ covariance and value norm on, prefill statistics from all prompt queries, a 256-
 compression every 512 steps when decoding.
 
 **RoPE.** The method is given post-RoPE queries, so it cannot see pre-RoPE ones directly. With
-``rope_theta`` (or explicit ``rope_inv_freq`` for scaled RoPE) given, every buffered query is
+``rope_theta`` (or explicit ``rope_inv_freq`` for scaled RoPE) given, every recorded query is
 rotated back by its own position (the Hugging Face half-split convention, channel ``i`` paired
 with ``i + D/2``), which recovers the pre-RoPE query exactly, and Eq. 5-6 are applied as in the
 paper, ``t`` the next token position. Without a RoPE config the statistics are those of the
