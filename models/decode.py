@@ -69,7 +69,10 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
     picked = h[rows, jnp.asarray(np.clip(lengths - 1 - start, 0, c - 1))]
     last = jnp.where(jnp.asarray(here)[:, None], picked, last)
   caches, states = end_prefill(caches, states, config=config, method=method)
-  return last, jnp.asarray(history), caches, states
+  history = jnp.asarray(history)
+  if isinstance(method, sharding.ShardedMethod):  # rows as the decode steps return them
+    history = method.place_rows(history)
+  return last, history, caches, states
 
 
 def window_positions(newest: np.ndarray, w: int) -> np.ndarray:

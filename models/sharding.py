@@ -103,21 +103,25 @@ def mesh_from_text(text: str | None) -> Mesh | None:
   return make_mesh(**parse_mesh(text)) if text else None
 
 
-def spec_for(logical, shape, mesh: Mesh) -> P:
+def spec_for(logical, shape, mesh) -> P:
   """The PartitionSpec of ``logical`` axes for an array of ``shape`` on ``mesh``.
 
   A dimension gets its mesh axis only when that axis has more than one device, divides the
-  dimension, and is not already used by an earlier dimension.
+  dimension, and is not already used by an earlier dimension. ``mesh``: a Mesh, or a dict of
+  axis sizes (for plans of meshes that are not here).
   """
+  sizes = mesh if isinstance(mesh, dict) else mesh.shape
   out, used = [], set()
   for name, size in zip(logical, shape):
     axis = RULES.get(name) if name else None
-    n = mesh.shape[axis] if axis else 1
+    n = sizes.get(axis, 1) if axis else 1
     if axis is None or axis in used or n == 1 or size % n:
       out.append(None)
     else:
       out.append(axis)
       used.add(axis)
+  while out and out[-1] is None:  # P('data', None) == P('data') for jit's cache keys too
+    out.pop()
   return P(*out)
 
 
@@ -220,6 +224,10 @@ class ShardedMethod:
     lead = jax.tree.map(lambda s: NamedSharding(self.mesh, P(None, *s.spec)), out)
     return jax.jit(stacked, out_shardings=lead)()
 
+  def place_rows(self, x):
+    """``x [B, ...]`` (e.g. the token history) with its rows over ``data``."""
+    return jax.device_put(x, NamedSharding(self.mesh, spec_for(("batch",), x.shape, self.mesh)))
+
   def _constrained(self, out, cache, state):
     cache, state = constrain((cache, state), self.mesh)
     return out, cache, state
@@ -261,6 +269,25 @@ def prepare(model, method, mesh: Mesh | None):
   if not isinstance(method, ShardedMethod):
     method = ShardedMethod(method, mesh)
   return shard(model, mesh), method
+
+
+def _split(spec, sizes) -> int:
+  return math.prod(sizes[a] for a in spec if a is not None)
+
+
+def planned_bytes(tree, sizes: dict, kind: str = "state", stacked: bool = False) -> int:
+  """Bytes per device of ``tree`` (arrays or ``jax.ShapeDtypeStruct``) laid out by the tables
+  on a mesh of axis ``sizes`` (``{"data": 2, ...}``); ``kind``: ``"state"`` or ``"param"``."""
+  total = 0
+  for path, x in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    names = _names(path)
+    if kind == "param":
+      logical = _param_logical(path, len(x.shape))
+    else:
+      logical = state_logical(names[-1] if names else None, len(x.shape), stacked)
+    spec = spec_for(logical, x.shape, sizes)
+    total += math.prod(x.shape) * np.dtype(x.dtype).itemsize // _split(spec, sizes)
+  return total
 
 
 def cache_bytes_per_device(tree) -> dict:
