@@ -53,6 +53,9 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
     raise NotImplementedError(
         f"sliding_window={w} < cache capacity {capacity}: the method interface has no "
         "window mask yet; use a context within the window")
+  check = getattr(method, "check_context", None)  # selectors: refuse a budget choosing nothing
+  if check is not None:
+    check(int(lengths.min()))
   history = np.zeros((b, capacity), np.int32)
   history[:, :s] = prompts
   caches, states = init_caches(config, method, b, capacity)

@@ -94,7 +94,8 @@ def global_selection(m, scores, length, num_blocks: int, capacity: int):
   pool_i = jax.lax.all_gather(top_i + first, SEQ, axis=2, tiled=True)
   _, pick = jax.lax.top_k(pool_v, n_max)
   gidx = jnp.take_along_axis(pool_i, pick, axis=-1)  # [B, H, n_max] global block ids
-  n = selected_count(valid, forced, m.budget.count(length, bs), n_max)  # [B]
+  total = m.budget.total(length, jnp.sum(forced, axis=-1).astype(jnp.int32), bs)
+  n = selected_count(valid, forced, total, n_max)  # [B], as selection.select_blocks
   listed = jnp.arange(n_max)[None, None, :] < n[:, None, None]
   own = listed & (gidx >= first) & (gidx < first + n_loc)
   order = jnp.argsort(~own, axis=-1, stable=True)  # the shard's blocks first
@@ -141,7 +142,7 @@ def _local_decode(m, q, k, v, cache, state, positions, *, scale, capacity, num_b
     true, prior_seen = _merge_shards(*true), _merge_shards(*prior_seen)
     covered = jax.lax.psum(seen, SEQ) >= resa.prior_count(st, qd.shape[1])
     out, _ = resa.aggregate(true, prior_seen, resa.total(st), resa.bias(st, qd, scale),
-                            m.lam, covered)
+                            m.lam, covered, m.lam_form)
   else:
     out, lse = sparse.sparse_decode(qd, local, sel, scale, impl=m.impl, interpret=m.interpret)
     out, _ = _merge_shards(out, lse)

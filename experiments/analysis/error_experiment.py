@@ -17,6 +17,7 @@ from experiments.common.results import ResultWriter
 from sparse_attn import methods
 
 NAME = "attention_error"
+KEYED = ("selectors", "budgets", "resa_options", "extra", "extra_budgets")  # in every key
 PAPER_REDUCTION = "55-77% (score error, 5% budget)"
 METRICS = ("score_l1", "score_rel_l2", "out_rel_l2")
 
@@ -31,7 +32,7 @@ def method_list(config) -> list[tuple[str, float]]:
 
 
 def run(config, workdir: str) -> list[dict]:
-  writer = ResultWriter(workdir, config, NAME)
+  writer = ResultWriter(workdir, config, NAME, keyed=KEYED, ignore=("heatmap_budget",))
   todo = [(s, b) for s, b in method_list(config) if not writer.done(f"{s}@{b}")]
   if todo:
     model = modelzoo.load_model(config.model)

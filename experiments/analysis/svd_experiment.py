@@ -20,6 +20,7 @@ from experiments.common import cli, modelzoo, render
 from experiments.common.results import ResultWriter
 
 NAME = "svd_analysis"
+KEYED = ("lengths", "layers")  # in every record's key
 PAPER = dict(share="40-50%", cosine="~1")
 
 
@@ -37,7 +38,7 @@ def _todo(writer, config, layers):
 
 def run(config, workdir: str) -> list[dict]:
   """Measures everything not yet in ``workdir/results.jsonl``, then renders."""
-  writer = ResultWriter(workdir, config, NAME)
+  writer = ResultWriter(workdir, config, NAME, keyed=KEYED)
   model = modelzoo.load_model(config.model)
   layers = _layers(config, model.config.num_layers)
   todo = set(_todo(writer, config, layers))

@@ -112,7 +112,7 @@ def _single(m, q, cache, state, scale):
                                          interpret=m.interpret)
   covered = seen >= resa.prior_count(st, q.shape[1])
   out, _ = resa.aggregate(true, prior_seen, resa.total(st), resa.bias(st, q, scale), m.lam,
-                          covered)
+                          covered, m.lam_form)
   return out
 
 
@@ -188,7 +188,7 @@ def _retro_step(m, q, cache, state, positions, scale):
     o_est, log_z, count = _window_priors(st, cache, positions)
     covered = full[:, None, :] | (seen >= count)
     out, _ = resa.aggregate(true, prior_part, (o_est, log_z), resa.bias(st, q, scale), m.lam,
-                            covered)
+                            covered, m.lam_form)
   out = jnp.where((positions >= 0)[:, None, :, None], out, 0.0)
   rs = dict(ring=retro.store(rs["ring"], positions, entries),
             last_seen=retro.mark_selected(last_seen, sel, t),

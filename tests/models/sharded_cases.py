@@ -29,11 +29,11 @@ PREFILL, CAPACITY, CHUNK = 40, 64, 16
 SEL = dict(block_size=8, n_sink=1, local_window=4)
 METHODS = {
     "dense": lambda: methods.make("dense", block_size=8),
-    "quest": lambda: methods.make("quest", budget=0.25, **SEL),
-    "quest+resa": lambda: methods.make("quest+resa", budget=0.25, **SEL),
+    "quest": lambda: methods.make("quest", budget=0.1, **SEL),
+    "quest+resa": lambda: methods.make("quest+resa", budget=0.1, **SEL),
     "rectified": lambda: methods.make("quest:gqa=group+rect:f=3", p=0.1, n_min=2, n_local=1,
                                       block_size=8, n_sink=1),
-    "quest+retro": lambda: methods.make("quest+retro:w=2", budget=0.25, **SEL),
+    "quest+retro": lambda: methods.make("quest+retro:w=2", budget=0.1, **SEL),
     "expected_attention": lambda: methods.make("expected_attention", ratio=0.5, block_size=8,
                                                rope_theta=1000.0),
 }
