@@ -133,12 +133,20 @@ and rectification. Retro windows, adaptive budgets (`topp`, `adakv`), token-leve
 compression methods run under GSPMD on the same sharded arrays (equal to one device as well).
 Rectification's dense pass always runs under GSPMD.
 
-Tested (`tests/models/sharded_cases.py`, 8 virtual CPU devices): dense, quest, quest+resa,
-rectified, quest+retro and expected_attention give one device's logits (<= 1e-5 relative) on
-meshes (2,2,2) and (1,2,4), and a subset on (8,1,1) and (1,8,1); cache and RESA leaves are
-split (every device's shard is smaller than the array). Not verified here: real multi-host runs
-(`--distributed`), real accelerators, and interconnect speed (all-gathers of the candidates and of
-the per-shard `(out, lse)` per layer and step).
+Tested (`tests/models/sharded_cases.py`, 8 virtual CPU devices, run in its own process by
+`tests/models/test_sharding.py`): teacher-forced logits of the tiny random model equal one
+device's (<= 1e-5 relative, f32) for dense, quest, quest+resa, rectified
+(`quest:gqa=group` with `p=0.1` + `rect`), quest+retro and expected_attention (0.5) on the
+(data, model, seq) meshes (2,2,2), with quest+resa on all of (8,1,1), (1,8,1), (1,2,4), (2,2,2)
+and the other pairs spread over them in CI; `SHARDING_FULL_MATRIX=1` runs all 24 pairs. Cache,
+digest and RESA-prior leaves are checked to be split (each device's shard smaller than the
+array). `python -m experiments.shard_memory` measures the bytes each of 8 virtual devices holds:
+with `--mesh=seq:8` it is 1/8 of one device's cache.
+
+Not verified here: real multi-host runs (`--distributed`), real accelerators (the Pallas kernels
+inside `shard_map`), and interconnect speed (per layer and decode step the context-parallel path
+all-gathers each shard's top-k candidates and its `(out, lse)`; GSPMD inserts its own collectives
+for the rest).
 """
 
 

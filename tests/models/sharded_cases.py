@@ -31,7 +31,7 @@ METHODS = {
     "dense": lambda: methods.make("dense", block_size=8),
     "quest": lambda: methods.make("quest", budget=0.1, **SEL),
     "quest+resa": lambda: methods.make("quest+resa", budget=0.1, **SEL),
-    "rectified": lambda: methods.make("quest:gqa=group+rect:f=3", p=0.1, n_min=2, n_local=1,
+    "rectified": lambda: methods.make("quest:gqa=group+rect:f=3", p=0.1, n_min=3, n_local=1,
                                       block_size=8, n_sink=1),
     "quest+retro": lambda: methods.make("quest+retro:w=2", budget=0.1, **SEL),
     "expected_attention": lambda: methods.make("expected_attention", ratio=0.5, block_size=8,
@@ -105,6 +105,9 @@ def test_cache_and_state_leaves_are_sharded(model, shape):
   cache, state = out[3][0], out[4][0]["resa"]
   for leaf in (cache.k, cache.v, cache.kmin, cache.pos, state["prior"]):
     assert _shard_smaller(leaf), (shape, leaf.shape, leaf.sharding)
+  sizes = dict(zip(sharding.AXES, shape))  # the memory plan's arithmetic == the real shards
+  held = sharding.cache_bytes_per_device(out[3])
+  assert max(held.values()) == sharding.planned_bytes(out[3], sizes)
   seq_split = shape[2] > 1
   assert (cache.k.addressable_shards[0].data.shape[2] < CAPACITY) == seq_split
   assert method.inner == METHODS["quest+resa"]()  # the wrapper keeps the method's identity

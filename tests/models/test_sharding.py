@@ -50,3 +50,15 @@ def test_sharded_decoding_on_8_virtual_devices():
   run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
   assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout
+
+
+def test_memory_plan_splits_the_cache():
+  from experiments import memory_plan
+  rows = {(r["layout"], r["method"]): r for r in memory_plan.plan()}
+  one = rows[("data:1", "dense")]
+  assert one["cache"] == 32 * 2 * 8 * 8 * 131072 * 128 * 2 + 32 * (8 * 8 * 131072 * 4 + 8 * 4)
+  for layout in ("seq:8", "data:8", "model:8", "data:2,model:2,seq:2"):
+    assert rows[(layout, "dense")]["cache"] * 8 <= one["cache"] + 32 * 8 * 4 * 8
+  assert rows[("model:8", "dense")]["weights"] < one["weights"] / 7
+  ea = rows[("data:1", "expected_attention 0.5")]
+  assert 0.49 < ea["cache"] / one["cache"] < 0.52
