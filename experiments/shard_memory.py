@@ -5,8 +5,8 @@ r"""Per-device cache bytes of sharded decoding, measured on 8 virtual CPU device
 
 Builds a random model with SmolLM2-135M's attention geometry (or ``--num_kv_heads`` etc.),
 prefills a prompt and runs decode steps with ``mesh=``, then reads the bytes each device really
-holds for the caches (K, V, positions, digests) and the method states from the arrays' shards,
-next to one device's. With ``--mesh=seq:8`` every device holds 1/8 of the cache.
+holds for the caches (K, V, slot positions, digests; the ``length [B]`` vector is replicated) and
+the method states from the arrays' shards, next to one device's. With ``--mesh=seq:8`` every device holds 1/8 of the cache.
 Sets ``--xla_force_host_platform_device_count=8`` itself when run on a CPU host.
 """
 
@@ -57,9 +57,12 @@ def cache_bytes(model, method, mesh) -> tuple[int, int, int]:
     _, _, history, caches, states = steps.decode_step(
         params, history, jax.numpy.asarray(pos), caches, states, jax.random.key(i),
         config=model.config, method=method, sampling=models.Sampling())
-  per_cache = sharding.cache_bytes_per_device(caches)
+  # ``length [B]`` is replicated on every device (a few bytes); the rest is split.
+  slots = [{f: getattr(c, f) for f in ("k", "v", "pos", "kmin", "kmax", "kcen", "krad")}
+           for c in caches]
+  per_cache = sharding.cache_bytes_per_device(slots)
   per_state = sharding.cache_bytes_per_device(states)
-  total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(caches))
+  total = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(slots))
   return max(per_cache.values()), max(per_state.values() or [0]), total
 
 
@@ -82,7 +85,8 @@ def main(argv):
   one_cache, one_state, total = cache_bytes(model, method, None)
   print(f"{FLAGS.method}, batch {FLAGS.batch}, capacity {FLAGS.capacity}, {cfg.num_layers} "
         f"layers, {cfg.num_kv_heads} kv heads, {len(jax.devices())} devices\n")
-  print("| mesh | cache bytes / device | fraction of one device | state bytes / device |")
+  print("| mesh | cache bytes / device (K, V, pos, digests) | fraction of one device | "
+        "state bytes / device |")
   print("|---|---|---|---|")
   print(f"| one device | {one_cache} | 1 | {one_state} |")
   layouts = [FLAGS.mesh] if mesh_flag is not None else LAYOUTS
