@@ -58,20 +58,21 @@ def side_by_side(left_title, left, right_title, right, width) -> str:
 
 def main(argv):
   del argv
-  from experiments.common import checks, modelzoo  # pylint: disable=g-import-not-at-top
-  from experiments.tasks import specs  # pylint: disable=g-import-not-at-top
-  from sparse_attn import methods  # pylint: disable=g-import-not-at-top
-  import models  # pylint: disable=g-import-not-at-top
+  from experiments.common import checks  # pylint: disable=g-import-not-at-top
 
   # User errors fail here, before the model loads (cli.run prints them as one line).
   checks.check_budget(FLAGS.budget, "--budget")
-  specs.build(FLAGS.method, FLAGS.budget, block_size=FLAGS.block_size)
   checks.check_model(FLAGS.model, tiny=False)
   mesh = distributed.mesh_from_flags()
   prompt = FLAGS.prompt
   if FLAGS.prompt_file:
     with open(FLAGS.prompt_file, encoding="utf-8") as f:
       prompt = f.read()
+  from experiments.common import modelzoo  # pylint: disable=g-import-not-at-top
+  from experiments.tasks import specs  # pylint: disable=g-import-not-at-top
+  from sparse_attn import methods  # pylint: disable=g-import-not-at-top
+  import models  # pylint: disable=g-import-not-at-top
+  specs.build(FLAGS.method, FLAGS.budget, block_size=FLAGS.block_size)
   model = models.load(FLAGS.model, dtype=FLAGS.dtype)
   ids = model.encode(prompt, chat=FLAGS.chat)
   sampling = models.Sampling(FLAGS.temperature, FLAGS.top_p, FLAGS.seed)

@@ -40,12 +40,16 @@ EXPECTED_MINUTES = {
     "resa_calibrate": 20, "accuracy": 240, "perplexity": 60, "long_generation": 60, "latency": 12,
 }
 
-flags.DEFINE_string("workdir", "results", "Root of the per-experiment workdirs.")
-flags.DEFINE_list("only", [], "Run only these parts (names from PARTS).")
-flags.DEFINE_list("skip", [], "Skip these parts.")
-flags.DEFINE_bool("dry_run", False, "Print the plan and its ETA, run nothing.")
-flags.DEFINE_bool("report", True, "Rebuild the report at the end.")
 FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """The command line (defined only when run as a script, so the module imports cleanly)."""
+  flags.DEFINE_string("workdir", "results", "Root of the per-experiment workdirs.")
+  flags.DEFINE_list("only", [], "Run only these parts (names from PARTS).")
+  flags.DEFINE_list("skip", [], "Skip these parts.")
+  flags.DEFINE_bool("dry_run", False, "Print the plan and its ETA, run nothing.")
+  flags.DEFINE_bool("report", True, "Rebuild the report at the end.")
 
 
 def plan(only=(), skip=()) -> list[tuple[str, tuple]]:
@@ -102,4 +106,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -24,13 +24,15 @@ DEFAULT_KEY_TILE = 512
 
 
 def dense_over_cache(q, cache: KVCache, positions, scale=None, *,
-                     key_tile: int | None = DEFAULT_KEY_TILE):
+                     key_tile: int | None = DEFAULT_KEY_TILE, window: int | None = None):
   """Causal exact attention of ``q [B, Hq, S, D]`` at ``positions [B, S]`` over the cache.
 
   Keys are the valid slots (``slot < length``, ``pos >= 0``) whose position is at or before
   the query's. Equals ``reference.attention`` over the whole cache for any ``key_tile``.
   ``key_tile=None``, and any single-query call (``S == 1``: decode, where the loop's per-tile
   overhead outweighs the skipped empty slots), attends all ``T`` slots in one call.
+  ``window`` (Mistral's sliding window) further restricts a query at position ``p`` to keys at
+  positions ``> p - window``.
 
   Returns:
     ``out [B, Hq, S, D]`` (``q.dtype``) and ``lse [B, Hq, S]`` (float32).
@@ -40,7 +42,7 @@ def dense_over_cache(q, cache: KVCache, positions, scale=None, *,
     raise ValueError(f"key_tile must be positive or None, got {key_tile}")
   if key_tile is None or t <= key_tile or q.shape[2] == 1:
     return reference.attention(q, cache.k, cache.v, scale=scale, kv_length=cache.length,
-                               q_positions=positions, k_positions=cache.pos)
+                               q_positions=positions, k_positions=cache.pos, window=window)
   b, hq, s, d = q.shape
   num_tiles = (jnp.max(cache.length) + key_tile - 1) // key_tile
   offsets = jnp.arange(key_tile, dtype=jnp.int32)
@@ -54,7 +56,7 @@ def dense_over_cache(q, cache: KVCache, positions, scale=None, *,
     pos = jnp.where(slots >= i * key_tile, take(cache.pos), -1)
     part = reference.attention(q, take(cache.k), take(cache.v), scale=scale,
                                kv_length=cache.length - start, q_positions=positions,
-                               k_positions=pos)
+                               k_positions=pos, window=window)
     return merge(acc, (part[0].astype(jnp.float32), part[1]))
 
   init = (jnp.zeros((b, hq, s, d), jnp.float32), jnp.full((b, hq, s), -jnp.inf, jnp.float32))

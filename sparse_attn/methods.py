@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
-from sparse_attn import adaptive, reference, scoring, selection, sparse
+from sparse_attn import adaptive, reference, scoring, selection, sliding_window, sparse
 from sparse_attn.budget import Budget
 from sparse_attn.cache import KVCache, init_cache, write
 from sparse_attn.cache_attention import dense_over_cache
@@ -115,6 +115,8 @@ class Method:
       capped by the budget (Twilight / PSA; ``sparse_attn.adaptive.topp``).
     adakv: Ada-KV head-adaptive allocation of the layer's block budget with this per-head floor
       fraction (Feng et al. 2024; ``sparse_attn.adaptive.adakv``).
+    sliding_window: Mistral's attention window (None = unlimited); set from the model by
+      ``with_sliding_window`` (``models.generate`` does it), see ``sparse_attn.sliding_window``.
   """
 
   spec: str = "dense"
@@ -134,6 +136,7 @@ class Method:
   retro_w: int = 1
   topp: float | None = None
   adakv: float | None = None
+  sliding_window: int | None = None
 
   # ---- schedule flags the decode loop obeys ----
   @property
@@ -197,6 +200,14 @@ class Method:
     """The smallest valid capacity (a multiple of ``block_size``) holding ``n`` tokens."""
     return max(1, -(-int(n) // self.block_size)) * self.block_size
 
+  def with_sliding_window(self, window: int) -> "Method":
+    """This method under a sliding-window mask of ``window`` tokens (Mistral)."""
+    if self.enhanced:
+      raise NotImplementedError(
+          f"{self.spec}: RESA and retro have no sliding-window mask; with a windowed model use "
+          "dense, a selector (quest, arkvale, topk, streaming) or +rect")
+    return dataclasses.replace(self, sliding_window=sliding_window.check_window(window))
+
   # ---- per-layer functions ----
   def init_cache(self, batch, num_kv_heads, capacity, head_dim, dtype=jnp.float32) -> KVCache:
     return init_cache(batch, num_kv_heads, capacity, head_dim, self.block_size, dtype)
@@ -216,7 +227,7 @@ class Method:
     if self.enhanced:
       return compose.prefill(self, q, k, v, cache, state, positions, scale)
     cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), positions)
-    out, _ = dense_over_cache(q, cache, positions, scale)
+    out, _ = dense_over_cache(q, cache, positions, scale, window=self.sliding_window)
     return out, cache, state
 
   def end_prefill(self, cache: KVCache, state, *, scale=None):
@@ -253,6 +264,8 @@ class Method:
   def select_blocks(self, q, cache: KVCache, scale=None) -> selection.Selection:
     """Block selection under the fixed budget or an adaptive rule (``topp`` / ``adakv``)."""
     scores = self.block_scores(q, cache)
+    if self.sliding_window is not None:  # `cache` is the windowed view (see `attend`)
+      scores = sliding_window.mask_block_scores(scores, cache)
     if self.topp is not None:
       return adaptive.topp(scores, cache, self.budget, self.topp, scale)
     if self.adakv is not None:
@@ -261,11 +274,16 @@ class Method:
 
   def attend(self, q, cache: KVCache, positions, scale=None):
     """Decode attention of ``q [B, Hq, D]`` at ``positions [B]`` -> ``(out, lse)``."""
+    impl = self.impl
+    if self.sliding_window is not None:
+      cache = sliding_window.visible(cache, positions, self.sliding_window)
+      impl = "xla"  # the Pallas kernels bound keys by `length`, not by position
     if self.is_dense:
       out, lse = dense_over_cache(q[:, :, None], cache, positions[:, None], scale)
       return out[:, :, 0], lse[:, :, 0]
     sel = self.select(q, cache, scale)
-    return sparse.sparse_decode(q, cache, sel, scale, impl=self.impl, interpret=self.interpret)
+    out, lse = sparse.sparse_decode(q, cache, sel, scale, impl=impl, interpret=self.interpret)
+    return sparse.mask_rows(out, lse, positions)
 
   def decode(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
     """Appends the new token's K/V and attends. ``q [B, Hq, W, D]`` -> ``out [B, Hq, W, D]``.

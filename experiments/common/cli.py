@@ -34,7 +34,7 @@ _CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "configs")
 _TRACEBACK = flags.DEFINE_bool("traceback", False,
                                "Show the full traceback of a user error instead of one line.")
-USER_ERRORS = (app.UsageError, ValueError, FileNotFoundError, NotADirectoryError)
+USER_ERRORS = (app.UsageError, ValueError, OSError)  # OSError: missing model or config file
 _STATE = {}
 
 
@@ -94,15 +94,27 @@ def guarded(main):
     except USER_ERRORS as e:
       if _TRACEBACK.value:
         raise
-      prog = os.path.basename(sys.argv[0]).removesuffix(".py")
-      print(f"{prog}: error: {_one_line(e)}", file=sys.stderr, flush=True)
+      print(f"{_program()}: error: {_one_line(e)}", file=sys.stderr, flush=True)
       sys.exit(1)
 
   return wrapped
 
 
+def _program() -> str:
+  return os.path.basename(sys.argv[0]).removesuffix(".py")
+
+
+def _parse_flags(argv):
+  """absl's flag parsing, with a bad flag or config value reported as one line."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    print(f"{_program()}: error: {_one_line(e)}", file=sys.stderr, flush=True)
+    sys.exit(1)
+
+
 def run(main):
-  app.run(guarded(main))
+  app.run(guarded(main), flags_parser=_parse_flags)
 
 
 def _clock(seconds: float) -> str:

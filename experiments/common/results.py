@@ -87,7 +87,8 @@ def fingerprint(fields: dict) -> str:
 def _differences(old: dict, new: dict) -> str:
   missing = "<absent>"
   return "; ".join(f"{k}: {old.get(k, missing)!r} in the workdir, {new.get(k, missing)!r} now"
-                   for k in sorted(set(old) | set(new)) if old.get(k, missing) != new.get(k, missing))
+                   for k in sorted(set(old) | set(new))
+                   if old.get(k, missing) != new.get(k, missing))
 
 
 class ResultWriter:
@@ -119,8 +120,9 @@ class ResultWriter:
       theirs = result_fields(r.get("config", {}), keyed, ignore)
       if fingerprint(theirs) != self.fingerprint:
         raise ConfigMismatch(
-            f"{workdir} holds {experiment} records of another config ({_differences(theirs, self.fields)}); "
-            "give another --workdir, or the same values to resume")
+            f"{workdir} holds {experiment} records of another config "
+            f"({_differences(theirs, self.fields)}); give another --workdir, or the same values "
+            "to resume")
     self.meta = dict(experiment=experiment, config=config_dict(config), git=git_revision(),
                      machine=machine(), fingerprint=self.fingerprint)
     self._done = {(self.fingerprint, r["key"]) for r in mine if "key" in r}

@@ -312,7 +312,8 @@ def partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: str = "xl
     import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
     out, lse, pout, plse = pallas_kernels.sparse_decode_resa(
         q, cache.k, cache.v, prior, sel.idx, sel.n_valid, cache.length,
-        block_size=cache.block_size, scale=scale, impl="pallas", interpret=interpret)
+        block_size=cache.block_size, scale=scale, impl="pallas", interpret=interpret,
+        pos=cache.pos)
     _, _, ok, _ = _gather_ok(cache, sel)
     pg = gather_prior(prior, sel)  # [B, H, R, L]
     seen = jnp.sum(ok[:, :, None] & jnp.isfinite(pg), -1).reshape(q.shape[:2])

@@ -11,7 +11,8 @@ from experiments.common import stats
 @pytest.mark.parametrize("k,n,expected", [
     (0, 10, (0.0, 1.96**2 / (10 + 1.96**2))),     # k = 0: hi = z^2 / (n + z^2)
     (10, 10, (10 / (10 + 1.96**2), 1.0)),         # k = n: lo = n / (n + z^2)
-    (5, 10, (0.5 - 0.26341, 0.5 + 0.26341)),      # centre 1/2, half z/(1+z^2/n) sqrt(1/4n + z^2/4n^2)
+    # centre 1/2, half-width z / (1 + z^2/n) sqrt(1/(4n) + z^2/(4n^2))
+    (5, 10, (0.5 - 0.26341, 0.5 + 0.26341)),
 ])
 def test_wilson_hand_values(k, n, expected):
     assert stats.wilson(k, n) == pytest.approx(expected, abs=1e-5)

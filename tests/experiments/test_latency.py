@@ -7,6 +7,7 @@ import os
 from configs import latency as latency_config
 from experiments import latency_lib
 from experiments.latency_lib import settings, traffic
+from experiments.tasks import report
 from sparse_attn import methods
 
 
@@ -28,7 +29,7 @@ def test_traffic_bound_is_resa_memory_model():
 
 def test_quick_run_writes_finite_results(tmp_path):
   config = latency_config.get_config()
-  config.quick = True
+  config.quick = True  # resolved by settings.resolve (experiments.common.quick)
   text = latency_lib.run(config, str(tmp_path))
   for name in ("results.jsonl", "latency.md", "latency.png"):
     assert os.path.getsize(tmp_path / name) > 0
@@ -49,3 +50,5 @@ def test_quick_run_writes_finite_results(tmp_path):
   assert mem["expected_attention:ratio=0.5"] < 0.6 * mem["dense"]
   assert math.isfinite(next(r for r in recs if r["section"] == "resa")["overhead_pct"])
   assert "| dense |" in text and "torch SDPA" in text
+  md = open(report.build(str(tmp_path), str(tmp_path / "report")), encoding="utf-8").read()
+  assert "## Decode latency and memory (`results.jsonl`)" in md and "latency.png" in md

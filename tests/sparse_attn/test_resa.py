@@ -135,7 +135,7 @@ def test_lam0_is_selector_and_full_selection_is_dense(sel):
 
 def test_prior_stays_exact_under_overwrites():
   """Incremental prior == one formed from scratch over the current keys, after rewrites."""
-  m = _make("quest", "+resa+rect:f=4")
+  m = _make("quest", "+resa:prior_update=incremental+rect:f=4")
   rng = np.random.default_rng(3)
   lengths = (30, 44)
   cache, state, _, _ = _prefill(m, rng, lengths)
