@@ -166,3 +166,13 @@ def test_progress_prints_one_line_per_update_with_rate_and_eta():
   assert quiet.getvalue() == ""
   q.update()
   assert quiet.getvalue().count("\n") == 1
+
+
+def test_report_has_a_renderer_for_every_experiment():
+  import importlib  # pylint: disable=g-import-not-at-top
+  from experiments.tasks import report  # pylint: disable=g-import-not-at-top
+  assert set(report.RENDERERS) == {
+      "accuracy", "perplexity", "long_generation", "attention_error", "budget_reduction",
+      "resa_lambda", "resa_calibrate", "svd_analysis", "latency"}
+  for module, fn, _ in report.RENDERERS.values():
+    assert callable(getattr(importlib.import_module(module), fn)), (module, fn)
