@@ -14,7 +14,7 @@ works tile by tile instead (flash attention's schedule, Dao et al. 2022, Alg. 1,
   last tile holding a key the tile can see: tile ``j`` is visited only if some valid slot in it
   holds a position ``<=`` the tile's newest query position (causal tile skipping bounded by the
   filled length; exact for any slot order, e.g. a compacted cache). The tiles' partial results
-  combine exactly (``merge``).
+  combine exactly (an online softmax).
 
 A single-query call (``S == 1``: decode, where the loops' overhead outweighs the skipped work)
 or ``key_tile=None`` attends all ``T`` slots in one call of ``reference.attention``.
@@ -30,7 +30,6 @@ import jax.numpy as jnp
 
 from sparse_attn import reference
 from sparse_attn.cache import KVCache
-from sparse_attn.merge import merge
 
 DEFAULT_KEY_TILE = 512
 DEFAULT_QUERY_TILE = 32
@@ -98,27 +97,51 @@ def _first_position_per_tile(cache: KVCache, key_tile: int):
 
 
 def _attend_key_tiles(q, positions, cache: KVCache, first_pos, key_tile: int, scale):
-  """One query tile ``q [B, Hq, qt, D]`` over the key tiles it can see -> ``(out, lse)``."""
+  """One query tile ``q [B, Hq, qt, D]`` over the key tiles it can see -> ``(out, lse)``.
+
+  Flash attention's online softmax (Dao et al. 2022, Alg. 1): a running row max ``m``, sum
+  ``l`` and unnormalised output, rescaled by ``exp(m_old - m_new)`` per key tile.
+  """
   b, hq, qt, d = q.shape
-  t = cache.capacity
+  t, hkv = cache.capacity, cache.num_kv_heads
+  g = hq // hkv
+  scale = reference.default_scale(d, scale)
   newest = jnp.max(positions)
   # Tiles past the last one holding a visible key contribute nothing: stop before them.
   tile_ids = jnp.arange(first_pos.shape[0], dtype=jnp.int32)
   num_tiles = jnp.max(jnp.where(first_pos <= newest, tile_ids + 1, 0))
+  # Invalid slots get an unreachable position, so one comparison makes the mask; query rows
+  # with a negative position see nothing.
+  key_pos = jnp.where(cache.valid, cache.pos, _NEVER)  # [B, K, T]
+  q_pos = jnp.where(positions >= 0, positions, -1)[:, None, None, :, None]  # [B, 1, 1, qt, 1]
+  qg = (q.astype(jnp.float32) * scale).reshape(b, hkv, g * qt, d)  # [B, K, G*qt, D]
   offsets = jnp.arange(key_tile, dtype=jnp.int32)
 
-  def tile(i, acc):
-    # The last tile is clamped to end at T; slots an earlier tile covered are masked out by
-    # marking them empty (pos = -1), so no key is counted twice.
+  def tile(i, carry):
+    acc, m, l = carry
+    # The last tile is clamped to end at T; slots an earlier tile covered are masked out.
     start = jnp.minimum(i * key_tile, t - key_tile)
     take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, key_tile, axis=2)
-    slots = start + offsets
-    pos = jnp.where(slots >= i * key_tile, take(cache.pos), -1)
-    part = reference.attention(q, take(cache.k), take(cache.v), scale=scale,
-                               kv_length=cache.length - start, q_positions=positions,
-                               k_positions=pos)
-    return merge(acc, (part[0].astype(jnp.float32), part[1]))
+    kpos = jnp.where(start + offsets >= i * key_tile, take(key_pos), _NEVER)
+    see = kpos[:, :, None, None, :] <= q_pos  # [B, K, 1, qt, kt]
+    # [B, K, G, qt, kt]
+    logits = jnp.einsum("bkmd,bktd->bkmt", qg, take(cache.k),
+                        preferred_element_type=jnp.float32).reshape(b, hkv, g, qt, key_tile)
+    logits = jnp.where(see, logits, -jnp.inf)
+    m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
+    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    p = jnp.exp(logits - m_safe[..., None])
+    rescale = jnp.exp(m - m_safe)  # 0 while m = -inf
+    l = l * rescale + jnp.sum(p, axis=-1)
+    pv = jnp.einsum("bkmt,bktd->bkmd", p.reshape(b, hkv, g * qt, key_tile),
+                    take(cache.v).astype(jnp.float32)).reshape(b, hkv, g, qt, d)
+    return acc * rescale[..., None] + pv, m_new, l
 
-  init = (jnp.zeros((b, hq, qt, d), jnp.float32), jnp.full((b, hq, qt), -jnp.inf, jnp.float32))
-  out, lse = jax.lax.fori_loop(0, num_tiles, tile, init)
-  return out.astype(q.dtype), lse
+  init = (jnp.zeros((b, hkv, g, qt, d), jnp.float32),
+          jnp.full((b, hkv, g, qt), -jnp.inf, jnp.float32), jnp.zeros((b, hkv, g, qt), jnp.float32))
+  acc, m, l = jax.lax.fori_loop(0, num_tiles, tile, init)
+  seen = l > 0
+  safe_l = jnp.where(seen, l, 1.0)
+  out = jnp.where(seen[..., None], acc / safe_l[..., None], 0.0)
+  lse = jnp.where(seen, m + jnp.log(safe_l), -jnp.inf)
+  return out.reshape(b, hq, qt, d).astype(q.dtype), lse.reshape(b, hq, qt)

@@ -20,8 +20,20 @@ import numpy as np
 
 from experiments.common import modelzoo
 from experiments.latency_lib import end_to_end, settings, timing
-from models import decode
+from models import decode, llama
 from sparse_attn import methods
+
+
+def load(name: str):
+  """``modelzoo.load_model(name)``; ``tiny-random`` with ``hidden = heads * head_dim`` (which
+  ``transformers`` requires; its own tiny model has 64 != 6 * 16)."""
+  model = modelzoo.load_model(name)
+  if name != modelzoo.TINY:
+    return model
+  c = model.config
+  config = c.replace(hidden_size=c.num_heads * c.head_dim)
+  return dataclasses.replace(model, config=config,
+                             params=llama.init_params(config, jax.random.key(0)))
 
 
 def truncate_layers(model, num_layers: int):
@@ -108,7 +120,7 @@ def run(s, done, write_record) -> None:
     keys = {ctx: f"prefill/{name}/{ctx}" for ctx in settings.ints(s.prefill_lengths)}
     if all(done(k) for k in keys.values()):
       continue
-    model = truncate_layers(modelzoo.load_model(name), s.prefill_layers)
+    model = truncate_layers(load(name), s.prefill_layers)
     tmodel = torch_from_params(model, s.threads)
     for ctx, key in keys.items():
       if done(key):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 
 from experiments.common import cli, results
-from experiments.latency_lib import (end_to_end, memory, per_layer, report, resa_overhead,
-                                     settings)
+from experiments.latency_lib import (end_to_end, memory, per_layer, prefill, report,
+                                     resa_overhead, settings)
 
 
 def run(config, workdir: str) -> str:
@@ -40,5 +40,7 @@ def run(config, workdir: str) -> str:
       if not writer.done(key):
         for rec in resa_overhead.run_context(s, ctx):
           write(rec, key)
+  if "prefill" in sections:
+    prefill.run(s, writer.done, write)
   text, _ = report.write(writer.records(), workdir)
   return text

@@ -6,7 +6,7 @@ import dataclasses
 import os
 import re
 
-SECTIONS = ("per_layer", "torch_peer", "end_to_end", "memory", "resa")
+SECTIONS = ("per_layer", "torch_peer", "end_to_end", "memory", "resa", "prefill")
 
 # --config.quick=True: every code path on tiny shapes (numbers mean nothing).
 QUICK = dict(
@@ -19,6 +19,7 @@ QUICK = dict(
     decode_contexts="64", decode_steps=2, prefill_chunk=32, memory_context=512,
     memory_layers=2, memory_methods="dense,expected_attention:ratio=0.5", resa_contexts="256",
     resa_chunk=32, max_seconds_per_context=10.0,
+    prefill_models="tiny-random", prefill_lengths="64,128", prefill_repeats=2,
 )
 
 
