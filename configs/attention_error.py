@@ -14,7 +14,7 @@ attention. ``selectors x budgets`` run with and without ``+resa``; ``extra`` spe
 import ml_collections
 
 
-def get_config():
+def get_config(quick: bool = False):
   c = ml_collections.ConfigDict()
   c.model = "smollm2-135m-instruct"
   c.text = "austen"
@@ -29,11 +29,12 @@ def get_config():
   c.extra = ("quest+retro:w=4", "quest+rect:f=16", "quest+resa+retro:w=4")
   c.extra_budgets = (0.05,)
   c.heatmap_budget = 0.05  # Fig. 6a heatmaps at this budget
-  c.quick = False
-  return c
+  c.quick = quick
+  return _apply_quick(c) if quick else c
 
 
-def apply_quick(c):
+def _apply_quick(c):
+  """The quick (CI) values: ``get_config(quick=True)``, resolved by ``experiments.common.quick``."""
   c.model = "tiny-random"
   c.prefill_len = 256
   c.steps = 4

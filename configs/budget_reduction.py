@@ -14,7 +14,7 @@ teacher-forced NLL relative to dense (``experiments/analysis/quality.py``).
 import ml_collections
 
 
-def get_config():
+def get_config(quick: bool = False):
   c = ml_collections.ConfigDict()
   c.model = "smollm2-135m-instruct"
   c.task = "longdoc"
@@ -31,11 +31,12 @@ def get_config():
   c.resa_options = "lam=1.0"
   c.tolerance = 0.02  # quality >= (1 - tolerance) x dense
   c.budget_steps = 16  # decode steps for the measured budget
-  c.quick = False
-  return c
+  c.quick = quick
+  return _apply_quick(c) if quick else c
 
 
-def apply_quick(c):
+def _apply_quick(c):
+  """The quick (CI) values: ``get_config(quick=True)``, resolved by ``experiments.common.quick``."""
   c.model = "tiny-random"
   c.samples = 1
   c.ctx = 192

@@ -20,10 +20,24 @@ PER_LAYER_METHODS = ",".join([
     "quest:gqa=group+rect:f=32", "topk:gqa=group",
 ])
 
+# --config.quick=True: every code path on tiny shapes (numbers mean nothing).
+_QUICK = dict(
+    num_heads=4, num_kv_heads=2, head_dim=16, contexts="256", dtypes="float32", repeats=2,
+    warmup=0,
+    # every enhancer in one spec (one compilation), and the Pallas kernel in interpret mode
+    methods=("dense,quest:gqa=group+resa+rect:f=8+retro:w=2,topk:gqa=group,"
+             "quest:gqa=group,impl=pallas,interpret=true"),
+    model="tiny-random", e2e_methods="dense,quest:gqa=group", prefill_contexts="64",
+    decode_contexts="64", decode_steps=2, prefill_chunk=32, memory_context=512,
+    memory_layers=2, memory_methods="dense,expected_attention:ratio=0.5", resa_contexts="256",
+    resa_chunk=32, max_seconds_per_context=10.0,
+    prefill_models="tiny-random", prefill_lengths="64,128", prefill_repeats=2,
+)
 
-def get_config():
+
+def get_config(quick: bool = False):
   c = ml_collections.ConfigDict()
-  c.quick = False  # tiny shapes + tiny-random model (CI); overrides the sizes below
+  c.quick = quick  # tiny shapes + tiny-random model (CI): _QUICK below
   c.sections = "per_layer,torch_peer,end_to_end,memory,resa,prefill"
   c.seed = 0
   c.threads = 0  # torch threads; 0 = os.cpu_count() (XLA:CPU uses every core)
@@ -67,4 +81,6 @@ def get_config():
   c.prefill_lengths = "2048,8192"
   c.prefill_layers = 0  # 0 = every layer; n = the first n layers of both models (faster)
   c.prefill_repeats = 3  # interleaved rounds; medians and their ratio are reported
+  if quick:
+    c.update(_QUICK)
   return c

@@ -14,7 +14,7 @@ and vs the best single lambda.
 import ml_collections
 
 
-def get_config():
+def get_config(quick: bool = False):
   c = ml_collections.ConfigDict()
   c.model = "smollm2-135m-instruct"
   c.calib_text = "emma"
@@ -31,11 +31,12 @@ def get_config():
   c.lam_grid = (0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
   c.nll_samples = 2  # held-out windows for NLL (0 = skip the NLL part)
   c.nll_cont = 32
-  c.quick = False
-  return c
+  c.quick = quick
+  return _apply_quick(c) if quick else c
 
 
-def apply_quick(c):
+def _apply_quick(c):
+  """The quick (CI) values: ``get_config(quick=True)``, resolved by ``experiments.common.quick``."""
   c.model = "tiny-random"
   c.prefill_len = 192
   c.steps = 8

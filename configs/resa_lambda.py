@@ -12,7 +12,7 @@ Austen novel; summary-like), relative to dense.
 import ml_collections
 
 
-def get_config():
+def get_config(quick: bool = False):
   c = ml_collections.ConfigDict()
   c.model = "smollm2-135m-instruct"
   c.tasks = ("squad", "longdoc")
@@ -24,11 +24,12 @@ def get_config():
   c.budget = 0.05
   c.block_size = 16
   c.lambdas = (0.0, 0.25, 0.5, 0.75, 1.0)
-  c.quick = False
-  return c
+  c.quick = quick
+  return _apply_quick(c) if quick else c
 
 
-def apply_quick(c):
+def _apply_quick(c):
+  """The quick (CI) values: ``get_config(quick=True)``, resolved by ``experiments.common.quick``."""
   c.model = "tiny-random"
   c.samples = 1
   c.ctx = 128

@@ -12,7 +12,7 @@ Spectra are exact and cheap for every layer and head (``M = scale Q K^T`` has ra
 import ml_collections
 
 
-def get_config():
+def get_config(quick: bool = False):
   c = ml_collections.ConfigDict()
   c.model = "smollm2-135m-instruct"  # or an HF directory, or "tiny-random"
   c.text = "austen"  # experiments.common.data.long_text source
@@ -31,12 +31,12 @@ def get_config():
   c.delta_prefix = 2048
   c.delta_steps = 256
   c.max_lag = 64
-  c.quick = False
-  return c
+  c.quick = quick
+  return _apply_quick(c) if quick else c
 
 
-def apply_quick(c):
-  """Tiny sizes for CI (``--config.quick=True``; the entry point calls this)."""
+def _apply_quick(c):
+  """The quick (CI) values: ``get_config(quick=True)``, resolved by ``experiments.common.quick``."""
   c.model = "tiny-random"
   c.lengths = (64, 128, 256)
   c.chunk = 128

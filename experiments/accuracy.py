@@ -6,8 +6,6 @@ Writes ``results.jsonl`` (one record per method x sample), ``accuracy.md`` and
 ``accuracy_vs_length.png`` into the workdir; a rerun resumes where the last one stopped.
 """
 
-from absl import logging
-
 from experiments.common import cli
 
 cli.define_flags("accuracy")
@@ -15,10 +13,8 @@ cli.define_flags("accuracy")
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)
-  from experiments.tasks import accuracy, config_util  # pylint: disable=g-import-not-at-top
   config, workdir = cli.parsed()
-  config = config_util.resolve(config, "accuracy")
+  from experiments.tasks import accuracy  # pylint: disable=g-import-not-at-top
   accuracy.run(config, workdir)
   print(open(f"{workdir}/accuracy.md", encoding="utf-8").read())
 

@@ -5,8 +5,6 @@ r"""Attention error vs dense, with and without RESA (RESA Sec. 5.3, Fig. 6a).
 See ``configs/attention_error.py`` (options) and ``experiments/analysis/errors.py`` (protocol).
 """
 
-from configs import attention_error as defaults
-from experiments.analysis import error_experiment
 from experiments.common import cli
 
 cli.define_flags("attention_error")
@@ -15,8 +13,7 @@ cli.define_flags("attention_error")
 def main(argv):
   del argv
   config, workdir = cli.parsed()
-  if config.quick:
-    defaults.apply_quick(config)
+  from experiments.analysis import error_experiment  # pylint: disable=g-import-not-at-top (heavy)
   for row in error_experiment.run(config, workdir):
     print(row)
 

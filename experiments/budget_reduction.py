@@ -5,8 +5,6 @@ r"""Smallest budget within 2% of dense with and without RESA (RESA Sec. 5.5, Fig
 See ``configs/budget_reduction.py`` (options) and ``experiments/analysis/quality.py`` (tasks).
 """
 
-from configs import budget_reduction as defaults
-from experiments.analysis import budget_experiment
 from experiments.common import cli
 
 cli.define_flags("budget_reduction")
@@ -15,8 +13,7 @@ cli.define_flags("budget_reduction")
 def main(argv):
   del argv
   config, workdir = cli.parsed()
-  if config.quick:
-    defaults.apply_quick(config)
+  from experiments.analysis import budget_experiment  # pylint: disable=g-import-not-at-top (heavy)
   for row in budget_experiment.run(config, workdir):
     print(row)
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import textwrap
 
-from absl import app, flags, logging
+from absl import flags
+
+from experiments.common import cli
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", "smollm2-135m-instruct", "Model name or HF directory.")
@@ -28,6 +30,7 @@ flags.DEFINE_integer("seed", 0, "Sampling seed.")
 flags.DEFINE_integer("prefill_chunk", 512, "Prompt chunk length.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Params/compute dtype.")
 flags.DEFINE_integer("width", 60, "Column width of the side-by-side view.")
+flags.declare_key_flag("traceback")  # cli.run: user errors as one line unless --traceback
 
 
 def run_one(model, ids, method, sampling, max_new_tokens, prefill_chunk):
@@ -50,17 +53,21 @@ def side_by_side(left_title, left, right_title, right, width) -> str:
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)  # orbax is chatty at INFO
-  import models
-  from experiments.common import modelzoo
-  from experiments.tasks import specs
-  from sparse_attn import methods
+  from experiments.common import checks  # pylint: disable=g-import-not-at-top
 
-  model = models.load(FLAGS.model, dtype=FLAGS.dtype)
+  # User errors fail here, before the model loads (cli.run prints them as one line).
+  checks.check_budget(FLAGS.budget, "--budget")
+  checks.check_model(FLAGS.model, tiny=False)
   prompt = FLAGS.prompt
   if FLAGS.prompt_file:
-    with open(FLAGS.prompt_file) as f:
+    with open(FLAGS.prompt_file, encoding="utf-8") as f:
       prompt = f.read()
+  from experiments.common import modelzoo  # pylint: disable=g-import-not-at-top
+  from experiments.tasks import specs  # pylint: disable=g-import-not-at-top
+  from sparse_attn import methods  # pylint: disable=g-import-not-at-top
+  import models  # pylint: disable=g-import-not-at-top
+  specs.build(FLAGS.method, FLAGS.budget, block_size=FLAGS.block_size)
+  model = models.load(FLAGS.model, dtype=FLAGS.dtype)
   ids = model.encode(prompt, chat=FLAGS.chat)
   sampling = models.Sampling(FLAGS.temperature, FLAGS.top_p, FLAGS.seed)
   dense = methods.make("dense", block_size=FLAGS.block_size)
@@ -83,4 +90,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

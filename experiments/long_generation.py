@@ -6,8 +6,6 @@ Writes ``results.jsonl`` (one record per method), ``long_generation.md`` and
 ``long_generation.png`` into the workdir; a rerun resumes where the last one stopped.
 """
 
-from absl import logging
-
 from experiments.common import cli
 
 cli.define_flags("long_generation")
@@ -15,10 +13,8 @@ cli.define_flags("long_generation")
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)
-  from experiments.tasks import long_generation, config_util  # pylint: disable=g-import-not-at-top
   config, workdir = cli.parsed()
-  config = config_util.resolve(config, "long_generation")
+  from experiments.tasks import long_generation  # pylint: disable=g-import-not-at-top
   long_generation.run(config, workdir)
   print(open(f"{workdir}/long_generation.md", encoding="utf-8").read())
 

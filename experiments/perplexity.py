@@ -6,8 +6,6 @@ Writes ``results.jsonl`` (one record per method x view x decode length), ``perpl
 the sweep / interval figures into the workdir; a rerun resumes where the last one stopped.
 """
 
-from absl import logging
-
 from experiments.common import cli
 
 cli.define_flags("perplexity")
@@ -15,10 +13,8 @@ cli.define_flags("perplexity")
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)
-  from experiments.tasks import perplexity, config_util  # pylint: disable=g-import-not-at-top
   config, workdir = cli.parsed()
-  config = config_util.resolve(config, "perplexity")
+  from experiments.tasks import perplexity  # pylint: disable=g-import-not-at-top
   perplexity.run(config, workdir)
   print(open(f"{workdir}/perplexity.md", encoding="utf-8").read())
 

@@ -3,8 +3,6 @@ r"""One markdown report of every experiment's JSONL results (see ``configs/repor
   python -m experiments.report --config=configs/report.py --config.root=results --workdir=results
 """
 
-from absl import logging
-
 from experiments.common import cli
 
 cli.define_flags("report")
@@ -12,10 +10,8 @@ cli.define_flags("report")
 
 def main(argv):
   del argv
-  logging.set_verbosity(logging.WARNING)
-  from experiments.tasks import config_util, report  # pylint: disable=g-import-not-at-top
   config, workdir = cli.parsed()
-  config = config_util.resolve(config, "report")
+  from experiments.tasks import report  # pylint: disable=g-import-not-at-top
   path = report.build(config.root, workdir, config.name)
   print(open(path, encoding="utf-8").read())
 

@@ -5,8 +5,6 @@ r"""Per-head RESA lambda calibration with optax + orbax (beyond the paper).
 See ``configs/resa_calibrate.py`` (options) and ``experiments/analysis/calibrate.py`` (method).
 """
 
-from configs import resa_calibrate as defaults
-from experiments.analysis import calibrate_experiment
 from experiments.common import cli
 
 cli.define_flags("resa_calibrate")
@@ -15,8 +13,7 @@ cli.define_flags("resa_calibrate")
 def main(argv):
   del argv
   config, workdir = cli.parsed()
-  if config.quick:
-    defaults.apply_quick(config)
+  from experiments.analysis import calibrate_experiment  # pylint: disable=g-import-not-at-top (heavy)
   for row in calibrate_experiment.run(config, workdir):
     print(row)
 

@@ -5,8 +5,6 @@ r"""RESA lambda sweep on retrieval-like and summary-like tasks (RESA Sec. 5.4, F
 See ``configs/resa_lambda.py`` (options) and ``experiments/analysis/quality.py`` (tasks).
 """
 
-from configs import resa_lambda as defaults
-from experiments.analysis import lambda_experiment
 from experiments.common import cli
 
 cli.define_flags("resa_lambda")
@@ -15,8 +13,7 @@ cli.define_flags("resa_lambda")
 def main(argv):
   del argv
   config, workdir = cli.parsed()
-  if config.quick:
-    defaults.apply_quick(config)
+  from experiments.analysis import lambda_experiment  # pylint: disable=g-import-not-at-top (heavy)
   for row in lambda_experiment.run(config, workdir):
     print(row)
 

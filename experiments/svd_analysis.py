@@ -5,8 +5,6 @@ r"""SVD of attention logits (RESA Sec. 3.2; Fig. 2, 4, 5b, 6b).
 See ``configs/svd_analysis.py`` for the options and ``experiments/analysis/svd.py`` for the math.
 """
 
-from configs import svd_analysis as defaults
-from experiments.analysis import svd_experiment
 from experiments.common import cli
 
 cli.define_flags("svd_analysis")
@@ -15,8 +13,7 @@ cli.define_flags("svd_analysis")
 def main(argv):
   del argv
   config, workdir = cli.parsed()
-  if config.quick:
-    defaults.apply_quick(config)
+  from experiments.analysis import svd_experiment  # pylint: disable=g-import-not-at-top (heavy)
   for row in svd_experiment.run(config, workdir):
     print(row)
 

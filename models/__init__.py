@@ -2,6 +2,7 @@
 
   model = models.load("smollm2-135m-instruct")          # or an HF directory
   out = models.generate(model, model.encode("Hi", chat=True), 32, methods.make("quest"))
+  models.available()   # the loadable names, their source, size and install state
 """
 
 from models import sampling
@@ -9,6 +10,7 @@ from models.config import ModelConfig, RopeConfig
 from models.decode import Generation, generate, teacher_forced
 from models.loading import Model, load
 from models.sampling import Sampling
+from models.sources import ModelEntry, available
 
 __all__ = ["ModelConfig", "RopeConfig", "Model", "load", "generate", "teacher_forced",
-           "Generation", "Sampling"]
+           "Generation", "Sampling", "available", "ModelEntry"]

@@ -49,10 +49,15 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
   if s > capacity:
     raise ValueError(f"prompt of {s} tokens exceeds the cache capacity {capacity}")
   w = config.sliding_window
-  if w is not None and capacity > w:
-    raise NotImplementedError(
-        f"sliding_window={w} < cache capacity {capacity}: the method interface has no "
-        "window mask yet; use a context within the window")
+  if w is not None and capacity > w and getattr(method, "sliding_window", None) != w:
+    raise ValueError(
+        f"the model attends a sliding window of {w} tokens < cache capacity {capacity}, but "
+        f"method {method.spec!r} has sliding_window={getattr(method, 'sliding_window', None)}:"
+        " pass models.decode.with_model_window(method, config, capacity) (generate and "
+        "teacher_forced do)")
+  check = getattr(method, "check_context", None)  # selectors: refuse a budget choosing nothing
+  if check is not None:
+    check(int(lengths.min()))
   history = np.zeros((b, capacity), np.int32)
   history[:, :s] = prompts
   caches, states = init_caches(config, method, b, capacity)
@@ -70,6 +75,22 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
     last = jnp.where(jnp.asarray(here)[:, None], picked, last)
   caches, states = end_prefill(caches, states, config=config, method=method)
   return last, jnp.asarray(history), caches, states
+
+
+def with_model_window(method, config, capacity: int):
+  """``method`` with the model's sliding window (Mistral) when the cache can outgrow it.
+
+  Raises:
+    NotImplementedError: the method has no window mask (RESA, retro, compression methods).
+  """
+  w = config.sliding_window
+  if w is None or capacity <= w or getattr(method, "sliding_window", None) == w:
+    return method
+  if not hasattr(method, "with_sliding_window"):
+    raise NotImplementedError(
+        f"{method.spec!r} has no sliding-window mask; the model's window is {w} tokens and the "
+        f"cache {capacity}: use a context within the window, dense, or a selector")
+  return method.with_sliding_window(w)
 
 
 def window_positions(newest: np.ndarray, w: int) -> np.ndarray:
@@ -136,6 +157,7 @@ def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampli
   capacity = method.round_capacity(capacity or need)
   if capacity < need:
     raise ValueError(f"capacity {capacity} < prompt + max_new_tokens = {need}")
+  method = with_model_window(method, config, capacity)
   key = jax.random.key(sampling.seed)
   t0 = time.perf_counter()
   last, history, caches, states = prefill(model, prompts, lengths, method, capacity,
@@ -201,6 +223,7 @@ def teacher_forced(model, tokens, prefill_len: int, method, *, prefill_chunk: in
   if not 1 <= prefill_len <= n:
     raise ValueError(f"prefill_len={prefill_len} must be in [1, {n}]")
   capacity = method.round_capacity(capacity or n)
+  method = with_model_window(method, config, capacity)
   lengths = np.full((b,), prefill_len, np.int32)
   last, history, caches, states = prefill(model, tokens[:, :prefill_len], lengths, method,
                                           capacity, prefill_chunk)

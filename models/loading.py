@@ -24,7 +24,7 @@ import numpy as np
 from models import gguf_loader, hf_loader, llama
 from models import tokenizer as tokenizer_lib
 from models.config import ModelConfig
-from models.sources import KNOWN_MODELS, resolve_gguf
+from models.sources import KNOWN_MODELS, cache_root, resolve_gguf
 
 CACHE_VERSION = 1
 
@@ -54,11 +54,6 @@ class Model:
 
 
 _forward_jit = jax.jit(llama.forward, static_argnums=1)
-
-
-def cache_root() -> str:
-  return os.environ.get("SPARSE_ATTN_CACHE") or os.path.join(
-      os.path.expanduser("~"), ".cache", "sparse_attn")
 
 
 def load(path_or_name: str = "smollm2-135m-instruct", *, dtype: str = "float32",

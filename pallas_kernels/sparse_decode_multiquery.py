@@ -2,7 +2,8 @@
 
 RetroAttention (Algorithm 2) revisits the last W decode steps: query ``w`` of the window may use a
 listed block only if the block was available at its step (``block_mask``, from the cache's
-``block_last_seen``), and only keys at or before its own position (``q_limit``). All W queries of
+``block_last_seen``), and only keys at or before its own position (``q_limit``, compared with the
+slots' token positions ``pos``: the slot index when ``pos`` is not given). All W queries of
 all G heads of a group share one block list, so the kernel loads each listed block once for
 G x W query rows.
 
@@ -23,7 +24,8 @@ from pallas_kernels.sparse_decode import default_scale, selection_rows
 
 
 def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
-                                       *, block_size: int, scale: float | None = None):
+                                       *, block_size: int, scale: float | None = None,
+                                       pos=None):
   """Plain-jnp multi-query sparse decode: gather the listed blocks, masked f32 softmax.
 
   Args: as ``sparse_decode_multiquery``.
@@ -38,10 +40,10 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
   # [B, H, L, D]
   kg = _common.gather_blocks(k, block_idx, block_size)
   vg = _common.gather_blocks(v, block_idx, block_size)
-  ok, slot = _common.listed_slots_ok(block_idx, n_valid, length, block_size)
+  ok, pos_g = _common.listed_slots_ok(block_idx, n_valid, length, block_size, pos)
   # [B, H, W, L]: query w may use the block holding slot l, and only up to its own position.
   use = jnp.repeat(block_mask.astype(bool), block_size, axis=-1)
-  use &= slot[:, :, None, :] <= q_limit[:, None, :, None]
+  use &= pos_g[:, :, None, :] <= q_limit[:, None, :, None]
   ok = ok[:, :, None, :] & use
   # [B, H, G, W, L]
   logits = jnp.einsum("bhgwd,bhld->bhgwl", q.reshape(b, hs, g, w, d).astype(jnp.float32),
@@ -57,7 +59,8 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
 def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length, *,
                              block_size: int, scale: float | None = None,
                              num_splits: int | None = None, impl: str = "auto",
-                             interpret: bool = False, num_warps: int = 4, num_stages: int = 2):
+                             interpret: bool = False, num_warps: int = 4, num_stages: int = 2,
+                             pos=None):
   """Sparse decode of W queries per head over one shared block list.
 
   Args:
@@ -66,9 +69,12 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     block_idx: ``[B, H, n]`` int32, ``H`` = K (group-shared) or N (per query head).
     n_valid: ``[B, H]`` int32 valid list entries.
     block_mask: ``[B, H, W, n]`` bool; query ``w`` may use listed block ``i``.
-    q_limit: ``[B, W]`` int32; query ``w`` attends only slots ``<= q_limit[b, w]`` (negative:
-      nothing).
+    q_limit: ``[B, W]`` int32; query ``w`` attends only keys at positions ``<= q_limit[b, w]``
+      (negative: nothing).
     length: ``[B]`` int32; slots ``>= length`` are never attended.
+    pos: optional ``[B, K, T]`` int32 token position held by each slot (``KVCache.pos``; -1 =
+      empty, never attended: a compacted cache has such holes below ``length``). None: every
+      slot below ``length`` holds a token.
     block_size, scale, num_splits, impl, interpret, num_warps, num_stages: as ``sparse_decode``.
 
   Returns:
@@ -78,7 +84,8 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
   _common.check_block_size(block_size, k.shape[2])
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
-                                              length, block_size=block_size, scale=scale)
+                                              length, block_size=block_size, scale=scale,
+                                              pos=pos)
   b, hq, w, d = q.shape
   hs, n = block_idx.shape[1:]
   g = selection_rows(hq, k.shape[1], hs)
@@ -91,7 +98,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
   row_limit = jnp.broadcast_to(q_limit[:, None, None, :], (b, hs, g, w))
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits)
   [(out, lse)] = decode_partials(
-      q.reshape(b, hs, g * w, d), k, v, block_idx, n_valid, length,
+      q.reshape(b, hs, g * w, d), k, v, block_idx, n_valid, length, pos=pos,
       row_mask=row_mask.reshape(b, hs, n, g * w), row_limit=row_limit.reshape(b, hs, g * w),
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
   return out.reshape(b, hq, w, d).astype(q.dtype), lse.reshape(b, hq, w)

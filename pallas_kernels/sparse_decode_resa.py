@@ -26,7 +26,7 @@ from pallas_kernels.sparse_decode import default_scale, selection_rows, sparse_d
 
 
 def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
-                                 scale: float | None = None):
+                                 scale: float | None = None, pos=None):
   """Plain-jnp RESA-fused sparse decode (gather the listed blocks and priors, f32 softmax).
 
   Args: as ``sparse_decode_resa``.
@@ -38,13 +38,13 @@ def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, 
   hs = block_idx.shape[1]
   rows = selection_rows(hq, k.shape[1], hs)
   out, lse = sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
-                                     scale=scale)
+                                     scale=scale, pos=pos)
   # [B, H, T, R]: the prior of each row, slots first so blocks gather like keys.
   pr = jnp.swapaxes(prior.astype(jnp.float32).reshape(b, hs, rows, -1), 2, 3)
   # [B, H, R, L]
   pg = jnp.swapaxes(_common.gather_blocks(pr, block_idx, block_size), 2, 3)
   vg = _common.gather_blocks(v, block_idx, block_size)
-  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size)
+  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size, pos)
   p_out, p_lse = _common.masked_softmax_sum(pg, ok[:, :, None, :], vg)
   return out, lse, p_out.reshape(b, hq, d), p_lse.reshape(b, hq)
 
@@ -54,7 +54,7 @@ def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, 
 def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
                        scale: float | None = None, num_splits: int | None = None,
                        impl: str = "auto", interpret: bool = False, num_warps: int = 4,
-                       num_stages: int = 2):
+                       num_stages: int = 2, pos=None):
   """``sparse_decode`` plus RESA's prior statistics over the same selected positions.
 
   Args:
@@ -63,6 +63,9 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
     prior: ``[B, N, T]`` float32 RESA prior logits ``P_j`` (already scaled) of every slot.
     block_idx: ``[B, H, n]`` int32, ``H`` = K (group-shared) or N (per query head).
     n_valid: ``[B, H]`` int32; ``length``: ``[B]`` int32.
+    pos: optional ``[B, K, T]`` int32 token position held by each slot (``KVCache.pos``; -1 =
+      empty, never attended: a compacted cache has such holes below ``length``). None: every
+      slot below ``length`` holds a token.
     block_size, scale, num_splits, impl, interpret, num_warps, num_stages: as ``sparse_decode``.
 
   Returns:
@@ -73,7 +76,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   _common.check_block_size(block_size, k.shape[2])
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
-                                        block_size=block_size, scale=scale)
+                                        block_size=block_size, scale=scale, pos=pos)
   b, hq, d = q.shape
   hs, n = block_idx.shape[1:]
   rows = selection_rows(hq, k.shape[1], hs)
@@ -82,7 +85,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
     return zeros.astype(q.dtype), empty, zeros, empty
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits)
   (out, lse), (p_out, p_lse) = decode_partials(
-      q.reshape(b, hs, rows, d), k, v, block_idx, n_valid, length,
+      q.reshape(b, hs, rows, d), k, v, block_idx, n_valid, length, pos=pos,
       prior=prior.reshape(b, hs, rows, -1), block_size=block_size,
       scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
   return (out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq),

@@ -78,7 +78,8 @@ def adakv(scores, cache: KVCache, budget: Budget, scale=None, floor: float = 0.2
   Args:
     scores: ``[B, H, N]``.
     cache: the layer cache.
-    budget: the uniform per-head count ``n``; the layer total is ``H * n``.
+    budget: the uniform per-head count ``n`` (``Budget.total``, forced blocks counted as the
+      budget's accounting says); the layer total is ``H * n``.
     floor: each head keeps at least ``ceil(floor * n)`` blocks.
     cap: static list length is ``cap`` times the uniform bound.
   """
@@ -89,7 +90,7 @@ def adakv(scores, cache: KVCache, budget: Budget, scale=None, floor: float = 0.2
   mass = block_mass(scores, cache, scale)
   n_max = min(nb, cap * budget.max_count(cache.capacity, bs))
   idx, m_sorted, ok, n_forced = _ranked(mass, cache, budget, n_max)
-  n_u = budget.count(cache.length, bs)  # [B]
+  n_u = budget.total(cache.length, n_forced[:, 0], bs)  # [B] uniform per-head count
   guaranteed = jnp.maximum(jnp.ceil(floor * n_u).astype(jnp.int32)[:, None], n_forced)
   rank = jnp.arange(idx.shape[-1])[None, None, :]
   # Entries every head keeps rank above all others; the rest compete on mass.

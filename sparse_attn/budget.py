@@ -5,9 +5,17 @@ A budget is given the way the papers give it:
   * ``budget`` int >= 1: a token count (Quest's "token budget");
   * ``p`` (with ``n_min``): ReSA's dynamic rule ``n = max(n_min, ceil(M * p))`` blocks, ``M`` the
     number of blocks in the context (Sun et al. 2025, Sec. 2.1, Eq. 4).
-The count includes the forced entries (sink tokens, local window); when the forced entries alone
-exceed it, all of them are kept. The count never exceeds the context: a budget larger than the
-context selects everything.
+How the forced entries (sink tokens, local window) count is each paper's protocol, the option
+``forced_count``:
+  * ``"extra"`` (the default for ``budget``): the budget is what the selector chooses by score; the
+    forced entries are a fixed budget on top (RESA, Yang et al. 2026, Sec. 5 "Additional
+    Configuration": 4 sinks + 64 local tokens besides the 2.5% selected);
+  * ``"inside"`` (the default for ReSA's ``p``): the forced entries count inside the budget (ReSA
+    Eq. 4 counts its ``n_local`` blocks in ``n``; RetroAttention's 0.15 includes the current page).
+``min_tokens`` is a floor on the budget (RetroAttention, Table 1: relative budget 0.15 with a
+256-token minimum). The count never exceeds the context: a budget larger than the context selects
+everything. A block selector left with nothing to choose by score (forced entries eating an
+``"inside"`` budget) is refused by ``check`` rather than silently becoming StreamingLLM.
 """
 
 from __future__ import annotations
@@ -16,6 +24,9 @@ import dataclasses
 import math
 
 import jax.numpy as jnp
+import numpy as np
+
+FORCED_ACCOUNTING = ("extra", "inside")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +41,9 @@ class Budget:
     n_sink: leading sink tokens always attended (StreamingLLM / Quest practice).
     local_window: trailing tokens always attended (ignored when ``n_local`` is set).
     n_local: trailing blocks always attended (ReSA's ``n_local``); None = use ``local_window``.
+    forced_count: ``"extra"`` (forced entries on top of the budget) or ``"inside"`` (counted in it);
+      None picks ``"inside"`` for ReSA's ``p`` rule and ``"extra"`` otherwise.
+    min_tokens: the budget never drops below this many tokens (RetroAttention's 256).
   """
 
   budget: float | int | None = 0.1
@@ -38,8 +52,15 @@ class Budget:
   n_sink: int = 4
   local_window: int = 64
   n_local: int | None = None
+  forced_count: str | None = None
+  min_tokens: int = 0
 
   def __post_init__(self):
+    if self.forced_count is None:
+      object.__setattr__(self, "forced_count", "inside" if self.budget is None else "extra")
+    if self.forced_count not in FORCED_ACCOUNTING:
+      raise ValueError(f"forced_count must be one of {FORCED_ACCOUNTING}, got "
+                       f"{self.forced_count!r}")
     b = self.budget
     if b is None and self.p is None:
       raise ValueError("give a budget (fraction or token count) or ReSA's p")
@@ -53,7 +74,7 @@ class Budget:
       raise ValueError(f"budget must be a float fraction or an int token count, got {b!r}")
     if self.p is not None and not 0.0 < self.p <= 1.0:
       raise ValueError(f"p must be in (0, 1], got {self.p}")
-    for name in ("n_min", "n_sink", "local_window"):
+    for name in ("n_min", "n_sink", "local_window", "min_tokens"):
       if getattr(self, name) < 0:
         raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
     if self.n_local is not None and self.n_local < 0:
@@ -62,7 +83,7 @@ class Budget:
   # ---- counts in units of `unit` tokens (block_size, or 1 for token-level selectors) ----
 
   def count(self, length, unit: int):
-    """Entries granted by the budget alone at context ``length [B]`` -> ``[B]`` int32."""
+    """Entries granted by the budget rule alone at context ``length [B]`` -> ``[B]`` int32."""
     m = (length + unit - 1) // unit  # entries in the context
     if self.budget is None:
       n = jnp.maximum(self.n_min, jnp.ceil(m * self.p).astype(jnp.int32))
@@ -70,7 +91,14 @@ class Budget:
       n = jnp.ceil(self.budget * length.astype(jnp.float32) / unit).astype(jnp.int32)
     else:
       n = jnp.full_like(length, -(-self.budget // unit))
-    return n.astype(jnp.int32)
+    return jnp.maximum(n, -(-self.min_tokens // unit)).astype(jnp.int32)
+
+  def total(self, length, n_forced, unit: int):
+    """Entries attended in all, forced included, at ``length [B]`` with ``n_forced [B]``."""
+    n = self.count(length, unit)
+    if self.forced_count == "extra":
+      return (n + n_forced).astype(jnp.int32)
+    return jnp.maximum(n, n_forced).astype(jnp.int32)
 
   def max_count(self, capacity: int, unit: int) -> int:
     """Static upper bound of ``count`` plus the forced entries, clipped to the capacity."""
@@ -81,6 +109,7 @@ class Budget:
       n = math.ceil(self.budget * capacity / unit)
     else:
       n = -(-self.budget // unit)
+    n = max(n, -(-self.min_tokens // unit))
     return max(1, min(m, n + self.max_forced(unit)))
 
   def max_forced(self, unit: int) -> int:
@@ -99,3 +128,43 @@ class Budget:
     else:
       local = ((idx + 1) * unit > ln - self.local_window) & (self.local_window > 0)
     return (sink | local) & (idx * unit < ln)
+
+  def accounting(self, context: int, unit: int) -> dict:
+    """Tokens attended per selection head at a context of ``context`` tokens (host ints).
+
+    Returns ``dict(forced=, chosen=, total=, context=)``: ``forced`` the sink and local tokens,
+    ``chosen`` the tokens selected by score (whole entries of ``unit`` tokens), ``total`` their
+    sum, never above ``context``. Adaptive rules (top-p, Ada-KV) give their upper bound.
+    """
+    context = int(context)
+    if context <= 0:
+      return dict(forced=0, chosen=0, total=0, context=context)
+    ln = np.array([context], np.int32)
+    m = -(-context // unit)
+    forced = np.asarray(self.forced(ln, m, unit))[0]
+    tokens = np.minimum(unit, context - np.arange(m) * unit)  # tokens per entry
+    n_forced = int(forced.sum())
+    total = min(m, int(np.asarray(self.total(ln, np.array([n_forced]), unit))[0]))
+    chosen_entries = np.sort(tokens[~forced])[::-1][:max(0, total - n_forced)]
+    f_tok, c_tok = int(tokens[forced].sum()), int(chosen_entries.sum())
+    return dict(forced=f_tok, chosen=c_tok, total=f_tok + c_tok, context=context)
+
+  def check(self, context: int, unit: int, name: str = "the selector"):
+    """Raises ValueError when, at ``context`` tokens, nothing is chosen by score although
+    some entries stay unattended (the selector would silently be StreamingLLM)."""
+    acc = self.accounting(context, unit)
+    if acc["chosen"] == 0 and acc["total"] < context:
+      raise ValueError(
+          f"{name} chooses 0 blocks by score at a context of {context} tokens: the budget "
+          f"({self._describe()}, {unit}-token entries) is used up by {acc['forced']} forced "
+          f"tokens (n_sink={self.n_sink}, local={self._local_desc()}, forced_count={self.forced_count!r}). "
+          "Raise the budget, use forced_count='extra', or shrink the forced entries.")
+
+  def _describe(self) -> str:
+    if self.budget is None:
+      return f"p={self.p}, n_min={self.n_min}"
+    return f"budget={self.budget}" + (f", min_tokens={self.min_tokens}" if self.min_tokens else "")
+
+  def _local_desc(self) -> str:
+    return (f"n_local={self.n_local} blocks" if self.n_local is not None
+            else f"local_window={self.local_window} tokens")

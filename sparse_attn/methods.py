@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
-from sparse_attn import adaptive, reference, scoring, selection, sparse
+from sparse_attn import adaptive, reference, scoring, selection, sliding_window, sparse
 from sparse_attn.budget import Budget
 from sparse_attn.cache import KVCache, init_cache, write
 from sparse_attn.cache_attention import dense_over_cache
@@ -46,16 +46,45 @@ SELECTORS: dict[str, Callable[..., selection.Selection]] = {
 BASE_NAMES = ("dense",) + tuple(SELECTORS)
 
 COMMON_OPTIONS = ("block_size", "impl", "interpret")
-BUDGET_OPTIONS = ("budget", "p", "n_min", "n_local", "n_sink", "local_window")
+BUDGET_OPTIONS = ("budget", "p", "n_min", "n_local", "n_sink", "local_window", "forced_count",
+                  "min_tokens")
 SELECTOR_OPTIONS = BUDGET_OPTIONS + ("gqa", "variant", "topp", "adakv")
 BLOCK_SELECTORS = ("quest", "arkvale")  # digest-scored; adaptive budget rules apply to these
 # enhancer -> its options (given inline, ``quest+resa:lam=0.5``, or as keywords to ``make``)
 ENHANCER_OPTIONS = {
-    "resa": ("lam", "typical_query", "prior_update"),
+    "resa": ("lam", "typical_query", "prior_update", "lam_form"),
     "rect": ("f",),
     "retro": ("w",),
 }
 TOKEN_SELECTORS = ("topk", "streaming")  # selections of single slots (granularity 1)
+SCORE_SELECTORS = ("quest", "arkvale", "topk")  # choose entries by score (StreamingLLM does not)
+
+# Paper presets: name -> spec string (every option inline; keywords to ``make`` override them).
+PRESETS = {
+    # RESA (Yang et al., ICLR 2026), Sec. 5 "Additional Configuration": 2.5% of the context chosen
+    # by the selector, 4 sinks + 64 local tokens a fixed budget on top, prior fixed at the end of
+    # prefill (Sec. 4.2), lambda = 1 (Sec. 4.3).
+    "resa-quest": "quest:budget=0.025,n_sink=4,local_window=64,forced_count=extra"
+                  "+resa:lam=1.0,prior_update=prefill_only,typical_query=mean",
+    "resa-arkvale": "arkvale:budget=0.025,n_sink=4,local_window=64,forced_count=extra"
+                    "+resa:lam=1.0,prior_update=prefill_only,typical_query=mean",
+    "resa-topk": "topk:budget=0.025,n_sink=4,local_window=64,forced_count=extra"
+                 "+resa:lam=1.0,prior_update=prefill_only,typical_query=mean",
+    # ReSA (Sun et al. 2025), Sec. 2.1 Eq. 4 and Sec. 3: group-shared block selection,
+    # n = max(n_min, ceil(M p)) blocks counting the n_local forced block, no sink block,
+    # b = 16, n_min = 16, p = 0.1, dense rectification every f = 32 tokens (Sec. 2.2).
+    "rectified": "quest:gqa=group,p=0.1,n_min=16,n_local=1,n_sink=0,forced_count=inside"
+                 "+rect:f=32",
+    # RetroAttention (Choi et al. 2025), Table 1: Quest with a relative budget of 0.15 of the
+    # current context and a 256-token minimum, only the current page forced; window w = 2.
+    "retro": "quest:budget=0.15,min_tokens=256,n_sink=0,local_window=1,forced_count=inside"
+             "+retro:w=2",
+    # Expected Attention (Devoto et al. 2025), Sec. 4 "Experimental setup": Ada-KV head budgets,
+    # 512 future positions, eps = 0.01 (0 for needle in a haystack), covariance and value norm;
+    # prefill statistics from the prompt's queries. Half the cache evicted (Fig. 3's ratio).
+    "expected-attention": "expected_attention:ratio=0.5,head_budget=adakv,n_future=512,eps=0.01,"
+                          "use_covariance=true,use_vnorm=true",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,15 +101,22 @@ class Method:
     impl: ``"auto" | "pallas" | "xla"`` for the attention ops.
     interpret: run Pallas kernels in interpret mode.
     resa: RESA residual estimation on (Yang et al., ICLR 2026).
-    lam: RESA's lambda, the weight of the estimated unselected keys (0 = the selector alone).
+    lam: RESA's lambda in [0, 1], the weight of the estimated unselected keys (Sec. 4.3).
+    lam_form: ``"renormalised"`` (default: the unselected mass is scaled by lam inside the
+      softmax, so lam = 0 is exactly the selector alone) or ``"literal"`` (the paper's
+      ``alpha' = lam * alpha`` in Eq. 5 with beta unchanged; lam = 0 then gives
+      ``beta * O_SA``, the sparse output scaled by its share of the full mass).
     typical_query: RESA's ``mu_Q``: ``"mean"`` prompt query or the ``"last"`` one.
-    prior_update: ``"incremental"`` (decoded keys join the prior) or ``"prefill_only"``.
+    prior_update: ``"prefill_only"`` (the paper's prior, fixed at the end of prefill) or
+      ``"incremental"`` (an extension: decoded keys join the prior).
     rect_f: ReSA dense rectification every ``rect_f`` generated tokens (0 = never).
     retro_w: RetroAttention window (1 = off).
     topp: adaptive top-p rule: the fewest blocks with estimated mass >= ``topp`` per head,
       capped by the budget (Twilight / PSA; ``sparse_attn.adaptive.topp``).
     adakv: Ada-KV head-adaptive allocation of the layer's block budget with this per-head floor
       fraction (Feng et al. 2024; ``sparse_attn.adaptive.adakv``).
+    sliding_window: Mistral's attention window (None = unlimited); set from the model by
+      ``with_sliding_window`` (``models.generate`` does it), see ``sparse_attn.sliding_window``.
   """
 
   spec: str = "dense"
@@ -93,12 +129,14 @@ class Method:
   interpret: bool = False
   resa: bool = False
   lam: float = 1.0
+  lam_form: str = "renormalised"
   typical_query: str = "mean"
-  prior_update: str = "incremental"
+  prior_update: str = "prefill_only"
   rect_f: int = 0
   retro_w: int = 1
   topp: float | None = None
   adakv: float | None = None
+  sliding_window: int | None = None
 
   # ---- schedule flags the decode loop obeys ----
   @property
@@ -147,9 +185,28 @@ class Method:
   def is_dense(self) -> bool:
     return self.selector == "dense"
 
+  def attended_tokens(self, context: int) -> dict | None:
+    """Tokens attended per selection head at ``context`` tokens, split into forced and chosen
+    (``Budget.accounting``); None for dense."""
+    return None if self.budget is None else self.budget.accounting(context, self.granularity)
+
+  def check_context(self, context: int):
+    """Raises ValueError when a score-based selector would choose nothing by score at
+    ``context`` tokens (it would silently be StreamingLLM)."""
+    if self.selector in SCORE_SELECTORS:
+      self.budget.check(context, self.granularity, name=f"{self.spec!r}")
+
   def round_capacity(self, n: int) -> int:
     """The smallest valid capacity (a multiple of ``block_size``) holding ``n`` tokens."""
     return max(1, -(-int(n) // self.block_size)) * self.block_size
+
+  def with_sliding_window(self, window: int) -> "Method":
+    """This method under a sliding-window mask of ``window`` tokens (Mistral)."""
+    if self.enhanced:
+      raise NotImplementedError(
+          f"{self.spec}: RESA and retro have no sliding-window mask; with a windowed model use "
+          "dense, a selector (quest, arkvale, topk, streaming) or +rect")
+    return dataclasses.replace(self, sliding_window=sliding_window.check_window(window))
 
   # ---- per-layer functions ----
   def init_cache(self, batch, num_kv_heads, capacity, head_dim, dtype=jnp.float32) -> KVCache:
@@ -170,7 +227,7 @@ class Method:
     if self.enhanced:
       return compose.prefill(self, q, k, v, cache, state, positions, scale)
     cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), positions)
-    out, _ = dense_over_cache(q, cache, positions, scale)
+    out, _ = dense_over_cache(q, cache, positions, scale, window=self.sliding_window)
     return out, cache, state
 
   def end_prefill(self, cache: KVCache, state, *, scale=None):
@@ -207,6 +264,8 @@ class Method:
   def select_blocks(self, q, cache: KVCache, scale=None) -> selection.Selection:
     """Block selection under the fixed budget or an adaptive rule (``topp`` / ``adakv``)."""
     scores = self.block_scores(q, cache)
+    if self.sliding_window is not None:  # `cache` is the windowed view (see `attend`)
+      scores = sliding_window.mask_block_scores(scores, cache)
     if self.topp is not None:
       return adaptive.topp(scores, cache, self.budget, self.topp, scale)
     if self.adakv is not None:
@@ -215,11 +274,16 @@ class Method:
 
   def attend(self, q, cache: KVCache, positions, scale=None):
     """Decode attention of ``q [B, Hq, D]`` at ``positions [B]`` -> ``(out, lse)``."""
+    impl = self.impl
+    if self.sliding_window is not None:
+      cache = sliding_window.visible(cache, positions, self.sliding_window)
+      impl = "xla"  # the Pallas kernels bound keys by `length`, not by position
     if self.is_dense:
       out, lse = dense_over_cache(q[:, :, None], cache, positions[:, None], scale)
       return out[:, :, 0], lse[:, :, 0]
     sel = self.select(q, cache, scale)
-    return sparse.sparse_decode(q, cache, sel, scale, impl=self.impl, interpret=self.interpret)
+    out, lse = sparse.sparse_decode(q, cache, sel, scale, impl=impl, interpret=self.interpret)
+    return sparse.mask_rows(out, lse, positions)
 
   def decode(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
     """Appends the new token's K/V and attends. ``q [B, Hq, W, D]`` -> ``out [B, Hq, W, D]``.
@@ -257,27 +321,33 @@ def make(spec: str = "dense", **options) -> Method:
 
   Args:
     spec: ``"dense"``, ``"quest"``, ``"arkvale"``, ``"topk"``, ``"streaming"`` (options may
-      also be given inline: ``"quest:gqa=group"``).
+      also be given inline: ``"quest:gqa=group"``), a compression method, or a paper preset
+      name (``PRESETS``: ``"resa-quest"``, ``"rectified"``, ``"retro"``, ...).
     **options: ``budget`` (float fraction in (0, 1] or int token count), ``p`` / ``n_min`` /
-      ``n_local`` (ReSA's dynamic rule), ``n_sink``, ``local_window``, ``gqa``, ``variant``,
+      ``n_local`` (ReSA's dynamic rule), ``n_sink``, ``local_window``, ``forced_count``
+      (``extra``/``inside``, see ``sparse_attn.budget``), ``min_tokens``, ``gqa``, ``variant``,
       ``topp`` (adaptive top-p mass threshold) or ``adakv`` (Ada-KV per-head floor) for
       ``quest``/``arkvale``, ``block_size``, ``impl``, ``interpret``; with enhancers (``"quest+resa+rect+retro"``, each
       at most once, in any order, options inline ``"quest+resa:lam=0.5"`` or as keywords):
-      ``lam`` (>= 0, default 1), ``typical_query`` (``mean``/``last``), ``prior_update``
-      (``incremental``/``prefill_only``) for ``resa``; ``f`` (default 32; 0 or ``inf`` = never)
+      ``lam`` (in [0, 1], default 1), ``lam_form`` (``renormalised``/``literal``),
+      ``typical_query`` (``mean``/``last``), ``prior_update`` (``prefill_only``, the paper's
+      default, or ``incremental``) for ``resa``; ``f`` (default 32; 0 or ``inf`` = never)
       for ``rect``; ``w`` (1..8, default 2) for ``retro``.
 
   Raises:
     ValueError: unknown names or options, or invalid values (the message lists valid ones).
   """
   from sparse_attn import compression  # pylint: disable=g-import-not-at-top (registry cycle)
+  if isinstance(spec, str) and spec.strip().lower() in PRESETS:
+    spec = PRESETS[spec.strip().lower()]
   parts = parse_spec(spec)
   (name, inline), rest = parts[0], parts[1:]
   if name in compression.BUILDERS:
     return compression.BUILDERS[name](spec, parts, options)
   if name not in BASE_NAMES:
     valid = sorted(BASE_NAMES + tuple(compression.BUILDERS))
-    raise ValueError(f"unknown method {name!r} in {spec!r}; valid: {valid}")
+    raise ValueError(f"unknown method {name!r} in {spec!r}; valid: {valid}; presets: "
+                     f"{sorted(PRESETS)}")
   enh, enh_opts = _parse_enhancers(spec, name, rest, options)
   opts = {**inline, **{k: v for k, v in options.items() if k not in enh_opts}}
   valid = COMMON_OPTIONS + (() if name == "dense" else SELECTOR_OPTIONS)
@@ -343,15 +413,18 @@ def _enhancer_fields(enh, opts: dict) -> dict:
   out = {}
   if "resa" in enh:
     lam = opts.get("lam", 1.0)
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not lam >= 0:
-      raise ValueError(f"RESA lam must be a number >= 0, got {lam!r}")
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam <= 1:
+      raise ValueError(f"RESA lam must be a number in [0, 1] (Sec. 4.3), got {lam!r}")
+    form = opts.get("lam_form", "renormalised")
+    if form not in resa_lib.LAM_FORMS:
+      raise ValueError(f"lam_form must be one of {resa_lib.LAM_FORMS}, got {form!r}")
     tq = opts.get("typical_query", "mean")
     if tq not in resa_lib.TYPICAL_QUERIES:
       raise ValueError(f"typical_query must be one of {resa_lib.TYPICAL_QUERIES}, got {tq!r}")
-    pu = opts.get("prior_update", "incremental")
+    pu = opts.get("prior_update", "prefill_only")
     if pu not in resa_lib.PRIOR_UPDATES:
       raise ValueError(f"prior_update must be one of {resa_lib.PRIOR_UPDATES}, got {pu!r}")
-    out.update(resa=True, lam=float(lam), typical_query=tq, prior_update=pu)
+    out.update(resa=True, lam=float(lam), lam_form=form, typical_query=tq, prior_update=pu)
   if "rect" in enh:
     out["rect_f"] = rect_lib.interval(opts.get("f", rect_lib.DEFAULT_F))
   if "retro" in enh:

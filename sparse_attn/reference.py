@@ -70,7 +70,7 @@ def softmax_weighted_sum(logits, v):
 
 
 def attention_mask(batch, q_len, kv_len, *, kv_length=None, q_positions=None,
-                   k_positions=None):
+                   k_positions=None, window=None):
   """Builds a boolean mask ``[B, 1|K, 1, S, T]`` from lengths and positions.
 
   Args:
@@ -80,6 +80,8 @@ def attention_mask(batch, q_len, kv_len, *, kv_length=None, q_positions=None,
       causal (key position ``<= `` query position). Negative positions mask the query row.
     k_positions: ``[B, T]`` or ``[B, K, T]`` int token position of each key slot
       (default: the slot index); negative entries are empty slots.
+    window: Mistral's sliding window (static int, needs ``q_positions``): a query at position
+      ``p`` attends only keys at positions ``> p - window`` (None = unlimited).
   """
   slots = jnp.arange(kv_len, dtype=jnp.int32)
   mask = jnp.ones((batch, 1, 1, q_len, kv_len), dtype=bool)
@@ -93,11 +95,15 @@ def attention_mask(batch, q_len, kv_len, *, kv_length=None, q_positions=None,
   if q_positions is not None:
     qpos = q_positions[:, None, None, :, None]
     mask &= (kpos[:, :, None, None, :] <= qpos) & (qpos >= 0)
+    if window is not None:
+      mask &= kpos[:, :, None, None, :] > qpos - window
+  elif window is not None:
+    raise ValueError("a sliding window needs q_positions")
   return mask
 
 
 def attention(q, k, v, mask=None, scale=None, *, kv_length=None, q_positions=None,
-              k_positions=None):
+              k_positions=None, window=None):
   """Exact GQA attention. Query head ``h`` reads kv head ``h // G``.
 
   Args:
@@ -109,6 +115,7 @@ def attention(q, k, v, mask=None, scale=None, *, kv_length=None, q_positions=Non
     kv_length: optional ``[B]`` valid key count (length mask).
     q_positions: optional ``[B, S]`` query token positions (makes the mask causal).
     k_positions: optional ``[B, T]`` or ``[B, Hkv, T]`` key token positions.
+    window: optional sliding window (see ``attention_mask``).
 
   Returns:
     ``out [B, Hq, S, D]`` (``q.dtype``) and ``lse [B, Hq, S]`` (float32).
@@ -119,7 +126,7 @@ def attention(q, k, v, mask=None, scale=None, *, kv_length=None, q_positions=Non
     raise ValueError(f"Hq={hq} is not a multiple of Hkv={hkv}")
   g = hq // hkv
   full = attention_mask(b, s, t, kv_length=kv_length, q_positions=q_positions,
-                        k_positions=k_positions)
+                        k_positions=k_positions, window=window)
   if mask is not None:
     mask = jnp.broadcast_to(mask, (b, hq, s, t)).reshape(b, hkv, g, s, t)
     full = full & mask

@@ -56,7 +56,8 @@ def top_entries(scores, valid, forced, count, n_max: int, granularity: int) -> S
     scores: ``[B, H, N]`` float32.
     valid: ``[B, N]`` bool, entries inside the context (others are never selected).
     forced: ``[B, N]`` bool, entries always selected (subset of valid).
-    count: ``[B]`` int32 budget count (forced entries included; raised to the forced count).
+    count: ``[B]`` int32 entries in all, forced included (``Budget.total``; raised to the forced
+      count).
     n_max: static list length (``>= count``).
     granularity: tokens per entry.
   """
@@ -82,8 +83,13 @@ def select_blocks(scores, cache: KVCache, budget: Budget) -> Selection:
   """Block selection from ``scores [B, H, N]`` under ``budget``."""
   valid, forced = _block_masks(cache, budget)
   bs = cache.block_size
-  return top_entries(scores, valid, forced, budget.count(cache.length, bs),
+  return top_entries(scores, valid, forced, _total(budget, cache.length, forced, bs),
                      budget.max_count(cache.capacity, bs), bs)
+
+
+def _total(budget: Budget, length, forced, unit: int):
+  """``[B]`` entries attended in all under the budget's accounting of the ``forced [B, N]``."""
+  return budget.total(length, jnp.sum(forced, axis=-1).astype(jnp.int32), unit)
 
 
 def quest(q, cache: KVCache, budget: Budget, gqa: str = "head") -> Selection:
@@ -125,18 +131,19 @@ def topk(q, cache: KVCache, budget: Budget, gqa: str = "head", scale=None) -> Se
   elif gqa != "head":
     raise ValueError(f"gqa must be one of {scoring.GQA_MODES}, got {gqa!r}")
   valid, forced = _token_masks(cache, budget)
-  return top_entries(lg, valid, forced, budget.count(cache.length, 1),
+  return top_entries(lg, valid, forced, _total(budget, cache.length, forced, 1),
                      budget.max_count(cache.capacity, 1), 1)
 
 
 def streaming(q, cache: KVCache, budget: Budget) -> Selection:
   """StreamingLLM attention (Xiao et al. 2024, Sec. 3.3): sink tokens + a recent window.
 
-  The window is the budget minus the sinks (``local_window`` when the budget is smaller), one
-  list per kv head.
+  The window is the budget's total (``Budget.total``: with ``forced_count="extra"`` the sinks
+  and local window on top of ``budget``, as for the score-based selectors at the same budget)
+  minus the sinks, at least ``local_window``; one list per kv head.
   """
-  valid, _ = _token_masks(cache, budget)
-  count = budget.count(cache.length, 1)
+  valid, forced = _token_masks(cache, budget)
+  count = _total(budget, cache.length, forced, 1)
   window = jnp.maximum(count - budget.n_sink, budget.local_window)
   t = cache.capacity
   idx = jnp.arange(t)[None, :]

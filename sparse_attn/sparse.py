@@ -10,10 +10,25 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels._common import IMPLS, resolve_impl  # pylint: disable=unused-import
+from pallas_kernels._common import IMPLS, listed_slots_ok, resolve_impl  # pylint: disable=unused-import
 from sparse_attn import reference
 from sparse_attn.cache import KVCache, gather_blocks
 from sparse_attn.selection import Selection
+
+
+def mask_rows(out, lse, positions):
+  """Rows whose query is padding attended nothing: ``out = 0``, ``lse = -inf``.
+
+  A selection is chosen per head without looking at the query's position, so a padding row
+  (``positions [B] < 0``) would attend whatever its query selected; this enforces the
+  ``(out, lse)`` contract of an empty row (DESIGN invariant 7) on every sparse path.
+
+  Args:
+    out: ``[B, Hq, ..., D]``; lse: ``[B, Hq, ...]``; positions: ``[B]`` int.
+  """
+  live = (positions >= 0).reshape((-1,) + (1,) * (lse.ndim - 1))
+  return jnp.where(live[..., None], out, 0).astype(out.dtype), jnp.where(live, lse, -jnp.inf)
+
 
 def gather_selection(cache: KVCache, sel: Selection):
   """Keys, values and the attend mask of the selected entries.
@@ -25,12 +40,8 @@ def gather_selection(cache: KVCache, sel: Selection):
   g = sel.granularity
   k = gather_blocks(cache.k, sel.idx, g)
   v = gather_blocks(cache.v, sel.idx, g)
-  pos = gather_blocks(cache.pos, sel.idx, g)
-  slot = sel.idx[..., None] * g + jnp.arange(g)
-  slot = slot.reshape(*sel.idx.shape[:2], -1)
-  listed = jnp.arange(sel.idx.shape[-1])[None, None, :] < sel.n_valid[..., None]
-  listed = jnp.repeat(listed, g, axis=-1)
-  ok = listed & (pos >= 0) & (slot < cache.length[:, None, None])
+  # The kernels' rule: listed, slot < length, pos >= 0.
+  ok, pos = listed_slots_ok(sel.idx, sel.n_valid, cache.length, g, cache.pos)
   return k, v, ok, pos
 
 
@@ -54,7 +65,7 @@ def sparse_decode(q, cache: KVCache, sel: Selection, scale=None, *, impl: str = 
     import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
     return pallas_kernels.sparse_decode(q, cache.k, cache.v, sel.idx, sel.n_valid, cache.length,
                             block_size=cache.block_size, scale=scale, impl="pallas",
-                            interpret=interpret)
+                            interpret=interpret, pos=cache.pos)
   b, hq, d = q.shape
   h = sel.idx.shape[1]
   if hq % h:

@@ -1,8 +1,18 @@
-"""Experiment plumbing: JSONL append/resume, data files present, markdown rendering."""
+"""Experiment plumbing: JSONL append/resume under one config, quick precedence, progress lines,
+data files present, markdown rendering."""
 
+import io
 import json
+import os
+import subprocess
+import sys
 
-from experiments.common import data, render, results
+import ml_collections
+import pytest
+
+from experiments.common import cli, data, quick, render, results
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_results_append_resume_and_truncated_line(tmp_path):
@@ -31,3 +41,128 @@ def test_vendored_data_is_real_text():
 def test_markdown_table():
   md = render.markdown_table([{"a": 1, "b": 0.123456}], ["a", "b"])
   assert md.splitlines() == ["| a | b |", "|---|---|", "| 1 | 0.1235 |"]
+
+
+# ------------------------------------------------------------ trusted resumption
+
+
+def _config(**overrides):
+  cfg = {"model": "tiny", "budgets": [0.1], "steps": 4, "quick": False, "batch_size": 2}
+  cfg.update(overrides)
+  return cfg
+
+
+def test_workdir_of_another_config_is_refused_naming_the_fields(tmp_path):
+  w = results.ResultWriter(str(tmp_path), _config(), "demo", keyed=("budgets",))
+  w.write({"nll": 1.0}, key="quest@0.1")
+  with pytest.raises(results.ConfigMismatch, match=r"steps: 4 in the workdir, 8 now") as e:
+    results.ResultWriter(str(tmp_path), _config(steps=8, model="other"), "demo",
+                         keyed=("budgets",))
+  assert "model: 'tiny' in the workdir, 'other' now" in str(e.value)
+  assert "budgets" not in str(e.value)
+  # Other experiments in the same file and fields that change no result do not count.
+  results.ResultWriter(str(tmp_path), _config(steps=8), "other_experiment")
+  same = results.ResultWriter(str(tmp_path), _config(quick=True, batch_size=8), "demo",
+                              keyed=("budgets",))
+  assert same.done("quest@0.1")
+  # A keyed field (part of every key) extends the sweep: finished rows stay done.
+  wider = results.ResultWriter(str(tmp_path), _config(budgets=[0.1, 0.2]), "demo",
+                               keyed=("budgets",))
+  assert wider.done("quest@0.1") and not wider.done("quest@0.2")
+
+
+def test_records_without_fingerprint_are_checked_from_their_config(tmp_path):
+  legacy = {"experiment": "demo", "config": _config(steps=2), "key": "a", "nll": 1.0}
+  (tmp_path / results.RESULTS_FILE).write_text(json.dumps(legacy) + "\n")
+  with pytest.raises(results.ConfigMismatch, match="steps: 2 in the workdir, 4 now"):
+    results.ResultWriter(str(tmp_path), _config(), "demo")
+  assert results.ResultWriter(str(tmp_path), _config(steps=2), "demo").done("a")
+
+
+def test_finished_rows_are_never_written_twice(tmp_path):
+  w = results.ResultWriter(str(tmp_path), _config(), "demo")
+  assert w.write({"nll": 1.0}, key="a") is not None
+  assert w.write({"nll": 2.0}, key="a") is None
+  again = results.ResultWriter(str(tmp_path), _config(), "demo")
+  assert again.write({"nll": 3.0}, key="a") is None
+  assert [r["nll"] for r in again.records()] == [1.0]
+  assert again.records()[0]["fingerprint"] == again.fingerprint
+
+
+# ------------------------------------------------------------ quick: explicit fields win
+
+
+def _get_config(quick_mode=False):
+  c = ml_collections.ConfigDict()
+  c.quick = quick_mode
+  c.model = "tiny-random" if quick_mode else "big"
+  c.lengths = (64,) if quick_mode else (1024, 2048)
+  c.seed = 0
+  return c
+
+
+def test_quick_applies_its_values_except_explicit_fields():
+  c = _get_config()
+  c.quick = True
+  got = quick.resolve(c, _get_config)
+  assert got.model == "tiny-random" and list(got.lengths) == [64] and got.seed == 0
+  # Given on the command line, even with the full default's value: kept.
+  got = quick.resolve(c, _get_config, explicit=["model"])
+  assert got.model == "big" and list(got.lengths) == [64]
+  # Set programmatically to a non-default value: kept; resolving twice changes nothing.
+  c.lengths = (512,)
+  once = quick.resolve(c, _get_config)
+  assert list(once.lengths) == [512] and once.model == "tiny-random"
+  assert quick.resolve(once, _get_config).to_dict() == once.to_dict()
+  c.quick = False
+  assert quick.resolve(c, _get_config) is c
+
+
+def test_every_config_has_the_one_quick_convention():
+  names = [n[:-3] for n in os.listdir(os.path.join(ROOT, "configs")) if n.endswith(".py")
+           and not n.startswith("_")]
+  assert len(names) >= 10
+  for name in names:
+    get_config = quick.module_get_config(name)
+    full, small = get_config(), get_config(True)
+    assert full.quick is False and small.quick is True, name
+    assert not hasattr(__import__(f"configs.{name}", fromlist=["x"]), "apply_quick"), name
+
+
+def test_cli_explicit_config_flags_win_over_quick():
+  script = ("import json\nfrom absl import app\nfrom experiments.common import cli\n"
+            "cli.define_flags('accuracy')\n"
+            "def main(_):\n  c, w = cli.parsed()\n  print(json.dumps([c.to_dict(), w]))\n"
+            "cli.run(main)\n")
+  out = subprocess.run([sys.executable, "-c", script, "--config.quick=True",
+                        "--config.model=smollm2-135m-instruct", "--config.lengths=512",
+                        "--workdir=/tmp/x"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert out.returncode == 0, out.stderr[-2000:]
+  cfg, workdir = json.loads(out.stdout.strip().splitlines()[-1])
+  small = quick.module_get_config("accuracy")(True)
+  assert cfg["model"] == "smollm2-135m-instruct" and cfg["lengths"] == [512]
+  assert cfg["num_samples"] == small.num_samples and cfg["tasks"] == list(small.tasks)
+  assert workdir == "/tmp/x"
+
+
+# ------------------------------------------------------------ progress
+
+
+def test_progress_prints_one_line_per_update_with_rate_and_eta():
+  stream = io.StringIO()
+  p = cli.Progress(4, "demo", every=0.0, stream=stream)
+  for i in range(4):
+    p.update(note=f"item {i}")
+  p.update()  # past the end: nothing more
+  lines = stream.getvalue().splitlines()
+  assert len(lines) == 4 and len(set(lines)) == 4
+  assert lines[0].startswith("demo 1/4 (25%)") and "/s, elapsed 0:00:00, eta" in lines[0]
+  assert lines[-1].startswith("demo 4/4 (100%)") and "eta 0:00:00 item 3" in lines[-1]
+  quiet = io.StringIO()
+  q = cli.Progress(100, "slow", every=3600.0, stream=quiet)
+  for _ in range(99):
+    q.update()
+  assert quiet.getvalue() == ""
+  q.update()
+  assert quiet.getvalue().count("\n") == 1

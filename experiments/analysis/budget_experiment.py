@@ -18,6 +18,7 @@ from experiments.common.results import ResultWriter
 from sparse_attn import methods
 
 NAME = "budget_reduction"
+KEYED = ("families", "topp_taus", "adakv_budgets")  # in every record's key
 PAPER = {"quest:topp": "33.2%", "quest:adakv": "28.7%"}
 
 
@@ -40,7 +41,7 @@ def _knobs(config, family):
 
 
 def run(config, workdir: str) -> list[dict]:
-  writer = ResultWriter(workdir, config, NAME)
+  writer = ResultWriter(workdir, config, NAME, keyed=KEYED, ignore=("tolerance",))
   jobs = [("dense", 0.0, False)] + [(f, k, r) for f in config.families for k in _knobs(config, f)
                                     for r in (False, True)]
   todo = [j for j in jobs if not writer.done(_key(*j))]

@@ -17,6 +17,7 @@ from experiments.common.results import ResultWriter
 from sparse_attn import methods
 
 NAME = "attention_error"
+KEYED = ("selectors", "budgets", "resa_options", "extra", "extra_budgets")  # in every key
 PAPER_REDUCTION = "55-77% (score error, 5% budget)"
 METRICS = ("score_l1", "score_rel_l2", "out_rel_l2")
 
@@ -31,7 +32,7 @@ def method_list(config) -> list[tuple[str, float]]:
 
 
 def run(config, workdir: str) -> list[dict]:
-  writer = ResultWriter(workdir, config, NAME)
+  writer = ResultWriter(workdir, config, NAME, keyed=KEYED, ignore=("heatmap_budget",))
   todo = [(s, b) for s, b in method_list(config) if not writer.done(f"{s}@{b}")]
   if todo:
     model = modelzoo.load_model(config.model)
@@ -59,6 +60,30 @@ def _mean(rec, name):
   return float(np.nanmean(x)) if np.isfinite(x).any() else float("nan")
 
 
+def head_reduction_quantiles(base, resa) -> dict:
+  """The paper's Fig. 6a statistic: per head, the layers' average score error, and RESA's
+  reduction ``1 - err_resa / err_base`` of it; quantiles over heads (RESA Sec. 5.3: "for almost
+  all heads ... about 55%-70%").
+
+  Args:
+    base, resa: ``[L, H]`` per layer x head ``score_l1`` of the selector and of ``+resa``.
+
+  Returns:
+    dict of ``head_reduction_{q10,q25,median,q75,q90}`` and ``heads_reduced`` (fraction of
+    heads whose error RESA lowers).
+  """
+  b = np.nanmean(np.asarray(base, np.float64), axis=0)  # [H] layers' average
+  r = np.nanmean(np.asarray(resa, np.float64), axis=0)
+  ok = b > 0
+  red = 1.0 - r[ok] / b[ok]
+  if not red.size:
+    return {f"head_reduction_{k}": float("nan") for k in ("q10", "q25", "median", "q75", "q90")}
+  q = np.quantile(red, [0.1, 0.25, 0.5, 0.75, 0.9])
+  return dict(zip(("head_reduction_q10", "head_reduction_q25", "head_reduction_median",
+                   "head_reduction_q75", "head_reduction_q90"), map(float, q)),
+              heads_reduced=float(np.mean(red > 0)))
+
+
 def summary(records) -> tuple[list[dict], list[dict]]:
   """``(rows per method, RESA reduction rows per selector and budget)``."""
   rows = []
@@ -66,6 +91,7 @@ def summary(records) -> tuple[list[dict], list[dict]]:
     rows.append(dict(spec=r["spec"], budget=r["budget"], attended=_mean(r, "attended"),
                      **{m: _mean(r, m) for m in METRICS + ("out_rel_l2_retired",)}))
   red = []
+  raw = {(r["spec"], r["budget"]): r for r in records}
   by = {(r["spec"], r["budget"]): r for r in rows}
   for r in rows:
     spec = r["spec"]
@@ -78,6 +104,8 @@ def summary(records) -> tuple[list[dict], list[dict]]:
       for m in METRICS:
         row[f"{m}_base"], row[f"{m}_resa"] = r[m], t[m]
         row[f"{m}_reduction"] = 1.0 - t[m] / r[m] if r[m] > 0 else float("nan")
+      row.update(head_reduction_quantiles(raw[spec, r["budget"]]["score_l1"],
+                                          raw[t["spec"], r["budget"]]["score_l1"]))
       red.append(row)
   return rows, red
 
@@ -101,7 +129,9 @@ def render_all(records, workdir: str) -> list[dict]:
       render.markdown_table(rows, ["spec", "budget", "attended", *METRICS, "out_rel_l2_retired"])]
   if red:
     sections += [f"RESA's error reduction (paper: {PAPER_REDUCTION}):",
-                 render.markdown_table(red, ["selector", "resa", "budget"]
+                 render.markdown_table(red, ["selector", "resa", "budget", "head_reduction_q25",
+                                             "head_reduction_median", "head_reduction_q75",
+                                             "heads_reduced"]
                                        + [f"{m}_reduction" for m in METRICS])]
   render.write_markdown(workdir, f"{NAME}.md", "Attention error (RESA Sec. 5.3, Fig. 6a)",
                         sections)

@@ -14,10 +14,11 @@ from experiments.common.results import ResultWriter
 from sparse_attn import methods
 
 NAME = "resa_lambda"
+KEYED = ("tasks", "lambdas")  # in every record's key
 
 
 def run(config, workdir: str) -> list[dict]:
-  writer = ResultWriter(workdir, config, NAME)
+  writer = ResultWriter(workdir, config, NAME, keyed=KEYED)
   jobs = [(t, None) for t in config.tasks] + [(t, lam) for t in config.tasks
                                               for lam in config.lambdas]
   todo = [(t, lam) for t, lam in jobs if not writer.done(_key(t, lam))]

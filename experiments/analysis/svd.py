@@ -117,8 +117,10 @@ def mean_query_alignment(q, k, scale: float, s, u1, v1) -> dict:
     q, k: ``[H, S, D]``; s, u1, v1: from ``factored_svd``.
 
   Returns:
-    dict of ``[H]`` arrays: ``cosine`` (signed), ``key_cosine`` (``|cos(v_1, w)|``),
-    ``mean_query_energy`` (``S ||w||^2 / ||M||^2``).
+    dict of ``[H]`` arrays: ``row_cosine`` (the paper's statistic: the mean over rows ``i`` of
+    ``cos(s_1 u_1i v_1^T, w^T)``, each row's rank-1 part against the prior row) and its minimum
+    ``row_cosine_min``; ``cosine`` (the Frobenius cosine, signed), ``key_cosine``
+    (``|cos(v_1, w)|``), ``mean_query_energy`` (``S ||w||^2 / ||M||^2``).
   """
   q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
   n = q64.shape[1]
@@ -127,7 +129,10 @@ def mean_query_alignment(q, k, scale: float, s, u1, v1) -> dict:
   cos = np.sum(u1, -1) * np.sum(v1 * w, -1) / (np.sqrt(n) * wn)
   key_cos = np.abs(np.sum(v1 * w, -1)) / wn
   energy = n * np.square(wn) / np.maximum(np.sum(np.square(s), -1), 1e-300)
-  return dict(cosine=cos, key_cosine=key_cos, mean_query_energy=energy)
+  # The paper's Fig. 4b is row-wise: cos(s_1 u_1i v_1, w) = sign(u_1i) (v_1 . w) / ||w||.
+  row = np.sign(u1) * (np.sum(v1 * w, -1) / wn)[:, None]  # [H, S]
+  return dict(cosine=cos, key_cosine=key_cos, mean_query_energy=energy,
+              row_cosine=row.mean(-1), row_cosine_min=row.min(-1))
 
 
 def key_concentration(q, k, scale: float, bins=None) -> dict:
@@ -250,3 +255,37 @@ def delta_autocorrelation(q, k, scale: float, prefix: int, steps: int, max_lag: 
   full = np.sqrt(np.maximum(np.sum((qi @ g) * qi, -1), 1e-300))
   relative = np.mean(norm / full, -1)
   return dict(autocorr=auto, baseline=baseline, relative=relative)
+
+
+def delta_token_acf(q, k, scale: float, prefix: int, steps: int, max_lag: int) -> dict:
+  """The paper's Fig. 6b: per key, the ACF of its error ``delta_i[j]`` over decode steps ``i``.
+
+  ``delta_i[j] = scale (q_i - mu_Q) . (k_j - mu_K)`` (RESA Appendix, Eq. of the remaining error)
+  is a time series over the ``steps`` queries after the prompt for every prompt key ``j``. Its
+  sample ACF at lag ``l`` is ``sum_t x~_t x~_{t+l} / sum_t x~_t^2`` (``x~`` the series minus its
+  mean); the paper's shaded band is the 95% interval of white noise, ``+-1.96 / sqrt(steps)``.
+
+  Args:
+    q, k: ``[H, S_total, D]`` with ``S_total >= prefix + steps``.
+
+  Returns:
+    dict: ``acf [H, max_lag]`` (mean over keys), ``acf_q25, acf_q75 [H, max_lag]`` (quartiles
+    over keys), ``acf_significant [H, max_lag]`` (fraction of keys outside the band) and
+    ``acf_ci95`` (the band's half width).
+  """
+  q64, k64 = np.asarray(q, np.float64), np.asarray(k, np.float64)
+  if q64.shape[1] < prefix + steps:
+    raise ValueError(f"need {prefix + steps} tokens, got {q64.shape[1]}")
+  if not 1 <= max_lag < steps:
+    raise ValueError(f"max_lag must be in [1, steps={steps}), got {max_lag}")
+  mu_q = q64[:, :prefix].mean(1)  # [H, D]
+  kc = k64[:, :prefix] - k64[:, :prefix].mean(1, keepdims=True)
+  # [H, n, S]: the error series of every key
+  x = scale * np.einsum("hnd,hsd->hns", q64[:, prefix:prefix + steps] - mu_q[:, None], kc)
+  x = x - x.mean(1, keepdims=True)
+  var = np.maximum(np.sum(x * x, 1), 1e-300)  # [H, S]
+  acf = np.stack([np.sum(x[:, :-l] * x[:, l:], 1) / var for l in range(1, max_lag + 1)], -1)
+  ci = 1.96 / np.sqrt(steps)
+  return dict(acf=acf.mean(1), acf_q25=np.quantile(acf, 0.25, axis=1),
+              acf_q75=np.quantile(acf, 0.75, axis=1),
+              acf_significant=np.mean(np.abs(acf) > ci, axis=1), acf_ci95=float(ci))

@@ -20,6 +20,7 @@ from experiments.common import cli, modelzoo, render
 from experiments.common.results import ResultWriter
 
 NAME = "svd_analysis"
+KEYED = ("lengths", "layers")  # in every record's key
 PAPER = dict(share="40-50%", cosine="~1")
 
 
@@ -37,7 +38,7 @@ def _todo(writer, config, layers):
 
 def run(config, workdir: str) -> list[dict]:
   """Measures everything not yet in ``workdir/results.jsonl``, then renders."""
-  writer = ResultWriter(workdir, config, NAME)
+  writer = ResultWriter(workdir, config, NAME, keyed=KEYED)
   model = modelzoo.load_model(config.model)
   layers = _layers(config, model.config.num_layers)
   todo = set(_todo(writer, config, layers))
@@ -112,7 +113,9 @@ def _delta(config, cap, layer):
   out = svd.delta_autocorrelation(cap.q[layer, :, :n], cap.keys_per_query_head(layer, n),
                                   cap.scale, config.delta_prefix, config.delta_steps,
                                   config.max_lag)
-  return dict(prefix=config.delta_prefix, steps=config.delta_steps, **out)
+  acf = svd.delta_token_acf(cap.q[layer, :, :n], cap.keys_per_query_head(layer, n), cap.scale,
+                            config.delta_prefix, config.delta_steps, config.max_lag)
+  return dict(prefix=config.delta_prefix, steps=config.delta_steps, **out, **acf)
 
 
 # ---------------------------------------------------------------- rendering
@@ -137,6 +140,9 @@ def summary(records) -> dict:
                   cosine_mean=float(cos.mean()), abs_cosine_median=float(np.median(np.abs(cos))),
                   mean_query_energy=float(np.mean(np.concatenate(
                       [r["mean_query_energy"] for r in rs]))))
+    if "row_cosine" in rs[0]:  # the paper's row-wise statistic (older records lack it)
+      row = np.concatenate([r["row_cosine"] for r in rs])
+      out[s].update(row_cosine_mean=float(row.mean()), row_cosine_median=float(np.median(row)))
   return out
 
 
@@ -177,8 +183,10 @@ def render_all(records, workdir: str) -> list[dict]:
   sections = [
       "Singular values of `M = Q K^T / sqrt(d)` per layer and head (exact, factored: rank <= D). "
       f"Paper: principal share {PAPER['share']}, Fig. 4b cosine {PAPER['cosine']}.",
-      render.markdown_table(rows, ["length", "heads", "share_mean", "share_median", "energy_mean",
-                                   "cosine_mean", "abs_cosine_median", "mean_query_energy"])]
+      render.markdown_table(rows, ["length", "heads", "share_mean", "share_median", "energy_mean"]
+                            + (["row_cosine_mean", "row_cosine_median"]
+                               if rows and "row_cosine_mean" in rows[0] else [])
+                            + ["cosine_mean", "abs_cosine_median", "mean_query_energy"])]
   if len(r2):
     sections.append(
         f"sigma_1 vs context length, linear fit per head over {len(next(iter(fits.values()))[0])}"
@@ -197,6 +205,12 @@ def render_all(records, workdir: str) -> list[dict]:
     sections.append(f"Fig. 6b: delta autocorrelation lag 1 {ac[:, 0].mean():.3f}, lag "
                     f"{ac.shape[1]} {ac[:, -1].mean():.3f}, all-pairs baseline {base:.3f}; "
                     f"||delta|| / ||q K_c^T|| = {rel:.3f}.")
+    if "acf" in delta[0]:
+      acf = np.stack([np.asarray(r["acf"]).mean(0) for r in delta])  # [L, lag]
+      sig = np.mean([np.asarray(r["acf_significant"])[:, 0].mean() for r in delta])
+      sections.append(f"Fig. 6b (paper's per-key ACF over steps): lag 1 {acf[:, 0].mean():.3f}, "
+                      f"lag {acf.shape[1]} {acf[:, -1].mean():.3f}; 95% white-noise band "
+                      f"+-{delta[0]['acf_ci95']:.3f}, keys outside it at lag 1: {sig:.2f}.")
   checks = _by(records, "dense_check")
   if checks:
     sections.append("Dense check (float32 `jnp.linalg.svd` of the S x S matrix vs factored):\n\n"
@@ -304,12 +318,17 @@ def _fig5b(chans, workdir):
 def _fig6b(delta, workdir):
   fig, ax = render.new_figure()
   delta = sorted(delta, key=lambda r: r["layer"])
+  if "acf" in delta[0]:  # the paper's per-key ACF with the white-noise 95% band
+    acf = np.mean([np.asarray(r["acf"]).mean(0) for r in delta], 0)
+    lags = np.arange(1, len(acf) + 1)
+    ax[0, 0].bar(lags, acf, color="tab:blue", label="ACF of delta_i[j] (mean over keys, heads)")
+    ci = delta[0]["acf_ci95"]
+    ax[0, 0].fill_between([0.5, len(acf) + 0.5], -ci, ci, color="tab:blue", alpha=0.15,
+                          label="95% band (white noise)")
   for r in delta[::max(1, len(delta) // 5)]:
     ac = np.asarray(r["autocorr"]).mean(0)
-    ax[0, 0].plot(np.arange(1, len(ac) + 1), ac, label=f"layer {r['layer']}")
-  base = np.mean([np.mean(r["baseline"]) for r in delta])
-  ax[0, 0].axhline(base, color="gray", ls="--", label="all-pairs baseline")
-  ax[0, 0].set(xlabel="lag (decode steps)", ylabel="corr(delta_i, delta_{i+lag})",
-               title="Fig. 6b: autocorrelation of RESA's estimation error", xscale="log")
+    ax[0, 0].plot(np.arange(1, len(ac) + 1), ac, lw=0.8, label=f"vector corr, layer {r['layer']}")
+  ax[0, 0].set(xlabel="lag (decode steps)", ylabel="autocorrelation",
+               title="Fig. 6b: autocorrelation of RESA's estimation error")
   ax[0, 0].legend(fontsize=7)
   render.save_figure(fig, workdir, "fig6b_delta_autocorrelation.png")

@@ -1,4 +1,4 @@
-"""absl glue shared by every entry point: ``--config`` (ml_collections file) and ``--workdir``.
+"""absl glue shared by every entry point: flags, quick resolution, user errors, progress lines.
 
 Usage in ``experiments/NAME.py``::
 
@@ -6,6 +6,13 @@ Usage in ``experiments/NAME.py``::
   cli.define_flags("NAME")
   def main(argv): config, workdir = cli.parsed(); ...
   if __name__ == "__main__": cli.run(main)
+
+* ``--config`` (``configs/NAME.py``; ``--help`` lists its fields and defaults), ``--workdir``.
+* ``cli.parsed()`` applies ``--config.quick=True`` (``experiments.common.quick``: explicit
+  ``--config.FIELD`` flags win) and checks the model and method specs before anything heavy.
+* ``cli.run`` prints a user error (bad spec, budget, model, config value, a workdir of another
+  config) as one line on stderr and exits 1; ``--traceback`` shows the traceback instead.
+  Library INFO logs (orbax, absl) are silenced unless ``--verbosity`` is given.
 """
 
 from __future__ import annotations
@@ -17,41 +24,129 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from experiments.common import quick
+
+# Flags defined here become key flags of the entry point that calls define_flags (--help).
+flags.disclaim_key_flags()
+
 FLAGS = flags.FLAGS
 _CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "configs")
+_TRACEBACK = flags.DEFINE_bool("traceback", False,
+                               "Show the full traceback of a user error instead of one line.")
+USER_ERRORS = (app.UsageError, ValueError, OSError)  # OSError: missing model or config file
+_STATE = {}
+
+
+def fields_help(name: str) -> str:
+  """``--config`` help: every field of ``configs/NAME.py`` with its default."""
+  try:
+    config = quick.module_get_config(name)()
+  except (ImportError, AttributeError, TypeError) as e:  # help must not fail
+    return f"(fields of configs/{name}.py unavailable: {e})"
+  lines = [f"  --config.{k}={_show(v)}" for k, v in config.items()]
+  return ("Fields and defaults (override with --config.FIELD=VALUE; --config.quick=True takes "
+          "the CI sizes, explicit fields win):\n" + "\n".join(lines))
+
+
+def _show(value) -> str:
+  if isinstance(value, (list, tuple)):
+    return ",".join(str(v) for v in value) if value else "()"
+  return str(value)
 
 
 def define_flags(name: str):
   """Defines ``--config`` (default ``configs/NAME.py``) and ``--workdir`` (``results/NAME``)."""
-  config_flags.DEFINE_config_file("config", os.path.join(_CONFIGS_DIR, f"{name}.py"),
-                                  f"ml_collections config file for {name}.", lock_config=True)
-  flags.DEFINE_string("workdir", os.path.join("results", name), "Output directory.")
+  _STATE["name"] = name
+  config_flags.DEFINE_config_file(
+      "config", os.path.join(_CONFIGS_DIR, f"{name}.py"),
+      f"ml_collections config file for {name}.\n{fields_help(name)}", lock_config=True)
+  flags.DEFINE_string("workdir", os.path.join("results", name),
+                      "Output directory (results.jsonl, markdown, figures); a rerun resumes "
+                      "there if its config is the same.")
+  flags.declare_key_flag("traceback")
 
 
 def parsed():
-  return FLAGS.config, FLAGS.workdir
+  """``(config, workdir)``: quick values resolved, model and method specs checked."""
+  name = _STATE["name"]
+  holder = FLAGS["config"]
+  explicit = config_flags.get_override_values(holder).keys()
+  get_config = quick.module_get_config(name, config_flags.get_config_filename(holder))
+  config = quick.resolve(FLAGS.config, get_config, explicit)
+  from experiments.common import checks  # pylint: disable=g-import-not-at-top (imports jax)
+  checks.check_config(config)
+  return config, FLAGS.workdir
+
+
+def _one_line(error: BaseException) -> str:
+  return " ".join(str(error).split()) or type(error).__name__
+
+
+def guarded(main):
+  """``main`` with library INFO logs silenced and user errors turned into one stderr line."""
+
+  def wrapped(argv):
+    if not FLAGS["verbosity"].present:
+      logging.set_verbosity(logging.WARNING)  # orbax and absl are chatty at INFO
+    try:
+      return main(argv)
+    except USER_ERRORS as e:
+      if _TRACEBACK.value:
+        raise
+      print(f"{_program()}: error: {_one_line(e)}", file=sys.stderr, flush=True)
+      sys.exit(1)
+
+  return wrapped
+
+
+def _program() -> str:
+  return os.path.basename(sys.argv[0]).removesuffix(".py")
+
+
+def _parse_flags(argv):
+  """absl's flag parsing, with a bad flag or config value reported as one line."""
+  try:
+    return FLAGS(argv)
+  except flags.Error as e:
+    print(f"{_program()}: error: {_one_line(e)}", file=sys.stderr, flush=True)
+    sys.exit(1)
 
 
 def run(main):
-  app.run(main)
+  app.run(guarded(main), flags_parser=_parse_flags)
+
+
+def _clock(seconds: float) -> str:
+  seconds = int(round(seconds))
+  return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
 class Progress:
-  """Prints ``desc i/total (rate, eta)`` at most every ``every`` seconds (stderr + absl log)."""
+  """One stderr line per update, at most every ``every`` seconds (and at the end):
 
-  def __init__(self, total: int, desc: str = "", every: float = 5.0):
-    self.total, self.desc, self.every = total, desc, every
+    ``desc i/total (pct%) rate/s, elapsed h:mm:ss, eta h:mm:ss note``
+  """
+
+  def __init__(self, total: int, desc: str = "", every: float = 5.0, stream=None):
+    self.total, self.desc, self.every = max(int(total), 0), desc, every
+    self.stream = stream
     self.start = self.last = time.time()
     self.i = 0
+    self.ended = False
 
   def update(self, n: int = 1, note: str = ""):
     self.i += n
     now = time.time()
-    if now - self.last >= self.every or self.i >= self.total:
+    finished = self.i >= self.total
+    if (now - self.last >= self.every or finished) and not self.ended:
+      self.ended = finished
       self.last = now
-      rate = self.i / max(now - self.start, 1e-9)
-      eta = (self.total - self.i) / max(rate, 1e-9)
-      msg = f"{self.desc} {self.i}/{self.total} ({rate:.2f}/s, eta {eta:.0f}s) {note}"
-      print(msg, file=sys.stderr, flush=True)
-      logging.info(msg)
+      elapsed = max(now - self.start, 1e-9)
+      rate = self.i / elapsed
+      eta = (self.total - self.i) / rate if rate > 0 else float("inf")
+      pct = 100.0 * self.i / self.total if self.total else 100.0
+      eta_text = _clock(max(eta, 0.0)) if eta != float("inf") else "?"
+      msg = (f"{self.desc} {self.i}/{self.total} ({pct:.0f}%) {rate:.3g}/s, "
+             f"elapsed {_clock(elapsed)}, eta {eta_text}")
+      print(f"{msg} {note}".rstrip(), file=self.stream or sys.stderr, flush=True)

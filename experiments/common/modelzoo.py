@@ -9,26 +9,26 @@ from __future__ import annotations
 
 import functools
 
-import jax
-
-import models
-from models import llama, rope
-from models import tokenizer as tokenizer_lib
-from models.config import ModelConfig, RopeConfig
-from models.loading import Model
-
 TINY = "tiny-random"
+# jax and models are imported inside the functions: ``TINY`` and the name checks of
+# ``experiments.common.checks`` must not pay for them.
 
 
 @functools.lru_cache(maxsize=None)
 def smollm2_tokenizer():
   import gguf  # pylint: disable=g-import-not-at-top
   from models import gguf_loader, sources  # pylint: disable=g-import-not-at-top
+  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   reader = gguf.GGUFReader(sources.smollm2_path())
   return tokenizer_lib.from_gguf_metadata(gguf_loader.read_metadata(reader))
 
 
-def tiny_random(seed: int = 0) -> Model:
+def tiny_random(seed: int = 0):
+  """The 2-layer random Llama (a ``models.loading.Model``)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from models import llama  # pylint: disable=g-import-not-at-top
+  from models.config import ModelConfig, RopeConfig  # pylint: disable=g-import-not-at-top
+  from models.loading import Model  # pylint: disable=g-import-not-at-top
   tok = smollm2_tokenizer()
   config = ModelConfig(vocab_size=tok.vocab_size, hidden_size=64, intermediate_size=128,
                        num_layers=2, num_heads=6, num_kv_heads=2, head_dim=16,
@@ -38,13 +38,15 @@ def tiny_random(seed: int = 0) -> Model:
   return Model(config, params, tok, TINY)
 
 
-def load_model(name: str) -> Model:
+def load_model(name: str):
   """``tiny-random`` or anything ``models.load`` accepts (a registered name or an HF dir)."""
+  import models  # pylint: disable=g-import-not-at-top
   return tiny_random() if name == TINY else models.load(name)
 
 
-def rope_inv_freq(model: Model) -> tuple:
+def rope_inv_freq(model) -> tuple:
   """The model's ``[D/2]`` RoPE inverse frequencies (scaling applied), for methods that model
   RoPE (``experiments.tasks.specs.build``)."""
+  from models import rope  # pylint: disable=g-import-not-at-top
   return tuple(float(f) for f in rope.inverse_frequencies(model.config.rope,
                                                            model.config.head_dim))

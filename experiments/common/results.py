@@ -3,20 +3,31 @@
 Every record carries the full config, the git revision and the machine, so a results file is
 self-describing. ``ResultWriter.done(key)`` lets a long run resume: callers give each
 measurement a stable key (e.g. method/budget/sample) and skip keys already written.
+
+Resumption is only trusted within one config: the writer fingerprints the config fields that
+change a result (all but ``NON_RESULT_FIELDS``, the experiment's ``ignore`` and its ``keyed``
+fields, whose value is part of every record's key, e.g. the methods or lengths of a sweep, so
+extending them reuses the finished rows). A workdir holding records of another fingerprint is
+refused (``ConfigMismatch`` names the differing fields), and a key is never written twice.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import platform
 import subprocess
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
+from absl import logging
 import numpy as np
 
 RESULTS_FILE = "results.jsonl"
+# Config fields that never change a measurement (where outputs go, how progress is shown, how
+# many samples share a batch).
+NON_RESULT_FIELDS = ("quick", "workdir", "progress", "batch_size")
 
 
 def git_revision() -> str:
@@ -58,29 +69,79 @@ def config_dict(config) -> dict:
   return _jsonable(config.to_dict() if hasattr(config, "to_dict") else dict(config))
 
 
-class ResultWriter:
-  """Appends records to ``workdir/results.jsonl``."""
+class ConfigMismatch(ValueError):
+  """A workdir holds records of the same experiment under a config that changes results."""
 
-  def __init__(self, workdir: str, config, experiment: str):
+
+def result_fields(config, keyed: Sequence[str] = (), ignore: Sequence[str] = ()) -> dict:
+  """The config fields that change a result (JSON-able, sorted by name)."""
+  skip = set(NON_RESULT_FIELDS) | set(keyed) | set(ignore)
+  return {k: v for k, v in sorted(config_dict(config).items()) if k not in skip}
+
+
+def fingerprint(fields: dict) -> str:
+  """A short stable hash of ``result_fields``."""
+  return hashlib.sha1(json.dumps(fields, sort_keys=True).encode("utf-8")).hexdigest()[:12]
+
+
+def _differences(old: dict, new: dict) -> str:
+  missing = "<absent>"
+  return "; ".join(f"{k}: {old.get(k, missing)!r} in the workdir, {new.get(k, missing)!r} now"
+                   for k in sorted(set(old) | set(new))
+                   if old.get(k, missing) != new.get(k, missing))
+
+
+class ResultWriter:
+  """Appends records to ``workdir/results.jsonl``; resumes only under the same config.
+
+  Args:
+    workdir: output directory.
+    config: the run's config (ConfigDict or dict).
+    experiment: the experiment name stored in every record.
+    keyed: config fields whose value is part of every record's key (sweep axes).
+    ignore: further fields that do not change a result (besides ``NON_RESULT_FIELDS``).
+
+  Raises:
+    ConfigMismatch: the workdir holds this experiment's records of another config.
+  """
+
+  def __init__(self, workdir: str, config, experiment: str, *, keyed: Sequence[str] = (),
+               ignore: Sequence[str] = ()):
     os.makedirs(workdir, exist_ok=True)
     self.workdir = workdir
     self.path = os.path.join(workdir, RESULTS_FILE)
     self.experiment = experiment
+    self.fields = result_fields(config, keyed, ignore)
+    self.fingerprint = fingerprint(self.fields)
+    mine = [r for r in read_records(self.path) if r.get("experiment") == experiment]
+    for r in mine:
+      # Recomputed from the stored config, so records written before fingerprints existed
+      # (or under other keyed/ignore lists) are checked the same way.
+      theirs = result_fields(r.get("config", {}), keyed, ignore)
+      if fingerprint(theirs) != self.fingerprint:
+        raise ConfigMismatch(
+            f"{workdir} holds {experiment} records of another config "
+            f"({_differences(theirs, self.fields)}); give another --workdir, or the same values "
+            "to resume")
     self.meta = dict(experiment=experiment, config=config_dict(config), git=git_revision(),
-                     machine=machine())
-    self._done = {r.get("key") for r in read_records(self.path)
-                  if r.get("experiment") == experiment and "key" in r}
+                     machine=machine(), fingerprint=self.fingerprint)
+    self._done = {(self.fingerprint, r["key"]) for r in mine if "key" in r}
 
   def done(self, key: str) -> bool:
-    """Whether a record with this key was already written (resume support)."""
-    return key in self._done
+    """Whether a record with this key was already written under this config (resume)."""
+    return (self.fingerprint, key) in self._done
 
-  def write(self, record: dict, key: str | None = None) -> dict:
+  def write(self, record: dict, key: str | None = None) -> dict | None:
+    """Appends one record; a key already written is skipped (None): rows are never rewritten."""
+    if key is not None and self.done(key):
+      logging.warning("%s: record %r is already in %s; not written again", self.experiment,
+                      key, self.path)
+      return None
     rec = dict(self.meta, time=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                **_jsonable(record))
     if key is not None:
       rec["key"] = key
-      self._done.add(key)
+      self._done.add((self.fingerprint, key))
     with open(self.path, "a+b") as f:
       f.seek(0, os.SEEK_END)
       if f.tell():  # a run killed mid-line leaves no newline: never glue onto its fragment

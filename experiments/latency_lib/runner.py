@@ -8,11 +8,16 @@ from experiments.common import cli, results
 from experiments.latency_lib import (end_to_end, memory, per_layer, prefill, report,
                                      resa_overhead, settings)
 
+# Sweep axes: every record's key names its section, dtype, context and method.
+KEYED = ("sections", "contexts", "dtypes", "methods", "e2e_methods", "prefill_contexts",
+         "decode_contexts", "memory_methods", "resa_contexts")
+
 
 def run(config, workdir: str) -> str:
   """Measures, writes ``results.jsonl``, ``latency.md``, ``latency.png``; returns the markdown."""
   s = settings.resolve(config)
-  writer = results.ResultWriter(workdir, config, "latency")
+  writer = results.ResultWriter(workdir, s.values, "latency", keyed=KEYED,
+                                ignore=("max_seconds_per_context",))
   sections = s.sections
   write = lambda rec, key: writer.write(rec, key=key)
   if "per_layer" in sections or "torch_peer" in sections:
@@ -36,10 +41,10 @@ def run(config, workdir: str) -> str:
       write(dict(section="memory", **rec), key(rec["method"]))
   if "resa" in sections:
     for ctx in settings.ints(s.resa_contexts):
-      key = f"resa/{ctx}"
-      if not writer.done(key):
-        for rec in resa_overhead.run_context(s, ctx):
-          write(rec, key)
+      key = lambda i: f"resa/{ctx}/{i}"
+      if not writer.done(key(0)):
+        for i, rec in enumerate(resa_overhead.run_context(s, ctx)):
+          write(rec, key(i))
   if "prefill" in sections:
     prefill.run(s, writer.done, write)
   text, _ = report.write(writer.records(), workdir)

@@ -1,4 +1,4 @@
-"""Benchmark settings from the ml_collections config: parsed lists and the quick (CI) overrides."""
+"""Benchmark settings from the ml_collections config: parsed lists, quick (CI) values resolved."""
 
 from __future__ import annotations
 
@@ -6,21 +6,9 @@ import dataclasses
 import os
 import re
 
-SECTIONS = ("per_layer", "torch_peer", "end_to_end", "memory", "resa", "prefill")
+from experiments.common import quick
 
-# --config.quick=True: every code path on tiny shapes (numbers mean nothing).
-QUICK = dict(
-    num_heads=4, num_kv_heads=2, head_dim=16, contexts="256", dtypes="float32", repeats=2,
-    warmup=0,
-    # every enhancer in one spec (one compilation), and the Pallas kernel in interpret mode
-    methods=("dense,quest:gqa=group+resa+rect:f=8+retro:w=2,topk:gqa=group,"
-             "quest:gqa=group,impl=pallas,interpret=true"),
-    model="tiny-random", e2e_methods="dense,quest:gqa=group", prefill_contexts="64",
-    decode_contexts="64", decode_steps=2, prefill_chunk=32, memory_context=512,
-    memory_layers=2, memory_methods="dense,expected_attention:ratio=0.5", resa_contexts="256",
-    resa_chunk=32, max_seconds_per_context=10.0,
-    prefill_models="tiny-random", prefill_lengths="64,128", prefill_repeats=2,
-)
+SECTIONS = ("per_layer", "torch_peer", "end_to_end", "memory", "resa", "prefill")
 
 
 def split_list(text: str) -> list[str]:
@@ -70,7 +58,8 @@ class Settings:
 
 
 def resolve(config) -> Settings:
-  values = dict(config.to_dict() if hasattr(config, "to_dict") else config)
-  if values.get("quick"):
-    values.update(QUICK)
-  return Settings(values)
+  """Settings of ``config``, quick values applied (``experiments.common.quick``) if it asks."""
+  from configs import latency as latency_config  # pylint: disable=g-import-not-at-top
+  if hasattr(config, "to_dict"):
+    config = quick.resolve(config, latency_config.get_config)
+  return Settings(dict(config.to_dict() if hasattr(config, "to_dict") else config))

@@ -18,6 +18,7 @@ from experiments.common import cli, modelzoo, render, results
 from experiments.tasks import decoding, ruler, scoring, specs
 
 EXPERIMENT = "accuracy"
+KEYED = ("model", "methods", "budgets", "tasks", "lengths")  # in every record's key
 CAPACITY_ROUND = 256
 
 
@@ -31,7 +32,7 @@ def run(config, workdir: str) -> list[dict]:
   prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
   entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
                          rope_inv_freq=modelzoo.rope_inv_freq(model))
-  writer = results.ResultWriter(workdir, config, EXPERIMENT)
+  writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
   samples = ruler.dataset(config.tasks, config.lengths, config.num_samples, prompter,
                           list(config.depths), config.seed, config.haystack)
   groups = collections.defaultdict(list)

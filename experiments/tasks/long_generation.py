@@ -26,6 +26,7 @@ from experiments.tasks.perplexity import documents
 from sparse_attn.enhancers import retro
 
 EXPERIMENT = "long_generation"
+KEYED = ("model", "methods", "budgets")  # in every record's key
 
 
 class StateProbe:
@@ -63,7 +64,7 @@ class StateProbe:
 
 def run(config, workdir: str) -> list[dict]:
   model = modelzoo.load_model(config.model)
-  writer = results.ResultWriter(workdir, config, EXPERIMENT)
+  writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
   entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
                          rope_inv_freq=modelzoo.rope_inv_freq(model))
   if entries[0].label != "dense":
@@ -71,6 +72,8 @@ def run(config, workdir: str) -> list[dict]:
                            specs.build("dense", block_size=config.block_size))] + [
                                e for e in entries if e.label != "dense"]
   key = lambda label: f"{config.model}|{config.prompt_length}|{config.new_tokens}|{label}"
+  # Finished rows are never recomputed nor rewritten; dense always runs (the reference).
+  entries = [e for e in entries if e.label == "dense" or not writer.done(key(e.label))]
   if all(writer.done(key(e.label)) for e in entries):
     records = writer.records()
     write_outputs(records, workdir)
@@ -78,21 +81,26 @@ def run(config, workdir: str) -> list[dict]:
   prompts = documents(model, config.text, config.prompt_length, config.num_prompts, config.seed)
   lengths = np.full((len(prompts),), prompts.shape[1], np.int32)
   n = config.new_tokens
-  progress = cli.Progress(2 * len(entries), "long_generation")
+  # One tick per decode step: n - 1 greedy steps, then n - 1 teacher-forced steps per method.
+  progress = cli.Progress(2 * len(entries) * (n - 1), "long_generation")
   gens = {}
   for e, (m, pre) in zip(entries, decoding.prefill_all(model, prompts, lengths,
                                                        [e.method for e in entries],
                                                        prompts.shape[1] + n)):
-    gens[e.label] = decoding.greedy(model, pre, m, n, stop_at_eos=False)
-    progress.update(1, f"generate {e.label}")
+    gens[e.label] = decoding.greedy(model, pre, m, n, stop_at_eos=False,
+                                    hook=lambda *_, lab=e.label: progress.update(note=lab))
   dense = gens["dense"]
   trajectory = np.concatenate([prompts, np.asarray(dense, np.int32)], axis=1)
   probe = StateProbe()
+
+  def hook(label, step, states):
+    probe(label, step, states)
+    progress.update(note=f"teacher-forced {label}")
+
   forced = decoding.lockstep(model, trajectory, prompts.shape[1],
-                             {e.label: e.method for e in entries}, hook=probe)
-  progress.update(len(entries), "teacher-forced")
+                             {e.label: e.method for e in entries}, hook=hook)
   size = config.interval
-  for e in entries:
+  for e in (e for e in entries if not writer.done(key(e.label))):
     st, g = forced[e.label], gens[e.label]
     n_int = max(1, st["kl"].shape[1] // size)
     fac = [f for _, f in probe.factor.get(e.label, [])]

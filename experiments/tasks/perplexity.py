@@ -21,6 +21,7 @@ from experiments.common import cli, data, modelzoo, render, results
 from experiments.tasks import decoding, specs
 
 EXPERIMENT = "perplexity"
+KEYED = ("model", "methods", "budgets", "xs", "interval_methods")  # in every record's key
 
 
 def documents(model, source: str, length: int, count: int, seed: int = 0) -> np.ndarray:
@@ -58,7 +59,7 @@ def _sweep_entries(config, rope_inv_freq=None) -> list[tuple[str, specs.Entry]]:
 
 def run(config, workdir: str) -> list[dict]:
   model = modelzoo.load_model(config.model)
-  writer = results.ResultWriter(workdir, config, EXPERIMENT)
+  writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
   entries = _sweep_entries(config, modelzoo.rope_inv_freq(model))
   dense = specs.Entry("dense", "dense", None, specs.build("dense", block_size=config.block_size))
   jobs = [("tail", x) for x in config.xs] + [("interval", None)] * bool(config.interval_length)
@@ -76,15 +77,21 @@ def run(config, workdir: str) -> list[dict]:
     key = lambda label: f"{config.model}|{view}|{length}|{x}|{label}"
     labels = {e.label: e for _, e in rows}
     labels.setdefault("dense", dense)
-    if all(writer.done(key(k)) for k in labels):
+    # Finished rows are never recomputed nor rewritten; dense always runs (the KL reference).
+    todo = {k: e for k, e in labels.items() if not writer.done(key(k))}
+    if not todo:
       progress.update(1)
       continue
     prefill_len = length - x if view == "tail" else length // 2
-    out = decoding.lockstep(model, docs, prefill_len, {k: e.method for k, e in labels.items()})
+    run_map = {k: e.method for k, e in labels.items() if k in todo or k == "dense"}
+    steps = length - prefill_len - 1  # lockstep's hook runs once per method per decode step
+    job = cli.Progress(len(run_map) * steps, f"perplexity job {view} x={x}")
+    out = decoding.lockstep(model, docs, prefill_len, run_map,
+                            hook=lambda *_: job.update())
     sweeps = collections.defaultdict(list)
     for s, e in rows:
       sweeps[e.label].append(s)
-    for label, e in labels.items():
+    for label, e in todo.items():
       st = out[label]
       rec = dict(model=config.model, view=view, length=length, x=x, method=label, spec=e.spec,
                  budget=e.budget, sweeps=sweeps.get(label, ["reference"]),

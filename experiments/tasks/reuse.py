@@ -73,8 +73,9 @@ class TrackedMethod(methods.Method):
       sel = Selection(idx=idx, n_valid=n_valid, granularity=fresh.granularity)
     else:
       sel = fresh
-    out, _ = sparse.sparse_decode(q[:, :, 0], cache, sel, scale, impl=self.impl,
-                                  interpret=self.interpret)
+    out, lse = sparse.sparse_decode(q[:, :, 0], cache, sel, scale, impl=self.impl,
+                                    interpret=self.interpret)
+    out, _ = sparse.mask_rows(out, lse, positions[:, 0])
     state = dict(idx=sel.idx, n_valid=sel.n_valid,
                  mask=_entry_mask(sel.idx, sel.n_valid, ne) if self.reuse_every else mask,
                  step=step + 1, overlap=jnp.where((step > 0)[:, None], overlap, jnp.nan))

@@ -95,25 +95,26 @@ def decode(m, q, k, v, cache, state, positions, scale=None):
   scale = reference.default_scale(q.shape[-1], scale)
   cache, state = _write(m, cache, state, k, v, positions, scale, prior_formed=True)
   if m.window == 1:
-    out = _single(m, q[:, :, 0], cache, state, scale)
+    out = _single(m, q[:, :, 0], cache, state, positions[:, 0], scale)
     return out[:, :, None].astype(q.dtype), cache, state
   out, state = _retro_step(m, q, cache, state, positions, scale)
   return out.astype(q.dtype), cache, state
 
 
-def _single(m, q, cache, state, scale):
-  """Sparse attention of the newest query, RESA-completed when on (RESA Eq. 3-5)."""
+def _single(m, q, cache, state, positions, scale):
+  """Sparse attention of the newest query at ``positions [B]``, RESA-completed when on (RESA
+  Eq. 3-5); padding rows (position < 0) return 0."""
   sel = m.select(q, cache, scale)
   if not m.resa:
-    out, _ = sparse.sparse_decode(q, cache, sel, scale, impl=m.impl, interpret=m.interpret)
-    return out
+    out, lse = sparse.sparse_decode(q, cache, sel, scale, impl=m.impl, interpret=m.interpret)
+    return sparse.mask_rows(out, lse, positions)[0]
   st = state["resa"]
   true, prior_seen, seen = resa.partials(q, cache, sel, st["prior"], scale, impl=m.impl,
                                          interpret=m.interpret)
   covered = seen >= resa.prior_count(st, q.shape[1])
-  out, _ = resa.aggregate(true, prior_seen, resa.total(st), resa.bias(st, q, scale), m.lam,
-                          covered)
-  return out
+  out, lse = resa.aggregate(true, prior_seen, resa.total(st), resa.bias(st, q, scale), m.lam,
+                            covered, m.lam_form)
+  return sparse.mask_rows(out, lse, positions)[0]
 
 
 def _window_priors(st, cache: KVCache, positions):
@@ -168,7 +169,7 @@ def _retro_step(m, q, cache, state, positions, scale):
     import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
     o, l = pallas_kernels.sparse_decode_multiquery(
         q, cache.k, cache.v, sel.idx, sel.n_valid, use, positions, cache.length,
-        block_size=g, scale=scale, impl="pallas", interpret=m.interpret)
+        block_size=g, scale=scale, impl="pallas", interpret=m.interpret, pos=cache.pos)
     true = (o.astype(jnp.float32), l)
 
   def with_cache(new, old_o, old_l):
@@ -188,7 +189,7 @@ def _retro_step(m, q, cache, state, positions, scale):
     o_est, log_z, count = _window_priors(st, cache, positions)
     covered = full[:, None, :] | (seen >= count)
     out, _ = resa.aggregate(true, prior_part, (o_est, log_z), resa.bias(st, q, scale), m.lam,
-                            covered)
+                            covered, m.lam_form)
   out = jnp.where((positions >= 0)[:, None, :, None], out, 0.0)
   rs = dict(ring=retro.store(rs["ring"], positions, entries),
             last_seen=retro.mark_selected(last_seen, sel, t),

@@ -39,7 +39,8 @@ from sparse_attn.ordering import after
 from sparse_attn.selection import Selection
 
 TYPICAL_QUERIES = ("mean", "last")
-PRIOR_UPDATES = ("incremental", "prefill_only")
+PRIOR_UPDATES = ("prefill_only", "incremental")
+LAM_FORMS = ("renormalised", "literal")
 NEG_INF = float("-inf")
 
 
@@ -185,8 +186,15 @@ def prior_count(state: dict, num_q_heads: int):
   return jnp.repeat(state["kcount"], num_q_heads // state["kcount"].shape[1], axis=1)
 
 
-def aggregate(true, prior_seen, prior_total, b, lam: float, covered=None):
+def aggregate(true, prior_seen, prior_total, b, lam: float, covered=None,
+              form: str = "renormalised"):
   """RESA's Online Aggregator (Eq. 3-5) in log space.
+
+  Two readings of lambda (Sec. 4.3, "we use alpha' = lam * alpha to replace the alpha in Eq 5"):
+  ``"renormalised"`` scales the unselected mass by lam inside the normaliser,
+  ``out = (lam W_r o_res + W_s o) / (lam W_r + W_s)``, so lam = 0 is exactly the selector alone
+  (the paper's "degenerates to the vanilla SA"); ``"literal"`` scales alpha with beta unchanged,
+  ``out = (lam W_r o_res + W_s o) / (W_r + W_s)``, equal at lam = 1 and ``beta * O_SA`` at 0.
 
   Args:
     true: ``(out [..., D], lse [...])`` exact attention over the seen set ``I``.
@@ -195,12 +203,16 @@ def aggregate(true, prior_seen, prior_total, b, lam: float, covered=None):
     b: ``[...]`` the bias ``scale (q - mu_Q) . mu_K``.
     lam: RESA's lambda, the weight of every unselected key (0 = the selector alone).
     covered: optional bool ``[...]``: ``I`` holds the whole prior set (no residual at all).
+    form: ``"renormalised"`` or ``"literal"`` (above).
 
   Returns:
-    ``(out [..., D] f32, lse [...] f32)``: the estimated full attention and its log-normaliser.
+    ``(out [..., D] f32, lse [...] f32)``: the estimated full attention and its log-normaliser
+    (with ``"literal"``, the lam = 1 normaliser).
   """
+  if form not in LAM_FORMS:
+    raise ValueError(f"form must be one of {LAM_FORMS}, got {form!r}")
   o, l = true[0].astype(jnp.float32), true[1]
-  if lam == 0:
+  if lam == 0 and form == "renormalised":
     return o, l
   po, pl = prior_seen
   oe, lz = prior_total
@@ -213,15 +225,19 @@ def aggregate(true, prior_seen, prior_total, b, lam: float, covered=None):
   safe_rem = jnp.where(live, rem, 1.0)
   # Normalised residual output (Z O_est - sum_I e^P v) / (Z - sum_I e^P).
   o_res = (oe - r[..., None] * po) / safe_rem[..., None]
-  l_res = jnp.where(live, lz + jnp.log(safe_rem) + b + jnp.log(lam), NEG_INF)
+  # Residual log-mass; the renormalised form folds lam into it, the literal one keeps lam = 1
+  # in the normaliser and scales only the residual's output weight.
+  log_lam = jnp.log(lam) if form == "renormalised" and lam > 0 else 0.0
+  l_res = jnp.where(live, lz + jnp.log(safe_rem) + b + log_lam, NEG_INF)
   m = jnp.maximum(l, l_res)
   m = jnp.where(jnp.isfinite(m), m, 0.0)
   w_s = jnp.where(jnp.isfinite(l), jnp.exp(l - m), 0.0)
   w_r = jnp.where(live, jnp.exp(l_res - m), 0.0)
   den = w_s + w_r
   safe = jnp.where(den > 0, den, 1.0)
+  w_out = w_r if form == "renormalised" else lam * w_r
   out = jnp.where((den > 0)[..., None],
-                  (w_s[..., None] * o + w_r[..., None] * o_res) / safe[..., None], 0.0)
+                  (w_s[..., None] * o + w_out[..., None] * o_res) / safe[..., None], 0.0)
   return out, jnp.where(den > 0, m + jnp.log(safe), NEG_INF)
 
 
@@ -286,7 +302,8 @@ def partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: str = "xl
     import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
     out, lse, pout, plse = pallas_kernels.sparse_decode_resa(
         q, cache.k, cache.v, prior, sel.idx, sel.n_valid, cache.length,
-        block_size=cache.block_size, scale=scale, impl="pallas", interpret=interpret)
+        block_size=cache.block_size, scale=scale, impl="pallas", interpret=interpret,
+        pos=cache.pos)
     _, _, ok, _ = _gather_ok(cache, sel)
     pg = gather_prior(prior, sel)  # [B, H, R, L]
     seen = jnp.sum(ok[:, :, None] & jnp.isfinite(pg), -1).reshape(q.shape[:2])

@@ -17,20 +17,28 @@ from configs import resa_lambda as rl_config
 from experiments.analysis import (budget_experiment, calibrate_experiment, error_experiment,
                                   lambda_experiment)
 from experiments.common import results
+from experiments.tasks import report
 from sparse_attn import methods
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _quick(mod):
-  return mod.apply_quick(mod.get_config())
+  return mod.get_config(quick=True)
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+  """One results root for every analysis run, so the report test renders them all."""
+  return tmp_path_factory.mktemp("analysis")
 
 
 def _records(workdir):
   return results.read_records(os.path.join(workdir, results.RESULTS_FILE))
 
 
-def test_svd_analysis_script(tmp_path):
+def test_svd_analysis_script(root):
+  tmp_path = root / "svd_analysis"
   out = subprocess.run([sys.executable, "-m", "experiments.svd_analysis", "--config.quick=True",
                         f"--workdir={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
                        timeout=600, check=False)
@@ -60,7 +68,8 @@ def test_svd_analysis_script(tmp_path):
     assert np.all(np.abs(np.asarray(r["autocorr"])) <= 1 + 1e-9)
 
 
-def test_attention_error_quick(tmp_path):
+def test_attention_error_quick(root):
+  tmp_path = root / "attention_error"
   red = error_experiment.run(_quick(ae_config), str(tmp_path))
   assert (tmp_path / "attention_error.md").exists()
   assert (tmp_path / "fig6a_error_reduction.png").exists()
@@ -78,7 +87,8 @@ def test_attention_error_quick(tmp_path):
   assert resa["score_l1_reduction"] > 0
 
 
-def test_resa_lambda_quick(tmp_path):
+def test_resa_lambda_quick(root):
+  tmp_path = root / "resa_lambda"
   rows = lambda_experiment.run(_quick(rl_config), str(tmp_path))
   assert (tmp_path / "fig7a_lambda_sweep.png").exists()
   assert {r["task"] for r in rows} == {"squad", "longdoc"}
@@ -86,7 +96,8 @@ def test_resa_lambda_quick(tmp_path):
     assert np.isfinite(r["nll"]) and r["nll"] > 0 and r["quality"] > 0
 
 
-def test_budget_reduction_quick(tmp_path):
+def test_budget_reduction_quick(root):
+  tmp_path = root / "budget_reduction"
   try:
     methods.make("quest", adakv=0.2, budget=0.1)
     methods.make("quest", topp=0.9, budget=0.5)
@@ -99,7 +110,8 @@ def test_budget_reduction_quick(tmp_path):
     assert 0 < r["measured_budget"] <= 1 and np.isfinite(r["nll"])
 
 
-def test_resa_calibrate_quick(tmp_path):
+def test_resa_calibrate_quick(root):
+  tmp_path = root / "resa_calibrate"
   rows = calibrate_experiment.run(_quick(rc_config), str(tmp_path))
   assert (tmp_path / "calibration_lambda_beta").is_dir()
   assert (tmp_path / "resa_calibrate.md").exists()
@@ -108,3 +120,26 @@ def test_resa_calibrate_quick(tmp_path):
   for r in rows:
     assert np.isfinite(r["heldout_out_rel_l2"]) and np.isfinite(r["nll"])
   json.dumps(rows)  # JSON-able summary
+
+
+def test_rerun_with_another_model_is_refused(root):
+  wd = str(root / "attention_error")
+  before = len(_records(wd))
+  cfg = _quick(ae_config)
+  with cfg.unlocked():
+    cfg.model = "smollm2-135m-instruct"
+  with pytest.raises(results.ConfigMismatch, match="model: 'tiny-random' in the workdir"):
+    error_experiment.run(cfg, wd)
+  assert len(_records(wd)) == before
+
+
+def test_report_renders_every_analysis_experiment(root):
+  path = report.build(str(root), str(root / "report"))
+  md = open(path, encoding="utf-8").read()
+  present = {r["experiment"] for p in results.find_results(str(root))
+             for r in results.read_records(p)}
+  assert {"svd_analysis", "attention_error", "resa_lambda", "resa_calibrate"} <= present
+  for exp in present:
+    assert f"(`{exp}/results.jsonl`)" in md, exp
+    assert os.listdir(root / "report" / "figures" / exp), exp
+  assert "no renderer" not in md and "fig6a_error_reduction.png" in md

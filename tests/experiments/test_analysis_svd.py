@@ -123,3 +123,38 @@ def test_channel_profile():
 def test_too_short_for_delta():
   with pytest.raises(ValueError):
     svd.delta_autocorrelation(np.zeros((1, 5, 2)), np.zeros((1, 5, 2)), 1.0, 4, 4, 1)
+
+
+def test_delta_token_acf_matches_per_key_series():
+  """The paper's Fig. 6b statistic: each key's error series over steps, its sample ACF."""
+  rng = np.random.default_rng(8)
+  q, k = _qk(rng, h=2, s=70, d=6)
+  q[:, 30:] = np.cumsum(0.3 * rng.normal(size=(2, 40, 6)), 1)  # a random walk: strong ACF
+  out = svd.delta_token_acf(q, k, 0.5, prefix=30, steps=40, max_lag=4)
+  for h in range(2):
+    mu_q, kc = q[h, :30].mean(0), k[h, :30] - k[h, :30].mean(0)
+    x = 0.5 * (q[h, 30:] - mu_q) @ kc.T  # [n, S]: one series per key
+    x = x - x.mean(0)
+    for lag in range(1, 5):
+      r = np.sum(x[:-lag] * x[lag:], 0) / np.sum(x * x, 0)
+      np.testing.assert_allclose(out["acf"][h, lag - 1], r.mean(), atol=1e-10)
+      np.testing.assert_allclose(out["acf_significant"][h, lag - 1],
+                                 np.mean(np.abs(r) > 1.96 / np.sqrt(40)))
+  assert out["acf"][:, 0].min() > 0.5  # a random walk is strongly autocorrelated
+  noise = svd.delta_token_acf(rng.normal(size=(1, 400, 6)), k[:1, :60].repeat(1, 0), 1.0,
+                              prefix=30, steps=300, max_lag=3)
+  assert np.abs(noise["acf"]).max() < noise["acf_ci95"]  # white-noise queries: inside the band
+  with pytest.raises(ValueError):
+    svd.delta_token_acf(q, k, 1.0, 30, 40, 40)
+
+
+def test_row_cosine_is_each_rows_rank1_part_against_the_prior_row():
+  rng = np.random.default_rng(9)
+  q, k = _qk(rng, h=1, s=25, d=5)
+  s, u1, v1 = svd.factored_svd(q, k, 0.4)
+  al = svd.mean_query_alignment(q, k, 0.4, s, u1, v1)
+  m1 = s[0, 0] * np.outer(u1[0], v1[0])  # [S, S] the rank-1 part
+  w = 0.4 * k[0] @ q[0].mean(0)
+  rows = m1 @ w / (np.linalg.norm(m1, axis=1) * np.linalg.norm(w))
+  np.testing.assert_allclose(al["row_cosine"][0], rows.mean(), atol=1e-8)
+  np.testing.assert_allclose(al["row_cosine_min"][0], rows.min(), atol=1e-8)

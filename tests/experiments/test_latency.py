@@ -9,6 +9,7 @@ import numpy as np
 from configs import latency as latency_config
 from experiments import latency_lib
 from experiments.latency_lib import prefill, settings, traffic
+from experiments.tasks import report
 from sparse_attn import methods
 
 
@@ -30,7 +31,7 @@ def test_traffic_bound_is_resa_memory_model():
 
 def test_quick_run_writes_finite_results(tmp_path):
   config = latency_config.get_config()
-  config.quick = True
+  config.quick = True  # resolved by settings.resolve (experiments.common.quick)
   text = latency_lib.run(config, str(tmp_path))
   for name in ("results.jsonl", "latency.md", "latency.png"):
     assert os.path.getsize(tmp_path / name) > 0
@@ -56,6 +57,9 @@ def test_quick_run_writes_finite_results(tmp_path):
   for r in pre:
     assert r["ratio"] > 0 and math.isclose(r["ratio"], r["transformers_s"] / r["ours_s"]), r
   assert "Dense prefill vs transformers" in text
+
+  md = open(report.build(str(tmp_path), str(tmp_path / "report")), encoding="utf-8").read()
+  assert "## Decode latency and memory (`results.jsonl`)" in md and "latency.png" in md
 
 
 def test_transformers_peer_holds_our_weights():

@@ -7,6 +7,7 @@ mean nothing, so the checks are: outputs exist, values are finite and in range, 
 import json
 import math
 import os
+import re
 
 import pytest
 
@@ -79,13 +80,62 @@ def test_long_generation_quick(root):
   assert os.path.exists(os.path.join(wd, "long_generation.md"))
 
 
+def _drop_records(workdir, keep):
+  """Rewrites results.jsonl without the records ``keep`` rejects (a run killed early)."""
+  path = os.path.join(workdir, results.RESULTS_FILE)
+  recs = results.read_records(path)
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(json.dumps(r) + "\n" for r in recs if keep(r))
+  return [r for r in recs if not keep(r)]
+
+
+def _unique_keys(workdir):
+  keys = [r["key"] for r in results.read_records(os.path.join(workdir, results.RESULTS_FILE))]
+  assert len(keys) == len(set(keys)), "duplicate rows"
+  return keys
+
+
+@pytest.mark.parametrize("name,module", [("perplexity", perplexity),
+                                         ("long_generation", long_generation)])
+def test_resume_recomputes_only_missing_rows(root, name, module):
+  wd = os.path.join(root, name)
+  before = _unique_keys(wd)
+  dropped = _drop_records(wd, lambda r: r["method"] == "dense" or r is None)
+  assert dropped
+  recs = module.run(_quick(name), wd)
+  assert sorted(_unique_keys(wd)) == sorted(before) and len(recs) == len(before)
+
+
+def test_changed_config_never_returns_stale_records(root):
+  wd = os.path.join(root, "accuracy")
+  cfg = _quick("accuracy")
+  before = _unique_keys(wd)
+  with cfg.unlocked():
+    cfg.max_new_tokens += 1  # changes every answer: the old rows must not be reused
+  with pytest.raises(results.ConfigMismatch, match="max_new_tokens"):
+    accuracy.run(cfg, wd)
+  assert _unique_keys(wd) == before
+  # A keyed sweep axis (methods) extends the workdir: only the new method's rows are computed.
+  cfg = _quick("accuracy")
+  with cfg.unlocked():
+    cfg.methods = tuple(cfg.methods) + ("topk",)
+  recs = accuracy.run(cfg, wd)
+  after = _unique_keys(wd)
+  assert after[:len(before)] == before
+  assert {r["method"] for r in recs if r["key"] in set(after) - set(before)} == {
+      f"topk@{cfg.budgets[0]:g}"}
+
+
 def test_report_over_all_results(root):
   path = report.build(root, os.path.join(root, "report"))
   md = open(path, encoding="utf-8").read()
   for title in ("RULER-style accuracy", "Perplexity under sparse decoding",
-                "Long-generation fidelity"):
-    assert f"## {title}" in md
+                "Long generation fidelity"):
+    assert f"## {title} (`" in md
+  assert "no renderer" not in md
   figs = os.path.join(root, "report", "figures")
   assert sorted(os.listdir(figs)) == ["accuracy", "long_generation", "perplexity"]
+  for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
+    assert os.path.exists(os.path.join(root, "report", link)), link
   n = sum(len(results.read_records(p)) for p in results.find_results(root))
   assert n > 0 and json.dumps(n)

@@ -57,8 +57,10 @@ def _step(m, rng, cache, state, newest, scale=1.0, dtype=jnp.float32):
   return out[:, :, 0], q[:, :, 0], cache, state
 
 
-def _oracle(m, q, cache, qp, ppos, prompt_len, lam):
-  """Brute-force RESA Eq. 3: true logits on I, ``P_j + b`` (weighted by lam) elsewhere."""
+def _oracle(m, q, cache, qp, ppos, prompt_len, lam, form="renormalised"):
+  """Brute-force RESA Eq. 3-5: true logits on I, ``P_j + b`` elsewhere, the unselected weighted
+  by lam in numerator and normaliser (renormalised) or, as alpha' = lam * alpha with beta
+  unchanged, in the numerator only (literal)."""
   scale = 1 / np.sqrt(D)
   kc = np.asarray(cache.k, np.float64)
   vc = np.asarray(cache.v, np.float64)
@@ -83,30 +85,34 @@ def _oracle(m, q, cache, qp, ppos, prompt_len, lam):
       mu_k = kc[b, kh][member].mean(0) if member.any() else np.zeros(D)
       bias = scale * (q[b, h] - mu_q[h]) @ mu_k
       s = scale * kc[b, kh] @ q[b, h]
-      p = scale * kc[b, kh] @ mu_q[h] + bias + (np.log(lam) if lam > 0 else -np.inf)
+      p = scale * kc[b, kh] @ mu_q[h] + bias
       chosen = tm[b, h] & valid[b, kh]
       logit = np.where(chosen, s, np.where(member, p, -np.inf))
       if np.all(np.isinf(logit)):
         continue
       w = np.exp(logit - logit.max())
-      out[b, h] = w @ vc[b, kh] / w.sum()
+      lam_w = np.where(chosen, 1.0, lam)
+      den = (w * lam_w).sum() if form == "renormalised" else w.sum()
+      if den > 0:
+        out[b, h] = (w * lam_w) @ vc[b, kh] / den
   return out
 
 
 @hypothesis.settings(max_examples=8, deadline=None,
                      phases=(hypothesis.Phase.explicit, hypothesis.Phase.generate))
 @hypothesis.given(sel=st.sampled_from(sorted(SELECTORS)), lam=st.sampled_from([0.0, 0.5, 1.0]),
+                  form=st.sampled_from(resa.LAM_FORMS),
                   update=st.sampled_from(resa.PRIOR_UPDATES),
                   typical=st.sampled_from(resa.TYPICAL_QUERIES),
                   lengths=st.tuples(st.integers(20, T - 8), st.integers(1, T - 8)),
                   steps=st.integers(1, 3), seed=st.integers(0, 2**16))
-def test_matches_bruteforce_eq3(sel, lam, update, typical, lengths, steps, seed):
-  m = _make(sel, "+resa", lam=lam, prior_update=update, typical_query=typical)
+def test_matches_bruteforce_eq3(sel, lam, form, update, typical, lengths, steps, seed):
+  m = _make(sel, "+resa", lam=lam, lam_form=form, prior_update=update, typical_query=typical)
   rng = np.random.default_rng(seed)
   cache, state, qp, ppos = _prefill(m, rng, lengths)
   for i in range(steps):  # decoded keys join the prior (incremental) or not (prefill_only)
     out, q, cache, state = _step(m, rng, cache, state, np.asarray(lengths) + i)
-  want = _oracle(m, q, cache, qp, ppos, np.asarray(lengths), lam)
+  want = _oracle(m, q, cache, qp, ppos, np.asarray(lengths), lam, form)
   np.testing.assert_allclose(np.asarray(out), want, atol=3e-5, rtol=3e-5)
 
 
@@ -129,7 +135,7 @@ def test_lam0_is_selector_and_full_selection_is_dense(sel):
 
 def test_prior_stays_exact_under_overwrites():
   """Incremental prior == one formed from scratch over the current keys, after rewrites."""
-  m = _make("quest", "+resa+rect:f=4")
+  m = _make("quest", "+resa:prior_update=incremental+rect:f=4")
   rng = np.random.default_rng(3)
   lengths = (30, 44)
   cache, state, _, _ = _prefill(m, rng, lengths)

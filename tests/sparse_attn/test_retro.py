@@ -146,7 +146,7 @@ def test_w1_is_selector_and_full_selection_is_dense():
 
 def test_resa_retro_matches_bruteforce():
   """RESA over each past query's exposure, prior restricted to keys at or before it."""
-  m = _make("quest", "+resa:lam=0.5+retro:w=3")
+  m = _make("quest", "+resa:lam=0.5,prior_update=incremental+retro:w=3")
   for run, t, out, expo, h_sel in _simulate(m, 4, 25, 4):
     pass
   pl = run.prompt_len

@@ -70,6 +70,19 @@ def test_arkvale_sphere_matches_formula():
     scoring.arkvale_scores(q, c.kcen, c.krad, c.kmin, c.kmax, "cone")
 
 
+def _np_count(bud, length, bs, n_forced):
+  """Brute-force entries attended in all: each paper's rule (``sparse_attn.budget``)."""
+  nb_ctx = -(-length // bs)
+  if bud.budget is None:
+    count = max(bud.n_min, math.ceil(nb_ctx * bud.p))
+  elif isinstance(bud.budget, float):
+    count = math.ceil(bud.budget * length / bs)
+  else:
+    count = -(-bud.budget // bs)
+  count = max(count, -(-bud.min_tokens // bs))
+  return count + n_forced if bud.forced_count == "extra" else max(count, n_forced)
+
+
 def _np_expected_set(scores, length, bs, bud):
   """Brute-force block set of one (row, head): forced blocks then best scores."""
   nb_ctx = -(-length // bs)
@@ -79,24 +92,21 @@ def _np_expected_set(scores, length, bs, bud):
     forced |= {n for n in blocks if n >= nb_ctx - bud.n_local}
   else:
     forced |= {n for n in blocks if bud.local_window and (n + 1) * bs > length - bud.local_window}
-  if bud.budget is None:
-    count = max(bud.n_min, math.ceil(nb_ctx * bud.p))
-  elif isinstance(bud.budget, float):
-    count = math.ceil(bud.budget * length / bs)
-  else:
-    count = -(-bud.budget // bs)
-  n = min(max(count, len(forced)), nb_ctx)
+  n = min(max(_np_count(bud, length, bs, len(forced)), len(forced)), nb_ctx)
   rest = sorted((n_ for n_ in blocks if n_ not in forced), key=lambda n_: -scores[n_])
   return forced | set(rest[:n - len(forced)]) if n >= len(forced) else forced
 
 
+accountings = st.sampled_from(budget_lib.FORCED_ACCOUNTING)
 budgets = st.one_of(
     st.builds(budget_lib.Budget, budget=st.sampled_from([0.05, 0.25, 0.5, 1.0]),
-              n_sink=st.sampled_from([0, 4]), local_window=st.sampled_from([0, 16, 64])),
+              n_sink=st.sampled_from([0, 4]), local_window=st.sampled_from([0, 16, 64]),
+              forced_count=accountings, min_tokens=st.sampled_from([0, 0, 40])),
     st.builds(budget_lib.Budget, budget=st.sampled_from([1, 40, 100, 10_000]),
-              n_sink=st.just(4), local_window=st.just(8)),
+              n_sink=st.just(4), local_window=st.just(8), forced_count=accountings),
     st.builds(budget_lib.Budget, budget=st.none(), p=st.sampled_from([0.1, 0.5]),
-              n_min=st.sampled_from([1, 3]), n_local=st.sampled_from([0, 1, 2])))
+              n_min=st.sampled_from([1, 3]), n_local=st.sampled_from([0, 1, 2]),
+              forced_count=accountings))
 
 
 @given(seed=st.integers(0, 2**31 - 1), bud=budgets, bs=st.sampled_from([4, 16]))
@@ -143,12 +153,19 @@ def test_topk_oracle_picks_highest_true_logits():
 def test_streaming_keeps_sinks_and_recent_window():
   rng = np.random.default_rng(2)
   c = helpers.filled_cache(rng, 2, 1, 128, 4, [100, 10], block_size=16)
-  bud = budget_lib.Budget(budget=20, n_sink=4, local_window=8)
+  bud = budget_lib.Budget(budget=20, n_sink=4, local_window=8, forced_count="inside")
   sel = selection.streaming(helpers.normal(rng, (2, 1, 4)), c, bud)
   got0 = set(int(x) for x in sel.idx[0, 0, :int(sel.n_valid[0, 0])])
   assert got0 == set(range(4)) | set(range(84, 100))
   got1 = set(int(x) for x in sel.idx[1, 0, :int(sel.n_valid[1, 0])])
   assert got1 == set(range(10))
+  # Forced on top: the 4 sinks and the 8 + 4 local tokens (whole entries) come besides the 20,
+  # so StreamingLLM attends as many tokens as a score-based selector at the same budget.
+  extra = budget_lib.Budget(budget=20, n_sink=4, local_window=8)
+  sel = selection.streaming(helpers.normal(rng, (2, 1, 4)), c, extra)
+  got0 = set(int(x) for x in sel.idx[0, 0, :int(sel.n_valid[0, 0])])
+  assert got0 == set(range(4)) | set(range(100 - (20 + 4 + 8) + 4, 100))
+  assert len(got0) == extra.accounting(100, 1)["total"]
 
 
 def test_token_mask_covers_selected_blocks():

@@ -1,0 +1,146 @@
+"""Task-accuracy claims (RULER-style records of ``experiments.accuracy``) and the leaderboard.
+
+Accuracy records carry ``method, budget, task, length, seed, depth, score`` (score in [0, 1]).
+Two methods are compared only on the samples both ran (same task, length, seed and depth):
+the paired bootstrap interval of the mean difference (``stats.paired_bootstrap``) and, for 0/1
+scores, McNemar's exact test. Verdicts: "reproduced" when the paper's effect has its sign and
+our paired interval excludes 0; "partly" when our mean has the sign but the interval includes
+0; "not reproduced" when our mean is 0 or has the other sign.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from experiments.common import render, stats
+
+
+def _sample(r) -> tuple:
+  return (r.get("task"), r.get("length"), r.get("seed"), r.get("depth"))
+
+
+def scores(records, method, budget=None, length=None, protocol=None) -> dict:
+  """sample -> score of one method row (``budget``/``length``/``protocol`` None = any)."""
+  out = {}
+  for r in records:
+    if (r.get("method") == method and (budget is None or r.get("budget") == budget)
+        and (length is None or r.get("length") == length)
+        and (protocol is None or r.get("protocol") == protocol)):
+      out[_sample(r)] = float(r["score"])
+  return out
+
+
+def paired(a: dict, b: dict):
+  """``(mean_a, mean_b, diff, lo, hi, n, mcnemar_p)`` over the samples both hold, or None."""
+  keys = sorted(set(a) & set(b), key=repr)
+  if not keys:
+    return None
+  xa, xb = np.array([a[k] for k in keys]), np.array([b[k] for k in keys])
+  d, lo, hi = stats.paired_bootstrap(xa, xb)
+  binary = np.all(np.isin(xa, (0.0, 1.0))) and np.all(np.isin(xb, (0.0, 1.0)))
+  p = stats.mcnemar(xa > 0.5, xb > 0.5) if binary else float("nan")
+  return float(xa.mean()), float(xb.mean()), d, lo, hi, len(keys), p
+
+
+def _gain_verdict(d, lo, hi) -> str:
+  if d > 0 and lo > 0:
+    return "reproduced"
+  if d > 0:
+    return "partly"
+  return "not reproduced"
+
+
+def _pts(x) -> str:
+  return f"{100 * x:+.1f}"
+
+
+def _model(records) -> str:
+  return str(records[0].get("model", records[0].get("config", {}).get("model", "?")))
+
+
+def gain_claim(records, new, base, budget, protocol=None, lengths=(8192, 4096, 2048)):
+  """``new`` vs ``base`` at ``budget``, at the longest of ``lengths`` where both ran."""
+  for length in lengths:
+    got = paired(scores(records, new, budget, length, protocol),
+                 scores(records, base, budget, length, protocol))
+    if got is None:
+      continue
+    ma, mb, d, lo, hi, n, p = got
+    return dict(
+        ours=f"{100 * mb:.1f} -> {100 * ma:.1f} ({_pts(d)} pts [{_pts(lo)}, {_pts(hi)}]"
+             + (f", McNemar p={p:.2g})" if np.isfinite(p) else ")"),
+        n=n, setting=f"{_model(records)}, {length} tokens, budget {budget:g}",
+        verdict=_gain_verdict(d, lo, hi), why=f"paired on {n} samples")
+  return None
+
+
+def resa_ruler_gain(records):
+  """RESA Table 1: Quest+RESA beats Quest at 2.5% of an 8K context (Llama-3.1-8B: 83.2 ->
+  87.4, Llama-3.2-3B: 62.9 -> 71.9, mean over its seven tasks)."""
+  return gain_claim([r for r in records if r.get("protocol") != "query_agnostic"],
+                    "resa-quest", "quest", 0.025)
+
+
+def retro_longgen_gain(records):
+  """RetroAttention Table 1: retro (w=2) beats Quest at relative budget 0.15 on
+  LongGenBench-style multi-question generation (avg +5.6%, up to +21.9%)."""
+  qa = [r for r in records if r.get("task") == "qa_multi"]
+  base = next((r["method"] for r in qa if str(r.get("method", "")).startswith("quest")
+               and "0.15" in str(r.get("spec", "")) and "retro" not in str(r.get("spec", ""))),
+              None)
+  if base is None:
+    return None
+  return gain_claim(qa, "retro", base, None)
+
+
+def ea_vs_baselines(records, budget=0.5):
+  """Expected Attention Table 1 / Fig. 3: at 50% compression EA keeps the most accuracy.
+  Reproduced when EA has the best mean and its paired interval against the runner-up is above
+  0; partly when EA's mean is best (or within the runner-up's interval); else not."""
+  recs = [r for r in records if r.get("protocol") == "query_agnostic"
+          and r.get("budget") == budget]
+  methods = sorted({r["method"] for r in recs} - {"dense"})
+  if "expected-attention" not in methods or len(methods) < 2:
+    return None
+  ea = scores(recs, "expected-attention")
+  means = {m: np.mean(list(scores(recs, m).values())) for m in methods}
+  rival = max((m for m in methods if m != "expected-attention"), key=means.get)
+  got = paired(ea, scores(recs, rival))
+  if got is None:
+    return None
+  ma, mb, d, lo, hi, n, p = got
+  verdict = ("reproduced" if d > 0 and lo > 0 else
+             "partly" if d > 0 or hi > 0 else "not reproduced")
+  lengths = sorted({r["length"] for r in recs})
+  return dict(ours=f"EA {100 * ma:.1f} vs best baseline {rival} {100 * mb:.1f} "
+                   f"({_pts(d)} pts [{_pts(lo)}, {_pts(hi)}])",
+              n=n, setting=f"{_model(recs)}, {lengths} tokens, keep {budget:g}, query-agnostic",
+              verdict=verdict,
+              why="; ".join(f"{m} {100 * means[m]:.0f}" for m in sorted(means, key=means.get,
+                                                                          reverse=True)))
+
+
+def leaderboard(records) -> str:
+  """Every method x budget x length: mean accuracy with a 95% interval, dense on top."""
+  if not records:
+    return ""
+  cells = collections.defaultdict(list)
+  for r in records:
+    cells[(r.get("protocol", ""), r["method"], r.get("budget"), r.get("length"))].append(
+        float(r["score"]))
+  rows = []
+  for (proto, method, budget, length), xs in cells.items():
+    x = np.asarray(xs)
+    if np.all(np.isin(x, (0.0, 1.0))):
+      lo, hi = stats.wilson(int(x.sum()), len(x))
+    else:
+      _, lo, hi = stats.paired_bootstrap(x, np.zeros_like(x))
+    rows.append(dict(protocol=proto, method=method, budget="-" if budget is None else budget,
+                     length=length, accuracy=round(100 * x.mean(), 1),
+                     interval=f"[{100 * lo:.1f}, {100 * hi:.1f}]", n=len(x)))
+  rows.sort(key=lambda r: (r["protocol"], r["length"], r["method"] != "dense",
+                           -r["accuracy"]))
+  return render.markdown_table(rows, ["protocol", "length", "method", "budget", "accuracy",
+                                      "interval", "n"])

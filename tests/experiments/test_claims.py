@@ -1,0 +1,79 @@
+"""The reproduction report: claim measures on synthetic records, the report and the runner."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+from absl import app
+
+from experiments import claims, claims_table, claims_tasks, reproduce
+
+
+def _acc(method, scores, budget=0.025, length=4096, protocol="query_aware", task="niah"):
+  return [dict(experiment="accuracy", model="m", method=method, budget=budget, length=length,
+               protocol=protocol, task=task, seed=i, depth=0.5, score=float(s))
+          for i, s in enumerate(scores)]
+
+
+def test_resa_gain_is_paired_and_judged_by_its_interval():
+  rng = np.random.default_rng(0)
+  base = (rng.random(60) < 0.5).astype(float)
+  better = np.maximum(base, (rng.random(60) < 0.5))  # never worse, often better
+  recs = _acc("quest", base) + _acc("resa-quest", better)
+  got = claims_tasks.resa_ruler_gain(recs)
+  assert got["n"] == 60 and got["verdict"] == "reproduced"
+  assert f"{100 * base.mean():.1f} -> {100 * better.mean():.1f}" in got["ours"]
+  same = claims_tasks.resa_ruler_gain(_acc("quest", base) + _acc("resa-quest", base))
+  assert same["verdict"] == "not reproduced"
+  # unpaired samples (other seeds) are not compared
+  shifted = [dict(r, seed=r["seed"] + 100) for r in _acc("resa-quest", better)]
+  assert claims_tasks.resa_ruler_gain(_acc("quest", base) + shifted) is None
+
+
+def test_ea_against_the_best_baseline():
+  ones, half = np.ones(40), np.r_[np.ones(20), np.zeros(20)]
+  recs = (_acc("expected-attention", ones, 0.5, protocol="query_agnostic")
+          + _acc("snapkv", half, 0.5, protocol="query_agnostic")
+          + _acc("knorm", np.zeros(40), 0.5, protocol="query_agnostic"))
+  got = claims_tasks.ea_vs_baselines(recs)
+  assert got["verdict"] == "reproduced" and "snapkv" in got["ours"]
+  flipped = (_acc("expected-attention", half, 0.5, protocol="query_agnostic")
+             + _acc("snapkv", ones, 0.5, protocol="query_agnostic"))
+  assert claims_tasks.ea_vs_baselines(flipped)["verdict"] == "not reproduced"
+
+
+def test_svd_claims_follow_their_rules():
+  lengths = (512, 1024, 2048)
+  recs = [dict(experiment="svd_analysis", config=dict(model="m"), kind="spectrum", layer=l,
+               length=s, share=[0.45, 0.42], cosine=[0.95, -0.97],
+               s=[[s * 0.01 + l, 1.0], [s * 0.02, 1.0]]) for l in range(2) for s in lengths]
+  assert claims_table.principal_share(recs)["verdict"] == "reproduced"
+  assert claims_table.rank1_cosine(recs)["verdict"] == "reproduced"  # |cos|: the sign is free
+  assert claims_table.sigma1_linear(recs)["verdict"] == "reproduced"
+  low = [dict(r, share=[0.2, 0.25]) for r in recs]
+  assert claims_table.principal_share(low)["verdict"] == "not reproduced"
+
+
+def test_report_lists_unrun_claims_and_timings(tmp_path):
+  os.makedirs(tmp_path / "accuracy")
+  with open(tmp_path / "accuracy" / "results.jsonl", "w", encoding="utf-8") as f:
+    for r in _acc("dense", np.ones(5)) + _acc("quest", np.zeros(5)):
+      f.write(json.dumps(r) + "\n")
+  with open(tmp_path / "timings.jsonl", "w", encoding="utf-8") as f:
+    f.write(json.dumps(dict(part="accuracy", seconds=120.0, rc=0, finished="t")) + "\n")
+  text = open(claims.build(str(tmp_path)), encoding="utf-8").read()
+  assert "| not run |" in text and "no `svd_analysis` records" in text
+  assert "Leaderboard" in text and "| dense |" in text
+  assert "2 min in all" in text or "| accuracy | 2.0 |" in text
+
+
+def test_reproduce_plan_and_bad_names():
+  assert [n for n, _ in reproduce.plan()] == [n for n, _ in reproduce.PARTS]
+  assert [n for n, _ in reproduce.plan(["latency", "svd_analysis"])] == ["svd_analysis",
+                                                                         "latency"]
+  with pytest.raises(app.UsageError, match="unknown part"):
+    reproduce.plan(["svd"])
+  assert set(reproduce.EXPECTED_MINUTES) == {n for n, _ in reproduce.PARTS}
+  line = reproduce.eta_line(1, reproduce.plan(), 600.0, {"svd_analysis": 1200.0})
+  assert line.startswith("[1/9] elapsed 10.0 min, eta")

@@ -1,0 +1,51 @@
+"""Every CLI answers a user error with one line on stderr and a non-zero exit, no traceback.
+
+The scripts run as real subprocesses (absl flag parsing, ``cli.run``), all at once. Each fails
+in its checks before a model loads; bad budgets and models fail before JAX is even imported.
+"""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+# (script, flags, text the error line must contain)
+CASES = [
+    ("generate", ["--method=qeust"], "unknown method 'qeust'"),
+    ("generate", ["--budget=0"], "--budget=0.0 is not a budget"),
+    ("generate", ["--model=/nonexistent"], "model '/nonexistent' is neither a known name"),
+    ("generate", ["--max_new_tokens=many"], "--max_new_tokens=many"),
+]
+for _script, _specs, _budgets in (("accuracy", "methods", "budgets"),
+                                  ("perplexity", "methods", "budgets"),
+                                  ("attention_error", "selectors", "budgets")):
+  CASES += [
+      (_script, [f"--config.{_specs}=qeust"], f"--config.{_specs}: unknown method 'qeust'"),
+      (_script, [f"--config.{_budgets}=0"], f"--config.{_budgets}=0 is not a budget"),
+      (_script, ["--config.model=/nonexistent"], "model '/nonexistent' is neither a known name"),
+  ]
+CASES += [
+    ("accuracy", ["--config.num_samples=abc"], "--config.num_samples=abc"),
+    ("resa_lambda", ["--config.method=quest:bogus=1"], "unknown option(s) ['bogus']"),
+    ("accuracy", ["--config=/nonexistent.py"], "/nonexistent.py"),
+]
+
+
+def test_user_errors_are_one_line_without_traceback(tmp_path):
+  procs = []
+  for i, (script, flags, _) in enumerate(CASES):
+    args = [sys.executable, "-m", f"experiments.{script}", *flags]
+    if script != "generate":
+      args.append(f"--workdir={tmp_path / str(i)}")
+    procs.append(subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True))
+  for (script, flags, expected), proc in zip(CASES, procs):
+    out, err = proc.communicate(timeout=600)
+    what = f"{script} {' '.join(flags)}:\n{err[-2000:]}"
+    assert proc.returncode == 1, what
+    assert "Traceback" not in err and not out.strip(), what
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: error: "), what
+    assert expected in lines[0], what
+  assert not any((tmp_path / str(i)).exists() for i in range(len(CASES)))  # nothing written

@@ -1,0 +1,64 @@
+"""The ``models`` package's modules import each other without cycles (function-level imports
+included): a cycle makes import order matter and hides which module owns what."""
+
+import ast
+import pathlib
+
+import models
+
+PKG = pathlib.Path(models.__file__).parent
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+  """Sibling modules of ``models`` that ``path`` imports anywhere in its body."""
+  found = set()
+  for node in ast.walk(ast.parse(path.read_text())):
+    if isinstance(node, ast.ImportFrom) and node.module:
+      if node.module == "models":
+        found |= {a.name for a in node.names}
+      elif node.module.startswith("models."):
+        found.add(node.module.split(".")[1])
+    elif isinstance(node, ast.Import):
+      found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("models.")}
+  return found
+
+
+def _graph() -> dict[str, set[str]]:
+  mods = {p.stem: p for p in PKG.glob("*.py") if p.stem != "__init__"}
+  return {m: _imports(p) & set(mods) - {m} for m, p in mods.items()}
+
+
+def _cycle(graph):
+  """One import cycle as a list of modules, or None."""
+  state, stack = {}, []
+
+  def visit(m):
+    state[m] = "open"
+    stack.append(m)
+    for n in sorted(graph[m]):
+      if state.get(n) == "open":
+        return stack[stack.index(n):] + [n]
+      if n not in state and (c := visit(n)):
+        return c
+    state[m] = "done"
+    stack.pop()
+    return None
+
+  for m in sorted(graph):
+    if m not in state and (c := visit(m)):
+      return c
+  return None
+
+
+def test_models_modules_import_without_cycles():
+  assert _cycle(_graph()) is None, f"import cycle: {' -> '.join(_cycle(_graph()))}"
+
+
+def test_sources_is_a_leaf_and_loading_builds_on_it():
+  g = _graph()
+  assert g["sources"] == set()
+  assert "sources" in g["loading"]
+
+
+def test_cycle_finder_sees_a_cycle():
+  assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
