@@ -37,13 +37,14 @@ _NEVER = jnp.iinfo(jnp.int32).max
 
 
 def dense_over_cache(q, cache: KVCache, positions, scale=None, *,
-<<<<<<< HEAD
                      key_tile: int | None = DEFAULT_KEY_TILE,
-                     query_tile: int = DEFAULT_QUERY_TILE):
+                     query_tile: int = DEFAULT_QUERY_TILE, window: int | None = None):
   """Causal exact attention of ``q [B, Hq, S, D]`` at ``positions [B, S]`` over the cache.
 
   Keys are the valid slots (``slot < length``, ``pos >= 0``) whose position is at or before
   the query's. Equals ``reference.attention`` over the whole cache for any tile sizes.
+  ``window`` (Mistral's sliding window) further restricts a query at position ``p`` to keys at
+  positions ``> p - window``.
 
   Args:
     q: ``[B, Hq, S, D]`` queries; ``positions [B, S]`` their token positions (negative rows
@@ -52,17 +53,7 @@ def dense_over_cache(q, cache: KVCache, positions, scale=None, *,
     scale: softmax scale (default ``1/sqrt(D)``).
     key_tile: slots per key tile (``None``: one call over all ``T`` slots).
     query_tile: queries per query tile.
-=======
-                     key_tile: int | None = DEFAULT_KEY_TILE, window: int | None = None):
-  """Causal exact attention of ``q [B, Hq, S, D]`` at ``positions [B, S]`` over the cache.
-
-  Keys are the valid slots (``slot < length``, ``pos >= 0``) whose position is at or before
-  the query's. Equals ``reference.attention`` over the whole cache for any ``key_tile``.
-  ``key_tile=None``, and any single-query call (``S == 1``: decode, where the loop's per-tile
-  overhead outweighs the skipped empty slots), attends all ``T`` slots in one call.
-  ``window`` (Mistral's sliding window) further restricts a query at position ``p`` to keys at
-  positions ``> p - window``.
->>>>>>> main
+    window: sliding-window length (``None``: full causal attention).
 
   Returns:
     ``out [B, Hq, S, D]`` (``q.dtype``) and ``lse [B, Hq, S]`` (float32).
@@ -74,8 +65,7 @@ def dense_over_cache(q, cache: KVCache, positions, scale=None, *,
   b, hq, s, d = q.shape
   if key_tile is None or s == 1:
     return reference.attention(q, cache.k, cache.v, scale=scale, kv_length=cache.length,
-<<<<<<< HEAD
-                               q_positions=positions, k_positions=cache.pos)
+                               q_positions=positions, k_positions=cache.pos, window=window)
   key_tile = min(key_tile, cache.capacity)
   first_pos = _first_position_per_tile(cache, key_tile)  # [N]
   qt = min(query_tile, s)
@@ -90,7 +80,7 @@ def dense_over_cache(q, cache: KVCache, positions, scale=None, *,
 
   def one_query_tile(_, xs):
     qi, pi = xs
-    return None, _attend_key_tiles(qi, pi, cache, first_pos, key_tile, scale)
+    return None, _attend_key_tiles(qi, pi, cache, first_pos, key_tile, scale, window)
 
   _, (out, lse) = jax.lax.scan(one_query_tile, None, (q_tiles, pos_tiles))
   out = out.transpose(1, 2, 0, 3, 4).reshape(b, hq, num_q * qt, d)[:, :, :s]
@@ -109,7 +99,7 @@ def _first_position_per_tile(cache: KVCache, key_tile: int):
   return jnp.min(pos.reshape(-1, n, key_tile), axis=(0, 2))
 
 
-def _attend_key_tiles(q, positions, cache: KVCache, first_pos, key_tile: int, scale):
+def _attend_key_tiles(q, positions, cache: KVCache, first_pos, key_tile: int, scale, window):
   """One query tile ``q [B, Hq, qt, D]`` over the key tiles it can see -> ``(out, lse)``.
 
   Flash attention's online softmax (Dao et al. 2022, Alg. 1): a running row max ``m``, sum
@@ -128,11 +118,6 @@ def _attend_key_tiles(q, positions, cache: KVCache, first_pos, key_tile: int, sc
   key_pos = jnp.where(cache.valid, cache.pos, _NEVER)  # [B, K, T]
   q_pos = jnp.where(positions >= 0, positions, -1)[:, None, None, :, None]  # [B, 1, 1, qt, 1]
   qg = (q.astype(jnp.float32) * scale).reshape(b, hkv, g * qt, d)  # [B, K, G*qt, D]
-=======
-                               q_positions=positions, k_positions=cache.pos, window=window)
-  b, hq, s, d = q.shape
-  num_tiles = (jnp.max(cache.length) + key_tile - 1) // key_tile
->>>>>>> main
   offsets = jnp.arange(key_tile, dtype=jnp.int32)
 
   def tile(i, carry):
@@ -140,9 +125,10 @@ def _attend_key_tiles(q, positions, cache: KVCache, first_pos, key_tile: int, sc
     # The last tile is clamped to end at T; slots an earlier tile covered are masked out.
     start = jnp.minimum(i * key_tile, t - key_tile)
     take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, key_tile, axis=2)
-<<<<<<< HEAD
     kpos = jnp.where(start + offsets >= i * key_tile, take(key_pos), _NEVER)
     see = kpos[:, :, None, None, :] <= q_pos  # [B, K, 1, qt, kt]
+    if window is not None:
+      see &= kpos[:, :, None, None, :] > q_pos - window
     # [B, K, G, qt, kt]
     logits = jnp.einsum("bkmd,bktd->bkmt", qg, take(cache.k),
                         preferred_element_type=jnp.float32).reshape(b, hkv, g, qt, key_tile)
@@ -155,14 +141,6 @@ def _attend_key_tiles(q, positions, cache: KVCache, first_pos, key_tile: int, sc
     pv = jnp.einsum("bkmt,bktd->bkmd", p.reshape(b, hkv, g * qt, key_tile),
                     take(cache.v).astype(jnp.float32)).reshape(b, hkv, g, qt, d)
     return acc * rescale[..., None] + pv, m_new, l
-=======
-    slots = start + offsets
-    pos = jnp.where(slots >= i * key_tile, take(cache.pos), -1)
-    part = reference.attention(q, take(cache.k), take(cache.v), scale=scale,
-                               kv_length=cache.length - start, q_positions=positions,
-                               k_positions=pos, window=window)
-    return merge(acc, (part[0].astype(jnp.float32), part[1]))
->>>>>>> main
 
   init = (jnp.zeros((b, hkv, g, qt, d), jnp.float32),
           jnp.full((b, hkv, g, qt), -jnp.inf, jnp.float32), jnp.zeros((b, hkv, g, qt), jnp.float32))
