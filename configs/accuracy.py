@@ -1,39 +1,70 @@
-r"""RULER-style accuracy (experiments/accuracy.py): methods x budgets x tasks x lengths.
+r"""Retrieval accuracy of RESA, ReSA and RetroAttention on Qwen at 4k and 8k (RESA Table 1).
 
   python -m experiments.accuracy --config=configs/accuracy.py --workdir=results/accuracy
-  python -m experiments.accuracy --config=configs/accuracy.py \
-      --config.model=qwen2.5-coder-0.5b-instruct --config.lengths=4096 --workdir=results/acc_qwen
+  # the most important cells first (each part resumes and appends to the same workdir):
+  python -m experiments.accuracy --config=configs/accuracy.py --workdir=results/accuracy \
+      --config.methods=dense,quest,resa-quest --config.budgets=0.025 --config.lengths=4096
+  python -m experiments.accuracy --config=configs/accuracy.py --workdir=results/accuracy \
+      --config.lengths=4096
   python -m experiments.accuracy --config=configs/accuracy.py --config.quick=True  # CI smoke
 
-Defaults are sized for a 2-core CPU (a few samples per cell at 1k-4k, minutes per cell); raise
-``num_samples`` and ``lengths`` on a GPU. Budgets are fractions of the context kept
-(compression methods: ``ratio = 1 - budget``).
+Protocol (RESA Sec. 5, "Additional Configuration"): ``qwen2.5-coder-0.5b-instruct`` (dense
+100% at 4k), RESA's RULER task mix, the question prefilled with the context (query-aware), greedy
+answers scored by RULER's string match. Rows: dense; quest / arkvale / topk with and without RESA
+(presets ``resa-quest`` ...: budget = tokens chosen by the selector, 4 sinks + 64 local tokens on
+top, prior fixed at prefill end, lam = 1) at 2.5 / 5 / 10% of the context; ReSA's ``rectified``
+preset at p = 0.1 / 0.05 / 0.02 (f = 32, group-shared selection, n_min = 16); RetroAttention's
+``retro`` preset (b = 0.15, 256-token minimum, w = 2). Pairs "+RESA vs its selector" are
+reported on the same samples with a paired bootstrap interval and McNemar's test.
+
+Samples: ``num_samples`` = 5 per (task, length) over 12 tasks, so every method x budget x length
+average (the headline cell) holds 60 samples (5 per task cell); needle depths sweep [0, 1].
+
+Cost on this machine (2 cores). Measured (main at 410de26, 4 prompts of 4096 tokens, load
+average 4-12 from other jobs): the shared dense prefill took 879 s wall (~220 s per prompt;
+~55 s per prompt on an idle machine, scaling by the CPU share), 16 greedy steps of the batch
+116 s (dense), 147 s (quest), 208 s (quest+resa), compilation included. Model for an idle
+machine: ~55 s (4k) / ~130 s (8k) of prefill per prompt, shared by all 23 rows, plus ~1 s per
+decode step of a 5-prompt batch per row (~32 steps per task on average) and ~30 s of
+compilation per row and length. Estimates: 4k ~3.5 h, 8k ~5.5 h for the whole grid; the first
+slice (dense, quest, resa-quest at 2.5%, 4k: 3 rows x 60 prompts) ~75 min. The progress line
+prints the measured rate and ETA within the first batch; run the grid in slices.
 """
 
 from ml_collections import config_dict
+
+RESA_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1",
+              "niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt",
+              "cwe", "fwe", "qa")
 
 
 def get_config(quick: bool = False):
   c = config_dict.ConfigDict()
   c.quick = quick
-  c.model = "smollm2-135m-instruct"
-  c.methods = ("dense", "quest", "quest+resa", "quest+retro", "quest+rect")
-  c.budgets = (0.05,)
+  c.model = "qwen2.5-coder-0.5b-instruct"
+  c.protocol = "query_aware"
+  c.methods = ("dense", "quest", "resa-quest", "arkvale", "resa-arkvale", "topk", "resa-topk",
+               "rectified", "rectified:p=0.05", "rectified:p=0.02", "retro")
+  c.budgets = (0.025, 0.05, 0.1)
+  c.pairs = (("resa-quest", "quest"), ("resa-arkvale", "arkvale"), ("resa-topk", "topk"))
   c.block_size = 16
-  c.tasks = ("passkey", "niah_single_1", "niah_single_2", "niah_multikey_1")
-  c.lengths = (1024, 2048, 4096)
-  c.num_samples = 3
+  c.tasks = RESA_TASKS
+  c.lengths = (4096, 8192)
+  c.num_samples = 5
   c.depths = ()  # empty: an even sweep of [0, 1] over the samples
   c.seed = 0
   c.haystack = "essays"  # essay haystack text: essays (Paul Graham) | austen | a novel
   c.chat = True
-  c.batch_size = 4
+  c.batch_size = 5
   c.max_new_tokens = 0  # 0: the task's own (ruler.MAX_NEW_TOKENS)
+  c.heatmap = False
   if quick:
     c.model = "tiny-random"
-    c.methods = ("dense", "quest+rect:f=4", "quest+retro")
-    c.tasks = ("passkey", "qa")
-    c.lengths = (192,)
-    c.num_samples = 1
+    c.methods = ("dense", "quest", "resa-quest", "rectified", "retro")
+    c.budgets = (0.1,)
+    c.tasks = ("niah_single_1", "qa")
+    c.lengths = (320,)
+    c.num_samples = 2
+    c.batch_size = 2
     c.max_new_tokens = 6
   return c

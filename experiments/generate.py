@@ -2,6 +2,9 @@ r"""Generate with a sparse-attention method next to dense attention, with tokens
 
   python -m experiments.generate --prompt="Explain sparse attention." --method=quest --budget=0.1
 
+``--mesh=data:2,model:2,seq:2`` runs both on a device mesh (``--distributed`` first calls
+``jax.distributed.initialize()``, see ``experiments/common/distributed.py``).
+
 Flags pick the model (default: the embedded SmolLM2-135M-Instruct), the method spec (any string
 ``sparse_attn.methods.make`` accepts) and its budget. Timings exclude compilation: each run is
 preceded by a short warm-up with the same shapes.
@@ -13,9 +16,10 @@ import textwrap
 
 from absl import flags
 
-from experiments.common import cli
+from experiments.common import cli, distributed
 
 FLAGS = flags.FLAGS
+distributed.define_flags()  # --mesh=data:2,model:2,seq:2, --distributed
 flags.DEFINE_string("model", "smollm2-135m-instruct", "Model name or HF directory.")
 flags.DEFINE_string("prompt", "Explain in a few sentences why the sky is blue.", "Prompt text.")
 flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
@@ -33,12 +37,13 @@ flags.DEFINE_integer("width", 60, "Column width of the side-by-side view.")
 flags.declare_key_flag("traceback")  # cli.run: user errors as one line unless --traceback
 
 
-def run_one(model, ids, method, sampling, max_new_tokens, prefill_chunk):
-  """Warm-up (compiles the same shapes), then the timed generation."""
-  from models import decode
+def run_one(model, ids, method, sampling, max_new_tokens, prefill_chunk, mesh=None):
+  """Warm-up (compiles the same shapes), then the timed generation (on ``mesh`` if given)."""
+  from models import decode, sharding
 
+  model, method = sharding.prepare(model, method, mesh)
   capacity = method.round_capacity(len(ids) + max_new_tokens)
-  kw = dict(prefill_chunk=prefill_chunk, capacity=capacity)
+  kw = dict(prefill_chunk=prefill_chunk, capacity=capacity, mesh=mesh)
   decode.generate(model, ids, 3, method, sampling, stop_at_eos=False, **kw)
   return decode.generate(model, ids, max_new_tokens, method, sampling, **kw)
 
@@ -58,6 +63,7 @@ def main(argv):
   # User errors fail here, before the model loads (cli.run prints them as one line).
   checks.check_budget(FLAGS.budget, "--budget")
   checks.check_model(FLAGS.model, tiny=False)
+  mesh = distributed.mesh_from_flags()
   prompt = FLAGS.prompt
   if FLAGS.prompt_file:
     with open(FLAGS.prompt_file, encoding="utf-8") as f:
@@ -77,7 +83,8 @@ def main(argv):
                        rope_inv_freq=modelzoo.rope_inv_freq(model))
   results = {}
   for label, m in (("dense", dense), (method.spec, method)):
-    results[label] = run_one(model, ids, m, sampling, FLAGS.max_new_tokens, FLAGS.prefill_chunk)
+    results[label] = run_one(model, ids, m, sampling, FLAGS.max_new_tokens, FLAGS.prefill_chunk,
+                             mesh)
   print(f"model {FLAGS.model}, prompt {len(ids)} tokens, budget {FLAGS.budget}\n")
   (l_name, l_gen), (r_name, r_gen) = results.items()
   print(side_by_side(l_name, model.decode(l_gen.tokens[0]), r_name,

@@ -22,22 +22,28 @@ import time
 
 from absl import app, flags
 
-# (name, extra flags): the default configs, in the order of the report.
+# (part, entry point): the part's config is configs/PART.py and its workdir WORKDIR/PART (the
+# config fingerprints differ, so parts sharing an entry point never share a workdir).
 PARTS = (
-    ("svd_analysis", ()),
-    ("attention_error", ()),
-    ("resa_lambda", ()),
-    ("budget_reduction", ()),
-    ("resa_calibrate", ()),
-    ("accuracy", ()),
-    ("perplexity", ()),
-    ("long_generation", ()),
-    ("latency", ()),
+    ("svd_analysis", "svd_analysis"),
+    ("attention_error", "attention_error"),
+    ("resa_lambda", "resa_lambda"),
+    ("budget_reduction", "budget_reduction"),
+    ("resa_calibrate", "resa_calibrate"),
+    ("accuracy", "accuracy"),
+    ("accuracy_compression", "accuracy"),
+    ("niah_heatmap", "accuracy"),
+    ("long_generation_qa", "accuracy"),
+    ("perplexity", "perplexity"),
+    ("long_generation", "long_generation"),
+    ("latency", "latency"),
 )
-# Measured default-run wall time on 2 CPU cores (minutes); used only for the ETA.
+# Estimated default-run wall time on an idle 2-core CPU (minutes; from the per-sample costs in
+# each config's docstring), used only for the ETA.
 EXPECTED_MINUTES = {
-    "svd_analysis": 10, "attention_error": 15, "resa_lambda": 30, "budget_reduction": 30,
-    "resa_calibrate": 20, "accuracy": 240, "perplexity": 60, "long_generation": 60, "latency": 12,
+    "svd_analysis": 15, "attention_error": 20, "resa_lambda": 70, "budget_reduction": 60,
+    "resa_calibrate": 20, "accuracy": 540, "accuracy_compression": 420, "niah_heatmap": 90,
+    "long_generation_qa": 110, "perplexity": 70, "long_generation": 60, "latency": 12,
 }
 
 FLAGS = flags.FLAGS
@@ -52,7 +58,7 @@ def define_flags():
   flags.DEFINE_bool("report", True, "Rebuild the report at the end.")
 
 
-def plan(only=(), skip=()) -> list[tuple[str, tuple]]:
+def plan(only=(), skip=()) -> list[tuple[str, str]]:
   """The parts to run, in order; unknown names are a usage error naming the valid ones."""
   names = [n for n, _ in PARTS]
   bad = sorted((set(only) | set(skip)) - set(names))
@@ -61,9 +67,9 @@ def plan(only=(), skip=()) -> list[tuple[str, tuple]]:
   return [(n, a) for n, a in PARTS if (not only or n in only) and n not in skip]
 
 
-def command(name: str, args, workdir: str) -> list[str]:
-  return [sys.executable, "-m", f"experiments.{name}", f"--config=configs/{name}.py",
-          f"--workdir={os.path.join(workdir, name)}", *args]
+def command(part: str, module: str, workdir: str) -> list[str]:
+  return [sys.executable, "-m", f"experiments.{module}", f"--config=configs/{part}.py",
+          f"--workdir={os.path.join(workdir, part)}"]
 
 
 def eta_line(i: int, parts, elapsed: float, spent: dict) -> str:
@@ -81,8 +87,8 @@ def main(argv):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   start, spent, failed = time.time(), {}, []
   print(eta_line(0, parts, 0.0, spent), "plan:", ", ".join(n for n, _ in parts), flush=True)
-  for i, (name, args) in enumerate(parts):
-    cmd = command(name, args, FLAGS.workdir)
+  for i, (name, module) in enumerate(parts):
+    cmd = command(name, module, FLAGS.workdir)
     print(f"==> {name}: {' '.join(cmd[1:])}", flush=True)
     if FLAGS.dry_run:
       continue

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import llama
+from models import llama, sharding
 from models.sampling import Sampling
 from models.steps import (decode_step, end_prefill, init_caches, prefill_step,
                           rectify_step, sample_from_hidden)
@@ -74,7 +74,10 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
     picked = h[rows, jnp.asarray(np.clip(lengths - 1 - start, 0, c - 1))]
     last = jnp.where(jnp.asarray(here)[:, None], picked, last)
   caches, states = end_prefill(caches, states, config=config, method=method)
-  return last, jnp.asarray(history), caches, states
+  history = jnp.asarray(history)
+  if isinstance(method, sharding.ShardedMethod):  # rows as the decode steps return them
+    history = method.place_rows(history)
+  return last, history, caches, states
 
 
 def with_model_window(method, config, capacity: int):
@@ -138,7 +141,7 @@ class Generation:
 
 def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampling = Sampling(),
              *, prefill_chunk: int = 512, capacity: int | None = None,
-             stop_at_eos: bool = True) -> Generation:
+             stop_at_eos: bool = True, mesh=None) -> Generation:
   """Generates up to ``max_new_tokens`` per prompt with ``method`` as the attention.
 
   Args:
@@ -150,7 +153,10 @@ def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampli
     prefill_chunk: prompt chunk length.
     capacity: cache capacity (default: longest prompt + max_new_tokens, rounded up).
     stop_at_eos: stop a row after an EOS id (and the whole loop once all rows stopped).
+    mesh: a ``(data, model, seq)`` device mesh (``models.sharding.make_mesh``): parameters,
+      caches and method states sharded on it (see ``models.sharding``); None = one device.
   """
+  model, method = sharding.prepare(model, method, mesh)
   config = model.config
   prompts, lengths = _as_batch(prompt_tokens)
   need = int(lengths.max()) + max_new_tokens
@@ -202,7 +208,7 @@ def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampli
 
 
 def teacher_forced(model, tokens, prefill_len: int, method, *, prefill_chunk: int = 512,
-                   capacity: int | None = None):
+                   capacity: int | None = None, mesh=None):
   """Logits of ground-truth continuation fed one token at a time through ``method.decode``.
 
   The first ``prefill_len`` tokens are prefilled densely (``method.prefill``), then tokens
@@ -211,12 +217,14 @@ def teacher_forced(model, tokens, prefill_len: int, method, *, prefill_chunk: in
   Args:
     tokens: ``[B, N]`` int ids (all rows the same length).
     prefill_len: prompt length, ``1 <= prefill_len <= N``.
+    mesh: a device mesh to shard parameters, caches and states on (as in ``generate``).
 
   Returns:
     float32 ``[B, N - prefill_len + 1, V]``: entry ``i`` is the logits after reading token
     ``prefill_len - 1 + i`` (so ``[:, :-1]`` predicts ``tokens[:, prefill_len:]``); with the
     dense method this equals ``llama.forward(tokens)[:, prefill_len - 1:]``.
   """
+  model, method = sharding.prepare(model, method, mesh)
   config = model.config
   tokens = np.asarray(tokens, np.int32)
   b, n = tokens.shape

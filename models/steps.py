@@ -12,17 +12,24 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from models import llama
+from models import llama, sharding
 from models.sampling import sample
 
 def init_caches(config, method, batch: int, capacity: int):
-  """Per-layer caches and method states stacked on a leading ``[L]`` axis."""
+  """Per-layer caches and method states stacked on a leading ``[L]`` axis (created sharded
+  for a ``sharding.ShardedMethod``)."""
   dt = llama.compute_dtype(config)
-  cache = method.init_cache(batch, config.num_kv_heads, capacity, config.head_dim, dt)
-  state = method.init_state(batch, config.num_heads, config.num_kv_heads, config.head_dim,
-                            capacity, dt)
+
+  def init():
+    cache = method.init_cache(batch, config.num_kv_heads, capacity, config.head_dim, dt)
+    state = method.init_state(batch, config.num_heads, config.num_kv_heads, config.head_dim,
+                              capacity, dt)
+    return cache, state
+
+  if isinstance(method, sharding.ShardedMethod):
+    return method.init_caches(config.num_layers, init)
   stack = lambda x: jnp.repeat(jnp.asarray(x)[None], config.num_layers, axis=0)
-  return jax.tree.map(stack, cache), jax.tree.map(stack, state)
+  return jax.tree.map(stack, init())
 
 
 def _apply(params, config, tokens, positions, caches, states, layer_fn):

@@ -18,8 +18,14 @@ IMPLS = ("auto", "pallas", "xla")
 MIN_DOT_ROWS = 16
 # Programs wanted in flight: 2 waves of an H100's 132 SMs.
 TARGET_PROGRAMS = 264
-# Fewest list entries a split should own; below this the combine costs more than it saves.
-MIN_BLOCKS_PER_SPLIT = 4
+# Fewest list entries a split should own: below this the fixed cost of a program (prologue,
+# pipeline fill, partial write + combine) is no longer amortised over its loads.
+MIN_BLOCKS_PER_SPLIT = 16
+# Shared memory a decode program may fill with its K/V ring (stages x tile), so that two programs
+# fit on one H100 SM (228 KB per SM, 227 KB per block).
+KV_RING_BYTES = 112 * 1024
+# Tokens gathered per decode loop iteration, at most (J = tokens / block_size blocks).
+MAX_TOKENS_PER_ITER = 128
 
 
 def resolve_impl(impl: str) -> str:
@@ -39,6 +45,14 @@ def next_pow2(x: int) -> int:
 def pad_rows(rows: int, minimum: int = MIN_DOT_ROWS) -> int:
   """Row count of a register tile: a power of 2, at least ``minimum`` (tl.dot's 16)."""
   return max(minimum, next_pow2(rows))
+
+
+def tokens_per_iter(head_dim: int, itemsize: int, num_stages: int) -> int:
+  """Tokens per decode iteration (a power of 2, 16..128): the K and V tiles of every pipeline
+  stage fit ``KV_RING_BYTES`` of shared memory."""
+  per_token = 2 * pad_rows(head_dim) * itemsize * max(num_stages, 1)
+  fit = max(MIN_DOT_ROWS, KV_RING_BYTES // per_token)
+  return min(MAX_TOKENS_PER_ITER, 1 << (fit.bit_length() - 1))
 
 
 def choose_num_splits(num_programs: int, n_blocks: int, *, target: int = TARGET_PROGRAMS,
@@ -70,18 +84,24 @@ class TileConfig:
 
   Attributes:
     num_warps: Triton warps per program.
-    num_stages: Triton software-pipelining stages.
-    num_splits: split-K count of the decode kernels (``None``: ``choose_num_splits``).
+    num_stages: Triton software-pipelining stages (3: two K/V tiles in flight while one is used).
+    num_splits: split-K count of the decode kernels (``None``: ``choose_num_splits``); the most
+      splits a list may use, the kernel uses fewer for a short ``n_valid``.
+    blocks_per_iter: listed blocks gathered per decode iteration (``None``: ``tokens_per_iter``).
     block_nb: blocks scored per program by ``block_score`` (a power of 2).
   """
   num_warps: int = 4
-  num_stages: int = 2
+  num_stages: int = 3
   num_splits: int | None = None
   block_nb: int = 64
+  blocks_per_iter: int | None = None
 
   def __post_init__(self):
     if self.block_nb < 16 or self.block_nb & (self.block_nb - 1):
       raise ValueError(f"block_nb must be a power of 2 >= 16, got {self.block_nb}")
+    if self.blocks_per_iter is not None and (
+        self.blocks_per_iter < 1 or self.blocks_per_iter & (self.blocks_per_iter - 1)):
+      raise ValueError(f"blocks_per_iter must be a power of 2 >= 1, got {self.blocks_per_iter}")
     if self.num_splits is not None and self.num_splits < 1:
       raise ValueError(f"num_splits must be >= 1, got {self.num_splits}")
 

@@ -1,22 +1,34 @@
 """The one Triton kernel behind the three sparse-decode ops: flash-decoding over a block list.
 
 A program owns one (batch, program head, split). Its R query rows share one block list, so each
-listed KV block is loaded once for all rows: with group-shared selection a program head is a kv
-head and the rows are its G query heads (x W window queries); with per-query-head selection a
-program head is a query head reading kv head ``p // G``. The program walks its split's slice of
-the list with an online (max-shifted) softmax in float32 and writes a normalised partial
-``(out, lse)``; ``combine_splits`` merges the splits (flash-decoding's second stage).
+listed KV block is loaded once for all rows. The program head is a kv head: with group-shared
+selection its rows are the G query heads (x W window queries); per-query-head selection is served
+through the union of the G lists (``_union.union_lists``) with a per-(entry, row) bit mask, so a
+block listed by several heads of a group is still read once.
+
+Memory pipeline (what makes it bandwidth bound rather than latency bound on an H100):
+  * each loop iteration gathers J listed blocks at once, one ``[J * block_size, D]`` tile of K and
+    of V (J from ``tokens_per_iter``: 64-128 tokens, under a shared-memory budget);
+  * the next iteration's block ids (and row bits) are loaded one iteration ahead and carried, so
+    the K/V addresses of iteration i+1 are known while iteration i computes;
+  * ``num_stages >= 3`` lets Triton's pipeliner keep two K/V tiles in flight (cp.async ring).
+Splits are a static grid axis sized from the list length, but a program derives its slice from
+the dynamic ``n_valid``: ``ceil(n_valid / MIN_BLOCKS_PER_SPLIT)`` splits are used (the rest exit at
+once), so a short list (early in decoding, a small filled length) is not cut into tiny slices.
 
 Optional extras, all static flags of the same body:
-  * ``prior``: RESA prior logits ``P_j`` accumulated alongside (same blocks, same V loads).
-  * ``row_mask`` / ``row_limit``: per-(row, list entry) block mask and per-row causal limit
-    (RetroAttention's multi-query window).
-  * ``pos``: the token position of each slot (-1 = empty; a compacted cache has holes below
-    ``length``). A slot is attended iff ``slot < length`` and ``pos >= 0`` (``KVCache.valid``,
-    the rule of the jnp path), and with ``row_limit`` iff ``pos <= limit``; without ``pos`` every
-    slot holds the position equal to its index.
+  * ``prior``: RESA prior logits ``P_j`` accumulated alongside (same blocks, same V tile).
+  * ``row_bits``: ``[n, A]`` int32; row ``r`` may use entry ``e`` iff bit ``r % C`` of word
+    ``row_bits[e, min(r // C, A - 1)]`` is set (``C = bits_per_word``).
+  * ``row_limit``: per-row last token position (RetroAttention's causal limit per window query).
+  * ``pos``: ``[T]`` token position of each slot of the kv head (-1 = empty; a compacted cache has
+    holes below ``length``), loaded for the tile's slots next to K. A slot is attended iff
+    ``slot < length`` and ``pos >= 0`` (``KVCache.valid``, the jnp path's rule), and under
+    ``row_limit`` iff ``pos <= limit``. Without it every slot holds the position equal to its
+    index.
 
-Letters: B batch, K kv heads, P program heads, R rows, n list length, S splits, T slots, D head dim.
+Letters: B batch, K kv heads, P program heads, R rows, n list length, S splits, T slots, D head
+dim, J blocks per iteration, A row-bit words per entry.
 """
 
 from __future__ import annotations
@@ -29,18 +41,14 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
-from pallas_kernels._common import TileConfig, choose_num_splits, combine_splits, pad_rows
+from pallas_kernels._common import (MIN_BLOCKS_PER_SPLIT, TileConfig, choose_num_splits,
+                                    combine_splits, pad_rows, tokens_per_iter)
 
 NEG_INF = float("-inf")
 
 
-def _load(ref, mask, other=0):
-  """Whole-view load, masked (``other`` where the mask is off) only when padding needs it."""
-  return ref[...] if mask is None else plgpu.load(ref, mask=mask, other=other)
-
-
 def _online_update(carry, s, v, precision):
-  """One flash step: fold masked logits ``s [Rp, bs]`` (f32, -inf = skip) and ``v [bs, Dp]``."""
+  """One flash step: fold masked logits ``s [Rp, L]`` (f32, -inf = skip) and ``v [L, Dp]``."""
   acc, m, l = carry
   m_new = jnp.maximum(m, jnp.max(s, axis=1))
   # A row with nothing attended so far keeps m = -inf; shift it by 0 so exp never sees inf - inf.
@@ -61,102 +69,149 @@ def _finish(carry):
   return out, lse
 
 
-def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: int, chunk: int,
-                   num_blocks: int, list_len: int, with_prior: bool, with_rows: bool,
-                   with_pos: bool):
+def split_bounds(n_valid, split, *, list_len: int, max_splits: int, blocks_per_iter: int,
+                 min_blocks: int = MIN_BLOCKS_PER_SPLIT):
+  """``[lo, hi)`` list entries of split ``split`` given the dynamic ``n_valid`` (traced ints).
+
+  ``ceil(n_valid / min_blocks)`` splits (at most ``max_splits``, at least 1) share the list in
+  slices of a multiple of ``blocks_per_iter`` entries; splits past them get ``lo == hi``.
+  """
+  nv = jnp.clip(n_valid, 0, list_len)
+  used = jnp.clip((nv + min_blocks - 1) // min_blocks, 1, max_splits)
+  chunk = (nv + used - 1) // used
+  chunk = (chunk + blocks_per_iter - 1) // blocks_per_iter * blocks_per_iter
+  lo = jnp.minimum(split * chunk, nv)
+  return lo, jnp.minimum(lo + chunk, nv)
+
+
+def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: int,
+                   blocks_per_iter: int, max_splits: int, num_blocks: int, list_len: int,
+                   bit_words: int, bits_per_word: int, with_prior: bool, with_bits: bool,
+                   with_limit: bool, with_pos: bool):
   """Kernel body; refs are one program's views (see ``decode_partials`` for the layout)."""
   it = iter(refs)
   q_ref, k_ref, v_ref, idx_ref, nvalid_ref, length_ref = (next(it) for _ in range(6))
   pos_ref = next(it) if with_pos else None
   prior_ref = next(it) if with_prior else None
-  rmask_ref, rlim_ref = (next(it), next(it)) if with_rows else (None, None)
+  bits_ref = next(it) if with_bits else None
+  lim_ref = next(it) if with_limit else None
   o_ref, lse_ref = next(it), next(it)
   po_ref, plse_ref = (next(it), next(it)) if with_prior else (None, None)
 
   rp, dp = pad_rows(rows), pad_rows(head_dim)
-  row_ok = jnp.arange(rp) < rows
-  col_ok = jnp.arange(dp) < head_dim
-  row_mask = None if rp == rows else row_ok[:, None]
-  col_mask = None if dp == head_dim else col_ok[None, :]
-  both = row_mask if col_mask is None else (col_mask if row_mask is None else row_mask & col_mask)
+  width = blocks_per_iter * block_size
+  row = jnp.arange(rp)
+  row_ok = row < rows
+  col = jnp.arange(dp)
+  col_ok = col < head_dim
   rows_at, cols_at = pl.ds(0, rp), pl.ds(0, dp)
+  pad_r, pad_c = rp != rows, dp != head_dim
 
   # [Rp, Dp]
-  q = _load(q_ref.at[rows_at, cols_at], both)
+  q = plgpu.load(q_ref.at[rows_at, cols_at], mask=row_ok[:, None] & col_ok[None, :], other=0)
   cdt = jnp.promote_types(q_ref.dtype, k_ref.dtype)
   precision = lax.Precision.HIGHEST if cdt == jnp.float32 else None
   q = q.astype(cdt)
-  if with_rows:
+  if with_limit:
     # [Rp]
-    limit = _load(rlim_ref.at[rows_at], None if rp == rows else row_ok, other=-1)
+    limit = plgpu.load(lim_ref.at[rows_at], mask=row_ok, other=-1)
 
-  n_valid = jnp.clip(nvalid_ref[()], 0, list_len)
-  lo = pl.program_id(2) * chunk
-  hi = jnp.minimum(lo + chunk, n_valid)
+  lo, hi = split_bounds(nvalid_ref[()], pl.program_id(2), list_len=list_len,
+                        max_splits=max_splits, blocks_per_iter=blocks_per_iter)
   length = length_ref[()]
+  # [W]: token t of a tile is offset t % bs of the tile's (t // bs)-th listed block.
+  tok = jnp.arange(width)
+  tile_entry, in_block = tok // block_size, tok % block_size
+  # Row bits: row r reads bit r % C of word min(r // C, A - 1).
+  word_of_row = jnp.minimum(row // bits_per_word, bit_words - 1)
+  bit_of_row = row % bits_per_word
 
-  def body(i, carry):
-    blk = jnp.clip(idx_ref[i], 0, num_blocks - 1)
-    start = pl.multiple_of(blk * block_size, block_size)
-    kv_at = (pl.ds(start, block_size), cols_at)
-    # [bs]
-    slots = start + jnp.arange(block_size)
-    # [bs, Dp]
-    k = _load(k_ref.at[kv_at], col_mask).astype(cdt)
-    v = _load(v_ref.at[kv_at], col_mask)
+  def entry_meta(first):
+    """Block id and row-bit words of the tile starting at list entry ``first`` ([W] each)."""
+    entry = first + tile_entry
+    live = entry < hi
+    at = jnp.minimum(entry, list_len - 1)
+    blk = plgpu.load(idx_ref.at[at], mask=live, other=0)
+    if not with_bits:
+      return blk, live, None
+    if bit_words == 1:  # [W]
+      words = plgpu.load(bits_ref.at[at], mask=live, other=0)
+    else:  # [Rp, W]
+      words = plgpu.load(bits_ref.at[at[None, :], word_of_row[:, None]],
+                         mask=live[None, :] & row_ok[:, None], other=0)
+    return blk, live, words
+
+  def body(step, carry):
+    blk, live, words = carry[0]
+    nxt = entry_meta(lo + (step + 1) * blocks_per_iter)
+    slots = jnp.clip(blk, 0, num_blocks - 1) * block_size + in_block
+    use = live & (slots < length)
+    kv_mask = use[:, None] & col_ok[None, :]
+    # [W, Dp]: masked-off tokens (past length, past the slice) cost no memory traffic.
+    at = (slots[:, None], col[None, :])
+    k = plgpu.load(k_ref.at[at], mask=kv_mask, other=0).astype(cdt)
+    v = plgpu.load(v_ref.at[at], mask=kv_mask, other=0)
+    # [W] token positions, loaded beside K/V rather than gating their loads (an empty slot holds
+    # zero K/V, so its lanes stay finite until masked below).
+    pos = slots
+    if with_pos:
+      pos = plgpu.load(pos_ref.at[slots], mask=use, other=-1)
+      use = use & (pos >= 0)
     if cdt == jnp.float32:  # mixed f32 / bf16 inputs: an exact f32 p.v
       v = v.astype(cdt)
-    # [Rp, bs]
+    # [Rp, W]
     s = plgpu.dot(q, k, trans_b=True, precision=precision).astype(jnp.float32) * scale
-    # [bs]: the token positions the slots hold
-    pos = pos_ref[pl.ds(start, block_size)] if with_pos else slots
-    ok = jnp.broadcast_to(((slots < length) & (pos >= 0))[None, :], s.shape)
-    if with_rows:
-      use = _load(rmask_ref.at[i, rows_at], None if rp == rows else row_ok)
-      ok = ok & (use > 0)[:, None] & (pos[None, :] <= limit[:, None])
+    ok = jnp.broadcast_to(use[None, :], s.shape)
+    if with_bits:
+      w2 = words[None, :] if bit_words == 1 else words
+      ok = ok & ((jnp.right_shift(w2, bit_of_row[:, None]) & 1) > 0)
+    if with_limit:
+      ok = ok & (pos[None, :] <= limit[:, None])
     s = jnp.where(ok, s, NEG_INF)
-    main = _online_update(carry[0], s, v, precision)
+    main = _online_update(carry[1], s, v, precision)
     if not with_prior:
-      return (main,)
-    pr = _load(prior_ref.at[rows_at, pl.ds(start, block_size)], row_mask, other=NEG_INF)
-    pr = jnp.where(ok, pr.astype(jnp.float32), NEG_INF)
-    return main, _online_update(carry[1], pr, v, precision)
+      return nxt, main
+    pr = plgpu.load(prior_ref.at[row[:, None], slots[None, :]],
+                    mask=ok & row_ok[:, None], other=NEG_INF)
+    pr = jnp.where(ok, pr, NEG_INF)
+    return nxt, main, _online_update(carry[2], pr, v, precision)
 
   def init():
     return (jnp.zeros((rp, dp), jnp.float32), jnp.full((rp,), NEG_INF, jnp.float32),
             jnp.zeros((rp,), jnp.float32))
 
-  carry = (init(), init()) if with_prior else (init(),)
-  carry = lax.fori_loop(lo, hi, body, carry)
+  carry = (entry_meta(lo), init()) + ((init(),) if with_prior else ())
+  steps = (hi - lo + blocks_per_iter - 1) // blocks_per_iter
+  carry = lax.fori_loop(0, steps, body, carry)
 
-  row_store = None if rp == rows else row_ok
-  for (o_r, l_r), c in zip(((o_ref, lse_ref), (po_ref, plse_ref)), carry):
+  store_mask = row_ok[:, None] & col_ok[None, :]
+  for (o_r, l_r), c in zip(((o_ref, lse_ref), (po_ref, plse_ref)), carry[1:]):
     out, lse = _finish(c)
-    if both is None:
+    if pad_r or pad_c:
+      plgpu.store(o_r.at[rows_at, cols_at], out, mask=store_mask)
+    else:
       o_r[...] = out
+    if pad_r:
+      plgpu.store(l_r.at[rows_at], lse, mask=row_ok)
     else:
-      plgpu.store(o_r.at[rows_at, cols_at], out, mask=both)
-    if row_store is None:
       l_r[...] = lse
-    else:
-      plgpu.store(l_r.at[rows_at], lse, mask=row_store)
 
 
-def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_mask=None,
+def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=None,
                     row_limit=None, pos=None, *, block_size: int, scale: float, tiles: TileConfig,
-                    interpret: bool):
+                    interpret: bool, bits_per_word: int = 1):
   """Runs the kernel and combines its splits.
 
   Args:
     q: ``[B, P, R, D]`` query rows of each program head.
-    k, v: ``[B, K, T, D]`` cache; ``P`` is a multiple of ``K``.
+    k, v: ``[B, K, T, D]`` cache; ``P`` is a multiple of ``K`` (program head p reads kv head
+      ``p // (P // K)``).
     block_idx: ``[B, P, n]`` int32 block lists; ``n_valid [B, P]``; ``length [B]``.
     prior: optional ``[B, P, R, T]`` float32 RESA prior logits.
-    row_mask: optional ``[B, P, n, R]`` int32 (nonzero: row may use list entry i).
-    row_limit: optional ``[B, P, R]`` int32, the last token position each row may attend (with
-      row_mask).
+    row_bits: optional ``[B, P, n, A]`` int32 per-(entry, row) bits (see the module doc).
+    row_limit: optional ``[B, P, R]`` int32, the last token position each row may attend.
     pos: optional ``[B, K, T]`` int32 token position of each slot (-1 = empty); None: ``slot``.
-    block_size, scale, tiles, interpret: static.
+    block_size, scale, tiles, interpret: static; ``bits_per_word``: static ``C``.
 
   Returns:
     ``[(out [B, P, R, D] f32, lse [B, P, R] f32)]``, plus the prior pair when ``prior`` is given.
@@ -165,15 +220,20 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_mask=No
   kh, t = k.shape[1], k.shape[2]
   n = block_idx.shape[-1]
   ratio = p // kh
-  with_prior, with_rows, with_pos = prior is not None, row_mask is not None, pos is not None
+  with_prior, with_bits, with_limit, with_pos = (prior is not None, row_bits is not None,
+                                                 row_limit is not None, pos is not None)
+  per_iter = tiles.blocks_per_iter or max(
+      1, tokens_per_iter(d, jnp.dtype(k.dtype).itemsize, tiles.num_stages) // block_size)
+  per_iter = min(per_iter, pad_rows(n, 1))
   splits = tiles.num_splits or choose_num_splits(b * p, n)
-  splits = max(1, min(splits, n))
-  chunk = -(-n // splits)
+  splits = max(1, min(splits, -(-n // per_iter)))
+  bit_words = row_bits.shape[-1] if with_bits else 1
 
   kernel = functools.partial(
       _decode_kernel, block_size=block_size, scale=float(scale), rows=r, head_dim=d,
-      chunk=chunk, num_blocks=t // block_size, list_len=n, with_prior=with_prior,
-      with_rows=with_rows, with_pos=with_pos)
+      blocks_per_iter=per_iter, max_splits=splits, num_blocks=t // block_size, list_len=n,
+      bit_words=bit_words, bits_per_word=bits_per_word, with_prior=with_prior,
+      with_bits=with_bits, with_limit=with_limit, with_pos=with_pos)
   head = lambda bi, pi, si: (bi, pi, 0, 0)
   kv = pl.BlockSpec((None, None, t, d), lambda bi, pi, si: (bi, pi // ratio, 0, 0))
   in_specs = [
@@ -190,10 +250,16 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_mask=No
   if with_prior:
     in_specs.append(pl.BlockSpec((None, None, r, t), head))
     args.append(prior.astype(jnp.float32))
-  if with_rows:
-    in_specs += [pl.BlockSpec((None, None, n, r), head),
-                 pl.BlockSpec((None, None, r), lambda bi, pi, si: (bi, pi, 0))]
-    args += [row_mask.astype(jnp.int32), row_limit.astype(jnp.int32)]
+  if with_bits:
+    if bit_words == 1:
+      in_specs.append(pl.BlockSpec((None, None, n), lambda bi, pi, si: (bi, pi, 0)))
+      args.append(row_bits[..., 0].astype(jnp.int32))
+    else:
+      in_specs.append(pl.BlockSpec((None, None, n, bit_words), head))
+      args.append(row_bits.astype(jnp.int32))
+  if with_limit:
+    in_specs.append(pl.BlockSpec((None, None, r), lambda bi, pi, si: (bi, pi, 0)))
+    args.append(row_limit.astype(jnp.int32))
   pair_specs = [pl.BlockSpec((None, None, None, r, d), lambda bi, pi, si: (bi, pi, si, 0, 0)),
                 pl.BlockSpec((None, None, None, r), lambda bi, pi, si: (bi, pi, si, 0))]
   pair_shapes = [jax.ShapeDtypeStruct((b, p, splits, r, d), jnp.float32),
@@ -209,6 +275,6 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_mask=No
                                            num_stages=tiles.num_stages),
       interpret=interpret,
       name="sparse_decode_resa" if with_prior else (
-          "sparse_decode_multiquery" if with_rows else "sparse_decode"),
+          "sparse_decode_multiquery" if with_limit else "sparse_decode"),
   )(*args)
   return [combine_splits(outs[2 * i], outs[2 * i + 1], axis=2) for i in range(n_pairs)]

@@ -46,35 +46,46 @@ def block_score_reference(q, kmin, kmax, length, *, block_size: int):
 
 
 def _score_kernel(q_ref, kmin_ref, kmax_ref, length_ref, out_ref, *, block_size: int, rows: int,
-                  head_dim: int, num_blocks: int, block_nb: int):
-  """One program: rows of one kv head against ``block_nb`` blocks."""
+                  head_dim: int, num_blocks: int, block_nb: int, tiles_per_split: int):
+  """One program: rows of one kv head against ``tiles_per_split`` tiles of ``block_nb`` blocks.
+
+  The tiles are a loop so Triton pipelines the digest loads (cp.async ring); digests of blocks
+  at or past ``length`` are masked off the loads (no memory traffic) and score ``-inf``.
+  """
   rp, dp = _common.pad_rows(rows), _common.pad_rows(head_dim)
   row_ok = jnp.arange(rp) < rows
-  col_ok = jnp.arange(dp) < head_dim
-  first = pl.program_id(2) * block_nb
-  # [NBt]
-  blocks = first + jnp.arange(block_nb)
-  blk_ok = blocks < num_blocks
-  cols_at = pl.ds(0, dp)
+  col = jnp.arange(dp)
+  col_ok = col < head_dim
   # [Rp, Dp]
-  q = plgpu.load(q_ref.at[pl.ds(0, rp), cols_at], mask=row_ok[:, None] & col_ok[None, :],
+  q = plgpu.load(q_ref.at[pl.ds(0, rp), pl.ds(0, dp)], mask=row_ok[:, None] & col_ok[None, :],
                  other=0)
-  # [NBt, Dp]
-  digest_at = (pl.ds(first, block_nb), cols_at)
-  digest_mask = blk_ok[:, None] & col_ok[None, :]
-  lo = plgpu.load(kmin_ref.at[digest_at], mask=digest_mask, other=0)
-  hi = plgpu.load(kmax_ref.at[digest_at], mask=digest_mask, other=0)
-  cdt = jnp.promote_types(q.dtype, lo.dtype)
+  cdt = jnp.promote_types(q.dtype, kmin_ref.dtype)
   precision = lax.Precision.HIGHEST if cdt == jnp.float32 else None
-  q, lo, hi = q.astype(cdt), lo.astype(cdt), hi.astype(cdt)
+  q = q.astype(cdt)
   zero = jnp.zeros_like(q)
-  # [Rp, NBt]
-  score = (plgpu.dot(jnp.maximum(q, zero), hi, trans_b=True, precision=precision)
-           + plgpu.dot(jnp.minimum(q, zero), lo, trans_b=True, precision=precision))
-  live = (blocks * block_size < length_ref[()])[None, :]
-  score = jnp.where(live, score.astype(jnp.float32), NEG_INF)
-  plgpu.store(out_ref.at[pl.ds(0, rp), pl.ds(first, block_nb)], score,
-              mask=row_ok[:, None] & blk_ok[None, :])
+  q_pos, q_neg = jnp.maximum(q, zero), jnp.minimum(q, zero)
+  length = length_ref[()]
+  first_tile = pl.program_id(2) * tiles_per_split  # (interpret mode: not inside the loop)
+
+  def body(i, carry):
+    first = (first_tile + i) * block_nb
+    # [NBt]
+    blocks = first + jnp.arange(block_nb)
+    blk_ok = blocks < num_blocks
+    live = blk_ok & (blocks * block_size < length)
+    at = (jnp.minimum(blocks, num_blocks - 1)[:, None], col[None, :])
+    # [NBt, Dp]
+    lo = plgpu.load(kmin_ref.at[at], mask=live[:, None] & col_ok[None, :], other=0).astype(cdt)
+    hi = plgpu.load(kmax_ref.at[at], mask=live[:, None] & col_ok[None, :], other=0).astype(cdt)
+    # [Rp, NBt]
+    score = (plgpu.dot(q_pos, hi, trans_b=True, precision=precision)
+             + plgpu.dot(q_neg, lo, trans_b=True, precision=precision))
+    score = jnp.where(live[None, :], score.astype(jnp.float32), NEG_INF)
+    plgpu.store(out_ref.at[pl.ds(0, rp), pl.ds(first, block_nb)], score,
+                mask=row_ok[:, None] & blk_ok[None, :])
+    return carry
+
+  lax.fori_loop(0, tiles_per_split, body, 0)
 
 
 def _block_score_pallas(q, kmin, kmax, length, *, block_size: int, tiles: _common.TileConfig,
@@ -82,13 +93,18 @@ def _block_score_pallas(q, kmin, kmax, length, *, block_size: int, tiles: _commo
   b, kh, g, d = q.shape
   nb = kmin.shape[2]
   block_nb = min(tiles.block_nb, _common.pad_rows(nb))
+  n_tiles = pl.cdiv(nb, block_nb)
+  # Enough programs to fill the GPU, each looping over >= 2 tiles when there are enough.
+  splits = max(1, min(pl.cdiv(_common.TARGET_PROGRAMS, b * kh), n_tiles // 2))
+  per_split = pl.cdiv(n_tiles, splits)
+  splits = pl.cdiv(n_tiles, per_split)
   kernel = functools.partial(_score_kernel, block_size=block_size, rows=g, head_dim=d,
-                             num_blocks=nb, block_nb=block_nb)
+                             num_blocks=nb, block_nb=block_nb, tiles_per_split=per_split)
   head = lambda bi, hi, ji: (bi, hi, 0, 0)
   digest = pl.BlockSpec((None, None, nb, d), head)
   return pl.pallas_call(
       kernel,
-      grid=(b, kh, pl.cdiv(nb, block_nb)),
+      grid=(b, kh, splits),
       in_specs=[pl.BlockSpec((None, None, g, d), head), digest, digest,
                 pl.BlockSpec((None,), lambda bi, hi, ji: (bi,))],
       out_specs=pl.BlockSpec((None, None, g, nb), head),

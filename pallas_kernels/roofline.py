@@ -1,15 +1,28 @@
-"""Cost model of the kernels: HBM bytes, FLOPs and the H100 roofline time, per decode step/layer.
+"""Cost model of the kernels on an H100: bytes moved, predicted time, fraction of HBM bandwidth.
 
-    python -m pallas_kernels.roofline                       # Llama-3.1-8B and SmolLM2 presets
-    python -m pallas_kernels.roofline --hq 32 --hkv 8 --head-dim 128 --context 32768 --blocks 128
+    python -m pallas_kernels.roofline                    # presets, before / after issue 17
+    python -m pallas_kernels.roofline --hq 32 --hkv 8 --head-dim 128 --context 32768 --blocks 102
 
-Decode kernels are bandwidth bound (arithmetic intensity ~G flop/byte, far below the H100 ridge of
-~300 flop/byte), so the expected time is ``bytes / 3.35 TB/s``; the compute bound (989 TFLOP/s
-dense bf16) is printed for comparison. Counts are what the kernels move, not an idealisation:
-each listed block is read once per program head (once per kv head with group-shared selection,
-once per query head with per-head selection), splits write and re-read float32 partials.
-At decode sizes the bound is often below a microsecond, so a measured time will be dominated by
-launch overhead (~2-5 us per kernel, plus the split combine) unless batch x context is large.
+Decode kernels are bandwidth bound (~G flop/byte against an H100 ridge of ~300), so their time is
+set by how many bytes each SM keeps in flight (Little's law), not by FLOPs:
+
+  ``bandwidth = min(HBM peak, resident programs x bytes in flight per program / latency)``
+
+with ``bytes in flight`` per program = pipeline stages outstanding x the K+V tile, resident
+programs limited by the grid and by shared memory per SM, at most ``SM_CAP_BYTES`` in flight per
+busy SM, and ``latency`` a loaded HBM round trip. Each kernel launch adds ``LAUNCH_US``. The two designs are:
+
+  * ``before``: one 16-token block per iteration, ``num_stages=2`` compiled to one buffer that
+    the loop waits empty (PTX: ``cp.async.wait_group 0``), >= 4 blocks per split, per-head
+    selection read once per query head;
+  * ``after`` (this package): J blocks (64-128 tokens) per iteration, ``num_stages=3`` (two tiles
+    in flight, checked on the PTX by ``pallas_kernels.ptx``), >= 16 blocks per split, per-head
+    selection read once per kv head over the union of the group's lists.
+
+The whole sparse step of one layer adds the XLA work around the kernels (cache write scatters,
+score clip/where, ``lax.top_k``, split combine), each a launch plus its bytes at ``XLA_FRACTION``
+of peak. All constants are assumptions of the model, printed with the tables; measured numbers
+come from ``experiments.latency`` on a GPU.
 """
 
 from __future__ import annotations
@@ -19,6 +32,13 @@ import dataclasses
 
 HBM_BYTES_PER_S = 3.35e12  # H100 SXM HBM3
 BF16_FLOPS_PER_S = 989e12  # H100 SXM dense bf16 tensor core
+NUM_SMS = 132
+SMEM_PER_SM = 228 * 1024
+LATENCY_S = 1.0e-6  # loaded HBM round trip
+SM_CAP_BYTES = 3 * 25e3  # one SM sustains at most ~3x its fair share of the HBM bandwidth
+LAUNCH_US = 3.0  # per kernel launch inside a jitted step (host + GPU front end)
+XLA_FRACTION = 0.5  # bandwidth fraction of the small XLA gathers / scatters / sorts
+DESIGNS = ("before", "after")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,12 +47,13 @@ class Shape:
 
   Attributes:
     batch, hq, hkv, head_dim: model sizes.
-    context: cache slots in use (``T`` for scoring; selection covers ``blocks * block_size``).
+    context: filled cache slots.
     block_size: tokens per block.
     blocks: listed blocks per selection head (``n``).
     per_head: per-query-head selection (``H = Hq``) instead of group-shared (``H = Hkv``).
+    union: blocks of a group's union of per-head lists, in units of ``n`` (1 = identical lists,
+      G = disjoint); an assumption of the model for per-head selection.
     window: queries per head of the multi-query kernel (RetroAttention's w).
-    splits: split-K count.
     itemsize: bytes per cache / query element (2 for bf16).
   """
   batch: int = 1
@@ -43,99 +64,194 @@ class Shape:
   block_size: int = 16
   blocks: int = 26
   per_head: bool = False
+  union: float = 2.0
   window: int = 8
-  splits: int = 4
   itemsize: int = 2
+
+  @property
+  def group(self) -> int:
+    return self.hq // self.hkv
 
   @property
   def sel_heads(self) -> int:
     return self.hq if self.per_head else self.hkv
 
-  @property
-  def selected_tokens(self) -> int:
-    return self.blocks * self.block_size
-
 
 @dataclasses.dataclass(frozen=True)
 class Cost:
+  """Bytes, FLOPs and the launch geometry of one kernel (or XLA op) in one decode step."""
   name: str
   bytes: float
   flops: float
+  programs: int = 1
+  inflight_bytes: float = 0.0  # per program
+  smem_bytes: float = 0.0  # per program
+  launches: int = 1
+  xla: bool = False
 
   @property
   def memory_us(self) -> float:
+    """The HBM bound: all bytes at peak bandwidth."""
     return self.bytes / HBM_BYTES_PER_S * 1e6
 
   @property
   def compute_us(self) -> float:
     return self.flops / BF16_FLOPS_PER_S * 1e6
 
+  @property
+  def bandwidth(self) -> float:
+    """Sustained bytes/s predicted for the kernel's streaming phase."""
+    if self.xla:
+      return XLA_FRACTION * HBM_BYTES_PER_S
+    resident = min(self.programs, NUM_SMS * max(1, SMEM_PER_SM // max(self.smem_bytes, 1)))
+    in_flight = min(resident * self.inflight_bytes, min(NUM_SMS, self.programs) * SM_CAP_BYTES)
+    return min(HBM_BYTES_PER_S, in_flight / LATENCY_S)
 
-def block_score_cost(s: Shape, pooled: bool = False) -> Cost:
+  @property
+  def predicted_us(self) -> float:
+    return (self.launches * LAUNCH_US + self.bytes / self.bandwidth * 1e6
+            + self.compute_us)
+
+  @property
+  def streaming_fraction(self) -> float:
+    """Fraction of HBM peak while streaming (launch overhead excluded)."""
+    return self.bandwidth / HBM_BYTES_PER_S
+
+  @property
+  def fraction(self) -> float:
+    """Fraction of HBM peak over the predicted time (launches included)."""
+    return self.memory_us / self.predicted_us
+
+
+def _splits(programs: int, n: int, min_blocks: int) -> int:
+  want = -(-264 // max(programs, 1))
+  return int(max(1, min(want, max(1, n // min_blocks))))
+
+
+def _tokens_per_iter(s: Shape, design: str) -> int:
+  if design == "before":
+    return s.block_size
+  from pallas_kernels._common import tokens_per_iter  # pylint: disable=g-import-not-at-top
+  return max(s.block_size, tokens_per_iter(s.head_dim, s.itemsize, 3))
+
+
+def _decode(s: Shape, design: str, name: str, rows_per_head: int, extra_per_token: float = 0.0,
+            flops_per_token: int = 4) -> Cost:
+  """Sparse flash-decoding over ``blocks`` listed blocks per program head."""
+  check_design(design)
+  b, d, n, bs = s.batch, s.head_dim, s.blocks, s.block_size
+  if design == "before" or not s.per_head:
+    heads, listed = s.sel_heads, n
+  else:
+    heads, listed = s.hkv, min(s.group, max(1.0, s.union)) * n
+  min_blocks = 4 if design == "before" else 16
+  splits = _splits(b * heads, int(listed), min_blocks)
+  tokens = b * heads * listed * bs
+  kv = 2 * tokens * d * s.itemsize + tokens * extra_per_token
+  lists = b * heads * (listed + 1) * 4
+  rows = b * s.hq * rows_per_head
+  q_out = 2 * rows * d * s.itemsize
+  partials = 2 * rows * splits * (d + 1) * 4  # written by the kernel, read by the combine
+  tile = _tokens_per_iter(s, design)
+  tile_bytes = tile * (2 * d * s.itemsize + extra_per_token)
+  stages_in_flight = 1 if design == "before" else 2
+  smem = (1 if design == "before" else 2) * tile_bytes + 16 * 128 * s.itemsize * 2
+  # Every row runs its program's dots over the program's whole list (masked or not).
+  return Cost(name, kv + lists + q_out + partials, flops_per_token * rows * listed * bs * d,
+              programs=b * heads * splits, inflight_bytes=stages_in_flight * tile_bytes,
+              smem_bytes=smem, launches=2)  # kernel + split combine
+
+
+def check_design(design: str):
+  if design not in DESIGNS:
+    raise ValueError(f"design must be one of {DESIGNS}, got {design!r}")
+
+
+def block_score_cost(s: Shape, design: str = "after", pooled: bool = False) -> Cost:
+  check_design(design)
   nb = s.context // s.block_size
   rows = s.hkv if pooled else s.hq
   read = s.batch * (2 * s.hkv * nb * s.head_dim * s.itemsize + s.hq * s.head_dim * s.itemsize)
   write = s.batch * rows * nb * 4
-  # Two multiply-adds per (row, block, channel): relu(q).kmax + min(q, 0).kmin.
-  flops = 4 * s.batch * rows * nb * s.head_dim
-  return Cost("block_score_pooled" if pooled else "block_score", read + write, flops)
+  tile = 64 * 2 * s.head_dim * s.itemsize
+  tiles = s.batch * s.hkv * -(-nb // 64)
+  # before: one tile per program, no loop to pipeline; after: a loop with two tiles in flight.
+  programs = tiles if design == "before" else max(1, min(tiles, 264))
+  inflight = tile if design == "before" else 2 * tile
+  return Cost("block_score_pooled" if pooled else "block_score", read + write,
+              4 * s.batch * rows * nb * s.head_dim, programs=programs, inflight_bytes=inflight,
+              smem_bytes=inflight + 8 * 1024)
 
 
-def _decode_bytes(s: Shape, rows_per_head: int) -> tuple[float, int]:
-  b, d, n = s.batch, s.head_dim, s.blocks
-  kv = 2 * b * s.sel_heads * s.selected_tokens * d * s.itemsize
-  lists = b * s.sel_heads * (n + 1) * 4
-  q_out = 2 * b * s.hq * rows_per_head * d * s.itemsize
-  # Each split writes (out f32, lse f32) that the combine reads back.
-  partials = 2 * b * s.hq * rows_per_head * s.splits * (d + 1) * 4
-  return kv + lists + q_out + partials, b * s.hq * rows_per_head
+def sparse_decode_cost(s: Shape, design: str = "after") -> Cost:
+  return _decode(s, design, "sparse_decode", 1)
 
 
-def sparse_decode_cost(s: Shape) -> Cost:
-  total, rows = _decode_bytes(s, 1)
-  return Cost("sparse_decode", total, 4 * rows * s.selected_tokens * s.head_dim)
+def sparse_decode_resa_cost(s: Shape, design: str = "after") -> Cost:
+  # The prior P_j (f32) of each row is read beside K and V.
+  return _decode(s, design, "sparse_decode_resa", 1, extra_per_token=4 * s.group,
+                 flops_per_token=6)
 
 
-def sparse_decode_resa_cost(s: Shape) -> Cost:
-  total, rows = _decode_bytes(s, 1)
-  prior = s.batch * s.hq * s.selected_tokens * 4
-  partials = 2 * s.batch * s.hq * s.splits * (s.head_dim + 1) * 4
-  # q.k and p.v, plus the prior's own p.v over the same V tile.
-  flops = 6 * rows * s.selected_tokens * s.head_dim
-  return Cost("sparse_decode_resa", total + prior + partials, flops)
+def sparse_decode_multiquery_cost(s: Shape, design: str = "after") -> Cost:
+  return _decode(s, design, "sparse_decode_multiquery", s.window)
 
 
-def sparse_decode_multiquery_cost(s: Shape) -> Cost:
-  total, rows = _decode_bytes(s, s.window)
-  masks = s.batch * s.sel_heads * s.blocks * (s.hq // s.sel_heads) * s.window * 4
-  return Cost("sparse_decode_multiquery", total + masks,
-              4 * rows * s.selected_tokens * s.head_dim)
+def all_costs(s: Shape, design: str = "after") -> list[Cost]:
+  return [block_score_cost(s, design), block_score_cost(s, design, pooled=True),
+          sparse_decode_cost(s, design), sparse_decode_resa_cost(s, design),
+          sparse_decode_multiquery_cost(s, design)]
 
 
-def all_costs(s: Shape) -> list[Cost]:
-  return [block_score_cost(s), block_score_cost(s, pooled=True), sparse_decode_cost(s),
-          sparse_decode_resa_cost(s), sparse_decode_multiquery_cost(s)]
+def sparse_step_costs(s: Shape, design: str = "after") -> list[Cost]:
+  """One Quest decode step of one layer: cache write, scoring, selection, decode + combine."""
+  nb = s.context // s.block_size
+  row = s.batch * s.hkv * s.head_dim * s.itemsize
+  # k, v, pos and the kmin / kmax / kcen / krad digests: one scatter each.
+  write = Cost("cache write (6 scatters)", 2 * row + 4 * 2 * row + s.batch * 4, 0, launches=6,
+               xla=True)
+  scores = s.batch * s.sel_heads * nb * 4
+  select = Cost("clip/where + lax.top_k (sort)", 3 * scores, 0, launches=3, xla=True)
+  return [write, block_score_cost(s, design), select, sparse_decode_cost(s, design)]
 
 
 def format_table(title: str, s: Shape) -> str:
-  lines = [f"## {title}: B={s.batch} Hq={s.hq} Hkv={s.hkv} D={s.head_dim} T={s.context} "
-           f"block={s.block_size} n={s.blocks} ({s.selected_tokens} tokens, "
-           f"{'per-head' if s.per_head else 'group-shared'}) W={s.window} splits={s.splits}",
-           "| kernel | MB read+written | MFLOP | flop/byte | H100 HBM bound (us) | "
-           "bf16 compute bound (us) |",
-           "|---|---:|---:|---:|---:|---:|"]
-  for c in all_costs(s):
-    lines.append(f"| {c.name} | {c.bytes / 1e6:.3f} | {c.flops / 1e6:.2f} | "
-                 f"{c.flops / c.bytes:.2f} | {c.memory_us:.2f} | {c.compute_us:.3f} |")
+  head = (f"## {title}: B={s.batch} Hq={s.hq} Hkv={s.hkv} D={s.head_dim} T={s.context} "
+          f"block={s.block_size} n={s.blocks} ({s.blocks * s.block_size} tokens, "
+          f"{'per-head, union ' + format(s.union, 'g') + 'n' if s.per_head else 'group-shared'}) "
+          f"W={s.window}")
+  lines = [head, "| kernel | design | MB moved | programs | KB in flight / program | "
+           "HBM bound (us) | predicted (us) | streaming BW fraction | fraction incl. launch |",
+           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+  rows = [(c, design) for before, after in zip(all_costs(s, "before"), all_costs(s, "after"))
+          for c, design in ((before, "before"), (after, "after"))]
+  for c, design in rows:
+    lines.append(f"| {c.name} | {design} | {c.bytes / 1e6:.3f} | {c.programs} | "
+                 f"{c.inflight_bytes / 1024:.0f} | {c.memory_us:.2f} | {c.predicted_us:.2f} | "
+                 f"{c.streaming_fraction:.0%} | {c.fraction:.0%} |")
+  for design in DESIGNS:
+    step = sparse_step_costs(s, design)
+    total_b = sum(c.bytes for c in step)
+    total_t = sum(c.predicted_us for c in step)
+    lines.append(f"| **whole sparse step** ({sum(c.launches for c in step)} launches) | "
+                 f"{design} | {total_b / 1e6:.3f} | | | {total_b / HBM_BYTES_PER_S * 1e6:.2f} | "
+                 f"{total_t:.2f} | | {total_b / HBM_BYTES_PER_S * 1e6 / total_t:.0%} |")
   return "\n".join(lines)
 
 
+ASSUMPTIONS = (f"Model constants: HBM {HBM_BYTES_PER_S / 1e12:.2f} TB/s, {NUM_SMS} SMs, latency "
+               f"{LATENCY_S * 1e6:.1f} us, per-SM cap {SM_CAP_BYTES / 1e3:.0f} KB in flight, "
+               f"launch {LAUNCH_US:.0f} us, XLA ops at {XLA_FRACTION:.0%} of peak.")
+
 PRESETS = {
     # 8k context, Quest-style 5% budget in 16-token blocks.
-    "Llama-3.1-8B": Shape(batch=1, hq=32, hkv=8, head_dim=128, context=8192, block_size=16,
-                          blocks=26),
-    "SmolLM2-135M": Shape(batch=1, hq=9, hkv=3, head_dim=64, context=8192, block_size=16,
-                          blocks=26),
+    "Llama-3.1-8B 8k": Shape(context=8192, blocks=26),
+    "Llama-3.1-8B 32k": Shape(context=32768, blocks=102),
+    "Llama-3.1-8B 32k per-head": Shape(context=32768, blocks=102, per_head=True),
+    "Llama-3.1-8B 32k batch 8": Shape(batch=8, context=32768, blocks=102),
+    "Qwen2.5 (G=7) 32k per-head": Shape(hq=14, hkv=2, head_dim=64, context=32768, blocks=102,
+                                        per_head=True),
+    "SmolLM2-135M 8k": Shape(hq=9, hkv=3, head_dim=64, context=8192, blocks=26),
 }
 
 
@@ -146,9 +262,11 @@ def main(argv=None):
     if field.type in ("bool", bool):
       parser.add_argument(flag, action="store_true")
     else:
-      parser.add_argument(flag, type=int, default=None)
+      parser.add_argument(flag, type=float if field.type in ("float", float) else int,
+                          default=None)
   args = vars(parser.parse_args(argv))
   given = {k: v for k, v in args.items() if v not in (None, False)}
+  print(ASSUMPTIONS + "\n")
   if given:
     print(format_table("custom", dataclasses.replace(Shape(), **given)))
     return

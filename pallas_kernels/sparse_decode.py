@@ -1,8 +1,10 @@
 """Sparse flash-decoding over a list of selected KV blocks: ``sparse_decode`` and its reference.
 
 One query per head attends exactly the listed blocks of its kv head (Quest / ArkVale style block
-selection), with token-level masking of slots ``>= length`` and of empty slots (``pos < 0``). The Pallas path runs one program per
-(batch, selection head, split) and merges the splits by log-sum-exp (flash-decoding).
+selection), with token-level masking of slots ``>= length`` and of empty slots (``pos < 0``, a
+compacted cache's holes). The Pallas path runs one program per (batch, kv head, split) over the kv
+head's list (the union of its query heads' lists for per-head selection) and merges the splits by
+log-sum-exp (flash-decoding).
 
 Letters: B batch, N query heads (Hq), K kv heads (Hkv), G = N // K, H selection heads (K or N),
 n list length, T cache slots, D head dim.
@@ -17,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import _common
+from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
 
 
@@ -29,6 +32,19 @@ def selection_rows(hq: int, hkv: int, hs: int) -> int:
   if hq % hkv or hs not in (hkv, hq):
     raise ValueError(f"selection heads {hs} must be Hkv={hkv} or Hq={hq} (Hq % Hkv == 0)")
   return hq // hs
+
+
+def kv_head_lists(block_idx, n_valid, hq: int, hkv: int, num_blocks: int, payload=None):
+  """The block list of each kv head's program: as given (group-shared selection) or the union
+  of the group's G per-query-head lists (``_union.union_lists``).
+
+  Returns:
+    ``idx [B, K, U]``, ``n_valid [B, K]`` and the per-head words ``[B, K, U, G]`` of the union
+    (``None`` for group-shared lists).
+  """
+  if block_idx.shape[1] == hkv:
+    return block_idx, n_valid, None
+  return _union.union_lists(block_idx, n_valid, hq // hkv, num_blocks, payload)
 
 
 def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: int,
@@ -58,11 +74,12 @@ def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: 
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
-                                             "interpret", "num_warps", "num_stages"))
+                                             "interpret", "num_warps", "num_stages",
+                                             "blocks_per_iter"))
 def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
                   scale: float | None = None, num_splits: int | None = None, impl: str = "auto",
-                  interpret: bool = False, num_warps: int = 4, num_stages: int = 2,
-                  pos=None):
+                  interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
+                  blocks_per_iter: int | None = None, pos=None):
   """Exact attention of one query per head over the listed KV blocks.
 
   Args:
@@ -78,10 +95,15 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
       slot below ``length`` holds a token.
     block_size: tokens per block (static; a power of 2 >= 16).
     scale: softmax scale (static), default ``1/sqrt(D)``.
-    num_splits: split-K count (static), default from the problem size.
+    num_splits: most split-K slices (static), default from the problem size; fewer are used
+      when ``n_valid`` is short.
     impl: ``"pallas"``, ``"xla"`` (``sparse_decode_reference``) or ``"auto"``.
     interpret: run the Pallas kernel in interpret mode (CPU).
     num_warps, num_stages: Triton launch parameters.
+    blocks_per_iter: blocks gathered per loop iteration (static), default from shared memory.
+
+  Per-query-head lists (``H = N``) run one program per kv head over the union of the group's
+  lists with a per-head mask, so a block listed by several heads is read once.
 
   Returns:
     ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32 (``0`` and ``-inf`` for a row
@@ -92,13 +114,15 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
     return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
                                    scale=scale, pos=pos)
   b, hq, d = q.shape
-  hs, n = block_idx.shape[1:]
-  rows = selection_rows(hq, k.shape[1], hs)
+  hkv, n = k.shape[1], block_idx.shape[2]
+  selection_rows(hq, hkv, block_idx.shape[1])
   if n == 0:
     return jnp.zeros_like(q), jnp.full((b, hq), -jnp.inf, jnp.float32)
-  tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits)
+  idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
+  tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
+                             blocks_per_iter=blocks_per_iter)
   [(out, lse)] = decode_partials(
-      q.reshape(b, hs, rows, d), k, v, block_idx, n_valid, length, pos=pos,
-      block_size=block_size,
-      scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
+      q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
+      row_bits=None if words is None else _union.head_bits(words), bits_per_word=hq // hkv,
+      block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)

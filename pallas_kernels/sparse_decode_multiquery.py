@@ -19,8 +19,9 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import _common
+from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-from pallas_kernels.sparse_decode import default_scale, selection_rows
+from pallas_kernels.sparse_decode import default_scale, kv_head_lists, selection_rows
 
 
 def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
@@ -55,12 +56,13 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
-                                             "interpret", "num_warps", "num_stages"))
+                                             "interpret", "num_warps", "num_stages",
+                                             "blocks_per_iter"))
 def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length, *,
                              block_size: int, scale: float | None = None,
                              num_splits: int | None = None, impl: str = "auto",
-                             interpret: bool = False, num_warps: int = 4, num_stages: int = 2,
-                             pos=None):
+                             interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
+                             blocks_per_iter: int | None = None, pos=None):
   """Sparse decode of W queries per head over one shared block list.
 
   Args:
@@ -75,7 +77,8 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     pos: optional ``[B, K, T]`` int32 token position held by each slot (``KVCache.pos``; -1 =
       empty, never attended: a compacted cache has such holes below ``length``). None: every
       slot below ``length`` holds a token.
-    block_size, scale, num_splits, impl, interpret, num_warps, num_stages: as ``sparse_decode``.
+    block_size, scale, num_splits, impl, interpret, num_warps, num_stages, blocks_per_iter: as
+      ``sparse_decode`` (W <= 32).
 
   Returns:
     ``out [B, N, W, D]`` in ``q.dtype`` and ``lse [B, N, W]`` float32 (``0`` / ``-inf`` for a
@@ -87,18 +90,23 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
                                               length, block_size=block_size, scale=scale,
                                               pos=pos)
   b, hq, w, d = q.shape
-  hs, n = block_idx.shape[1:]
-  g = selection_rows(hq, k.shape[1], hs)
+  hkv, n = k.shape[1], block_idx.shape[2]
+  g = hq // hkv
+  selection_rows(hq, hkv, block_idx.shape[1])
   if n == 0:
     return jnp.zeros_like(q), jnp.full((b, hq, w), -jnp.inf, jnp.float32)
-  # Row r = g * W + w of program head h is query head h * G' + g at window step w.
-  # [B, H, n, G' * W]
-  row_mask = jnp.broadcast_to(jnp.swapaxes(block_mask, 2, 3)[:, :, :, None, :], (b, hs, n, g, w))
-  # [B, H, G' * W]
-  row_limit = jnp.broadcast_to(q_limit[:, None, None, :], (b, hs, g, w))
-  tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits)
+  # Row r = g * W + w of kv head k is query head k * G + g at window step w; it may use entry e
+  # iff bit w of word min(r // W, A - 1) of entry e is set.
+  steps = _union.step_words(block_mask)  # [B, H, n]
+  idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size,
+                                 payload=steps)
+  row_bits = steps[..., None] if words is None else words  # [B, K, U, 1 or G]
+  # [B, K, G * W]
+  row_limit = jnp.broadcast_to(q_limit[:, None, None, :], (b, hkv, g, w))
+  tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
+                             blocks_per_iter=blocks_per_iter)
   [(out, lse)] = decode_partials(
-      q.reshape(b, hs, g * w, d), k, v, block_idx, n_valid, length, pos=pos,
-      row_mask=row_mask.reshape(b, hs, n, g * w), row_limit=row_limit.reshape(b, hs, g * w),
-      block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
+      q.reshape(b, hkv, g * w, d), k, v, idx, nv, length, pos=pos, row_bits=row_bits,
+      row_limit=row_limit.reshape(b, hkv, g * w), bits_per_word=w, block_size=block_size,
+      scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
   return out.reshape(b, hq, w, d).astype(q.dtype), lse.reshape(b, hq, w)

@@ -21,8 +21,10 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import _common
+from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-from pallas_kernels.sparse_decode import default_scale, selection_rows, sparse_decode_reference
+from pallas_kernels.sparse_decode import (default_scale, kv_head_lists, selection_rows,
+                                          sparse_decode_reference)
 
 
 def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
@@ -50,11 +52,12 @@ def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, 
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
-                                             "interpret", "num_warps", "num_stages"))
+                                             "interpret", "num_warps", "num_stages",
+                                             "blocks_per_iter"))
 def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
                        scale: float | None = None, num_splits: int | None = None,
                        impl: str = "auto", interpret: bool = False, num_warps: int = 4,
-                       num_stages: int = 2, pos=None):
+                       num_stages: int = 3, blocks_per_iter: int | None = None, pos=None):
   """``sparse_decode`` plus RESA's prior statistics over the same selected positions.
 
   Args:
@@ -66,7 +69,8 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
     pos: optional ``[B, K, T]`` int32 token position held by each slot (``KVCache.pos``; -1 =
       empty, never attended: a compacted cache has such holes below ``length``). None: every
       slot below ``length`` holds a token.
-    block_size, scale, num_splits, impl, interpret, num_warps, num_stages: as ``sparse_decode``.
+    block_size, scale, num_splits, impl, interpret, num_warps, num_stages, blocks_per_iter: as
+      ``sparse_decode``.
 
   Returns:
     ``(out [B, N, D], lse [B, N])`` exactly as ``sparse_decode`` (out in ``q.dtype``), and
@@ -78,15 +82,19 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
                                         block_size=block_size, scale=scale, pos=pos)
   b, hq, d = q.shape
-  hs, n = block_idx.shape[1:]
-  rows = selection_rows(hq, k.shape[1], hs)
+  hkv, n = k.shape[1], block_idx.shape[2]
+  selection_rows(hq, hkv, block_idx.shape[1])
   if n == 0:
     zeros, empty = jnp.zeros((b, hq, d), jnp.float32), jnp.full((b, hq), -jnp.inf, jnp.float32)
     return zeros.astype(q.dtype), empty, zeros, empty
-  tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits)
+  idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
+  tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
+                             blocks_per_iter=blocks_per_iter)
+  g = hq // hkv
   (out, lse), (p_out, p_lse) = decode_partials(
-      q.reshape(b, hs, rows, d), k, v, block_idx, n_valid, length, pos=pos,
-      prior=prior.reshape(b, hs, rows, -1), block_size=block_size,
-      scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
+      q.reshape(b, hkv, g, d), k, v, idx, nv, length, pos=pos,
+      prior=prior.reshape(b, hkv, g, -1),
+      row_bits=None if words is None else _union.head_bits(words), bits_per_word=g,
+      block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
   return (out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq),
           p_out.reshape(b, hq, d), p_lse.reshape(b, hq))

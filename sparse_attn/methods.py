@@ -83,7 +83,7 @@ PRESETS = {
     # 512 future positions, eps = 0.01 (0 for needle in a haystack), covariance and value norm;
     # prefill statistics from the prompt's queries. Half the cache evicted (Fig. 3's ratio).
     "expected-attention": "expected_attention:ratio=0.5,head_budget=adakv,n_future=512,eps=0.01,"
-                          "use_covariance=true,use_vnorm=true",
+                          "use_covariance=true,use_vnorm=true,prefill_stats=all",
 }
 
 

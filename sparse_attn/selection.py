@@ -62,15 +62,29 @@ def top_entries(scores, valid, forced, count, n_max: int, granularity: int) -> S
     granularity: tokens per entry.
   """
   n_max = min(n_max, scores.shape[-1])
-  s = jnp.where(jnp.isnan(scores), -_FORCED, jnp.clip(scores, -_FORCED, _FORCED / 2))
-  s = jnp.where(forced[:, None, :], _FORCED, s)
-  s = jnp.where(valid[:, None, :], s, -jnp.inf)
-  _, idx = jax.lax.top_k(s, n_max)
-  n_ctx = jnp.sum(valid, axis=-1)
-  n = jnp.minimum(jnp.maximum(count, jnp.sum(forced, axis=-1)), n_ctx)
-  n = jnp.minimum(n, n_max)
+  _, idx = jax.lax.top_k(rank_scores(scores, valid, forced), n_max)
+  n = selected_count(valid, forced, count, n_max)
   n_valid = jnp.broadcast_to(n[:, None], idx.shape[:2]).astype(jnp.int32)
   return Selection(idx=idx.astype(jnp.int32), n_valid=n_valid, granularity=granularity)
+
+
+def rank_scores(scores, valid, forced):
+  """The ranking ``top_entries`` sorts by: forced entries first, invalid ones last.
+
+  ``scores [B, H, N]``, ``valid, forced [B, N]`` -> ``[B, H, N]`` float32. Shared with the
+  context-parallel decode, whose per-shard and global top-k must rank exactly alike.
+  """
+  s = jnp.where(jnp.isnan(scores), -_FORCED, jnp.clip(scores, -_FORCED, _FORCED / 2))
+  s = jnp.where(forced[:, None, :], _FORCED, s)
+  return jnp.where(valid[:, None, :], s, -jnp.inf)
+
+
+def selected_count(valid, forced, count, n_max: int):
+  """``[B]`` entries a selection keeps: the budget ``count``, raised to the forced entries,
+  capped by the context (``valid [B, N]``) and the static list length ``n_max``."""
+  n_ctx = jnp.sum(valid, axis=-1)
+  n = jnp.minimum(jnp.maximum(count, jnp.sum(forced, axis=-1)), n_ctx)
+  return jnp.minimum(n, n_max)
 
 
 def _block_masks(cache: KVCache, budget: Budget):

@@ -1,57 +1,65 @@
-"""``experiments.resa_lambda``: quality vs RESA's lambda per task (Fig. 7a).
+"""``experiments.resa_lambda``: task accuracy vs RESA's lambda (RESA Sec. 5.4, Fig. 7a).
 
-Records: ``dense`` per task, then one per (task, lambda) with the mean NLL per scored token,
-the token count and the quality relative to dense. ``lambda = 0`` is the selector alone.
+Rows (``experiments.tasks.accuracy`` on RULER tasks, one shared prefill per batch): dense,
+then ``config.method`` at ``config.budget`` for every lambda and each form of the prior weight
+(``lam_form``: ``renormalised``, this library's default, and ``literal``, the paper's
+``alpha' = lam * alpha``; the two agree at lambda = 0 and 1, so those run once). Lambda = 0 is
+the selector alone. Every record is an accuracy record plus ``lam`` and ``lam_form``; the
+figure is accuracy vs lambda per task (the paper: rising for retrieval, falling for CWE-like
+aggregation).
 """
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
-from experiments.analysis import quality
-from experiments.common import cli, modelzoo, render
-from experiments.common.results import ResultWriter
-from sparse_attn import methods
+from experiments.common import modelzoo, render
+from experiments.tasks import accuracy, accuracy_report, specs
 
 NAME = "resa_lambda"
-KEYED = ("tasks", "lambdas")  # in every record's key
+FORMS = ("renormalised", "literal")
+
+
+def entries(config, model) -> list[specs.Entry]:
+  """Dense, then one row per (lambda, form); forms coincide at lambda 0 and 1."""
+  opts = dict(block_size=config.block_size, rope_inv_freq=modelzoo.rope_inv_freq(model))
+  out = [specs.Entry("dense", "dense", None, specs.build("dense", **opts))]
+  for lam in config.lambdas:
+    for form in (FORMS[:1] if lam in (0.0, 1.0) else FORMS):
+      label = f"{config.method}@{config.budget:g} lam={lam:g}" + (
+          f" {form}" if lam not in (0.0, 1.0) else "")
+      m = specs.build(config.method, config.budget, lam=float(lam), lam_form=form, **opts)
+      out.append(specs.Entry(label, config.method, config.budget, m))
+  return out
+
+
+def _fields(entry) -> dict:
+  m = entry.method
+  return dict(lam=getattr(m, "lam", None) if entry.label != "dense" else None,
+              lam_form=getattr(m, "lam_form", None) if entry.label != "dense" else None)
 
 
 def run(config, workdir: str) -> list[dict]:
-  writer = ResultWriter(workdir, config, NAME, keyed=KEYED)
-  jobs = [(t, None) for t in config.tasks] + [(t, lam) for t in config.tasks
-                                              for lam in config.lambdas]
-  todo = [(t, lam) for t, lam in jobs if not writer.done(_key(t, lam))]
-  if todo:
-    model = modelzoo.load_model(config.model)
-    items = {t: quality.samples(model, t, config.samples, config.ctx, config.cont, config.seed)
-             for t in config.tasks}
-    prog = cli.Progress(len(todo) * config.samples, "nll", every=10.0)
-    for task, lam in todo:
-      if lam is None:
-        m = methods.make("dense", block_size=config.block_size)
-      else:
-        m = methods.make(config.method, budget=config.budget, block_size=config.block_size,
-                         lam=float(lam))
-      res = quality.nll(model, m, items[task], prog)
-      writer.write(dict(task=task, lam=lam, spec=m.spec, budget=config.budget, **res),
-                   key=_key(task, lam))
-  return render_all(writer.records(), workdir)
-
-
-def _key(task, lam):
-  return f"{task}/dense" if lam is None else f"{task}/lam={lam:g}"
+  records = accuracy.run(config, workdir, experiment=NAME, fields=_fields, write=False,
+                         entries=lambda model: entries(config, model), keyed=("lambdas",))
+  return render_all(records, workdir)
 
 
 def table(records) -> list[dict]:
-  dense = {r["task"]: r["nll"] for r in records if r["lam"] is None}
+  """Mean accuracy per (task, lambda, form), with dense per task."""
+  cells = collections.defaultdict(list)
+  for r in records:
+    cells[(r["task"], r.get("lam"), r.get("lam_form"))].append(r["score"])
+  dense = {t: np.mean(v) for (t, lam, _), v in cells.items() if lam is None}
   rows = []
-  for r in sorted((r for r in records if r["lam"] is not None),
-                  key=lambda r: (r["task"], r["lam"])):
-    d = dense.get(r["task"])
-    rows.append(dict(task=r["task"], lam=r["lam"], nll=r["nll"], dense_nll=d,
-                     quality=quality.relative_quality(r["nll"], d) if d is not None else np.nan,
-                     tokens=r["tokens"]))
+  for (task, lam, form), v in sorted(cells.items(), key=lambda kv: (
+      kv[0][0], -1 if kv[0][1] is None else kv[0][1], str(kv[0][2]))):
+    c = accuracy_report.cell(v)
+    rows.append(dict(task=task, lam="dense" if lam is None else lam, form=form or "",
+                     accuracy=100 * c["mean"], lo=100 * c["lo"], hi=100 * c["hi"], n=c["n"],
+                     vs_dense=100 * (c["mean"] - dense[task]) if task in dense else ""))
   return rows
 
 
@@ -61,24 +69,25 @@ def render_all(records, workdir: str) -> list[dict]:
     return rows
   fig, ax = render.new_figure()
   for task in sorted({r["task"] for r in rows}):
-    rs = [r for r in rows if r["task"] == task]
-    ax[0, 0].plot([r["lam"] for r in rs], [r["quality"] for r in rs], "o-", label=task)
-  ax[0, 0].axhline(1.0, color="gray", ls="--", label="dense")
+    for form in FORMS:
+      rs = sorted((r for r in rows if r["task"] == task and r["lam"] != "dense"
+                   and r["form"] in (form, FORMS[0]) and (r["form"] == form or
+                                                           r["lam"] in (0.0, 1.0))),
+                  key=lambda r: r["lam"])
+      if len(rs) > 1:
+        ax[0, 0].plot([r["lam"] for r in rs], [r["accuracy"] for r in rs],
+                      "o-" if form == FORMS[0] else "s--", label=f"{task} ({form})")
   cfg = records[0]["config"]
-  ax[0, 0].set(xlabel="lambda", ylabel="quality exp(-(NLL - NLL_dense))",
+  ax[0, 0].set(xlabel="lambda", ylabel="accuracy (%)",
                title=f"Fig. 7a: {cfg['method']} @ {cfg['budget']:g} vs lambda")
-  ax[0, 0].legend(fontsize=7)
+  ax[0, 0].legend(fontsize=6)
   render.save_figure(fig, workdir, "fig7a_lambda_sweep.png")
-  best = []
-  for task in sorted({r["task"] for r in rows}):
-    rs = [r for r in rows if r["task"] == task]
-    b = max(rs, key=lambda r: r["quality"])
-    best.append(f"{task}: best lambda {b['lam']:g} (quality {b['quality']:.4f}; lambda=0 "
-                f"{next((r['quality'] for r in rs if r['lam'] == 0), float('nan')):.4f})")
   render.write_markdown(workdir, f"{NAME}.md", "RESA lambda sweep (RESA Sec. 5.4, Fig. 7a)", [
-      f"Model {cfg['model']}, {cfg['method']} at budget {cfg['budget']:g}, {cfg['samples']} "
-      f"samples per task, prompt {cfg['ctx']} tokens; teacher-forced NLL per scored token. "
-      "quality = exp(-(NLL - NLL_dense)).",
-      render.markdown_table(rows, ["task", "lam", "nll", "dense_nll", "quality", "tokens"]),
-      "\n".join(f"- {b}" for b in best)])
+      f"Model `{cfg['model']}`, {cfg['method']} at budget {cfg['budget']:g}, context "
+      f"{', '.join(map(str, cfg['lengths']))} tokens, RULER string-match accuracy (%) with 95% "
+      "Wilson intervals; vs_dense in points. renormalised: this library's prior weight; "
+      "literal: the paper's alpha' = lam * alpha.",
+      render.markdown_table(rows, ["task", "lam", "form", "accuracy", "lo", "hi", "n",
+                                   "vs_dense"]),
+      "![Fig. 7a](fig7a_lambda_sweep.png)"])
   return rows

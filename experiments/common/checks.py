@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 # (spec field, budget field) pairs of the configs: every spec is built at every budget.
 SPEC_FIELDS = (("methods", "budgets"), ("interval_methods", "budgets"),
@@ -21,8 +22,11 @@ def _known_models() -> tuple:
   init = importlib.util.find_spec("models").origin
   spec = importlib.util.spec_from_file_location(
       "_model_sources", os.path.join(os.path.dirname(init), "sources.py"))
-  sources = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(sources)
+  sources = sys.modules.get(spec.name)
+  if sources is None:
+    sources = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = sources  # dataclasses resolve their module through sys.modules
+    spec.loader.exec_module(sources)
   return tuple(sources.KNOWN_MODELS)
 
 

@@ -1,10 +1,18 @@
 """RULER-style accuracy of methods x budgets x tasks x context lengths (RESA Table 1 layout).
 
 ``run(config, workdir)`` generates the samples (``experiments.tasks.ruler``), decodes them
-greedily in batches with every method (one shared dense prefill for the plain methods), scores
-them with RULER's string match and appends one JSON record per (method, sample). ``render``
-turns records into one table per (model, context length): rows are methods (dense first),
-columns tasks, each cell ``accuracy% [95% Wilson CI] n``.
+greedily in batches with every method (one shared prefill for the selection methods, one for
+the compression methods: ``decoding.prefill_all``), scores them with RULER's string match and
+appends one JSON record per (method, sample), with the tokens attended per head
+(``Method.attended_tokens``) or kept per kv head (compression). ``experiments.tasks.
+accuracy_report`` renders them.
+
+Protocols (``config.protocol``):
+  query_aware     the whole prompt (question included) is prefilled, then the answer decoded
+                  (RULER as RESA, ReSA and RetroAttention run it);
+  query_agnostic  the context is prefilled and compressed, then the question is read through
+                  the decode path (Expected Attention / kvpress: the cache is compressed once,
+                  for any question).
 """
 
 from __future__ import annotations
@@ -14,133 +22,145 @@ import time
 
 import numpy as np
 
-from experiments.common import cli, modelzoo, render, results
-from experiments.tasks import decoding, ruler, scoring, specs
+from experiments.common import cli, modelzoo, results
+from experiments.tasks import accuracy_report, decoding, ruler, scoring, specs
+from sparse_attn.compression.base import CompressionMethod
 
 EXPERIMENT = "accuracy"
-KEYED = ("model", "methods", "budgets", "tasks", "lengths")  # in every record's key
+# In every record's key (extending them reuses finished rows); reporting-only fields ignored.
+KEYED = ("model", "protocol", "methods", "budgets", "tasks", "lengths")
+IGNORED = ("pairs", "heatmap")
+PROTOCOLS = ("query_aware", "query_agnostic")
 CAPACITY_ROUND = 256
 
 
-def _key(model_name, label, s: ruler.Sample) -> str:
-  return f"{model_name}|{label}|{s.task}|{s.target}|{s.seed}|{s.depth}"
+def _key(model_name, protocol, label, s: ruler.Sample) -> str:
+  return f"{model_name}|{protocol}|{label}|{s.task}|{s.target}|{s.seed}|{s.depth}"
 
 
-def run(config, workdir: str) -> list[dict]:
-  """Runs the accuracy sweep of ``config`` (see ``configs/accuracy.py``); returns the records."""
+def context_split(prompter: ruler.Prompter, s: ruler.Sample) -> tuple[list[int], int]:
+  """The prompt's ids and how many of them are the context (instruction + haystack).
+
+  The rest (question, chat template end, answer prefix) is what a query-agnostic method reads
+  only after compressing. The split is the longest prefix shared by the ids of the whole prompt
+  and of the text up to the end of the context, so the ids are the same in both protocols.
+  """
+  ids = prompter.ids(s.prompt)
+  end = s.prompt.index(s.context) + len(s.context)
+  head = prompter.ids(s.prompt[:end])
+  n = next((i for i, (a, b) in enumerate(zip(ids, head)) if a != b), min(len(ids), len(head)))
+  if not 0 < n < len(ids):
+    raise ValueError(f"cannot split a {s.task} prompt of {len(ids)} tokens at its context end")
+  return ids, n
+
+
+def attended_tokens(method, context: int):
+  """``Method.attended_tokens(context)`` (forced / chosen / total per head), or None."""
+  fn = getattr(method, "attended_tokens", None)
+  return fn(int(context)) if callable(fn) else None
+
+
+def kv_kept(pre: decoding.Prefilled) -> list[float] | None:
+  """Per row, the mean tokens per kv head left in a compression method's cache after its
+  prefill (mean over layers and heads)."""
+  caches = pre.caches if isinstance(pre.caches, list) else None
+  if not caches or not hasattr(caches[0], "valid"):
+    return None
+  per_layer = [np.asarray(c.valid).sum(-1).mean(-1) for c in caches]  # [B] each
+  return [float(x) for x in np.mean(per_layer, axis=0)]
+
+
+def _pad(seqs) -> tuple[np.ndarray, np.ndarray]:
+  lengths = np.array([len(x) for x in seqs], np.int32)
+  out = np.zeros((len(seqs), int(lengths.max())), np.int32)
+  for i, x in enumerate(seqs):
+    out[i, :len(x)] = x
+  return out, lengths
+
+
+def entries_of(config, model) -> list[specs.Entry]:
+  return specs.expand(config.methods, config.budgets, block_size=config.block_size,
+                      rope_inv_freq=modelzoo.rope_inv_freq(model))
+
+
+def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
+        fields=None, write=True, keyed=()) -> list[dict]:
+  """Runs the accuracy sweep of ``config`` (see ``configs/accuracy.py``); returns the records.
+
+  Args:
+    experiment: the records' experiment name (the lambda sweep and the budget search reuse
+      this loop under their own names).
+    entries: ``model -> [specs.Entry]`` (default: ``config.methods`` x ``config.budgets``).
+    fields: ``Entry -> dict`` of extra record fields (e.g. the lambda of a sweep row).
+    write: render ``accuracy.md`` into the workdir at the end.
+    keyed: further config fields whose value is in every record's key (the sweep's axes).
+  """
   model = modelzoo.load_model(config.model)
   prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
-  entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
-                         rope_inv_freq=modelzoo.rope_inv_freq(model))
-  writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
+  entries = entries(model) if callable(entries) else entries_of(config, model)
+  protocol = config.get("protocol", "query_aware")
+  if protocol not in PROTOCOLS:
+    raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
+  writer = results.ResultWriter(workdir, config, experiment, keyed=KEYED + tuple(keyed),
+                                ignore=IGNORED)
   samples = ruler.dataset(config.tasks, config.lengths, config.num_samples, prompter,
-                          list(config.depths), config.seed, config.haystack)
+                          list(config.depths), config.seed, config.haystack,
+                          **_task_options(config))
   groups = collections.defaultdict(list)
   for s in samples:
     groups[(s.task, s.target)].append(s)
-  progress = cli.Progress(len(samples) * len(entries), "accuracy")
+  progress = cli.Progress(len(samples) * len(entries), experiment)
+  key = lambda e, s: _key(config.model, protocol, e.label, s)
   for (task, target), group in groups.items():
     for start in range(0, len(group), config.batch_size):
       batch = group[start:start + config.batch_size]
-      todo = [e for e in entries if not all(writer.done(_key(config.model, e.label, s))
-                                            for s in batch)]
+      todo = [e for e in entries if not all(writer.done(key(e, s)) for s in batch)]
       progress.update((len(entries) - len(todo)) * len(batch))
       if not todo:
         continue
-      ids = [prompter.ids(s.prompt) for s in batch]
-      lengths = np.array([len(x) for x in ids], np.int32)
-      prompts = np.zeros((len(ids), int(lengths.max())), np.int32)
-      for i, x in enumerate(ids):
-        prompts[i, :len(x)] = x
+      split = [context_split(prompter, s) for s in batch]
       max_new = config.max_new_tokens or batch[0].max_new_tokens
+      if protocol == "query_agnostic":
+        prompts, lengths = _pad([ids[:n] for ids, n in split])
+        suffix, suffix_lengths = _pad([ids[n:] for ids, n in split])
+        total = int((lengths + suffix_lengths).max())
+      else:
+        prompts, lengths = _pad([ids for ids, _ in split])
+        total = int(lengths.max())
       # Rounded up so batches of one target length share the compiled steps.
-      capacity = -(-(int(lengths.max()) + max_new) // CAPACITY_ROUND) * CAPACITY_ROUND
+      capacity = -(-(total + max_new + 1) // CAPACITY_ROUND) * CAPACITY_ROUND
       t0 = time.perf_counter()
       for e, (m, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
                                                          [e.method for e in todo], capacity)):
+        kept = kv_kept(pre) if isinstance(m, CompressionMethod) else None
+        if protocol == "query_agnostic":
+          pre = decoding.extend(model, pre, m, suffix, suffix_lengths)
         rows = decoding.greedy(model, pre, m, max_new)
         secs = time.perf_counter() - t0
-        for s, row in zip(batch, rows):
+        for i, (s, row) in enumerate(zip(batch, rows)):
           pred = model.decode(row)
-          writer.write(dict(
-              model=config.model, method=e.label, spec=e.spec, budget=e.budget, task=task,
-              length=target, num_tokens=s.num_tokens, depth=s.depth, seed=s.seed,
+          rec = dict(
+              model=config.model, protocol=protocol, method=e.label, spec=e.spec,
+              budget=e.budget, task=task, length=target, num_tokens=s.num_tokens,
+              context_tokens=split[i][1], depth=s.depth, seed=s.seed,
               score=scoring.score(pred, s.answers, s.metric), metric=s.metric,
               answers=list(s.answers), prediction=pred[:300], new_tokens=len(row),
-              batch_seconds=secs), key=_key(config.model, e.label, s))
+              attended_tokens=attended_tokens(m, s.num_tokens),
+              kv_kept=kept[i] if kept else None, batch_seconds=secs, batch_size=len(batch))
+          if s.metric == "each":
+            rec["question_scores"] = scoring.per_question(pred, s.answers)
+          rec.update(fields(e) if fields else {})
+          writer.write(rec, key=key(e, s))
         progress.update(len(batch), e.label)
         t0 = time.perf_counter()
   records = writer.records()
-  write_outputs(records, workdir)
+  if write:
+    accuracy_report.write_outputs(records, workdir)
   return records
 
 
-# ---------------------------------------------------------------- rendering
+def _task_options(config) -> dict:
+  n = config.get("questions", 0)
+  return dict(questions=n) if n else {}
 
 
-def _order(labels):
-  """Dense first, then first-appearance order."""
-  seen = list(dict.fromkeys(labels))
-  return sorted(seen, key=lambda x: (x != "dense", seen.index(x)))
-
-
-def cell(scores) -> dict:
-  n = len(scores)
-  mean = float(np.mean(scores)) if n else float("nan")
-  lo, hi = scoring.wilson(mean * n, n)
-  return dict(mean=mean, lo=lo, hi=hi, n=n)
-
-
-def _fmt(c) -> str:
-  return f"{100 * c['mean']:.1f} [{100 * c['lo']:.0f}-{100 * c['hi']:.0f}] n={c['n']}"
-
-
-def tables(records) -> list[str]:
-  """Markdown sections: one table per (model, context length)."""
-  by = collections.defaultdict(lambda: collections.defaultdict(list))
-  for r in records:
-    by[(r["model"], r["length"])][(r["method"], r["task"])].append(r["score"])
-  out = []
-  for (model, length), cells in sorted(by.items()):
-    tasks = [t for t in ruler.TASKS if any(k[1] == t for k in cells)]
-    rows = []
-    for label in _order([k[0] for k in cells]):
-      row = {"method": label}
-      for t in tasks:
-        if (label, t) in cells:
-          row[t] = _fmt(cell(cells[(label, t)]))
-      allsc = [x for t in tasks for x in cells.get((label, t), [])]
-      row["avg"] = _fmt(cell(allsc))
-      rows.append(row)
-    title = (f"### Accuracy (%), model `{model}`, context {length} tokens\n\n"
-             "Cells: mean string-match score [95% Wilson interval] and the number of samples.")
-    out.append(title + "\n\n" + render.markdown_table(rows, ["method"] + tasks + ["avg"]))
-  return out
-
-
-def figure(records, workdir: str, name: str = "accuracy_vs_length.png"):
-  """Average accuracy vs context length per method (one panel per model)."""
-  by = collections.defaultdict(lambda: collections.defaultdict(list))
-  for r in records:
-    by[r["model"]][(r["method"], r["length"])].append(r["score"])
-  if not by:
-    return None
-  fig, axes = render.new_figure(ncols=len(by))
-  for ax, (model, cells) in zip(axes[0], sorted(by.items())):
-    for label in _order([k[0] for k in cells]):
-      pts = sorted((ln, np.mean(v)) for (lab, ln), v in cells.items() if lab == label)
-      ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=label)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("context (tokens)")
-    ax.set_ylabel("accuracy (%)")
-    ax.set_title(model, fontsize=9)
-    ax.legend(fontsize=6)
-  return render.save_figure(fig, workdir, name)
-
-
-def write_outputs(records, workdir: str) -> str:
-  fig = figure(records, workdir)
-  sections = tables(records)
-  if fig:
-    sections.append("![accuracy vs context length](accuracy_vs_length.png)")
-  return render.write_markdown(workdir, "accuracy.md", "RULER-style accuracy", sections)

@@ -5,8 +5,11 @@ this adds for experiments on a CPU:
 
 * **shared prefill**: every ``Method`` prefills densely and ends the prompt with exactly
   dense's cache, and its enhancer state (RESA prior, retro ring) is a function of the prompt,
-  so one prefill of the methods' union serves them all (a copy each); compression methods
-  prefill on their own;
+  so one prefill of the methods' union serves them all (a copy each); compression methods share
+  one prefill too (``experiments.tasks.compression_union``), each evicting on its own;
+* **query-agnostic compression** (``extend``): the context is prefilled (and compressed), and
+  the question is then read token by token through the method's decode path, as in Expected
+  Attention's protocol (the cache is compressed before the question is seen);
 * **lockstep teacher forcing**: all methods read the same token stream step by step, and the
   per-token NLL and KL(reference || method) are reduced on device, so no ``[N, V]`` logits
   are kept (perplexity under sparse decoding, ReSA Sec. 3.2; KL along a trajectory, ReSA Fig. 1);
@@ -25,16 +28,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.tasks import compression_union
 from models import decode, llama, steps
 from models.sampling import Sampling
 from sparse_attn import methods as methods_lib
+from sparse_attn.compression.base import CompressionMethod
 
 GREEDY = Sampling()
 
 
 @dataclasses.dataclass
 class Prefilled:
-  """A prefilled batch for one method: ``last [B, E]`` hidden, ``history [B, T]``, caches."""
+  """A prefilled batch for one method: ``last [B, E]`` hidden, ``history [B, T]``, caches.
+
+  ``first [B]``: the first generated token when it is already known (after ``extend``; it is
+  then written in ``history`` at ``lengths``); None: sampled from ``last``.
+  """
 
   last: jax.Array
   history: jax.Array
@@ -42,6 +51,7 @@ class Prefilled:
   states: object
   lengths: np.ndarray
   capacity: int
+  first: jax.Array | None = None
 
 
 def _prefill_union(group):
@@ -79,40 +89,113 @@ def _project(full, like):
   return full
 
 
+def _shared_key(m, capacity, with_compression: bool = False):
+  """The group of methods ``m`` shares a prefill with, or None (its own prefill).
+
+  Dense attention joins the compression methods' group when there is one
+  (``with_compression`` and a compression method of the same block size and capacity): their
+  prefill is dense and leaves the cache at slots = positions, which is exactly dense's cache,
+  and dense keeps no state.
+  """
+  if type(m) is methods_lib.Method:
+    if with_compression and m.is_dense and not m.enhanced:
+      return ("compression", m.block_size, m.round_capacity(capacity))
+    return ("method", m.block_size, m.round_capacity(capacity))
+  if isinstance(m, CompressionMethod) and not isinstance(m, compression_union.CompressionUnion):
+    return ("compression", m.block_size, m.round_capacity(capacity))
+  return None
+
+
 def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, capacity: int,
                 prefill_chunk: int = 512):
   """Yields ``(method, Prefilled)`` for each method, sharing one dense prefill where possible.
 
   The ``Method``s of one (block size, capacity) share one prefill of their union
   (``_prefill_union``): the dense cache is copied and each takes its part of the union's
-  enhancer state. Compression methods (their prompt phase evicts) prefill on their own.
-  Methods are yielded one at a time (the caller runs one to completion before the next), so
-  at most the shared prefill and one working copy are alive.
+  enhancer state. Compression methods of one (block size, capacity) share one prefill of a
+  ``CompressionUnion`` and each evicts from it with its own ``end_prefill``. Methods are
+  yielded one at a time (the caller runs one to completion before the next), so at most the
+  shared prefill and one working copy are alive.
   """
+  compressed = {_shared_key(m, capacity) for m in method_list
+                if isinstance(m, CompressionMethod)}
+  key_of = lambda m: (k if (k := _shared_key(m, capacity, True)) in compressed
+                      else _shared_key(m, capacity))
   groups = {}
   for m in method_list:
-    if type(m) is methods_lib.Method:
-      groups.setdefault((m.block_size, m.round_capacity(capacity)), []).append(m)
-  unions = {key: _prefill_union(g) for key, g in groups.items()}
+    if key_of(m) is not None:
+      groups.setdefault(key_of(m), []).append(m)
+  unions = {key: (_prefill_union(g) if key[0] == "method" else
+                  compression_union.CompressionUnion.of(
+                      [m for m in g if isinstance(m, CompressionMethod)]))
+            for key, g in groups.items()}
   shared = {}
   copy = lambda t: jax.tree.map(jnp.copy, t)
+  cfg = model.config
   for m in method_list:
-    key = type(m) is methods_lib.Method and (m.block_size, m.round_capacity(capacity))
-    if key and _shares_union(m, unions[key]):
-      if key not in shared:
-        shared.clear()  # one shared prefill alive at a time
-        shared[key] = decode.prefill(model, prompts, lengths, unions[key], key[1],
-                                     prefill_chunk)
-      last, history, caches, states = shared[key]
-      cfg = model.config
-      like = jax.eval_shape(lambda m=m, cap=key[1]: m.init_state(
-          len(lengths), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cap))
-      mine = [_project(layer, like) for layer in states]  # states: per-layer list
-      yield m, Prefilled(last, copy(history), copy(caches), copy(mine), lengths, key[1])
-    else:
+    key = key_of(m)
+    if key is None or (key[0] == "method" and not _shares_union(m, unions[key])):
       cap = m.round_capacity(capacity)
       yield m, Prefilled(*decode.prefill(model, prompts, lengths, m, cap, prefill_chunk),
                          lengths, cap)
+      continue
+    if key not in shared:
+      shared.clear()  # one shared prefill alive at a time
+      shared[key] = decode.prefill(model, prompts, lengths, unions[key], key[2], prefill_chunk)
+    last, history, caches, states = shared[key]
+    if key[0] == "compression" and isinstance(m, CompressionMethod):
+      mine_caches, mine = compression_union.split(unions[key], m, caches, states, cfg)
+      yield m, Prefilled(last, copy(history), mine_caches, mine, lengths, key[2])
+      continue
+    if key[0] == "compression":  # dense: the union's cache as it is, no state
+      yield m, Prefilled(last, copy(history), copy(caches), [{} for _ in caches], lengths, key[2])
+      continue
+    like = jax.eval_shape(lambda m=m, cap=key[2]: m.init_state(
+        len(lengths), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cap))
+    mine = [_project(layer, like) for layer in states]  # states: per-layer list
+    yield m, Prefilled(last, copy(history), copy(caches), copy(mine), lengths, key[2])
+
+
+def extend(model, pre: Prefilled, method, suffix: np.ndarray,
+           suffix_lengths: np.ndarray) -> Prefilled:
+  """Reads ``suffix [B, M]`` (right-padded, ``suffix_lengths [B]``, each >= 1) after a prefill.
+
+  The tokens go one at a time through ``method``'s decode path (a compressed cache stays
+  compressed: the question is read after eviction, Expected Attention's query-agnostic
+  protocol); rows whose suffix is shorter wait (position -1). Returns the state after the
+  suffix with ``first`` = each row's greedy token after its last suffix token.
+  """
+  if getattr(method, "rect_interval", 0):
+    raise ValueError(f"{getattr(method, 'spec', method)!r} rectifies; extend reads the suffix "
+                     "without rectification steps")
+  suffix = np.asarray(suffix, np.int32)
+  suffix_lengths = np.asarray(suffix_lengths, np.int32)
+  if np.any(suffix_lengths < 1) or suffix.shape[1] < suffix_lengths.max():
+    raise ValueError(f"suffix lengths {suffix_lengths.tolist()} must be in [1, {suffix.shape[1]}]")
+  b = len(pre.lengths)
+  total = pre.lengths + suffix_lengths
+  if int(total.max()) >= pre.capacity:
+    raise ValueError(f"prompt of {int(total.max())} tokens leaves no room in capacity "
+                     f"{pre.capacity}")
+  config, params = model.config, llama.split_layers(model.params)
+  rows = np.arange(b)[:, None]
+  cols = pre.lengths[:, None] + np.arange(suffix.shape[1])[None]
+  ok = np.arange(suffix.shape[1])[None] < suffix_lengths[:, None]
+  prompt = np.asarray(pre.history).copy()
+  prompt[rows.repeat(suffix.shape[1], 1)[ok], cols[ok]] = suffix[ok]
+  in_prompt = jnp.asarray(np.arange(pre.capacity)[None] < total[:, None])
+  prompt = jnp.asarray(prompt)
+  history, caches, states = jnp.copy(prompt), pre.caches, pre.states
+  first = jnp.zeros((b,), jnp.int32)
+  for j in range(int(suffix_lengths.max())):
+    newest = np.where(j < suffix_lengths, pre.lengths + j, -1 - method.window).astype(np.int32)
+    nxt, _, history, caches, states = decode.decode_step(
+        params, history, jnp.asarray(decode.window_positions(newest, method.window)), caches,
+        states, jax.random.key(0), config=config, method=method, sampling=GREEDY)
+    first = jnp.where(jnp.asarray(j == suffix_lengths - 1), nxt, first)
+    history = jnp.where(in_prompt, prompt, history)  # undo writes inside the prompt
+  history = history.at[jnp.arange(b), jnp.asarray(total)].set(first)
+  return Prefilled(pre.last, history, caches, states, total, pre.capacity, first)
 
 
 def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: bool = True,
@@ -124,9 +207,12 @@ def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: b
   config, params = model.config, llama.split_layers(model.params)
   eos = set(config.eos_token_ids) | set(getattr(model.tokenizer, "eos_ids", ()) or ())
   b = len(pre.lengths)
-  nxt, _ = decode.sample_from_hidden(params, pre.last, jax.random.key(0), config=config,
-                                     sampling=GREEDY)
-  history = pre.history.at[jnp.arange(b), jnp.asarray(pre.lengths)].set(nxt, mode="drop")
+  if pre.first is not None:
+    nxt, history = pre.first, pre.history
+  else:
+    nxt, _ = decode.sample_from_hidden(params, pre.last, jax.random.key(0), config=config,
+                                       sampling=GREEDY)
+    history = pre.history.at[jnp.arange(b), jnp.asarray(pre.lengths)].set(nxt, mode="drop")
   caches, states = pre.caches, pre.states
   out = [nxt]
   w, f = method.window, method.rect_interval

@@ -9,6 +9,8 @@ Documents are windows of ``L`` tokens of a long real text (Austen by default). T
 
 All methods of one view run in lockstep on the same documents, so every record also has
 KL(dense || method); relative perplexity is ``exp(mean NLL_method - mean NLL_dense)``.
+Documents run ``doc_batch`` at a time (every method's cache of a batch is alive at once in the
+lockstep); each batch is one resumable record per method, merged by ``merge`` for the tables.
 """
 
 from __future__ import annotations
@@ -47,12 +49,12 @@ def _sweep_entries(config, rope_inv_freq=None) -> list[tuple[str, specs.Entry]]:
   opts = dict(block_size=config.block_size, rope_inv_freq=rope_inv_freq)
   out = [("methods", e) for e in specs.expand(config.methods, config.budgets, **opts)]
   base = config.sweep_selector
+  with_p = lambda p: f"{base}{',' if ':' in base else ':'}p={p}"
   for f in config.rect_fs:
-    spec = f"{base}+rect:f={f}"
-    out.append(("f", specs.Entry(f"{spec}@{config.sweep_budget:g}", spec, config.sweep_budget,
-                                 specs.build(spec, config.sweep_budget, **opts))))
+    spec = f"{with_p(config.sweep_p)}+rect:f={f}"
+    out.append(("f", specs.Entry(spec, spec, None, specs.build(spec, None, **opts))))
   for p in config.ps:
-    for spec in (f"{base}:p={p}", f"{base}:p={p}+rect:f={config.sweep_f}"):
+    for spec in (with_p(p), f"{with_p(p)}+rect:f={config.sweep_f}"):
       out.append(("p", specs.Entry(spec, spec, None, specs.build(spec, None, **opts))))
   return out
 
@@ -63,8 +65,13 @@ def run(config, workdir: str) -> list[dict]:
   entries = _sweep_entries(config, modelzoo.rope_inv_freq(model))
   dense = specs.Entry("dense", "dense", None, specs.build("dense", block_size=config.block_size))
   jobs = [("tail", x) for x in config.xs] + [("interval", None)] * bool(config.interval_length)
-  progress = cli.Progress(len(jobs), "perplexity")
+  per = max(1, config.get("doc_batch", 0) or config.num_docs)
+  count = lambda view: config.get("interval_docs", 0) or config.num_docs if view == "interval" \
+      else config.num_docs
+  progress = cli.Progress(sum(-(-count(v) // per) for v, _ in jobs), "perplexity")
   for view, x in jobs:
+    n_docs = count(view)
+    chunks = range(0, n_docs, per)
     if view == "tail":
       length = config.length
       rows = [(s, e) for s, e in entries if s == "methods" or x == config.sweep_x]
@@ -73,50 +80,62 @@ def run(config, workdir: str) -> list[dict]:
       rows = [("interval", e) for e in specs.expand(
           config.interval_methods, config.budgets, block_size=config.block_size,
           rope_inv_freq=modelzoo.rope_inv_freq(model))]
-    docs = documents(model, config.text, length, config.num_docs, config.seed)
-    key = lambda label: f"{config.model}|{view}|{length}|{x}|{label}"
+    key = lambda label, c: f"{config.model}|{view}|{length}|{x}|{label}|docs{c}+{per}"
     labels = {e.label: e for _, e in rows}
     labels.setdefault("dense", dense)
-    # Finished rows are never recomputed nor rewritten; dense always runs (the KL reference).
-    todo = {k: e for k, e in labels.items() if not writer.done(key(k))}
-    if not todo:
-      progress.update(1)
-      continue
-    prefill_len = length - x if view == "tail" else length // 2
-    run_map = {k: e.method for k, e in labels.items() if k in todo or k == "dense"}
-    steps = length - prefill_len - 1  # lockstep's hook runs once per method per decode step
-    job = cli.Progress(len(run_map) * steps, f"perplexity job {view} x={x}")
-    out = decoding.lockstep(model, docs, prefill_len, run_map,
-                            hook=lambda *_: job.update())
     sweeps = collections.defaultdict(list)
     for s, e in rows:
       sweeps[e.label].append(s)
-    for label, e in todo.items():
-      st = out[label]
-      rec = dict(model=config.model, view=view, length=length, x=x, method=label, spec=e.spec,
-                 budget=e.budget, sweeps=sweeps.get(label, ["reference"]),
-                 rect_f=getattr(e.method, "rect_f", 0), p=_p(e.method),
-                 num_docs=int(docs.shape[0]), memory_access=_memory(e.method, length))
-      if view == "tail":
-        n_eval = min(config.eval_tokens, st["nll"].shape[1])
-        rec.update(eval_tokens=n_eval, nll=float(st["nll"][:, -n_eval:].mean()),
-                   kl=float(st["kl"][:, -n_eval:].mean()), nll_all=float(st["nll"].mean()),
-                   kl_all=float(st["kl"].mean()), agree=float(st["agree"].mean()))
-      else:
-        size = config.interval
-        n_int = max(1, st["nll"].shape[1] // size)
-        rec.update(interval=size,
-                   nll_intervals=[float(st["nll"][:, i * size:(i + 1) * size].mean())
-                                  for i in range(n_int)],
-                   kl_intervals=[float(st["kl"][:, i * size:(i + 1) * size].mean())
-                                 for i in range(n_int)],
-                   nll=float(st["nll"].mean()), kl=float(st["kl"].mean()))
-      rec["ppl"] = float(np.exp(rec["nll"]))
-      writer.write(rec, key=key(label))
-    progress.update(1, f"{view} x={x}")
+    docs = None
+    for c in chunks:
+      # Finished rows are never recomputed nor rewritten; dense always runs (the KL reference).
+      todo = {k: e for k, e in labels.items() if not writer.done(key(k, c))}
+      if not todo:
+        progress.update(1)
+        continue
+      if docs is None:
+        docs = documents(model, config.text, length, n_docs, config.seed)
+      batch = docs[c:c + per]
+      prefill_len = length - x if view == "tail" else length // 2
+      run_map = {k: e.method for k, e in labels.items() if k in todo or k == "dense"}
+      steps = length - prefill_len - 1  # lockstep's hook runs once per method per decode step
+      job = cli.Progress(len(run_map) * steps, f"perplexity job {view} x={x} docs {c}+")
+      out = decoding.lockstep(model, batch, prefill_len, run_map, hook=lambda *_: job.update())
+      for label, e in todo.items():
+        rec = dict(model=config.model, view=view, length=length, x=x, method=label,
+                   spec=e.spec, budget=e.budget, sweeps=sweeps.get(label, ["reference"]),
+                   rect_f=getattr(e.method, "rect_f", 0), p=_p(e.method), first_doc=c,
+                   num_docs=int(batch.shape[0]), memory_access=_memory(e.method, length),
+                   attended_tokens=_attended(e.method, length))
+        rec.update(_statistics(out[label], view, config))
+        writer.write(rec, key=key(label, c))
+      progress.update(1, f"{view} x={x} docs {c}..{c + len(batch) - 1}")
   records = writer.records()
   write_outputs(records, workdir)
   return records
+
+
+def _statistics(st, view, config) -> dict:
+  """The record's numbers from lockstep's per-token ``nll``/``kl``/``agree`` ``[B, n]``."""
+  if view == "tail":
+    n_eval = min(config.eval_tokens, st["nll"].shape[1])
+    rec = dict(eval_tokens=n_eval, nll=float(st["nll"][:, -n_eval:].mean()),
+               kl=float(st["kl"][:, -n_eval:].mean()), nll_all=float(st["nll"].mean()),
+               kl_all=float(st["kl"].mean()), agree=float(st["agree"].mean()))
+  else:
+    size = config.interval
+    n_int = max(1, st["nll"].shape[1] // size)
+    part = lambda a, i: float(a[:, i * size:(i + 1) * size].mean())
+    rec = dict(interval=size, nll_intervals=[part(st["nll"], i) for i in range(n_int)],
+               kl_intervals=[part(st["kl"], i) for i in range(n_int)],
+               nll=float(st["nll"].mean()), kl=float(st["kl"].mean()))
+  rec["ppl"] = float(np.exp(rec["nll"]))
+  return rec
+
+
+def _attended(method, context):
+  fn = getattr(method, "attended_tokens", None)
+  return fn(int(context)) if callable(fn) else None
 
 
 def _p(method):
@@ -134,8 +153,36 @@ def _memory(method, context):
 # ---------------------------------------------------------------- rendering
 
 
+_AVERAGED = ("nll", "kl", "nll_all", "kl_all", "agree")
+
+
+def merge(records) -> list[dict]:
+  """One record per (model, view, length, x, method): the document batches' numbers averaged
+  with their document counts as weights (every batch scores the same tokens per document)."""
+  groups = collections.defaultdict(list)
+  for r in records:
+    groups[(r["model"], r["view"], r["length"], r["x"], r["method"])].append(r)
+  out = []
+  for rs in groups.values():
+    w = np.array([r["num_docs"] for r in rs], float)
+    avg = lambda vals: float(np.average(np.asarray(vals, float), axis=0, weights=w))
+    m = dict(rs[0], num_docs=int(w.sum()))
+    for k in _AVERAGED:
+      if k in m:
+        m[k] = avg([r[k] for r in rs])
+    for k in ("nll_intervals", "kl_intervals"):
+      if k in m:
+        m[k] = [float(v) for v in np.average(np.asarray([r[k] for r in rs], float), axis=0,
+                                            weights=w)]
+    m["ppl"] = float(np.exp(m["nll"]))
+    out.append(m)
+  return out
+
+
 def _with_relative(records):
-  """Adds ``rel_ppl = exp(nll - nll_dense)`` against the dense record of the same run."""
+  """Adds ``rel_ppl = exp(nll - nll_dense)`` against the dense record of the same run
+  (document batches merged first)."""
+  records = merge(records)
   dense = {(r["model"], r["view"], r["length"], r["x"]): r["nll"] for r in records
            if r["method"] == "dense"}
   out = []

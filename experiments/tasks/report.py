@@ -18,7 +18,7 @@ from experiments.common import render, results
 
 # experiment -> (module, function(records, out_dir), markdown file it writes into out_dir).
 RENDERERS = {
-    "accuracy": ("experiments.tasks.accuracy", "write_outputs", "accuracy.md"),
+    "accuracy": ("experiments.tasks.accuracy_report", "write_outputs", "accuracy.md"),
     "perplexity": ("experiments.tasks.perplexity", "write_outputs", "perplexity.md"),
     "long_generation": ("experiments.tasks.long_generation", "write_outputs",
                         "long_generation.md"),

@@ -15,7 +15,11 @@ Tasks (RULER Table 2 naming):
   vt                 variable tracking: a chain of 4 hops in the noise haystack
   cwe, fwe           common-words / frequent-words extraction
   qa                 SQuAD question over the gold paragraph among distractor paragraphs
-Scoring is RULER's string match: ``all`` (recall of every reference) or ``part`` (any one).
+  qa_multi           LongGenBench-style (Liu et al. 2024, as used by RetroAttention Table 1):
+                     ``questions`` SQuAD questions in one prompt, answered in one long output
+                     ("Answer 1: ... Answer 2: ..."), each answer scored on its own
+Scoring is RULER's string match: ``all`` (recall of every reference) or ``part`` (any one);
+``each`` (qa_multi): the mean over questions of ``part`` within that question's answer.
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ from experiments.tasks import haystack as hs
 
 TASKS = ("passkey", "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1",
          "niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe",
-         "fwe", "qa")
+         "fwe", "qa", "qa_multi")
 NIAH_TASKS = tuple(t for t in TASKS if t.startswith(("passkey", "niah")))
 # Tokens generated per task (enough for the longest reference answer).
 MAX_NEW_TOKENS = dict(passkey=12, niah_single_1=16, niah_single_2=16, niah_single_3=40,
                       niah_multikey_1=16, niah_multikey_2=16, niah_multikey_3=40,
                       niah_multivalue=48, niah_multiquery=48, vt=32, cwe=64, fwe=24, qa=24)
+TOKENS_PER_ANSWER = 24  # qa_multi: generated tokens per question ("Answer i: ..." + a line)
+DEFAULT_QUESTIONS = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +175,21 @@ def _qa(rng, target, depth, **_):
   item = squad[int(rng.integers(len(squad)))]
   while len(item["context"]) + len(item["question"]) > 2 * target:  # leave room (chars/4 tokens)
     item = squad[int(rng.integers(len(squad)))]
-  others = sorted({s["context"] for s in squad} - {item["context"]})
+  docs, filler = _squad_distractors(rng, squad, [item["context"]], target)
+  gold = f"Document \x00:\n{item['context']}\n\n"
+  head = ("Answer the question based on the given documents. Only give me the answer and do "
+          "not output any other words.\n\nThe following are given documents.\n\n")
+  tail = (f"\nAnswer the question based on the given documents. Only give me the answer and do"
+          f" not output any other words.\n\nQuestion: {item['question']}")
+  # the gold document is a needle; its trailing "\n\n" makes the inserted space harmless
+  layout = hs.Layout(head, docs, filler, [(gold.rstrip(" "), depth)], tail,
+                     post=_number_documents)
+  return layout, "Answer:", list(item["answers"])
+
+
+def _squad_distractors(rng, squad, exclude, target):
+  """Distractor documents (about ``6 * target`` characters) and fine filler words."""
+  others = sorted({s["context"] for s in squad} - set(exclude))
   order = rng.permutation(len(others))
   docs, chars = [], 0
   for i in order:  # enough distractor paragraphs for the target (chars ~ 4x tokens)
@@ -179,20 +199,38 @@ def _qa(rng, target, depth, **_):
       break
   # fine filler: the words of three more paragraphs (the last one may end mid-sentence)
   more = "".join(f"Document \x00:\n{others[i]}\n\n" for i in order[len(docs):len(docs) + 3])
-  filler = hs.WORD.findall(more)
+  return docs, hs.WORD.findall(more)
 
-  def post(ctx):  # number the documents in their final order (prefix-consistent)
-    counter = iter(range(1, 10 ** 6))
-    return re.sub("\x00", lambda _: str(next(counter)), ctx)
 
-  gold = f"Document \x00:\n{item['context']}\n\n"
-  head = ("Answer the question based on the given documents. Only give me the answer and do "
-          "not output any other words.\n\nThe following are given documents.\n\n")
-  tail = (f"\nAnswer the question based on the given documents. Only give me the answer and do"
-          f" not output any other words.\n\nQuestion: {item['question']}")
-  # the gold document is a needle; its trailing "\n\n" makes the inserted space harmless
-  layout = hs.Layout(head, docs, filler, [(gold.rstrip(" "), depth)], tail, post=post)
-  return layout, "Answer:", list(item["answers"])
+def _number_documents(ctx):
+  """Numbers the documents in their final order (prefix-consistent)."""
+  counter = iter(range(1, 10 ** 6))
+  return re.sub("\x00", lambda _: str(next(counter)), ctx)
+
+
+def _qa_multi(rng, target, depth, questions=DEFAULT_QUESTIONS, **_):
+  """``questions`` SQuAD items with distinct paragraphs; golds at evenly spread depths."""
+  del depth
+  squad = data.squad()
+  items, seen = [], set()
+  budget = 2 * target // max(questions, 1)  # characters per gold paragraph, leaving room
+  while len(items) < questions:
+    item = squad[int(rng.integers(len(squad)))]
+    if item["context"] not in seen and len(item["context"]) + len(item["question"]) <= budget:
+      seen.add(item["context"])
+      items.append(item)
+  docs, filler = _squad_distractors(rng, squad, seen, target)
+  depths = (np.arange(questions) + 0.5) / questions
+  golds = [(f"Document \x00:\n{it['context']}\n\n".rstrip(" "), float(d))
+           for it, d in zip(items, rng.permutation(depths))]
+  head = ("Answer the questions based on the given documents.\n\nThe following are given "
+          "documents.\n\n")
+  asked = "\n".join(f"Question {i + 1}: {it['question']}" for i, it in enumerate(items))
+  tail = (f"\nAnswer each of the {questions} questions below based on the given documents, in "
+          "order, one line per question. Start each line with 'Answer N:' (N the question's "
+          "number) followed by a short answer only; answer every question.\n\n" + asked)
+  answers = tuple(tuple(it["answers"]) for it in items)
+  return hs.Layout(head, docs, filler, golds, tail, post=_number_documents), "Answer 1:", answers
 
 
 # ---------------------------------------------------------------- word extraction tasks
@@ -266,11 +304,12 @@ _LAYOUTS: dict[str, Callable] = {
     "niah_multiquery": lambda rng, t, d, **k: _niah(rng, t, d, haystack="essay", queries=4, **k),
     "vt": _vt,
     "qa": _qa,
+    "qa_multi": _qa_multi,
 }
 
 
 def generate(task: str, target: int, seed: int, prompter: Prompter, depth: float | None = 0.5,
-             source: str = "essays") -> Sample:
+             source: str = "essays", questions: int = DEFAULT_QUESTIONS) -> Sample:
   """One sample of ``task`` with a prompt of about ``target`` tokens.
 
   Args:
@@ -280,6 +319,7 @@ def generate(task: str, target: int, seed: int, prompter: Prompter, depth: float
     prompter: renders and counts (the model's tokenizer and chat template).
     depth: where the queried needle sits in the haystack, in [0, 1] (ignored by cwe/fwe).
     source: the essay haystack text (``essays``, ``austen`` or a novel).
+    questions: qa_multi's number of questions in the prompt.
   """
   if task not in TASKS:
     raise ValueError(f"unknown task {task!r}; valid: {TASKS}")
@@ -288,6 +328,8 @@ def generate(task: str, target: int, seed: int, prompter: Prompter, depth: float
     return _generate_words(task, target, seed, rng, prompter)
   d = 0.5 if depth is None else float(depth)
   kw = dict(source=source) if task.startswith("niah") else {}
+  if task == "qa_multi":
+    kw = dict(questions=int(questions))
   layout, prefix, answers = _LAYOUTS[task](rng, target, d, **kw)
 
   def render(n, m):
@@ -298,8 +340,11 @@ def generate(task: str, target: int, seed: int, prompter: Prompter, depth: float
   n = hs.largest_fitting(lambda k: prompter.count(render(k, 0)[0]), hi, target)
   m = hs.largest_fitting(lambda k: prompter.count(render(n, k)[0]), len(layout.filler), target)
   prompt, ctx, offs = render(n, m)
+  metric = dict(qa="part", qa_multi="each").get(task, "all")
+  max_new = (TOKENS_PER_ANSWER * int(questions) if task == "qa_multi" else
+             MAX_NEW_TOKENS[task])
   return Sample(task, target, seed, d, prompt, prompter.count(prompt), tuple(answers),
-                "part" if task == "qa" else "all", MAX_NEW_TOKENS[task], ctx, tuple(offs))
+                metric, max_new, ctx, tuple(offs))
 
 
 def _generate_words(task, target, seed, rng, prompter):
@@ -318,12 +363,12 @@ def _generate_words(task, target, seed, rng, prompter):
 
 
 def dataset(tasks, lengths, num_samples: int, prompter: Prompter, depths=None, seed: int = 0,
-            source: str = "essays") -> list[Sample]:
+            source: str = "essays", questions: int = DEFAULT_QUESTIONS) -> list[Sample]:
   """``num_samples`` per (task, length); sample ``i`` sits at ``depths[i % len(depths)]``.
 
   The default depths sweep ``[0, 1]`` evenly over the samples (RULER's depth sweep).
   """
   if depths is None or len(depths) == 0:
     depths = list(np.linspace(0.0, 1.0, num_samples)) if num_samples > 1 else [0.5]
-  return [generate(t, n, seed + i, prompter, depths[i % len(depths)], source)
+  return [generate(t, n, seed + i, prompter, depths[i % len(depths)], source, questions)
           for t in tasks for n in lengths for i in range(num_samples)]

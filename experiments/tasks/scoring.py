@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Sequence
 
 
@@ -22,10 +23,47 @@ def string_match_part(prediction: str, references: Sequence[str]) -> float:
   return float(any(r.lower() in pred for r in references))
 
 
-METRICS = {"all": string_match_all, "part": string_match_part}
+_ANSWER = re.compile(r"answer\s*(\d+)\s*:", re.IGNORECASE)
 
 
-def score(prediction: str, references: Sequence[str], metric: str = "all") -> float:
+def answer_segments(prediction: str, count: int, first_label: bool = True) -> list[str]:
+  """The text after each ``Answer i:`` label (up to the next label), for ``i = 1..count``.
+
+  ``first_label``: the prompt's answer prefix already was ``Answer 1:``, so the prediction
+  starts inside answer 1. A missing or repeated label leaves that answer empty / the first one.
+  """
+  text = ("Answer 1:" if first_label else "") + prediction
+  marks = list(_ANSWER.finditer(text))
+  out = [""] * count
+  filled = [False] * count
+  for j, mark in enumerate(marks):
+    i = int(mark.group(1)) - 1
+    end = marks[j + 1].start() if j + 1 < len(marks) else len(text)
+    if 0 <= i < count and not filled[i]:
+      out[i], filled[i] = text[mark.end():end], True
+  return out
+
+
+def per_question(prediction: str, references: Sequence[Sequence[str]]) -> list[float]:
+  """LongGenBench-style scores: ``string_match_part`` of question ``i``'s references within
+  the prediction's answer ``i`` (``answer_segments``)."""
+  segments = answer_segments(prediction, len(references))
+  return [string_match_part(seg, refs) for seg, refs in zip(segments, references)]
+
+
+def string_match_each(prediction: str, references: Sequence[Sequence[str]]) -> float:
+  """The mean of ``per_question``: the fraction of the questions answered correctly."""
+  if not references:
+    raise ValueError("no references")
+  return sum(per_question(prediction, references)) / len(references)
+
+
+METRICS = {"all": string_match_all, "part": string_match_part, "each": string_match_each}
+
+
+def score(prediction: str, references: Sequence, metric: str = "all") -> float:
+  if metric not in METRICS:
+    raise ValueError(f"unknown metric {metric!r}; valid: {sorted(METRICS)}")
   return METRICS[metric](prediction, references)
 
 

@@ -7,7 +7,11 @@ A config lists ``methods`` (spec strings for ``sparse_attn.methods.make``) and `
   ``quest:p=0.1``);
 * compression methods (``snapkv``, ``expected_attention``, ...) take ``ratio = 1 - budget``
   (the fraction evicted), so "budget 0.05" means the same kept fraction for every family;
-* ``+track`` / ``+reuse[:every=k]`` wrap a plain selector (``experiments.tasks.reuse``).
+* ``+track`` / ``+reuse[:every=k]`` wrap a plain selector (``experiments.tasks.reuse``);
+* paper presets (``sparse_attn.methods.PRESETS``) are specs too, with inline overrides
+  (``rectified:p=0.05``, ``expected-attention:eps=0``); a preset whose budget is a rule of its
+  own (ReSA's ``p``, RetroAttention's ``min_tokens``) is not crossed with the budgets, the
+  others (``resa-quest``, ``expected-attention``) take each budget in place of theirs.
 """
 
 from __future__ import annotations
@@ -20,6 +24,27 @@ from sparse_attn.spec import parse_spec
 from experiments.tasks import reuse
 
 _OWN_BUDGET = ("budget", "p", "ratio", "max_tokens")
+_OWN_RULE = ("p", "min_tokens")  # a preset with one of these keeps its own budget rule
+
+
+def _preset(base_spec: str):
+  """``("rectified", {"p": 0.05})`` when the spec's first part names a preset, else None."""
+  parts = parse_spec(base_spec)
+  name, inline = parts[0]
+  if name not in methods.PRESETS:
+    return None
+  if len(parts) > 1:
+    raise ValueError(f"a preset takes no enhancers after it, got {base_spec!r}; give options "
+                     f"inline ({name}:key=value)")
+  return name, inline
+
+
+def base_name(spec: str) -> str:
+  """The method family of a spec (``resa-quest`` -> ``quest``, ``expected-attention`` ->
+  ``expected_attention``)."""
+  base, _, _ = _split_wrappers(spec)
+  preset = _preset(base)
+  return parse_spec(methods.PRESETS[preset[0]] if preset else base)[0][0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,14 +83,15 @@ def build(spec: str, budget: float | None = None, *, rope_inv_freq=None, **optio
   RoPE (Expected Attention's pre-RoPE query statistics) unless the spec sets their own.
   """
   base_spec, wrapper, every = _split_wrappers(spec)
-  name = parse_spec(base_spec)[0][0]
-  opts = dict(options)
+  name = base_name(base_spec)
+  preset = _preset(base_spec)
+  opts = dict(preset[1] if preset else {}, **options)
   if budget is not None and name != "dense":
     if name in compression.BUILDERS:
       opts["ratio"] = round(1.0 - float(budget), 6)
     else:
       opts["budget"] = budget if budget <= 1 else int(budget)
-  m = methods.make(base_spec, **opts)
+  m = methods.make(preset[0] if preset else base_spec, **opts)
   if (rope_inv_freq is not None and getattr(m, "rope_inv_freq", False) is None
       and getattr(m, "rope_theta", None) is None):
     m = dataclasses.replace(m, rope_inv_freq=tuple(float(f) for f in rope_inv_freq))
@@ -76,7 +102,11 @@ def build(spec: str, budget: float | None = None, *, rope_inv_freq=None, **optio
 
 def has_own_budget(spec: str) -> bool:
   base, _, _ = _split_wrappers(spec)
-  if parse_spec(base)[0][0] == "dense":
+  if base_name(base) == "dense":
+    return True
+  preset = _preset(base)
+  if preset and any(k in _OWN_RULE for _, inline in parse_spec(methods.PRESETS[preset[0]])
+                    for k in inline):
     return True
   return any(k in _OWN_BUDGET for _, inline in parse_spec(base) for k in inline)
 

@@ -6,15 +6,16 @@ returned object has the per-layer interface of ``sparse_attn.methods.Method``.
 ``methods.make`` dispatches here for every name in ``BUILDERS``:
 
   methods.make("snapkv", ratio=0.5)                       # one-shot after the prompt
-  methods.make("expected_attention:phase=both", ratio=0.5, rope_theta=1e5)
+  methods.make("expected_attention:phase=both", ratio=0.5, rope_theta=1e5)  # Ada-KV by default
   methods.make("h2o", ratio=0.75, head_budget="adakv")    # Ada-KV head-adaptive budgets
+  methods.make("tova", ratio=0.5, scope="group")          # per-KV-group TOVA (paper: "layer")
 
 Common options (``base.CompressionMethod``): ``ratio``, ``phase``, ``n_sink``, ``head_budget``,
 ``floor``, ``interval``, ``max_tokens``, ``decode_slots``, ``block_size``; each method adds its own.
 
 Modules: ``base`` (the shared per-layer schedule), ``compact`` (compaction into a smaller buffer),
-``head_budget`` (uniform and Ada-KV allocation), ``observe`` (query buffers, partial attention),
-and one file per method.
+``flat`` (the one-buffer-per-layer cache Ada-KV budgets compact into), ``head_budget`` (uniform
+and Ada-KV allocation), ``observe`` (query buffers, partial attention), and one file per method.
 """
 
 from sparse_attn.compression import (expected_attention, h2o, keydiff, knorm, snapkv,

@@ -14,7 +14,11 @@ Schedule:
     head (``L`` the prompt length of the row; sinks first), and compacts them into a smaller
     buffer of ``round_up(max kept per head + headroom)`` slots, where ``headroom`` is the decode
     room the caller allocated (``capacity - max(length)``); with a decode phase the headroom is
-    ``interval`` instead (the cache never grows past ``budget + interval``).
+    ``interval`` instead (the cache never grows past ``budget + interval``). With
+    ``head_budget="adakv"`` the heads keep different counts, and the compacted cache is a
+    ``flat.FlatKVCache``: all heads' kept tokens in one buffer of
+    ``round_up(K * (kept per head) + K * headroom)`` slots, so its bytes are the kept tokens'
+    (less than one block of padding per layer) and every layer has the same shape.
   * ``decode`` appends at slot ``length`` recording the token position it is given, attends the
     whole (compacted) cache, and with phase ``decode`` | ``both`` compresses a row back to its
     budget (``max_tokens``, default ``ceil((1 - ratio) L)``) once ``interval`` tokens were added
@@ -41,7 +45,7 @@ from sparse_attn import reference
 from sparse_attn.cache import KVCache, init_cache, write
 from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.compression import compact as compact_lib
-from sparse_attn.compression import head_budget
+from sparse_attn.compression import flat, head_budget
 
 PHASES = ("prefill", "decode", "both")
 
@@ -162,12 +166,22 @@ class CompressionMethod:
     state.update(self.init_extra(batch, num_q_heads, num_kv_heads, head_dim, capacity))
     return state
 
-  def _attend(self, q, cache: KVCache, state, positions, scale):
-    out, lse = dense_over_cache(q, cache, positions, scale)
+  @property
+  def flat_layout(self) -> bool:
+    """Whether ``end_prefill`` compacts into a ``flat.FlatKVCache`` (head-adaptive budgets)."""
+    return self.head_budget == "adakv"
+
+  def _attend(self, q, cache, state, positions, scale):
+    if isinstance(cache, flat.FlatKVCache):
+      out, lse = flat.attend(q, cache, positions, scale)
+      seen = flat.heads_view(cache)
+    else:
+      out, lse = dense_over_cache(q, cache, positions, scale)
+      seen = cache
     state = dict(state, next_pos=jnp.maximum(
         state["next_pos"], jnp.max(positions, axis=-1).astype(jnp.int32) + 1))
     scale = reference.default_scale(q.shape[-1], scale)
-    return out, self.observe(q, cache, state, positions, lse, scale)
+    return out, self.observe(q, seen, state, positions, lse, scale)
 
   def prefill(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
     """Writes the chunk at slots = positions and attends it densely and causally.
@@ -218,17 +232,29 @@ class CompressionMethod:
     return cache.valid, budget
 
   def apply_prefill_keep(self, cache: KVCache, state, keep, budget, capacity: int):
-    """Compacts ``keep`` into ``capacity`` slots and sets the decode-phase counters."""
-    new, idx = compact_lib.compact(cache, keep, capacity)
+    """Compacts ``keep`` into ``capacity`` slots and sets the decode-phase counters.
+
+    ``capacity`` counts slots per head, or all heads' slots for the flat layout.
+    """
+    if self.flat_layout:
+      new, idx = flat.from_heads(cache.k, cache.v, cache.pos, keep & cache.valid, capacity,
+                                 self.block_size)
+      per_head = jnp.max(flat.per_head_counts(new), axis=-1)
+    else:
+      new, idx = compact_lib.compact(cache, keep, capacity)
+      per_head = new.length
     state = self.compact_state(state, idx)
     if self.compresses_decode:
       state = dict(state, budget=budget.astype(jnp.int32),
-                   since=jnp.maximum(new.length - budget, 0).astype(jnp.int32))
+                   since=jnp.maximum(per_head - budget, 0).astype(jnp.int32))
     return new, state
 
   def _capacity_after_prefill(self, cache: KVCache, keep, budget) -> int:
+    """Static slots of the compacted cache (per head; all heads' for the flat layout)."""
+    heads = cache.num_kv_heads if self.flat_layout else 1
+    kept = jnp.sum(keep, axis=(-2, -1)) if self.flat_layout else jnp.sum(keep, axis=-1)
     concrete = None if self.decode_slots is not None else _concrete_ints(
-        jnp.max(cache.length), jnp.max(jnp.sum(keep, axis=-1)), jnp.max(budget))
+        jnp.max(cache.length), jnp.max(kept), jnp.max(budget))
     if concrete is not None:
       max_len, max_kept, max_budget = concrete
       headroom = cache.capacity - max_len
@@ -240,13 +266,13 @@ class CompressionMethod:
       headroom = self.decode_slots
       n_static = max(cache.capacity - headroom, 0)
       k_static = compact_lib.keep_count(n_static, self.ratio)
-      uniform = self.head_budget == "uniform"
-      max_kept = k_static if (self.compresses_prefill and uniform) else n_static
+      # uniform: k_static per head; Ada-KV: K * k_static in all (its layer-wide total)
+      max_kept = (k_static if self.compresses_prefill else n_static) * heads
       max_budget = self.max_tokens if self.max_tokens is not None else k_static
     if self.compresses_decode:
-      need = max(max_kept, max_budget) + self.interval
+      need = max(max_kept, heads * max_budget) + heads * self.interval
     else:
-      need = max_kept + headroom
+      need = max_kept + heads * headroom
     return self.round_capacity(need)
 
   def decode(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
@@ -264,25 +290,35 @@ class CompressionMethod:
     if q.shape[2] != 1:
       raise ValueError(f"{self.spec} decodes 1 query per step, got {q.shape[2]}")
     ok = positions >= 0
-    slots = jnp.where(ok, cache.length[:, None], -1)
-    cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), slots,
-                  token_positions=positions)
+    if isinstance(cache, flat.FlatKVCache):
+      cache = flat.append(cache, k, v, positions)
+    else:
+      slots = jnp.where(ok, cache.length[:, None], -1)
+      cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), slots,
+                    token_positions=positions)
     out, state = self._attend(q, cache, state, positions, scale)
     state = dict(state, since=state["since"] + ok[:, 0].astype(jnp.int32))
     if self.compresses_decode:
       cache, state = self._maybe_compress(cache, state, scale)
     return out, cache, state
 
-  def _maybe_compress(self, cache: KVCache, state, scale):
+  def _maybe_compress(self, cache, state, scale):
     """Compresses the rows that added ``interval`` tokens (or filled up) back to their budget."""
     cap = cache.capacity
-    ceiling = max(cap - self.interval, 1)
-    due = (state["budget"] >= 0) & ((state["since"] >= self.interval) | (cache.length >= cap))
+    is_flat = isinstance(cache, flat.FlatKVCache)
+    # a flat buffer is full when the next step's K slots no longer fit; it needs no per-head cap
+    full = cache.length + cache.num_kv_heads > cap if is_flat else cache.length >= cap
+    ceiling = None if is_flat else max(cap - self.interval, 1)
+    due = (state["budget"] >= 0) & ((state["since"] >= self.interval) | full)
 
     def run(operands):
       c, s = operands
-      keep = self.keep_mask(c, s, scale, jnp.maximum(s["budget"], 0), ceiling)
-      new, idx = compact_lib.compact(c, keep, cap)
+      n = jnp.maximum(s["budget"], 0)
+      if is_flat:
+        keep = jnp.any(self.keep_mask(flat.heads_view(c), s, scale, n), axis=1)
+        new, idx = flat.compact(c, keep)
+      else:
+        new, idx = compact_lib.compact(c, self.keep_mask(c, s, scale, n, ceiling), cap)
       ns = dict(self.compact_state(s, idx), since=jnp.zeros_like(s["since"]))
       return compact_lib.select_rows(due, new, c), compact_lib.select_rows(due, ns, s)
 

@@ -64,6 +64,9 @@ class StreamingLLM(CompressionMethod):
     super().__post_init__()
     if self.positions not in POSITION_MODES:
       raise ValueError(f"positions must be one of {POSITION_MODES}, got {self.positions!r}")
+    if self.positions == "rolling" and self.head_budget == "adakv":
+      raise ValueError("positions='rolling' re-indexes each head's cache: it needs "
+                       "head_budget='uniform' (Ada-KV caches are flat, one buffer per layer)")
     if self.rope_theta is not None and self.rope_inv_freq is not None:
       raise ValueError("give rope_theta or rope_inv_freq, not both")
     if self.rope_inv_freq is not None:

@@ -84,8 +84,16 @@ def _prior_logits(mu_q, k, scale):
   return (p * scale).reshape(b, n, -1)
 
 
-def form_prior(state: dict, cache: KVCache, scale: float, typical_query: str = "mean") -> dict:
-  """The Prior Estimator (RESA Sec. 4.2, Eq. 2) over every valid key of the cache."""
+def form_prior(state: dict, cache: KVCache, scale: float, typical_query: str = "mean",
+               seq_axis: str | None = None) -> dict:
+  """The Prior Estimator (RESA Sec. 4.2, Eq. 2) over every valid key of the cache.
+
+  ``seq_axis``: under ``shard_map`` with the cache's slots split over this mesh axis, the max
+  shift, ``Z``, ``Z O_est`` and the key sum/count are reduced across the shards (``prior`` stays
+  the local slots' logits).
+  """
+  pmax_all = (lambda x: x) if seq_axis is None else (lambda x: jax.lax.pmax(x, seq_axis))
+  sum_all = (lambda x: x) if seq_axis is None else (lambda x: jax.lax.psum(x, seq_axis))
   if typical_query == "mean":
     mu_q = state["qsum"] / jnp.maximum(state["qcount"], 1.0)[:, None, None]
   elif typical_query == "last":
@@ -97,7 +105,7 @@ def form_prior(state: dict, cache: KVCache, scale: float, typical_query: str = "
   g = n // cache.num_kv_heads
   vq = jnp.repeat(valid, g, axis=1)  # [B, N, T]
   prior = jnp.where(vq, _prior_logits(mu_q, cache.k, scale), NEG_INF)
-  pmax = jnp.max(prior, axis=-1)
+  pmax = pmax_all(jnp.max(prior, axis=-1))
   pmax = jnp.where(jnp.isfinite(pmax), pmax, 0.0)
   w = jnp.exp(prior - pmax[..., None])  # [B, N, T], 0 outside the prior set
   vf = cache.v.astype(jnp.float32)
@@ -105,8 +113,10 @@ def form_prior(state: dict, cache: KVCache, scale: float, typical_query: str = "
                     precision=jax.lax.Precision.HIGHEST).reshape(b, n, -1)
   ksum = jnp.einsum("bkt,bktd->bkd", valid.astype(jnp.float32), cache.k.astype(jnp.float32),
                     precision=jax.lax.Precision.HIGHEST)
-  return {**state, "mu_q": mu_q, "prior": prior, "pmax": pmax, "zsum": jnp.sum(w, axis=-1),
-          "osum": osum, "ksum": ksum, "kcount": jnp.sum(valid, axis=-1).astype(jnp.int32)}
+  kcount = jnp.sum(valid, axis=-1).astype(jnp.int32)
+  return {**state, "mu_q": mu_q, "prior": prior, "pmax": pmax,
+          "zsum": sum_all(jnp.sum(w, axis=-1)), "osum": sum_all(osum), "ksum": sum_all(ksum),
+          "kcount": sum_all(kcount)}
 
 
 def update_prior(state: dict, cache: KVCache, k_new, v_new, positions, scale: float,

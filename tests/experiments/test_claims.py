@@ -76,4 +76,4 @@ def test_reproduce_plan_and_bad_names():
     reproduce.plan(["svd"])
   assert set(reproduce.EXPECTED_MINUTES) == {n for n, _ in reproduce.PARTS}
   line = reproduce.eta_line(1, reproduce.plan(), 600.0, {"svd_analysis": 1200.0})
-  assert line.startswith("[1/9] elapsed 10.0 min, eta")
+  assert line.startswith(f"[1/{len(reproduce.PARTS)}] elapsed 10.0 min, eta")

@@ -1,16 +1,22 @@
-"""The shared prefill of ``experiments.tasks.decoding`` equals each method's own prefill."""
+"""``experiments.tasks.decoding``: the shared prefills equal each method's own prefill, and
+reading the question after the prefill (``extend``) equals prefilling it."""
 
 import jax
 import numpy as np
+import pytest
 
 from experiments.common import modelzoo
-from experiments.tasks import decoding
+from experiments.tasks import compression_union, decoding
 from models import decode
 from sparse_attn import methods
 
 SPECS = ["dense", "quest", "quest+resa", "quest+retro:w=2", "quest+resa+retro:w=2",
          "quest+resa:typical_query=last", "quest+retro:w=4", "quest:gqa=group+retro:w=2",
-         "quest+rect:f=4", "streaming", "snapkv:ratio=0.5"]
+         "quest+rect:f=4", "streaming", "snapkv:ratio=0.5", "snapkv:ratio=0.75",
+         "expected_attention:ratio=0.5", "expected_attention:ratio=0.5,n_sink=0",
+         "h2o:ratio=0.25", "tova:ratio=0.5", "keydiff:ratio=0.5", "knorm:ratio=0.5",
+         "streaming_llm:ratio=0.5", "snapkv:ratio=0.5,head_budget=adakv"]
+COMPRESSION = [s for s in SPECS if "ratio" in s]
 
 
 def test_shared_prefill_equals_own_prefill():
@@ -19,8 +25,8 @@ def test_shared_prefill_equals_own_prefill():
   lengths = np.array([70, 53], np.int32)
   prompts = rng.integers(10, 1000, (2, 70)).astype(np.int32)
   prompts[1, 53:] = 0
-  ms = [methods.make(s, budget=0.25) if s not in ("dense",) and "snapkv" not in s
-        else methods.make(s) for s in SPECS]
+  ms = [methods.make(s) if s == "dense" or s in COMPRESSION else methods.make(s, budget=0.25)
+        for s in SPECS]
   shared = dict(decoding.prefill_all(model, prompts, lengths, ms, capacity=96))
   assert set(shared) == set(ms)
   for m in ms:
@@ -38,3 +44,55 @@ def test_shared_prefill_equals_own_prefill():
   assert not decoding._shares_union(ms[5], union)
   assert not decoding._shares_union(ms[6], union)
   assert decoding._shares_union(ms[4], union)
+
+
+def test_compression_union_shares_observations_across_ratios():
+  ms = [methods.make(s) for s in COMPRESSION]
+  union = compression_union.CompressionUnion.of(ms)
+  # snapkv at two ratios and with Ada-KV observe alike; EA's sinks change what it observes
+  assert len(union.observers) == len(ms) - 2
+  assert union.slot(ms[0]) == union.slot(ms[1]) == union.slot(ms[-1])
+  assert union.slot(ms[2]) != union.slot(ms[3])
+  with pytest.raises(ValueError, match="not observed"):
+    union.slot(methods.make("h2o:ratio=0.5,recent_frac=0.1"))
+
+
+def _generate(model, prompts, lengths, m, new, suffix=None, suffix_lengths=None):
+  cap = 128
+  ((_, pre),) = decoding.prefill_all(model, prompts, lengths, [m], cap)
+  if suffix is not None:
+    pre = decoding.extend(model, pre, m, suffix, suffix_lengths)
+  return decoding.greedy(model, pre, m, new, stop_at_eos=False)
+
+
+@pytest.mark.parametrize("spec", ["dense", "snapkv:ratio=0.5", "expected_attention:ratio=0.5"])
+def test_extend_rows_equal_single_rows(spec):
+  """Rows with questions of different lengths read side by side give each row's own tokens;
+  with dense attention, reading the question after the prefill equals prefilling it."""
+  model = modelzoo.tiny_random()
+  m = methods.make(spec)
+  rng = np.random.default_rng(1)
+  ctx = [rng.integers(10, 1000, n).astype(np.int32) for n in (60, 45)]
+  qs = [rng.integers(10, 1000, n).astype(np.int32) for n in (5, 9)]
+  pad = lambda xs: (np.stack([np.pad(x, (0, max(map(len, xs)) - len(x))) for x in xs]),
+                    np.array([len(x) for x in xs], np.int32))
+  (p, pl), (q, ql) = pad(ctx), pad(qs)
+  both = _generate(model, p, pl, m, 6, q, ql)
+  for i in range(2):
+    alone = _generate(model, ctx[i][None], pl[i:i + 1], m, 6, qs[i][None], ql[i:i + 1])
+    assert both[i] == alone[0], spec
+    if spec == "dense":
+      full = np.concatenate([ctx[i], qs[i]])[None]
+      assert both[i] == _generate(model, full, np.array([full.shape[1]], np.int32), m, 6)[0]
+
+
+def test_extend_rejects_rectification_and_full_caches():
+  model = modelzoo.tiny_random()
+  m = methods.make("quest+rect:f=4", budget=0.25)
+  ((_, pre),) = decoding.prefill_all(model, np.ones((1, 40), np.int32), np.array([40]), [m], 64)
+  with pytest.raises(ValueError, match="rectifies"):
+    decoding.extend(model, pre, m, np.ones((1, 3), np.int32), np.array([3]))
+  d = methods.make("dense")
+  ((_, pre),) = decoding.prefill_all(model, np.ones((1, 40), np.int32), np.array([40]), [d], 48)
+  with pytest.raises(ValueError, match="no room"):
+    decoding.extend(model, pre, d, np.ones((1, 8), np.int32), np.array([8]))

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from experiments.common import modelzoo
+from experiments.common import data, modelzoo
 from experiments.tasks import ruler
 
 
@@ -91,3 +91,15 @@ def test_dataset_sweeps_depths(prompter):
   assert len({s.prompt for s in ds}) == 3
   with pytest.raises(ValueError, match="unknown task"):
     ruler.generate("nope", 256, 0, prompter)
+
+
+def test_qa_multi_holds_every_gold_paragraph_and_asks_in_order(prompter):
+  s = ruler.generate("qa_multi", 1024, 0, prompter, questions=3)
+  assert s.metric == "each" and len(s.answers) == 3 and s.max_new_tokens == 3 * 24
+  assert s.num_tokens <= 1024 and s.num_tokens >= 0.95 * 1024
+  asked = re.findall(r"Question (\d+): ", s.prompt)
+  assert asked == ["1", "2", "3"] and s.prompt.endswith("Answer 1:")
+  squad = {item["question"]: item for item in data.squad()}
+  for i, q in enumerate(re.findall(r"Question \d+: (.*)", s.prompt)):
+    item = squad[q.split("<|")[0].strip()]  # the last one runs into the chat template
+    assert item["context"] in s.context and tuple(item["answers"]) == s.answers[i]

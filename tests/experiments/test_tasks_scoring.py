@@ -117,3 +117,17 @@ def test_with_entry_appends_missing_entry_only():
   assert np.asarray(out)[0, 0, :3].tolist() == [3, 5, 7] and np.asarray(n2).tolist() == [[3, 4]]
   out, n2 = reuse._with_entry(idx, n, jnp.asarray([5]))  # pylint: disable=protected-access
   assert np.asarray(n2).tolist() == [[2, 4]]
+
+
+def test_per_question_scores_each_answer_in_its_own_segment():
+  refs = [["Denver Broncos"], ["Santa Clara", "Levi's Stadium"], ["2016"]]
+  pred = " Denver Broncos\nAnswer 2: Levi's Stadium\nAnswer 3: in 2015"
+  assert scoring.answer_segments(pred, 3) == [" Denver Broncos\n", " Levi's Stadium\n",
+                                               " in 2015"]
+  assert scoring.per_question(pred, refs) == [1.0, 1.0, 0.0]
+  assert scoring.score(pred, refs, "each") == pytest.approx(2 / 3)
+  # an answer under the wrong label does not count for another question
+  assert scoring.per_question(" x\nAnswer 3: Santa Clara", refs) == [0.0, 0.0, 0.0]
+  assert scoring.per_question("", refs) == [0.0, 0.0, 0.0]
+  with pytest.raises(ValueError, match="unknown metric"):
+    scoring.score("x", ["x"], "some")

@@ -11,6 +11,11 @@ import re
 
 import pytest
 
+import numpy as np
+
+from configs import budget_reduction as br_config
+from configs import resa_lambda as rl_config
+from experiments.analysis import budget_experiment, lambda_experiment
 from experiments.common import results
 from experiments.tasks import accuracy, config_util, long_generation, perplexity, report
 
@@ -36,8 +41,14 @@ def test_accuracy_quick_and_resume(root):
   cfg = _quick("accuracy")
   wd = os.path.join(root, "accuracy")
   recs = accuracy.run(cfg, wd)
-  n_methods = len(cfg.methods)
+  n_methods = len(cfg.methods) + 2 * (len(cfg.budgets) - 1)  # quest, resa-quest x budgets
   assert len(recs) == n_methods * len(cfg.tasks) * len(cfg.lengths) * cfg.num_samples
+  for r in recs:  # tokens attended per head: forced + chosen = total, None for dense only
+    att = r["attended_tokens"]
+    assert (att is None) == (r["method"] == "dense")
+    if att:
+      assert att["forced"] + att["chosen"] == att["total"] and att["chosen"] > 0
+    assert r["protocol"] == "query_aware" and 0 < r["context_tokens"] < r["num_tokens"]
   assert all(0.0 <= r["score"] <= 1.0 and r["model"] == "tiny-random" for r in recs)
   assert all(abs(r["num_tokens"] - r["length"]) <= 0.02 * r["length"] for r in recs)
   assert all(r["new_tokens"] <= cfg.max_new_tokens and "git" in r for r in recs)
@@ -46,6 +57,67 @@ def test_accuracy_quick_and_resume(root):
   assert os.path.exists(os.path.join(wd, "accuracy_vs_length.png"))
   again = accuracy.run(cfg, wd)  # resume: everything done, nothing appended
   assert len(again) == len(recs)
+  assert "Paired comparisons" in md and "resa-quest | quest" in md
+
+
+def test_compression_query_agnostic_quick(root):
+  """EA vs baselines: the context is compressed before the question; every method and ratio
+  keeps its share of the cache; the dense row reads the same shared prefill."""
+  cfg = _quick("accuracy_compression")
+  recs = accuracy.run(cfg, os.path.join(root, "accuracy_compression"))
+  assert len(recs) == len(cfg.methods) * len(cfg.tasks) * len(cfg.lengths) * cfg.num_samples
+  for r in recs:
+    assert r["protocol"] == "query_agnostic" and r["attended_tokens"] is None
+    if r["method"] == "dense":
+      assert r["kv_kept"] is None
+    else:  # half the context kept per kv head (Ada-KV: on average over heads)
+      assert abs(r["kv_kept"] - 0.5 * r["context_tokens"]) <= 1.0, r
+
+
+def test_niah_heatmap_quick(root):
+  cfg = _quick("niah_heatmap")
+  wd = os.path.join(root, "niah_heatmap")
+  recs = accuracy.run(cfg, wd)
+  assert {r["depth"] for r in recs} == set(cfg.depths)
+  assert {r["length"] for r in recs} == set(cfg.lengths)
+  assert os.path.exists(os.path.join(wd, "niah_heatmap.png"))
+  md = open(os.path.join(wd, "accuracy.md"), encoding="utf-8").read()
+  assert "expected-attention:eps=0 | snapkv" in md
+
+
+def test_long_generation_qa_quick(root):
+  cfg = _quick("long_generation_qa")
+  recs = accuracy.run(cfg, os.path.join(root, "long_generation_qa"))
+  assert len(recs) == len(cfg.methods) * cfg.num_samples
+  for r in recs:
+    assert r["metric"] == "each" and len(r["answers"]) == cfg.questions
+    assert len(r["question_scores"]) == cfg.questions
+    assert r["score"] == pytest.approx(np.mean(r["question_scores"]))
+
+
+def test_resa_lambda_quick(tmp_path):
+  cfg = rl_config.get_config(True)
+  rows = lambda_experiment.run(cfg, str(tmp_path))
+  assert (tmp_path / "fig7a_lambda_sweep.png").exists()
+  # dense, lam 0 and 1 once, lam 0.5 in both forms; every cell over the same samples
+  assert len(rows) == len(cfg.tasks) * 5
+  assert {r["n"] for r in rows} == {cfg.num_samples}
+  forms = {(r["lam"], r["form"]) for r in rows}
+  assert {(0.5, "renormalised"), (0.5, "literal"), (1.0, "renormalised")} <= forms
+  zero = [r for r in results.read_records(str(tmp_path / results.RESULTS_FILE))
+          if r.get("lam") == 0.0]
+  assert zero and all(r["attended_tokens"]["chosen"] > 0 for r in zero)
+
+
+def test_budget_reduction_quick(tmp_path):
+  cfg = br_config.get_config(True)
+  red = budget_experiment.run(cfg, str(tmp_path))
+  assert (tmp_path / "fig7b_budget_reduction.png").exists()
+  assert {r["family"] for r in red} == {"quest:topp", "quest:adakv"}
+  recs = results.read_records(str(tmp_path / results.RESULTS_FILE))
+  assert len(recs) == (1 + 2 * 2) * cfg.num_samples
+  for r in recs:
+    assert 0 < r["measured_budget"] <= 1 and 0 <= r["score"] <= 1
 
 
 def test_perplexity_quick(root):
@@ -55,11 +127,16 @@ def test_perplexity_quick(root):
   tail = [r for r in recs if r["view"] == "tail"]
   inter = [r for r in recs if r["view"] == "interval"]
   assert {r["method"] for r in tail} >= {"dense", "quest:p=0.2", "quest:p=0.2+rect:f=4"}
+  assert len(tail) == len({r["method"] for r in tail}) * cfg.num_docs  # one doc per record
+  merged = perplexity.merge(tail)
+  assert all(r["num_docs"] == cfg.num_docs for r in merged)
   assert all(_finite(r["nll"]) and _finite(r["kl"]) and r["kl"] >= 0 for r in recs)
   dense = [r for r in tail if r["method"] == "dense"][0]
   assert dense["kl"] == pytest.approx(0.0, abs=1e-5) and dense["agree"] == 1.0
   assert inter and all(len(r["nll_intervals"]) == (cfg.interval_length // 2) // cfg.interval
                        for r in inter)
+  again = perplexity.run(cfg, wd)  # resume: nothing recomputed or appended
+  assert len(again) == len(recs)
   md = open(os.path.join(wd, "perplexity.md"), encoding="utf-8").read()
   assert "rel_ppl" in md and "sweep: p" in md
   assert os.path.exists(os.path.join(wd, "perplexity_sweeps.png"))
@@ -135,6 +212,7 @@ def test_report_over_all_results(root):
   assert "no renderer" not in md
   figs = os.path.join(root, "report", "figures")
   assert sorted(os.listdir(figs)) == ["accuracy", "long_generation", "perplexity"]
+  assert "Paired comparisons" in md
   for link in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md):
     assert os.path.exists(os.path.join(root, "report", link)), link
   n = sum(len(results.read_records(p)) for p in results.find_results(root))

@@ -22,3 +22,23 @@ def test_rope_frequencies_reach_methods_that_model_rope():
   own = specs.build("expected_attention:rope_theta=500000", 0.5, rope_inv_freq=freqs)
   assert own.rope_inv_freq is None and own.rope_theta == 500000
   assert specs.build("quest", 0.1, rope_inv_freq=freqs).budget.budget == 0.1  # ignored
+
+
+def test_presets_take_budgets_unless_their_rule_is_their_own():
+  """resa-quest and expected-attention are crossed with the budgets; ReSA's p rule and
+  RetroAttention's relative budget with its minimum are not; inline options override."""
+  rows = specs.expand(["dense", "resa-quest", "rectified", "rectified:p=0.02", "retro",
+                       "expected-attention:eps=0"], [0.025, 0.5])
+  by = {e.label: e.method for e in rows}
+  assert list(by) == ["dense", "resa-quest@0.025", "resa-quest@0.5", "rectified",
+                      "rectified:p=0.02", "retro", "expected-attention:eps=0@0.025",
+                      "expected-attention:eps=0@0.5"]
+  resa = by["resa-quest@0.025"]
+  assert resa.resa and resa.budget.budget == 0.025 and resa.budget.forced_count == "extra"
+  assert by["rectified:p=0.02"].budget.p == 0.02 and by["rectified:p=0.02"].rect_f == 32
+  assert by["retro"].budget.min_tokens == 256 and by["retro"].window == 2
+  ea = by["expected-attention:eps=0@0.5"]
+  assert ea.eps == 0 and ea.ratio == pytest.approx(0.5) and ea.head_budget == "adakv"
+  assert specs.base_name("resa-arkvale") == "arkvale"
+  with pytest.raises(ValueError, match="no enhancers"):
+    specs.build("resa-quest+retro", 0.1)

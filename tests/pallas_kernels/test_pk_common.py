@@ -42,11 +42,19 @@ def test_tile_config_and_block_size_validation():
       _common.check_block_size(*bad)
 
 
+def test_tokens_per_iter_fits_the_shared_memory_budget():
+  for d, itemsize in ((64, 2), (96, 2), (128, 2), (256, 2), (128, 4)):
+    tokens = _common.tokens_per_iter(d, itemsize, 3)
+    assert 16 <= tokens <= _common.MAX_TOKENS_PER_ITER and tokens & (tokens - 1) == 0
+    assert tokens * 2 * _common.pad_rows(d) * itemsize * 3 <= _common.KV_RING_BYTES
+  assert _common.tokens_per_iter(128, 2, 3) == 64  # J = 4 blocks of 16 at Llama shapes
+
+
 def test_roofline_prints_every_kernel(capsys):
   roofline.main([])
   text = capsys.readouterr().out
   for name in ("block_score", "sparse_decode", "sparse_decode_resa", "sparse_decode_multiquery",
-               "Llama-3.1-8B", "SmolLM2"):
+               "whole sparse step", "Llama-3.1-8B", "SmolLM2", "before", "after"):
     assert name in text
   roofline.main(["--hq", "8", "--hkv", "8", "--per-head", "--blocks", "4"])
   assert "per-head" in capsys.readouterr().out
@@ -56,8 +64,20 @@ def test_roofline_counts_scale_with_selection():
   small = roofline.sparse_decode_cost(roofline.Shape(blocks=10))
   big = roofline.sparse_decode_cost(roofline.Shape(blocks=20))
   assert big.bytes > small.bytes and big.flops == 2 * small.flops
-  # Per-head selection reads the listed blocks once per query head, G times more.
-  shared = roofline.Shape(blocks=64, splits=1)
-  per_head = roofline.Shape(blocks=64, splits=1, per_head=True)
-  ratio = roofline.sparse_decode_cost(per_head).bytes / roofline.sparse_decode_cost(shared).bytes
-  assert 3.5 < ratio < 4.0
+  # Before: per-head selection reads the listed blocks once per query head, G times more;
+  # after: once per kv head over the union (``union`` lists' worth of blocks).
+  shared = roofline.Shape(blocks=64)
+  per_head = roofline.Shape(blocks=64, per_head=True, union=1.0)
+  cost = lambda s, design: roofline.sparse_decode_cost(s, design).bytes
+  assert 3.5 < cost(per_head, "before") / cost(shared, "before") < 4.0
+  assert 0.95 < cost(per_head, "after") / cost(shared, "after") < 1.05
+  with pytest.raises(ValueError):
+    roofline.sparse_decode_cost(shared, "later")
+
+
+def test_roofline_pipelining_raises_the_predicted_bandwidth():
+  """Llama-3.1-8B at 32k: one 8 KB tile per program waited empty vs two 32 KB tiles in flight."""
+  s = roofline.Shape(context=32768, blocks=102)
+  before, after = (roofline.sparse_decode_cost(s, d) for d in roofline.DESIGNS)
+  assert before.streaming_fraction < 0.5 < 0.9 < after.streaming_fraction <= 1.0
+  assert after.predicted_us < before.predicted_us

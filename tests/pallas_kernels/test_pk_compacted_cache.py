@@ -16,6 +16,7 @@ import pytest
 from pallas_kernels import (sparse_decode, sparse_decode_multiquery,
                             sparse_decode_multiquery_reference, sparse_decode_resa,
                             sparse_decode_resa_reference, sparse_decode_reference)
+from pallas_kernels.shapes import S, kernel_avals
 from sparse_attn import cache as cache_lib
 from sparse_attn import sparse
 from sparse_attn.compression.compact import compact
@@ -177,10 +178,10 @@ def test_without_pos_every_slot_below_length_counts():
 @pytest.mark.parametrize("kernel", ["sparse_decode", "sparse_decode_resa",
                                     "sparse_decode_multiquery"])
 def test_pos_variant_lowers_for_cuda(kernel):
-  from test_pk_lowering import S, TRITON_CALL, export_cuda, kernel_avals  # pylint: disable=g-import-not-at-top
-  fn, avals = kernel_avals(kernel, "smollm2", False)
+  from test_pk_lowering import TRITON_CALL, export_cuda  # pylint: disable=g-import-not-at-top
+  fn, avals, bs = kernel_avals(kernel, "smollm2", False)
   cache = avals[1]
   pos = S(cache.shape[:3], jnp.int32)
-  text = export_cuda(lambda *a: fn(*a[:-1], pos=a[-1], block_size=32, impl="pallas"),
+  text = export_cuda(lambda *a: fn(*a[:-1], pos=a[-1], block_size=bs, impl="pallas"),
                      *avals, pos)
   assert TRITON_CALL in text

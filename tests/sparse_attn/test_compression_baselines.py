@@ -60,7 +60,9 @@ def numpy_scores(name, p, b, n, budget):
   if name == "streaming_llm":  # Xiao et al. 2024: most recent
     return np.tile(posn.astype(float), (HKV, 1))
   probs = causal_probs(p, b, n)
-  if name == "tova":  # Oren et al. 2024: the last query's attention
+  if name == "tova":  # Oren et al. 2024: the last query's attention, all heads averaged
+    return np.tile(probs[:, -1].mean(0), (HKV, 1))
+  if name == "tova_group":  # the per-KV-group variant: each group's heads averaged
     return group_mean(probs[:, -1])
   if name == "h2o":  # Zhang et al. 2023: accumulated attention + recent half
     acc = group_mean(probs.sum(1))
@@ -89,7 +91,7 @@ def check_kept(keep, score, budget, total=None):
   np.testing.assert_allclose(flat[wrong], cut, rtol=1e-4, atol=1e-7)
 
 
-BASELINES = ["knorm", "keydiff", "streaming_llm", "tova", "h2o", "snapkv"]
+BASELINES = ["knorm", "keydiff", "streaming_llm", "tova", "tova_group", "h2o", "snapkv"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -105,6 +107,8 @@ def keep_fn(m):
 
 
 def method(name, **kw):
+  if name == "tova_group":
+    name, kw = "tova", dict(kw, scope="group")
   return methods.make(name, ratio=0.5, n_sink=N_SINK,
                       **(dict(window_size=WINDOW) if name == "snapkv" else {}), **kw)
 
@@ -130,14 +134,14 @@ def test_kept_set_matches_brute_force(name, seed, frac):
 def test_adakv_allocation_matches_brute_force(seed, frac):
   """Ada-KV (Feng et al. 2024, Alg. 1): per-head floor, then one top-k over all heads."""
   floor = 0.25
-  m = method("tova", head_budget="adakv", floor=floor)
+  m = method("tova_group", head_budget="adakv", floor=floor)
   p = make_problem(seed)
   budgets = np.array([max(N_SINK + 1, int(frac * n)) for n in LENGTHS])
   f32 = lambda x: jnp.asarray(x, jnp.float32)
   keep = np.asarray(keep_fn(m)(f32(p["q"]), f32(p["k"]), f32(p["v"]), jnp.asarray(p["pos"]),
                                jnp.asarray(budgets, jnp.int32))[0])
   for b, n in enumerate(LENGTHS):
-    score = numpy_scores("tova", p, b, n, budgets[b])
+    score = numpy_scores("tova_group", p, b, n, budgets[b])
     score = np.where(np.arange(n) < N_SINK, np.inf, score)
     guaranteed = int(math.floor(floor * budgets[b]))
     # Tier 1: each head's own top `guaranteed` (and the sinks); tier 0: the rest, layer-wide.
@@ -148,3 +152,28 @@ def test_adakv_allocation_matches_brute_force(seed, frac):
     rest = np.where(floor_mask, np.inf, score)
     check_kept(keep[b, :, :n], rest, None, total=HKV * budgets[b])
     assert keep[b].sum() == HKV * budgets[b]
+
+
+def test_tova_layer_scope_keeps_one_set_for_every_head():
+  """The paper's TOVA: every kv head keeps the same tokens (the layer's head-averaged
+  attention), through prefill compaction and one-token-per-step decode eviction."""
+  rng = np.random.default_rng(5)
+  f32 = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
+  m = methods.make("tova", ratio=0.5, phase="both", n_sink=N_SINK)
+  cache = m.init_cache(B, HKV, T, D)
+  state = m.init_state(B, HQ, HKV, D, T)
+  pos = jnp.asarray(make_problem(5)["pos"])
+  _, cache, state = jax.jit(m.prefill)(f32(B, HQ, L, D), f32(B, HKV, L, D), f32(B, HKV, L, D),
+                                       cache, state, pos)
+  cache, state = m.end_prefill(cache, state)
+  dec = jax.jit(m.decode)
+  for i in range(4):
+    _, cache, state = dec(f32(B, HQ, 1, D), f32(B, HKV, 1, D), f32(B, HKV, 1, D), cache, state,
+                          jnp.asarray(LENGTHS)[:, None] + i)
+    kept = np.where(np.asarray(cache.valid), np.asarray(cache.pos), -1)
+    for h in range(1, HKV):
+      np.testing.assert_array_equal(kept[:, h], kept[:, 0])
+  with pytest.raises(ValueError, match="scope"):
+    methods.make("tova", ratio=0.5, head_budget="adakv")
+  with pytest.raises(ValueError, match="scope"):
+    methods.make("tova", ratio=0.5, scope="head")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from sparse_attn import methods
+from sparse_attn.compression import flat
 
 B, HQ, HKV, D = 2, 2, 1, 8
 L, T = 32, 64
@@ -21,7 +22,8 @@ def prompt(seed, b=B):
 
 
 @pytest.mark.parametrize("name,opts,budget", [
-    ("expected_attention", dict(phase="both", ratio=0.5, rope_theta=1e4), 16),  # interval 512
+    ("expected_attention", dict(phase="both", ratio=0.5, rope_theta=1e4, head_budget="uniform"),
+     16),  # interval 512
     ("tova", dict(phase="both", ratio=0.5), 16),  # one token evicted per step
     ("streaming_llm", dict(phase="decode", max_tokens=20, interval=7), 20),
 ])
@@ -97,3 +99,45 @@ def test_jit_and_vmap_equal_plain(name):
   jax.tree_util.tree_map(close, jax.tree_util.tree_map(lambda x: x[0], batched), jitted)
   jax.tree_util.tree_map(close, jax.tree_util.tree_map(lambda x: x[1], batched), second)
   assert jitted[1].capacity < T
+
+
+def test_adakv_decode_compression_keeps_the_flat_cache_at_budget():
+  """Decode-phase eviction with Ada-KV budgets on the flat layout: the layer keeps ``K n``
+  tokens after every compression, the buffer never grows, and StreamingLLM's tied scores give
+  every head the sinks and the newest tokens."""
+  hkv, budget, interval, steps = 2, 20, 7, 60
+  m = methods.make("streaming_llm", phase="decode", max_tokens=budget, interval=interval,
+                   head_budget="adakv")
+  key = jax.random.PRNGKey(5)
+  x = lambda i, h, s: jax.random.normal(jax.random.fold_in(key, i), (B, h, s, D))
+  cache = m.init_cache(B, hkv, T, D)
+  state = m.init_state(B, HQ, hkv, D, T)
+  pos = jnp.tile(jnp.arange(L), (B, 1))
+  _, cache, state = jax.jit(m.prefill)(x(0, HQ, L), x(1, hkv, L), x(2, hkv, L), cache, state, pos)
+  cache, state = m.end_prefill(cache, state)
+  assert isinstance(cache, flat.FlatKVCache)
+  cap = cache.capacity
+  assert cap == m.round_capacity(hkv * L + hkv * interval)  # the whole prompt, then the room
+
+  @jax.jit
+  def generate(cache, state):
+    def step(carry, i):
+      cache, state = carry
+      _, cache, state = m.decode(x(3 * i + 3, HQ, 1), x(3 * i + 4, hkv, 1),
+                                 x(3 * i + 5, hkv, 1), cache, state, jnp.full((B, 1), L + i))
+      return (cache, state), (flat.per_head_counts(cache), state["since"])
+    return jax.lax.scan(step, (cache, state), jnp.arange(steps))
+
+  (cache, state), (count, since) = generate(cache, state)
+  count, since = np.asarray(count), np.asarray(since)
+  assert cache.capacity == cap
+  assert count.sum(-1).max() <= hkv * (budget + interval)
+  assert np.all(count[since == 0] == budget)  # right after every compression
+  assert (since == 0).sum() >= steps // (interval + 1)
+  view = flat.heads_view(cache)
+  n = int(count[-1, 0, 0])
+  for b in range(B):
+    for h in range(hkv):
+      kept = np.sort(np.asarray(view.pos)[b, h][np.asarray(view.valid)[b, h]])
+      newest = list(range(L + steps - n + 4, L + steps))
+      np.testing.assert_array_equal(kept, list(range(4)) + newest)

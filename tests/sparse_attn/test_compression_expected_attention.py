@@ -50,13 +50,19 @@ def make_problem(seed):
   return dict(inv=inv, qpre=qpre, qpost=qpost, kpost=kpost, v=v, pos=pos)
 
 
-def numpy_scores(p, use_rope, use_cov, use_vnorm):
-  """Eq. 5-9 for every (row, kv head, key); NaN for sinks / empty keys."""
+def numpy_scores(p, use_rope, use_cov, use_vnorm, stats="all"):
+  """Eq. 5-9 for every (row, kv head, key); NaN for sinks / empty keys.
+
+  The query statistics come from every prompt query after the sinks (``stats="all"``, the
+  paper's prefill protocol) or from the last ``N_QUERIES`` of them (``"window"``).
+  """
   scale = 1.0 / math.sqrt(D)
   out = np.full((B, HKV, L), np.nan)
   g = HQ // HKV
   for b, n in enumerate(LENGTHS):
-    window = [i for i in range(n) if i >= N_SINK][-N_QUERIES:]
+    window = [i for i in range(n) if i >= N_SINK]
+    if stats == "window":
+      window = window[-N_QUERIES:]
     rbar = (np.mean([rope_matrix(n + j, p["inv"]) for j in range(N_FUTURE)], axis=0)
             if use_rope else np.eye(D))  # Eq. 5, t + 1 = n the next position
     keys = list(range(N_SINK, n))
@@ -79,28 +85,42 @@ def numpy_scores(p, use_rope, use_cov, use_vnorm):
   return out
 
 
-def prefilled(m, p):
+def prefilled(m, p, chunk=L):
+  """Prefill of the problem in chunks of ``chunk`` tokens (the last one padded, position -1)."""
+  n = -(-L // chunk) * chunk
+
+  def pad(x, fill=0.0):  # along the token axis (last of pos [B, L], third of [B, H, L, D])
+    widths = [(0, 0)] * x.ndim
+    widths[1 if x.ndim == 2 else 2] = (0, n - L)
+    return np.pad(x, widths, constant_values=fill)
+
   f32 = lambda x: jnp.asarray(x, jnp.float32)
+  q, k, v, pos = pad(p["qpost"]), pad(p["kpost"]), pad(p["v"]), pad(p["pos"], -1)
   cache = m.init_cache(B, HKV, T, D)
   state = m.init_state(B, HQ, HKV, D, T)
-  _, cache, state = jax.jit(m.prefill)(f32(p["qpost"]), f32(p["kpost"]), f32(p["v"]), cache,
-                                       state, jnp.asarray(p["pos"]))
+  step = jax.jit(m.prefill)
+  for start in range(0, n, chunk):
+    sl = slice(start, start + chunk)
+    _, cache, state = step(f32(q[:, :, sl]), f32(k[:, :, sl]), f32(v[:, :, sl]), cache, state,
+                           jnp.asarray(pos[:, sl]))
   return cache, state
 
 
-@pytest.mark.parametrize("use_rope,use_cov,use_vnorm",
-                         [(True, True, True), (True, False, False), (False, True, True)])
-def test_scores_match_numpy_eq5_to_9(use_rope, use_cov, use_vnorm):
+@pytest.mark.parametrize("use_rope,use_cov,use_vnorm,stats",
+                         [(True, True, True, "all"), (True, False, False, "all"),
+                          (False, True, True, "all"), (True, True, True, "window")])
+def test_scores_match_numpy_eq5_to_9(use_rope, use_cov, use_vnorm, stats):
   rope = dict(rope_theta=THETA) if use_rope else {}
   m = methods.make("expected_attention", ratio=0.5, n_queries=N_QUERIES, n_future=N_FUTURE,
-                   n_sink=N_SINK, eps=EPS, use_covariance=use_cov, use_vnorm=use_vnorm, **rope)
+                   n_sink=N_SINK, eps=EPS, use_covariance=use_cov, use_vnorm=use_vnorm,
+                   prefill_stats=stats, head_budget="uniform", **rope)
   p = make_problem(0)
   cache, state = prefilled(m, p)
   got = np.asarray(jax.jit(m.scores, static_argnums=2)(cache, state, 1 / math.sqrt(D), None))
-  want = numpy_scores(p, use_rope, use_cov, use_vnorm)
+  want = numpy_scores(p, use_rope, use_cov, use_vnorm, stats)
   ok = ~np.isnan(want)
   np.testing.assert_allclose(got[:, :, :L][ok], want[ok], rtol=2e-4, atol=1e-7)
-  # The kept set: sinks plus the top of Eq. 9 per head.
+  # The kept set (uniform budgets): sinks plus the top of Eq. 9 per head.
   cache2, _ = m.end_prefill(cache, state)
   pos, valid = np.asarray(cache2.pos), np.asarray(cache2.valid)
   for b, n in enumerate(LENGTHS):
@@ -144,3 +164,47 @@ def test_closed_form_matches_monte_carlo(seed):
   a_hat = ea.expected_attention(f32(mu)[None, None], f32(cov)[None, None], f32(k)[None, None],
                                 jnp.ones((1, 1, nk), bool), s)[0, 0, 0]
   np.testing.assert_allclose(a_hat, mc / mc.sum(), rtol=0.02)
+
+
+@pytest.mark.parametrize("chunk", [16, 7])  # 7: chunks straddle the sinks, the last is padded
+def test_chunked_prefill_statistics_are_those_of_the_whole_prompt(chunk):
+  """Running moments merged chunk by chunk = the numpy statistics of every prompt query."""
+  # n_queries < L: the decoding buffer would hold only the last 16 queries
+  m = methods.make("expected_attention", ratio=0.5, n_queries=N_QUERIES, n_future=N_FUTURE,
+                   n_sink=N_SINK, eps=EPS, rope_theta=THETA)
+  p = make_problem(2)
+  cache, state = prefilled(m, p, chunk)
+  got = np.asarray(jax.jit(m.scores, static_argnums=2)(cache, state, 1 / math.sqrt(D), None))
+  want = numpy_scores(p, True, True, True, "all")
+  ok = ~np.isnan(want)
+  np.testing.assert_allclose(got[:, :, :L][ok], want[ok], rtol=2e-4, atol=1e-7)
+
+
+def test_decoding_compression_uses_the_recent_query_buffer():
+  """With a decode phase, rows past ``end_prefill`` (budget set) score from the last
+  ``n_queries`` queries (the paper's 256-query decoding buffer), prefill from all of them."""
+  m = methods.make("expected_attention", ratio=0.5, phase="both", n_queries=N_QUERIES,
+                   n_future=N_FUTURE, n_sink=N_SINK, eps=EPS, rope_theta=THETA)
+  p = make_problem(3)
+  cache, state = prefilled(m, p)
+  score = jax.jit(m.scores, static_argnums=2)
+  ok = ~np.isnan(numpy_scores(p, True, True, True))
+  for budget, stats in ((-1, "all"), (5, "window")):
+    st_b = dict(state, budget=jnp.full((B,), budget, jnp.int32))
+    got = np.asarray(score(cache, st_b, 1 / math.sqrt(D), None))
+    want = numpy_scores(p, True, True, True, stats)
+    np.testing.assert_allclose(got[:, :, :L][ok], want[ok], rtol=2e-4, atol=1e-7)
+
+
+def test_paper_defaults():
+  """Devoto et al. 2025, Sec. 2.2 and 3.1: Ada-KV, T = 512, eps = 0.01, covariance and ||v||,
+  4 sinks, prefill statistics from all prompt queries, a 256-query decoding buffer, interval 512."""
+  m = methods.make("expected_attention", ratio=0.5)
+  assert (m.head_budget, m.n_future, m.eps, m.use_covariance, m.use_vnorm, m.n_sink,
+          m.prefill_stats, m.n_queries, m.interval) == ("adakv", 512, 0.01, True, True, 4,
+                                                        "all", 256, 512)
+
+
+def test_bad_prefill_stats_raises():
+  with pytest.raises(ValueError, match="prefill_stats"):
+    methods.make("expected_attention", ratio=0.5, prefill_stats="last")

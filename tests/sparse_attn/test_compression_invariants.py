@@ -8,12 +8,15 @@ import dataclasses
 import fractions
 import math
 
+import hypothesis
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from sparse_attn import compression, methods
+from sparse_attn.compression import flat
 
 NAMES = sorted(compression.BUILDERS)
 B, HQ, HKV, D = 2, 4, 2, 16
@@ -75,6 +78,13 @@ def test_ratio_zero_is_dense(name, dense_run):
     np.testing.assert_allclose(got, want, atol=2e-5, rtol=2e-5)
 
 
+def per_head(cache):
+  """``pos, valid [B, K, S]`` of either layout (per-head ``KVCache`` or flat Ada-KV cache)."""
+  if isinstance(cache, flat.FlatKVCache):
+    cache = flat.heads_view(cache)
+  return np.asarray(cache.pos), np.asarray(cache.valid)
+
+
 def expected_kept(n, ratio):
   f = fractions.Fraction(ratio).limit_denominator(1000)
   return math.ceil((1 - f) * n)
@@ -84,7 +94,7 @@ def expected_kept(n, ratio):
 def test_ratio_keeps_ceil_in_smaller_buffer(name):
   ratio, n_sink = 0.5, 2
   opts = dict(window_size=8) if name == "snapkv" else {}
-  m = methods.make(name, ratio=ratio, n_sink=n_sink, **opts)
+  m = methods.make(name, ratio=ratio, n_sink=n_sink, head_budget="uniform", **opts)
   outs, full, cache = run(m, problem(1), steps=0)
   kept = [expected_kept(n, ratio) for n in LENGTHS]
   valid = np.asarray(cache.valid)
@@ -122,7 +132,7 @@ def test_decode_reads_only_the_kept_tokens(name):
   outs, full, cache = run(m, p)
   # Reference: the full prompt cache with the evicted tokens masked out, then the decoded ones.
   kept = np.zeros((B, HKV, T), bool)
-  pos, valid = np.asarray(cache.pos), np.asarray(cache.valid)
+  pos, valid = per_head(cache)
   for b in range(B):
     for h in range(HKV):
       kept[b, h, pos[b, h][valid[b, h]]] = True
@@ -172,3 +182,94 @@ def test_end_prefill_under_jit_needs_decode_slots():
   _, cache, state = jax.jit(m.prefill)(p["q"], p["k"], p["v"], cache, state, p["pos"])
   with pytest.raises(ValueError, match="decode_slots"):
     jax.jit(m.end_prefill)(cache, state)
+
+
+def adakv_opts(name):
+  return {"snapkv": dict(window_size=8), "tova": dict(scope="group")}.get(name, {})
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_adakv_cache_bytes_equal_kept_tokens(name):
+  """Invariant 5 with Ada-KV budgets: the flat buffer holds the kept tokens and the decode room,
+  padded to a multiple of ``block_size`` once per layer (less than one block)."""
+  ratio, n_sink, bs = 0.5, 2, 8
+  m = methods.make(name, ratio=ratio, n_sink=n_sink, head_budget="adakv", block_size=bs,
+                   **adakv_opts(name))
+  outs, full, cache = run(m, problem(1))
+  assert isinstance(cache, flat.FlatKVCache)
+  kept = [expected_kept(n, ratio) for n in LENGTHS]
+  pos, valid = per_head(cache)
+  for b in range(B):
+    prompt = [pos[b, h][valid[b, h] & (pos[b, h] < LENGTHS[b])] for h in range(HKV)]
+    assert sum(len(x) for x in prompt) == HKV * kept[b]  # Ada-KV's layer-wide total
+    for x in prompt:
+      assert set(range(n_sink)) <= set(x.tolist()) and len(set(x.tolist())) == len(x)
+      assert len(x) >= math.floor(m.floor * kept[b])
+    new = [pos[b, h][valid[b, h] & (pos[b, h] >= LENGTHS[b])] for h in range(HKV)]
+    for x in new:  # every decoded token in every head
+      assert sorted(x.tolist()) == list(range(LENGTHS[b], LENGTHS[b] + STEPS))
+  room = HKV * (T - max(LENGTHS))  # the caller's decode room, for every head
+  need = max(HKV * k for k in kept) + room
+  slot_bytes = 2 * D * 4 + 4 + 1  # f32 key and value, int32 position, int8 head id
+  assert cache.capacity == -(-need // bs) * bs
+  assert cache.nbytes() == B * cache.capacity * slot_bytes + B * 4  # + length [B] int32
+  assert 0 <= cache.nbytes() - B * need * slot_bytes - B * 4 < B * bs * slot_bytes
+  # keys and values: (1 - ratio) of the prompt's plus the room, not the largest head's padding
+  kv = cache.k.nbytes + cache.v.nbytes
+  dense_kv = full.k.nbytes + full.v.nbytes
+  assert kv == pytest.approx(dense_kv * need / (HKV * T), abs=B * bs * 2 * D * 4)
+  for o in outs:
+    assert np.all(np.isfinite(np.asarray(o)))
+
+
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), skew=st.floats(0.05, 1.0))
+@hypothesis.settings(max_examples=4, deadline=None)
+def test_adakv_flat_cache_against_numpy(seed, skew):
+  """KNorm + Ada-KV (Feng et al. 2024, Alg. 1) in numpy: each head's floor, then one layer-wide
+  top ``K n``; the flat cache must hold exactly those keys and values, heads contiguous and in
+  token order, and its shape must not depend on the allocation (one compiled compaction)."""
+  ratio, n_sink, floor = 0.5, 2, 0.25
+  m = methods.make("knorm", ratio=ratio, n_sink=n_sink, head_budget="adakv", floor=floor)
+  p = problem(seed)
+  p["k"] = p["k"].at[:, 0].multiply(skew)  # head 0's keys are short: it gets more of the budget
+  _, _, cache = run(m, p, steps=0)
+  k, v = np.asarray(p["k"]), np.asarray(p["v"])
+  ck, cv, cpos, chead = (np.asarray(x) for x in (cache.k, cache.v, cache.pos, cache.head))
+  for b, n in enumerate(LENGTHS):
+    budget = expected_kept(n, ratio)
+    score = -np.linalg.norm(k[b, :, :n], axis=-1)  # [HKV, n]
+    score[:, :n_sink] = np.inf
+    tier = np.zeros_like(score)
+    for h in range(HKV):
+      tier[h, np.argsort(-score[h], kind="stable")[:math.floor(floor * budget)]] = 1
+    flat_order = np.lexsort((-score.ravel(), -tier.ravel()))[:HKV * budget]
+    want_head, want_pos = np.divmod(np.sort(flat_order), n)  # head-major, token order
+    got = int(cache.length[b])
+    assert got == HKV * budget
+    np.testing.assert_array_equal(chead[b, :got], want_head)
+    np.testing.assert_array_equal(cpos[b, :got], want_pos)
+    np.testing.assert_array_equal(ck[b, :got], k[b, want_head, want_pos])
+    np.testing.assert_array_equal(cv[b, :got], v[b, want_head, want_pos])
+    assert np.all(cpos[b, got:] == -1)
+  # the capacity is fixed by the layer total, whatever the per-head split
+  assert cache.capacity == m.round_capacity(HKV * expected_kept(max(LENGTHS), ratio)
+                                            + HKV * (T - max(LENGTHS)))
+
+
+def test_adakv_flat_cache_masked_row_and_jit():
+  """A padding row (position -1) writes nothing and returns 0 on the flat cache (invariant 7),
+  and the jitted decode equals the plain call (invariant 6)."""
+  m = methods.make("knorm", ratio=0.5, head_budget="adakv")
+  p = problem(4)
+  _, _, cache = run(m, p, steps=0)
+  state = m.init_state(B, HQ, HKV, D, T)  # knorm keeps no query state
+  positions = jnp.asarray([[LENGTHS[0]], [-1]])
+  args = (p["dq"][0], p["dk"][0], p["dv"][0], cache, state, positions)
+  out, new, _ = m.decode(*args)
+  out_j, new_j, _ = jax.jit(m.decode)(*args)
+  np.testing.assert_allclose(out_j, out, atol=1e-6)
+  jax.tree_util.tree_map(np.testing.assert_array_equal, new_j, new)
+  assert np.all(np.asarray(out[1]) == 0) and np.all(np.isfinite(np.asarray(out)))
+  for a, b in zip(jax.tree_util.tree_leaves(new), jax.tree_util.tree_leaves(cache)):
+    np.testing.assert_array_equal(np.asarray(a)[1], np.asarray(b)[1])  # row 1 untouched
+  assert int(new.length[0]) == int(cache.length[0]) + HKV  # one slot per kv head

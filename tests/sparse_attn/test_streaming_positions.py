@@ -80,3 +80,9 @@ def test_default_is_original_and_rolling_needs_rope():
   m = methods.make("streaming_llm", ratio=0.5, positions="rolling")
   with pytest.raises(ValueError, match="rope_theta or rope_inv_freq"):
     _run(m, np.random.default_rng(2))
+
+
+def test_rolling_positions_need_per_head_caches():
+  with pytest.raises(ValueError, match="head_budget='uniform'"):
+    methods.make("streaming_llm", ratio=0.5, positions="rolling", head_budget="adakv",
+                 rope_theta=1e4)

@@ -1,0 +1,46 @@
+r"""Expected Attention against six eviction baselines, query-agnostic, on Qwen (EA Table 1).
+
+  python -m experiments.accuracy --config=configs/accuracy_compression.py \
+      --workdir=results/accuracy_compression
+  # the most important cells first (EA vs the baselines at ratio 0.5):
+  python -m experiments.accuracy --config=configs/accuracy_compression.py \
+      --workdir=results/accuracy_compression --config.budgets=0.5
+  python -m experiments.accuracy --config=configs/accuracy_compression.py --config.quick=True
+
+Protocol (Expected Attention Sec. 4, kvpress): the context is prefilled and compressed before
+the question is appended (``protocol=query_agnostic``; the question and the chat template's end
+are then read through the compressed cache), greedy answers, RULER string match. Budgets are
+the kept fractions 0.75 / 0.5 / 0.25 / 0.1, i.e. compression ratios 0.25 / 0.5 / 0.75 / 0.9.
+``expected-attention`` is the paper's preset (Ada-KV head budgets, 512 future positions,
+eps = 0.01, covariance and value norm); the baselines run with their own defaults. One prefill
+per batch serves every method and ratio (``experiments.tasks.compression_union``); dense reads
+the same cache. "EA vs each baseline" is paired on the same samples (paired bootstrap, McNemar).
+
+Samples: 5 per (task, length) over the 12 tasks: 60 per method x ratio (the headline cell).
+
+Cost (2 cores, idle-machine estimate from the measurements in ``configs/accuracy.py``): one
+shared prefill per 5-prompt batch (~1.3x dense for H2O's accumulated scores: ~70 s per prompt),
+then per row the question (~60 tokens) and the answer (~32 tokens) read one token at a time
+(~0.7 s per step of the batch on a compressed cache): ~29 rows x ~92 steps per batch. The full
+grid ~7 h; ratio 0.5 alone (8 rows) ~3 h; EA, SnapKV and dense at 0.5 ~1.3 h.
+"""
+
+from configs import accuracy
+
+BASELINES = ("snapkv", "tova", "h2o", "keydiff", "knorm", "streaming_llm")
+
+
+def get_config(quick: bool = False):
+  c = accuracy.get_config(quick)
+  c.protocol = "query_agnostic"
+  c.methods = ("dense", "expected-attention") + BASELINES
+  c.budgets = (0.75, 0.5, 0.25, 0.1)
+  c.pairs = tuple(("expected-attention", b) for b in BASELINES)
+  c.lengths = (4096,)
+  if quick:
+    c.methods = ("dense", "expected-attention", "snapkv", "h2o", "tova")
+    c.budgets = (0.5,)
+    c.pairs = (("expected-attention", "snapkv"),)
+    c.lengths = (256,)
+  return c
+

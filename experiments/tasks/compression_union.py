@@ -1,0 +1,97 @@
+"""One prefill for many compression methods: the attention once, each method's observations.
+
+Every ``CompressionMethod`` prefills the same way (``sparse_attn/compression/base.py``): it
+writes the chunk at slots = positions and attends densely and causally; methods differ only in
+what they record of the queries (``observe``) and in which slots ``end_prefill`` keeps. So one
+prefill that attends once and calls every member's ``observe`` on its own part of the state
+serves them all; ``split`` then runs each member's ``end_prefill`` on the shared dense cache
+(which it does not modify: compaction builds new buffers). Members that differ only in options
+read at ``end_prefill`` (the ratio, the head budget) share one observation state.
+
+Letters: B batch, N query heads, S chunk length, D head dim, L layers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from models import llama
+from sparse_attn import reference
+from sparse_attn.cache import write
+from sparse_attn.cache_attention import dense_over_cache
+from sparse_attn.compression.base import CompressionMethod
+
+# Options only ``end_prefill`` / ``keep_mask`` read: members differing in them observe alike.
+_KEEP_ONLY = dict(spec="", ratio=0.0, head_budget="uniform", floor=0.2, max_tokens=None)
+
+
+def observation_key(method: CompressionMethod) -> CompressionMethod:
+  """``method`` with its keep-only options neutralised (equal keys = equal observations)."""
+  return dataclasses.replace(method, **{k: v for k, v in _KEEP_ONLY.items()
+                                        if hasattr(method, k)})
+
+
+@dataclasses.dataclass(frozen=True)
+class CompressionUnion(CompressionMethod):
+  """A prefill-only method whose state holds every observer's state (``"m0"``, ``"m1"``, ...).
+
+  Attributes:
+    observers: one member per distinct observation configuration (``observation_key``).
+  """
+
+  observers: tuple = ()
+
+  @classmethod
+  def of(cls, methods) -> "CompressionUnion":
+    """The union observing for every method in ``methods`` (same ``block_size``)."""
+    sizes = {m.block_size for m in methods}
+    if len(sizes) != 1:
+      raise ValueError(f"a compression union needs one block size, got {sorted(sizes)}")
+    observers = {}
+    for m in methods:
+      observers.setdefault(observation_key(m), m)
+    return cls(spec="compression-union", block_size=sizes.pop(),
+               observers=tuple(observers.values()))
+
+  def slot(self, method: CompressionMethod) -> str:
+    """The state key holding ``method``'s observations."""
+    key = observation_key(method)
+    for i, m in enumerate(self.observers):
+      if observation_key(m) == key:
+        return f"m{i}"
+    raise ValueError(f"{method.spec!r} is not observed by this union")
+
+  def init_extra(self, batch, num_q_heads, num_kv_heads, head_dim, capacity) -> dict:
+    return {f"m{i}": m.init_state(batch, num_q_heads, num_kv_heads, head_dim, capacity)
+            for i, m in enumerate(self.observers)}
+
+  def prefill(self, q, k, v, cache, state, positions, *, scale=None):
+    """The chunk ``q [B, N, S, D]`` attends once; every observer records it (base ``prefill``)."""
+    cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), positions)
+    out, lse = dense_over_cache(q, cache, positions, scale)
+    scale = reference.default_scale(q.shape[-1], scale)
+    nxt = jnp.maximum(state["next_pos"], jnp.max(positions, axis=-1).astype(jnp.int32) + 1)
+    new = dict(state, next_pos=nxt)
+    for i, m in enumerate(self.observers):
+      mine = dict(state[f"m{i}"], next_pos=nxt)
+      new[f"m{i}"] = m.observe(q, cache, mine, positions, lse, scale)
+    return out, cache, new
+
+  def decode(self, q, k, v, cache, state, positions, *, scale=None):
+    del q, k, v, cache, state, positions, scale
+    raise ValueError("a compression union only prefills; decode with its members (split)")
+
+
+def split(union: CompressionUnion, method: CompressionMethod, caches, states, config):
+  """``method``'s per-layer ``(caches, states)`` after its own ``end_prefill``.
+
+  Args:
+    caches, states: the union's per-layer lists after ``models.steps.end_prefill`` (the union
+      itself evicts nothing there).
+  """
+  scale = llama.softmax_scale(config)
+  key = union.slot(method)
+  out = [method.end_prefill(c, s[key], scale=scale) for c, s in zip(caches, states)]
+  return [c for c, _ in out], [s for _, s in out]

@@ -1,0 +1,57 @@
+"""Abstract inputs of every kernel at real model shapes (lowering tests, PTX checks, roofline).
+
+Letters: B batch, N query heads, K kv heads, D head dim, T cache slots, n listed blocks, W window.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+S = jax.ShapeDtypeStruct
+I32, BF16, F32 = jnp.int32, jnp.bfloat16, jnp.float32
+
+# name: (batch, N, K, D, T, block_size, listed blocks n)
+MODELS = {
+    "llama31_8b": (1, 32, 8, 128, 8192, 16, 26),
+    "smollm2": (2, 9, 3, 64, 8192, 32, 13),
+    # G = 16: no row padding at all (the unmasked load/store paths).
+    "group16": (1, 32, 2, 128, 4096, 64, 8),
+    # Qwen2.5 (G = 7) at 32k with a 5% budget.
+    "qwen25_g7": (1, 14, 2, 64, 32768, 16, 102),
+    "llama31_8b_32k": (1, 32, 8, 128, 32768, 16, 102),
+}
+WINDOW = 8
+
+# (kernel, per-head selection)
+KERNELS = [
+    ("block_score", False), ("block_score_pooled", False), ("sparse_decode", False),
+    ("sparse_decode", True), ("sparse_decode_resa", False), ("sparse_decode_resa", True),
+    ("sparse_decode_multiquery", False), ("sparse_decode_multiquery", True),
+]
+
+
+def kernel_avals(kernel: str, model: str, per_head: bool, dtype=BF16):
+  """``(op, abstract args, block_size)`` of ``kernel`` at ``MODELS[model]``."""
+  # pylint: disable=g-import-not-at-top (avoid a cycle: the ops import nothing from here)
+  from pallas_kernels import (block_score, block_score_pooled, sparse_decode,
+                              sparse_decode_multiquery, sparse_decode_resa)
+  b, hq, hkv, d, t, bs, n = MODELS[model]
+  hs = hq if per_head else hkv
+  cache = S((b, hkv, t, d), dtype)
+  lists = (S((b, hs, n), I32), S((b, hs), I32))
+  length = S((b,), I32)
+  if kernel in ("block_score", "block_score_pooled"):
+    fn = {"block_score": block_score, "block_score_pooled": block_score_pooled}[kernel]
+    digest = S((b, hkv, t // bs, d), dtype)
+    return fn, (S((b, hkv, hq // hkv, d), dtype), digest, digest, length), bs
+  if kernel == "sparse_decode":
+    return sparse_decode, (S((b, hq, d), dtype), cache, cache, *lists, length), bs
+  if kernel == "sparse_decode_resa":
+    return sparse_decode_resa, (S((b, hq, d), dtype), cache, cache, S((b, hq, t), F32), *lists,
+                                length), bs
+  if kernel != "sparse_decode_multiquery":
+    raise ValueError(f"unknown kernel {kernel!r}; valid: {sorted({k for k, _ in KERNELS})}")
+  return sparse_decode_multiquery, (S((b, hq, WINDOW, d), dtype), cache, cache, *lists,
+                                    S((b, hs, WINDOW, n), jnp.bool_), S((b, WINDOW), I32),
+                                    length), bs

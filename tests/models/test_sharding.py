@@ -1,0 +1,64 @@
+"""Sharding: mesh parsing and layout tables here; the 8-device equality tests in a subprocess.
+
+``sharded_cases.py`` needs 8 devices, and the CPU device count is fixed when jax starts, so it
+runs in its own ``python -m pytest`` process with ``XLA_FLAGS`` set (this also keeps it inside
+the README's ``python -m pytest -n 2 --dist loadfile``).
+"""
+
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from models import sharding
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_parse_mesh():
+  assert sharding.parse_mesh("data:2,model:2,seq:2") == {"data": 2, "model": 2, "seq": 2}
+  assert sharding.parse_mesh("seq:8") == {"data": 1, "model": 1, "seq": 8}
+  for bad in ("rows:2", "data:0", "data=2", "seq:x"):
+    with pytest.raises(ValueError, match="mesh entry"):
+      sharding.parse_mesh(bad)
+  with pytest.raises(ValueError, match="devices"):
+    sharding.make_mesh(data=len(jax.devices()) + 1)
+
+
+def test_logical_axes_of_cache_and_state_leaves():
+  assert sharding.state_logical("k", 4) == ("batch", "kv_heads", "seq", None)
+  assert sharding.state_logical("k", 5, stacked=True) == (None, "batch", "kv_heads", "seq",
+                                                          None)
+  assert sharding.state_logical("prior", 3) == ("batch", "heads", "seq")
+  assert sharding.state_logical("since", 1) == ("batch",)  # unlisted: batch only
+  assert sharding.state_logical("unknown", 3) == ("batch", None, None)
+
+
+def test_spec_drops_axes_that_do_not_divide():
+  mesh = sharding.make_mesh()  # one device: nothing is split
+  assert sharding.spec_for(("batch", "kv_heads", "seq", None), (2, 3, 64, 8), mesh) == \
+      jax.sharding.PartitionSpec()
+
+
+def test_sharded_decoding_on_8_virtual_devices():
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         os.path.join("tests", "models", "sharded_cases.py")]
+  run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+  assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+  assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout
+
+
+def test_memory_plan_splits_the_cache():
+  from experiments import memory_plan
+  rows = {(r["layout"], r["method"]): r for r in memory_plan.plan()}
+  one = rows[("data:1", "dense")]
+  assert one["cache"] == 32 * 2 * 8 * 8 * 131072 * 128 * 2 + 32 * (8 * 8 * 131072 * 4 + 8 * 4)
+  for layout in ("seq:8", "data:8", "model:8", "data:2,model:2,seq:2"):
+    assert rows[(layout, "dense")]["cache"] * 8 <= one["cache"] + 32 * 8 * 4 * 8
+  assert rows[("model:8", "dense")]["weights"] < one["weights"] / 7
+  ea = rows[("data:1", "expected_attention 0.5")]
+  assert 0.49 < ea["cache"] / one["cache"] < 0.52

@@ -1,0 +1,80 @@
+"""Per-head selection through the union of a group's lists, and the new kernel shapes of issue 17
+(G = 7 as in Qwen, D = 96 and 256, retro windows with G * W = 64 rows, many blocks per split)."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import (_union, sparse_decode, sparse_decode_multiquery,
+                            sparse_decode_multiquery_reference, sparse_decode_reference,
+                            sparse_decode_resa, sparse_decode_resa_reference)
+from pk_testutil import Case, assert_attention_close
+
+
+def test_union_lists_is_the_set_union_with_per_head_words():
+  rng = np.random.default_rng(0)
+  b, hkv, g, n, nb = 2, 2, 3, 5, 12
+  idx = np.stack([[rng.permutation(nb)[:n] for _ in range(hkv * g)] for _ in range(b)])
+  n_valid = rng.integers(0, n + 1, (b, hkv * g))
+  idx[0, 0, n_valid[0, 0]:] = -3  # junk past n_valid is ignored
+  payload = rng.integers(1, 100, (b, hkv * g, n))
+  u, nu, words = _union.union_lists(jnp.asarray(idx, jnp.int32), jnp.asarray(n_valid, jnp.int32),
+                                    g, nb, jnp.asarray(payload, jnp.int32))
+  u, nu, words = map(np.asarray, (u, nu, words))
+  for bi in range(b):
+    for k in range(hkv):
+      want = {}
+      for gi in range(g):
+        h = k * g + gi
+        for e in range(n_valid[bi, h]):
+          want.setdefault(int(idx[bi, h, e]), {})[gi] = int(payload[bi, h, e])
+      assert nu[bi, k] == len(want)
+      assert list(u[bi, k, :nu[bi, k]]) == sorted(want)
+      for e, blk in enumerate(u[bi, k, :nu[bi, k]]):
+        assert {gi: int(w) for gi, w in enumerate(words[bi, k, e]) if w} == want[blk]
+  bits = np.asarray(_union.head_bits(jnp.asarray(words)))[..., 0]
+  assert ((bits >> np.arange(g)[:, None, None, None]) & 1).transpose(1, 2, 3, 0).astype(bool).tolist() \
+      == (words != 0).tolist()
+
+
+# batch, hkv, group, head_dim, block_size, num_blocks, list_len, per_head, dtype, num_splits
+SHAPES = [
+    (1, 2, 7, 96, 16, 80, 40, True, jnp.bfloat16, None),  # Qwen's G = 7, D = 96, 2 splits
+    (1, 1, 2, 256, 16, 40, 20, True, jnp.float32, 2),  # D = 256
+    (2, 1, 7, 64, 32, 24, 10, False, jnp.bfloat16, None),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decode_and_resa_new_shapes(shape):
+  case = Case(*shape[:9], seed=3, num_splits=shape[9])
+  q, k, v, idx, n_valid, length, prior = case.arrays()
+  kw = dict(block_size=case.block_size)
+  out, lse = sparse_decode(q, k, v, idx, n_valid, length, **kw, impl="pallas", interpret=True,
+                           num_splits=case.num_splits)
+  assert_attention_close(out, lse, *sparse_decode_reference(q, k, v, idx, n_valid, length, **kw),
+                         case.dtype)
+  got = sparse_decode_resa(q, k, v, prior, idx, n_valid, length, **kw, impl="pallas",
+                           interpret=True, num_splits=case.num_splits)
+  want = sparse_decode_resa_reference(q, k, v, prior, idx, n_valid, length, **kw)
+  assert_attention_close(got[0], got[1], want[0], want[1], case.dtype)
+  assert_attention_close(got[2], got[3], want[2], want[3], jnp.float32 if case.dtype == jnp.float32
+                         else jnp.bfloat16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("per_head", [False, True])
+def test_multiquery_64_rows(per_head):
+  """G = 8 heads x W = 8 window queries: 64 rows per kv-head program."""
+  case = Case(1, 1, 8, 64, 16, 32, 12, per_head, jnp.bfloat16, seed=5, window=8, multi=True)
+  q, k, v, idx, n_valid, length, _ = case.arrays()
+  rng = np.random.default_rng(1)
+  block_mask = jnp.asarray(rng.random((1, case.sel_heads, 8, case.list_len)) < 0.7)
+  q_limit = jnp.asarray(rng.integers(-1, case.t + 2, (1, 8)), jnp.int32)
+  args = (q, k, v, idx, n_valid, block_mask, q_limit, length)
+  out, lse = sparse_decode_multiquery(*args, block_size=16, impl="pallas", interpret=True)
+  ref = sparse_decode_multiquery_reference(*args, block_size=16)
+  assert_attention_close(out, lse, *ref, case.dtype)
