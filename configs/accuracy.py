@@ -3,9 +3,10 @@ r"""Retrieval accuracy of RESA, ReSA and RetroAttention on Qwen at 4k and 8k (RE
   python -m experiments.accuracy --config=configs/accuracy.py --workdir=results/accuracy
   # the most important cells first (each part resumes and appends to the same workdir):
   python -m experiments.accuracy --config=configs/accuracy.py --workdir=results/accuracy \
-      --config.methods=dense,quest,resa-quest --config.budgets=0.025 --config.lengths=4096
+      "--config.methods=('dense','quest','resa-quest')" "--config.budgets=(0.025,)" \
+      "--config.lengths=(4096,)"
   python -m experiments.accuracy --config=configs/accuracy.py --workdir=results/accuracy \
-      --config.lengths=4096
+      "--config.lengths=(4096,)"
   python -m experiments.accuracy --config=configs/accuracy.py --config.quick=True  # CI smoke
 
 Protocol (RESA Sec. 5, "Additional Configuration"): ``qwen2.5-coder-0.5b-instruct`` (dense

@@ -4,7 +4,7 @@ r"""Expected Attention against six eviction baselines, query-agnostic, on Qwen (
       --workdir=results/accuracy_compression
   # the most important cells first (EA vs the baselines at ratio 0.5):
   python -m experiments.accuracy --config=configs/accuracy_compression.py \
-      --workdir=results/accuracy_compression --config.budgets=0.5
+      --workdir=results/accuracy_compression "--config.budgets=(0.5,)"
   python -m experiments.accuracy --config=configs/accuracy_compression.py --config.quick=True
 
 Protocol (Expected Attention Sec. 4, kvpress): the context is prefilled and compressed before

@@ -3,7 +3,7 @@ r"""Decode latency and memory benchmark (issue 9).
   python -m experiments.latency --config=configs/latency.py --workdir=results/latency
 
 Subsets: ``--config.sections=per_layer,torch_peer`` (of ``per_layer, torch_peer, end_to_end,
-memory, resa``), ``--config.contexts=8192,32768``, ``--config.dtypes=bfloat16``,
+memory, resa, prefill``), ``--config.contexts=8192,32768``, ``--config.dtypes=bfloat16``,
 ``--config.methods=dense,quest:gqa=group``. CI: ``--config.quick=True`` (tiny shapes, the
 ``tiny-random`` model, and the Pallas kernels in interpret mode on one tiny shape).
 GPU: ``--config.impl=pallas`` (``pip install -e ".[gpu]"``) adds achieved bandwidth vs peak.
@@ -31,13 +31,14 @@ _QUICK = dict(
     decode_contexts="64", decode_steps=2, prefill_chunk=32, memory_context=512,
     memory_layers=2, memory_methods="dense,expected_attention:ratio=0.5", resa_contexts="256",
     resa_chunk=32, max_seconds_per_context=10.0,
+    prefill_models="tiny-random", prefill_lengths="64,128", prefill_repeats=2,
 )
 
 
 def get_config(quick: bool = False):
   c = ml_collections.ConfigDict()
   c.quick = quick  # tiny shapes + tiny-random model (CI): _QUICK below
-  c.sections = "per_layer,torch_peer,end_to_end,memory,resa"
+  c.sections = "per_layer,torch_peer,end_to_end,memory,resa,prefill"
   c.seed = 0
   c.threads = 0  # torch threads; 0 = os.cpu_count() (XLA:CPU uses every core)
   c.warmup = 1  # untimed calls after compilation
@@ -75,6 +76,11 @@ def get_config(quick: bool = False):
   # ---- RESA overheads ----
   c.resa_contexts = "8192,32768"
   c.resa_chunk = 512
+  # ---- dense prefill vs transformers (same weights, same threads) ----
+  c.prefill_models = "smollm2-135m-instruct,qwen2.5-coder-0.5b-instruct"
+  c.prefill_lengths = "2048,8192"
+  c.prefill_layers = 0  # 0 = every layer; n = the first n layers of both models (faster)
+  c.prefill_repeats = 3  # interleaved rounds; medians and their ratio are reported
   if quick:
     c.update(_QUICK)
   return c

@@ -19,7 +19,7 @@ Samples: 55 prompts x ``questions`` = 8 answers (440 scored answers per method).
 
 Cost (2 cores, idle-machine estimate, see ``configs/accuracy.py``): ~25 s of shared prefill per
 2k prompt (~25 min), plus 6 rows x up to 192 greedy steps per 5-prompt batch at ~0.5 s
-(~10 min per batch, ~1.8 h for 11 batches); ``--config.methods=dense,retro,QUEST`` first.
+(~10 min per batch, ~1.8 h for 11 batches); ``"--config.methods=('dense','retro',QUEST)"`` first (QUEST spelled out).
 """
 
 from configs import accuracy

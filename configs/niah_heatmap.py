@@ -2,7 +2,7 @@ r"""Needle in a haystack, depth x length, at 50% compression (Expected Attention
 
   python -m experiments.accuracy --config=configs/niah_heatmap.py --workdir=results/niah_heatmap
   python -m experiments.accuracy --config=configs/niah_heatmap.py --workdir=results/niah_heatmap \
-      --config.lengths=4096  # one column first
+      "--config.lengths=(4096,)"  # one column first
   python -m experiments.accuracy --config=configs/niah_heatmap.py --config.quick=True
 
 Protocol: Kamradt's needle (a number) in Paul Graham essays (``niah_single_2``), the context

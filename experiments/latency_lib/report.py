@@ -49,6 +49,16 @@ def e2e_table(rows: list[dict]) -> str:
                                      "x transformers"])
 
 
+def prefill_table(rows: list[dict]) -> str:
+  rows = [r for r in rows if r["section"] == "prefill"]
+  out = [{"model": r["model"], "layers": r["layers"], "context": r["context"],
+          "threads": r["threads"], "ours tok/s": _f(r["ours_tok_s"]),
+          "transformers tok/s": _f(r["transformers_tok_s"]),
+          "ours / transformers": _f(r["ratio"])} for r in rows]
+  return render.markdown_table(out, ["model", "layers", "context", "threads", "ours tok/s",
+                                     "transformers tok/s", "ours / transformers"])
+
+
 def memory_table(rows: list[dict]) -> str:
   rows = [r for r in rows if r["section"] == "memory"]
   dense = next((r for r in rows if r["method"] == "dense"), None)
@@ -141,6 +151,9 @@ def targets(rows: list[dict]) -> str:
     if hf:
       ratio = r["tok_s"] / hf[0]["tok_s"]
       add(f"e2e dense decode tok/s / transformers, {r['context']}", ratio, ratio >= 1.0, ">= 1")
+  for r in _by(rows, section="prefill"):
+    add(f"dense prefill tok/s / transformers, {r['model']} {r['context']}", r["ratio"],
+        r["ratio"] >= 1.0, ">= 1")
   mem = [r for r in rows if r["section"] == "memory"]
   dense = next((r for r in mem if r["method"] == "dense"), None)
   for r in mem:
@@ -183,6 +196,7 @@ def write(records: list[dict], workdir: str) -> tuple[str, str]:
   for title, fn, sec in (("Targets (issue 9)", targets, None),
                          ("Per-layer decode attention", per_layer_table, "per_layer"),
                          ("End to end", e2e_table, "end_to_end"),
+                         ("Dense prefill vs transformers", prefill_table, "prefill"),
                          ("Memory", memory_table, "memory"),
                          ("RESA overheads", resa_table, None)):
     if sec is None or any(r["section"] == sec for r in rows):

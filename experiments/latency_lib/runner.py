@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 
 from experiments.common import cli, results
-from experiments.latency_lib import (end_to_end, memory, per_layer, report, resa_overhead,
-                                     settings)
+from experiments.latency_lib import (end_to_end, memory, per_layer, prefill, report,
+                                     resa_overhead, settings)
 
 # Sweep axes: every record's key names its section, dtype, context and method.
 KEYED = ("sections", "contexts", "dtypes", "methods", "e2e_methods", "prefill_contexts",
@@ -45,5 +45,7 @@ def run(config, workdir: str) -> str:
       if not writer.done(key(0)):
         for i, rec in enumerate(resa_overhead.run_context(s, ctx)):
           write(rec, key(i))
+  if "prefill" in sections:
+    prefill.run(s, writer.done, write)
   text, _ = report.write(writer.records(), workdir)
   return text

@@ -8,7 +8,7 @@ import re
 
 from experiments.common import quick
 
-SECTIONS = ("per_layer", "torch_peer", "end_to_end", "memory", "resa")
+SECTIONS = ("per_layer", "torch_peer", "end_to_end", "memory", "resa", "prefill")
 
 
 def split_list(text: str) -> list[str]:

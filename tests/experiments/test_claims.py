@@ -77,3 +77,18 @@ def test_reproduce_plan_and_bad_names():
   assert set(reproduce.EXPECTED_MINUTES) == {n for n, _ in reproduce.PARTS}
   line = reproduce.eta_line(1, reproduce.plan(), 600.0, {"svd_analysis": 1200.0})
   assert line.startswith(f"[1/{len(reproduce.PARTS)}] elapsed 10.0 min, eta")
+
+
+def test_score_error_reduction_uses_the_per_head_statistic():
+  base = np.full((3, 4), 0.5)
+  recs = []
+  for spec, scale in (("quest", 1.0), ("quest+resa:lam=1.0", 0.4)):
+    rec = dict(experiment="attention_error", config=dict(model="m"), spec=spec, budget=0.05,
+               prefill_len=64, attended=np.full((3, 4), 0.1))
+    for m in ("score_l1", "score_rel_l2", "out_rel_l2", "out_rel_l2_retired"):
+      rec[m] = base * scale
+    recs.append(rec)
+  got = claims_table.score_error_reduction(recs)
+  assert got["verdict"] == "reproduced" and got["ours"].startswith("median 60.0%")
+  weak = [dict(r, score_l1=base * 0.9) if "+" in r["spec"] else r for r in recs]
+  assert claims_table.score_error_reduction(weak)["verdict"] == "not reproduced"

@@ -4,9 +4,11 @@ import json
 import math
 import os
 
+import numpy as np
+
 from configs import latency as latency_config
 from experiments import latency_lib
-from experiments.latency_lib import settings, traffic
+from experiments.latency_lib import prefill, settings, traffic
 from experiments.tasks import report
 from sparse_attn import methods
 
@@ -50,5 +52,30 @@ def test_quick_run_writes_finite_results(tmp_path):
   assert mem["expected_attention:ratio=0.5"] < 0.6 * mem["dense"]
   assert math.isfinite(next(r for r in recs if r["section"] == "resa")["overhead_pct"])
   assert "| dense |" in text and "torch SDPA" in text
+  pre = [r for r in recs if r["section"] == "prefill"]
+  assert sorted(r["context"] for r in pre) == [64, 128]
+  for r in pre:
+    assert r["ratio"] > 0 and math.isclose(r["ratio"], r["transformers_s"] / r["ours_s"]), r
+  assert "Dense prefill vs transformers" in text
+
   md = open(report.build(str(tmp_path), str(tmp_path / "report")), encoding="utf-8").read()
   assert "## Decode latency and memory (`results.jsonl`)" in md and "latency.png" in md
+
+
+def test_transformers_peer_holds_our_weights():
+  """The prefill peer is built from our parameters: same logits (tied and untied heads)."""
+  import torch
+  model = prefill.load("tiny-random")
+  for m in (model, prefill.truncate_layers(model, 1)):
+    tmodel = prefill.torch_from_params(m, 1)
+    ids = np.arange(1, 30)[None]
+    with torch.inference_mode():
+      ref = tmodel(input_ids=torch.tensor(ids)).logits.numpy()
+    ours = np.asarray(m.forward(ids))
+    assert np.abs(ours - ref).max() <= 1e-4 * np.abs(ref).max()
+  untied = dict(model.params, lm_head=model.params["embed"].T * 0.5)
+  m = prefill.dataclasses.replace(
+      model, config=model.config.replace(tie_word_embeddings=False), params=untied)
+  with torch.inference_mode():
+    ref = prefill.torch_from_params(m, 1)(input_ids=torch.tensor(ids)).logits.numpy()
+  np.testing.assert_allclose(np.asarray(m.forward(ids)), ref, rtol=1e-4, atol=1e-4)

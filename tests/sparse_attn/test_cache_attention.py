@@ -1,4 +1,4 @@
-"""``dense_over_cache`` (the key-tile loop over filled slots) equals one exact attention call.
+"""``dense_over_cache`` (query tiles x visible key tiles) equals one exact attention call.
 
 The explicit example reaches the last tile clamped to end at the capacity (64 = 48 + 16),
 where slots the previous tile covered must not count twice.
@@ -31,9 +31,12 @@ def _filled_cache(rng, b, hkv, capacity, d, lengths, shuffle_pos):
 @hypothesis.given(
     capacity=st.sampled_from([48, 64, 96, 160]), key_tile=st.sampled_from([16, 32, 48, 1000]),
     g=st.sampled_from([1, 3]), s=st.integers(1, 20), fill=st.floats(0.0, 1.0),
-    shuffle_pos=st.booleans(), seed=st.integers(0, 2**16))
-@hypothesis.example(capacity=64, key_tile=48, g=3, s=20, fill=1.0, shuffle_pos=False, seed=0)
-def test_tiles_equal_one_call(capacity, key_tile, g, s, fill, shuffle_pos, seed):
+    shuffle_pos=st.booleans(), seed=st.integers(0, 2**16),
+    query_tile=st.sampled_from([1, 8, 32]), window=st.sampled_from([None, 7]))
+@hypothesis.example(capacity=64, key_tile=48, g=3, s=20, fill=1.0, shuffle_pos=False, seed=0,
+                    query_tile=8, window=None)
+def test_tiles_equal_one_call(capacity, key_tile, g, s, fill, shuffle_pos, seed, query_tile,
+                              window):
   rng = np.random.default_rng(seed)
   b, hkv, d = 2, 2, 8
   lengths = [max(1, int(round(fill * capacity))), capacity // 3 + 1]
@@ -42,8 +45,9 @@ def test_tiles_equal_one_call(capacity, key_tile, g, s, fill, shuffle_pos, seed)
   # queries at the newest positions, one row partly before the start (masked rows)
   positions = jnp.asarray(np.stack([np.arange(s) + ln - s for ln in lengths]), jnp.int32)
   want = reference.attention(q, cache.k, cache.v, kv_length=cache.length,
-                             q_positions=positions, k_positions=cache.pos)
-  got = dense_over_cache(q, cache, positions, key_tile=key_tile)
+                             q_positions=positions, k_positions=cache.pos, window=window)
+  got = dense_over_cache(q, cache, positions, key_tile=key_tile, query_tile=query_tile,
+                         window=window)
   np.testing.assert_allclose(got[0], want[0], atol=2e-5, rtol=2e-5)
   np.testing.assert_array_equal(np.isfinite(got[1]), np.isfinite(want[1]))
   fin = np.isfinite(np.asarray(want[1]))
@@ -64,3 +68,5 @@ def test_jit_vmap_and_errors():
   np.testing.assert_allclose(per_row[0], plain[0], atol=1e-6)
   with pytest.raises(ValueError, match="key_tile"):
     dense_over_cache(q, cache, positions, key_tile=0)
+  with pytest.raises(ValueError, match="query_tile"):
+    dense_over_cache(q, cache, positions, query_tile=0)
