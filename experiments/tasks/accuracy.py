@@ -66,8 +66,17 @@ def kv_kept(pre: decoding.Prefilled) -> list[float] | None:
   caches = pre.caches if isinstance(pre.caches, list) else None
   if not caches or not hasattr(caches[0], "valid"):
     return None
-  per_layer = [np.asarray(c.valid).sum(-1).mean(-1) for c in caches]  # [B] each
+  per_layer = [_kept_per_head(c) for c in caches]  # [B] each
   return [float(x) for x in np.mean(per_layer, axis=0)]
+
+
+def _kept_per_head(cache) -> np.ndarray:
+  """``[B]`` mean valid tokens per kv head: per-head ``valid [B, K, T]``, or a flat Ada-KV
+  buffer's ``valid [B, S]`` shared by its ``num_kv_heads`` heads."""
+  valid = np.asarray(cache.valid)
+  if valid.ndim == 2:
+    return valid.sum(-1) / cache.num_kv_heads
+  return valid.sum(-1).mean(-1)
 
 
 def _pad(seqs) -> tuple[np.ndarray, np.ndarray]:
