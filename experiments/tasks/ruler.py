@@ -214,11 +214,19 @@ def _qa_multi(rng, target, depth, questions=DEFAULT_QUESTIONS, **_):
   squad = data.squad()
   items, seen = [], set()
   budget = 2 * target // max(questions, 1)  # characters per gold paragraph, leaving room
-  while len(items) < questions:
-    item = squad[int(rng.integers(len(squad)))]
-    if item["context"] not in seen and len(item["context"]) + len(item["question"]) <= budget:
+  fits = [i for i, it in enumerate(squad) if len(it["context"]) + len(it["question"]) <= budget]
+  if len({squad[i]["context"] for i in fits}) < questions:
+    raise ValueError(f"qa_multi: {questions} questions need {questions} SQuAD paragraphs of at "
+                     f"most {budget} characters at a target of {target} tokens; only "
+                     f"{len({squad[i]['context'] for i in fits})} exist (raise the target or "
+                     "lower the question count)")
+  for i in rng.permutation(fits):
+    item = squad[int(i)]
+    if item["context"] not in seen:
       seen.add(item["context"])
       items.append(item)
+      if len(items) == questions:
+        break
   docs, filler = _squad_distractors(rng, squad, seen, target)
   depths = (np.arange(questions) + 0.5) / questions
   golds = [(f"Document \x00:\n{it['context']}\n\n".rstrip(" "), float(d))
