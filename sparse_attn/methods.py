@@ -31,9 +31,9 @@ from sparse_attn.budget import Budget
 from sparse_attn.cache import KVCache, init_cache, write
 from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.enhancers import compose
+from sparse_attn.enhancers import options as enhancer_options
 from sparse_attn.enhancers import rectify as rect_lib
-from sparse_attn.enhancers import resa as resa_lib
-from sparse_attn.enhancers import retro as retro_lib
+from sparse_attn.presets import PRESETS
 from sparse_attn.spec import parse_spec
 
 # name -> fn(method, q [B, Hq, D], cache, scale) -> Selection
@@ -58,34 +58,6 @@ ENHANCER_OPTIONS = {
 }
 TOKEN_SELECTORS = ("topk", "streaming")  # selections of single slots (granularity 1)
 SCORE_SELECTORS = ("quest", "arkvale", "topk")  # choose entries by score (StreamingLLM does not)
-
-# Paper presets: name -> spec string (every option inline; keywords to ``make`` override them).
-PRESETS = {
-    # RESA (Yang et al., ICLR 2026), Sec. 5 "Additional Configuration": 2.5% of the context chosen
-    # by the selector, 4 sinks + 64 local tokens a fixed budget on top, prior fixed at the end of
-    # prefill (Sec. 4.2), lambda = 1 (Sec. 4.3).
-    "resa-quest": "quest:budget=0.025,n_sink=4,local_window=64,forced_count=extra"
-                  "+resa:lam=1.0,prior_update=prefill_only,typical_query=mean",
-    "resa-arkvale": "arkvale:budget=0.025,n_sink=4,local_window=64,forced_count=extra"
-                    "+resa:lam=1.0,prior_update=prefill_only,typical_query=mean",
-    "resa-topk": "topk:budget=0.025,n_sink=4,local_window=64,forced_count=extra"
-                 "+resa:lam=1.0,prior_update=prefill_only,typical_query=mean",
-    # ReSA (Sun et al. 2025), Sec. 2.1 Eq. 4 and Sec. 3: group-shared block selection,
-    # n = max(n_min, ceil(M p)) blocks counting the n_local forced block, no sink block,
-    # b = 16, n_min = 16, p = 0.1, dense rectification every f = 32 tokens (Sec. 2.2).
-    "rectified": "quest:gqa=group,p=0.1,n_min=16,n_local=1,n_sink=0,forced_count=inside"
-                 "+rect:f=32",
-    # RetroAttention (Choi et al. 2025), Table 1: Quest with a relative budget of 0.15 of the
-    # current context and a 256-token minimum, only the current page forced; window w = 2.
-    "retro": "quest:budget=0.15,min_tokens=256,n_sink=0,local_window=1,forced_count=inside"
-             "+retro:w=2",
-    # Expected Attention (Devoto et al. 2025), Sec. 4 "Experimental setup": Ada-KV head budgets,
-    # 512 future positions, eps = 0.01 (0 for needle in a haystack), covariance and value norm;
-    # prefill statistics from the prompt's queries. Half the cache evicted (Fig. 3's ratio).
-    "expected-attention": "expected_attention:ratio=0.5,head_budget=adakv,n_future=512,eps=0.01,"
-                          "use_covariance=true,use_vnorm=true,prefill_stats=all",
-}
-
 
 @dataclasses.dataclass(frozen=True)
 class Method:
@@ -369,7 +341,7 @@ def make(spec: str = "dense", **options) -> Method:
   if variant not in scoring.ARKVALE_VARIANTS:
     raise ValueError(f"variant must be one of {scoring.ARKVALE_VARIANTS}, got {variant!r}")
   return Method(**common, budget=_budget_from(opts), gqa=gqa, variant=variant,
-                **_adaptive_fields(name, opts), **_enhancer_fields(enh, enh_opts))
+                **_adaptive_fields(name, opts), **enhancer_options.fields(enh, enh_opts))
 
 
 def _adaptive_fields(name: str, opts: dict) -> dict:
@@ -407,29 +379,3 @@ def _parse_enhancers(spec: str, name: str, rest, options: dict):
       if o in options:
         enh_opts[o] = options[o]
   return tuple(enh), enh_opts
-
-
-def _enhancer_fields(enh, opts: dict) -> dict:
-  out = {}
-  if "resa" in enh:
-    lam = opts.get("lam", 1.0)
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam <= 1:
-      raise ValueError(f"RESA lam must be a number in [0, 1] (Sec. 4.3), got {lam!r}")
-    form = opts.get("lam_form", "renormalised")
-    if form not in resa_lib.LAM_FORMS:
-      raise ValueError(f"lam_form must be one of {resa_lib.LAM_FORMS}, got {form!r}")
-    tq = opts.get("typical_query", "mean")
-    if tq not in resa_lib.TYPICAL_QUERIES:
-      raise ValueError(f"typical_query must be one of {resa_lib.TYPICAL_QUERIES}, got {tq!r}")
-    pu = opts.get("prior_update", "prefill_only")
-    if pu not in resa_lib.PRIOR_UPDATES:
-      raise ValueError(f"prior_update must be one of {resa_lib.PRIOR_UPDATES}, got {pu!r}")
-    out.update(resa=True, lam=float(lam), lam_form=form, typical_query=tq, prior_update=pu)
-  if "rect" in enh:
-    out["rect_f"] = rect_lib.interval(opts.get("f", rect_lib.DEFAULT_F))
-  if "retro" in enh:
-    w = opts.get("w", 2)
-    if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= retro_lib.MAX_WINDOW:
-      raise ValueError(f"retro window w must be an int in [1, {retro_lib.MAX_WINDOW}], got {w!r}")
-    out["retro_w"] = w
-  return out
