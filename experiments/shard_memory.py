@@ -43,20 +43,17 @@ def cache_bytes(model, method, mesh) -> tuple[int, int, int]:
   import jax  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
-  import models  # pylint: disable=g-import-not-at-top
-  from models import decode, llama, sharding, steps  # pylint: disable=g-import-not-at-top
+  from models import decode, driver, sharding  # pylint: disable=g-import-not-at-top
   model, method = sharding.prepare(model, method, mesh)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, model.config.vocab_size, (FLAGS.batch, FLAGS.prompt)).astype(np.int32)
   lengths = np.full((FLAGS.batch,), FLAGS.prompt, np.int32)
   _, history, caches, states = decode.prefill(model, tokens, lengths, method,
                                               method.round_capacity(FLAGS.capacity), 64)
-  params = llama.split_layers(model.params)
+  loop = driver.Decoder(model, method, history, caches, states)
   for i in range(FLAGS.steps):
-    pos = decode.window_positions(lengths + i, method.window)
-    _, _, history, caches, states = steps.decode_step(
-        params, history, jax.numpy.asarray(pos), caches, states, jax.random.key(i),
-        config=model.config, method=method, sampling=models.Sampling())
+    loop.step(lengths + i, jax.random.key(i))
+  caches, states = loop.caches, loop.states
   # ``length [B]`` is replicated on every device (a few bytes); the rest is split.
   slots = [{f: getattr(c, f) for f in ("k", "v", "pos", "kmin", "kmax", "kcen", "krad")}
            for c in caches]

@@ -26,8 +26,8 @@ import numpy as np
 
 from models import llama, sharding
 from models.sampling import Sampling
-from models.steps import (decode_step, end_prefill, init_caches, prefill_step,
-                          rectify_step, sample_from_hidden)
+from models.driver import Decoder, pin_prefix
+from models.steps import end_prefill, init_caches, prefill_step, sample_from_hidden
 
 def chunk_size_for(max_len: int, prefill_chunk: int) -> int:
   """Chunk length: ``prefill_chunk``, or the next power of two >= 16 for short prompts."""
@@ -49,15 +49,13 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
   if s > capacity:
     raise ValueError(f"prompt of {s} tokens exceeds the cache capacity {capacity}")
   w = config.sliding_window
-  if w is not None and capacity > w and getattr(method, "sliding_window", None) != w:
+  if w is not None and capacity > w and method.sliding_window != w:
     raise ValueError(
         f"the model attends a sliding window of {w} tokens < cache capacity {capacity}, but "
-        f"method {method.spec!r} has sliding_window={getattr(method, 'sliding_window', None)}:"
-        " pass models.decode.with_model_window(method, config, capacity) (generate and "
+        f"method {method.spec!r} has sliding_window={method.sliding_window}: pass "
+        "models.decode.with_model_window(method, config, capacity) (generate and "
         "teacher_forced do)")
-  check = getattr(method, "check_context", None)  # selectors: refuse a budget choosing nothing
-  if check is not None:
-    check(int(lengths.min()))
+  method.check_context(int(lengths.min()))  # e.g. a selector whose budget chooses nothing
   history = np.zeros((b, capacity), np.int32)
   history[:, :s] = prompts
   caches, states = init_caches(config, method, b, capacity)
@@ -87,19 +85,9 @@ def with_model_window(method, config, capacity: int):
     NotImplementedError: the method has no window mask (RESA, retro, compression methods).
   """
   w = config.sliding_window
-  if w is None or capacity <= w or getattr(method, "sliding_window", None) == w:
+  if w is None or capacity <= w or method.sliding_window == w:
     return method
-  if not hasattr(method, "with_sliding_window"):
-    raise NotImplementedError(
-        f"{method.spec!r} has no sliding-window mask; the model's window is {w} tokens and the "
-        f"cache {capacity}: use a context within the window, dense, or a selector")
   return method.with_sliding_window(w)
-
-
-def window_positions(newest: np.ndarray, w: int) -> np.ndarray:
-  """``[B, w]`` positions ``newest-w+1 .. newest`` (negative entries = not yet existing)."""
-  pos = newest[:, None] + np.arange(1 - w, 1)[None]
-  return np.where(pos >= 0, pos, -1).astype(np.int32)
 
 
 def _as_batch(prompt_tokens):
@@ -178,21 +166,11 @@ def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampli
     eos |= set(model.tokenizer.eos_ids)
   out = [np.asarray(nxt)]
   done = np.isin(out[0], list(eos)) if stop_at_eos else np.zeros(len(lengths), bool)
-  w, f = method.window, method.rect_interval
-  params = llama.split_layers(model.params)  # the decode layout (see llama.split_layers)
-  steps = 0
+  loop = Decoder(model, method, history, caches, states, sampling)
   for i in range(1, max_new_tokens):
     if stop_at_eos and done.all():
       break
-    newest = lengths + i - 1  # position of the token fed in this step
-    nxt, _, history, caches, states = decode_step(
-        params, history, jnp.asarray(window_positions(newest, w)), caches, states,
-        jax.random.fold_in(key, i), config=config, method=method, sampling=sampling)
-    steps += 1
-    if f and steps % f == 0:
-      caches, states = rectify_step(params, history,
-                                    jnp.asarray(window_positions(newest, f)), caches, states,
-                                    config=config, method=method)
+    nxt, _ = loop.step(lengths + i - 1, jax.random.fold_in(key, i))  # feeds position len+i-1
     out.append(np.asarray(nxt))
     if stop_at_eos:
       done |= np.isin(out[-1], list(eos))
@@ -204,7 +182,7 @@ def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampli
       cut = next((j for j, t in enumerate(r) if t in eos), None)
       r = r if cut is None else r[:cut + 1]
     rows.append(r)
-  return Generation(rows, t1 - t0, t2 - t1, int(lengths.sum()), steps)
+  return Generation(rows, t1 - t0, t2 - t1, int(lengths.sum()), loop.steps)
 
 
 def teacher_forced(model, tokens, prefill_len: int, method, *, prefill_chunk: int = 512,
@@ -235,20 +213,11 @@ def teacher_forced(model, tokens, prefill_len: int, method, *, prefill_chunk: in
   lengths = np.full((b,), prefill_len, np.int32)
   last, history, caches, states = prefill(model, tokens[:, :prefill_len], lengths, method,
                                           capacity, prefill_chunk)
-  history = history.at[:, :n].set(jnp.asarray(tokens))
+  loop = Decoder(model, method, history, caches, states, pinned=pin_prefix(tokens, capacity))
+  loop.history = jnp.where(*loop.pinned, loop.history)
   _, first = sample_from_hidden(model.params, last, jax.random.key(0), config=config,
                                 sampling=Sampling())
   out = [first]
-  params = llama.split_layers(model.params)
   for p in range(prefill_len, n):
-    newest = np.full((b,), p, np.int32)
-    _, logits, history, caches, states = decode_step(
-        params, history, jnp.asarray(window_positions(newest, method.window)), caches,
-        states, jax.random.key(0), config=config, method=method, sampling=Sampling())
-    history = history.at[:, :n].set(jnp.asarray(tokens))  # undo the sampled write
-    if method.rect_interval and (p - prefill_len + 1) % method.rect_interval == 0:
-      caches, states = rectify_step(
-          params, history, jnp.asarray(window_positions(newest, method.rect_interval)),
-          caches, states, config=config, method=method)
-    out.append(logits)
+    out.append(loop.step(np.full((b,), p, np.int32), jax.random.key(0))[1])
   return np.asarray(jnp.stack(out, axis=1))

@@ -10,6 +10,7 @@ rebuilt from the GGUF, never half-loaded.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import os
@@ -42,6 +43,11 @@ class Model:
     """Full causal forward pass: ``tokens [B, S]`` -> float32 logits ``[B, S, V]``."""
     tokens = jnp.asarray(tokens, jnp.int32)
     return _forward_jit(self.params, self.config, tokens, positions)
+
+  @functools.cached_property
+  def decode_params(self) -> llama.Params:
+    """The parameters in the decode layout (``llama.split_layers``), split once per model."""
+    return llama.split_layers(self.params)
 
   def encode(self, text: str, chat: bool = False) -> list[int]:
     """Token ids of ``text``; ``chat=True`` wraps it as one user turn of the chat template."""

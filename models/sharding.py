@@ -208,6 +208,9 @@ class ShardedMethod:
     specs = state_specs((cache, state), self.mesh)
     return specs if context_parallel.usable(self.inner, specs[0], self.mesh) else None
 
+  def with_sliding_window(self, window: int) -> "ShardedMethod":
+    return dataclasses.replace(self, inner=self.inner.with_sliding_window(window))
+
   def round_capacity(self, n: int) -> int:
     """The inner rounding, then a multiple of ``seq * block_size`` (whole blocks per shard)."""
     cap = self.inner.round_capacity(n)

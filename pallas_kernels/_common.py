@@ -106,28 +106,6 @@ class TileConfig:
       raise ValueError(f"num_splits must be >= 1, got {self.num_splits}")
 
 
-def combine_splits(out, lse, axis: int):
-  """Flash-decoding combine of split partials stacked along ``axis``.
-
-  Args:
-    out: ``[..., S, ..., D]`` float32 partial outputs, each normalised over its own keys.
-    lse: ``[..., S, ...]`` float32 partial log-sum-exps (``-inf`` for an empty split).
-    axis: the split axis of ``lse`` (the same axis of ``out``).
-
-  Returns:
-    ``(out [..., D] f32, lse [...] f32)``; ``0`` and ``-inf`` when every split is empty.
-  """
-  m = jnp.max(lse, axis=axis, keepdims=True)
-  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-  w = jnp.exp(lse - m_safe)  # 0 for empty splits
-  denom = jnp.sum(w, axis=axis)
-  safe = jnp.where(denom > 0, denom, 1.0)
-  o = jnp.sum(w[..., None] * out, axis=axis) / safe[..., None]
-  o = jnp.where((denom > 0)[..., None], o, 0.0)
-  l = jnp.where(denom > 0, jnp.squeeze(m_safe, axis) + jnp.log(safe), -jnp.inf)
-  return o, l
-
-
 # ----------------------------------------------------------------- reference building blocks
 
 
@@ -183,24 +161,3 @@ def listed_slots_ok(block_idx, n_valid, length, block_size: int, pos=None):
     return ok, slot.reshape(b, p, -1)
   pos_g = gather_blocks(pos, block_idx, block_size).astype(jnp.int32)
   return ok & (pos_g >= 0), pos_g
-
-
-def masked_softmax_sum(logits, ok, v):
-  """Safe softmax over masked ``logits [B, P, R, L]`` applied to ``v [B, P, L, D]``, in float32.
-
-  Returns:
-    ``out [B, P, R, D]`` f32 and ``lse [B, P, R]`` f32; rows with nothing attended give
-    ``0`` and ``-inf``.
-  """
-  logits = jnp.where(ok, logits.astype(jnp.float32), -jnp.inf)
-  m = jnp.max(logits, axis=-1, keepdims=True)
-  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-  p = jnp.exp(logits - m_safe)
-  denom = jnp.sum(p, axis=-1)
-  # [B, P, R, D]
-  num = jnp.einsum("bprl,bpld->bprd", p, v.astype(jnp.float32),
-                   precision=jax.lax.Precision.HIGHEST)
-  safe = jnp.where(denom > 0, denom, 1.0)
-  out = jnp.where((denom > 0)[..., None], num / safe[..., None], 0.0)
-  lse = jnp.where(denom > 0, m_safe[..., 0] + jnp.log(safe), -jnp.inf)
-  return out, lse

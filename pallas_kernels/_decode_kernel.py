@@ -42,7 +42,8 @@ from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
 from pallas_kernels._common import (MIN_BLOCKS_PER_SPLIT, TileConfig, choose_num_splits,
-                                    combine_splits, pad_rows, tokens_per_iter)
+                                    pad_rows, tokens_per_iter)
+from pallas_kernels.softmax import lse_combine
 
 NEG_INF = float("-inf")
 
@@ -277,4 +278,4 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       name="sparse_decode_resa" if with_prior else (
           "sparse_decode_multiquery" if with_limit else "sparse_decode"),
   )(*args)
-  return [combine_splits(outs[2 * i], outs[2 * i + 1], axis=2) for i in range(n_pairs)]
+  return [lse_combine(outs[2 * i], outs[2 * i + 1], axis=2) for i in range(n_pairs)]

@@ -13,7 +13,6 @@ n list length, T cache slots, D head dim.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -21,10 +20,7 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-
-
-def default_scale(head_dim: int, scale: float | None) -> float:
-  return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+from pallas_kernels.softmax import default_scale, softmax_sum
 
 
 def selection_rows(hq: int, hkv: int, hs: int) -> int:
@@ -69,7 +65,7 @@ def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: 
   # [B, H, R, L]
   logits = jnp.einsum("bhrd,bhld->bhrl", qr.astype(jnp.float32), kg.astype(jnp.float32),
                       precision=jax.lax.Precision.HIGHEST) * scale
-  out, lse = _common.masked_softmax_sum(logits, ok[:, :, None, :], vg)
+  out, lse = softmax_sum(logits, vg, ok=ok[:, :, None, :])
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)
 
 

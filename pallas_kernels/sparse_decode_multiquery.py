@@ -21,7 +21,8 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-from pallas_kernels.sparse_decode import default_scale, kv_head_lists, selection_rows
+from pallas_kernels.softmax import default_scale, softmax_sum
+from pallas_kernels.sparse_decode import kv_head_lists, selection_rows
 
 
 def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
@@ -50,8 +51,8 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
   logits = jnp.einsum("bhgwd,bhld->bhgwl", q.reshape(b, hs, g, w, d).astype(jnp.float32),
                       kg.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST) * scale
   ok = jnp.broadcast_to(ok[:, :, None], logits.shape)
-  out, lse = _common.masked_softmax_sum(logits.reshape(b, hs, g * w, -1),
-                                        ok.reshape(b, hs, g * w, -1), vg)
+  out, lse = softmax_sum(logits.reshape(b, hs, g * w, -1), vg,
+                          ok=ok.reshape(b, hs, g * w, -1))
   return out.reshape(b, hq, w, d).astype(q.dtype), lse.reshape(b, hq, w)
 
 

@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-from pallas_kernels.sparse_decode import (default_scale, kv_head_lists, selection_rows,
+from pallas_kernels.softmax import default_scale, softmax_sum
+from pallas_kernels.sparse_decode import (kv_head_lists, selection_rows,
                                           sparse_decode_reference)
 
 
@@ -47,7 +48,7 @@ def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, 
   pg = jnp.swapaxes(_common.gather_blocks(pr, block_idx, block_size), 2, 3)
   vg = _common.gather_blocks(v, block_idx, block_size)
   ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size, pos)
-  p_out, p_lse = _common.masked_softmax_sum(pg, ok[:, :, None, :], vg)
+  p_out, p_lse = softmax_sum(pg, vg, ok=ok[:, :, None, :])
   return out, lse, p_out.reshape(b, hq, d), p_lse.reshape(b, hq)
 
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 # Reads a block list of a cache array: ``x [B, K, T, ...]``, ``block_idx [B, H, n]`` ->
 # ``[B, H, n * block_size, ...]`` (head h reads kv head h // (H // K)); shared with the kernels'
 # references so both paths gather identically.
-from pallas_kernels._common import gather_blocks  # pylint: disable=unused-import
+from pallas_kernels import gather_blocks  # pylint: disable=unused-import (re-exported)
 
 
 @jax.tree_util.register_dataclass

@@ -15,8 +15,9 @@ step of a block selector (Quest, ArkVale) on each shard:
      keeps its best ``min(n_max, n)``; the candidates (score, global block id) are all-gathered
      and one final top-``n_max`` picks the global selection. Any block of the global top-k is in
      its shard's top-k, so the selected set equals one device's;
-  3. each shard attends the selected blocks it holds (``sparse.sparse_decode``, or RESA's true
-     and prior partials, ``resa.partials``) and the per-shard ``(out, lse)`` are merged exactly
+  3. each shard attends the selected blocks it holds (``kernels.sparse_decode``, or RESA's
+     true and prior partials, ``kernels.resa_partials``) and the per-shard ``(out, lse)`` are
+     merged exactly
      (``merge.merge_n``); RESA's seen-prior counts are summed and its aggregator runs on the
      merged partials with the replicated totals.
 
@@ -37,7 +38,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from sparse_attn import reference, sparse
+from sparse_attn import kernels, reference
 from sparse_attn.cache import write
 from sparse_attn.enhancers import resa
 from sparse_attn.merge import merge_n
@@ -127,7 +128,7 @@ def _local_decode(m, q, k, v, cache, state, positions, *, scale, capacity, num_b
   k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
   if m.resa:
     st = state["resa"]
-    new = resa.update_prior(st, local, k, v, slot, scale, m.prior_update == "incremental")
+    new = resa.update_prior(st, local, k, v, slot, scale, m.resa.prior_update == "incremental")
     st = _owner_update(st, new, jnp.any(mine, -1), jnp.any(ok, -1))
     state = {**state, "resa": st}
     k, v = (after(x, st["osum"], st["ksum"]) for x in (k, v))  # read old slots before writing
@@ -137,14 +138,14 @@ def _local_decode(m, q, k, v, cache, state, positions, *, scale, capacity, num_b
   sel = global_selection(m, m.block_scores(qd, local), length, num_blocks, capacity)
   if m.resa:
     st = state["resa"]
-    true, prior_seen, seen = resa.partials(qd, local, sel, st["prior"], scale, impl=m.impl,
-                                           interpret=m.interpret)
+    true, prior_seen, seen = kernels.resa_partials(qd, local, sel, st["prior"], scale,
+                                                   impl=m.impl, interpret=m.interpret)
     true, prior_seen = _merge_shards(*true), _merge_shards(*prior_seen)
     covered = jax.lax.psum(seen, SEQ) >= resa.prior_count(st, qd.shape[1])
     out, _ = resa.aggregate(true, prior_seen, resa.total(st), resa.bias(st, qd, scale),
-                            m.lam, covered, m.lam_form)
+                            m.resa.lam, covered, m.resa.lam_form)
   else:
-    out, lse = sparse.sparse_decode(qd, local, sel, scale, impl=m.impl, interpret=m.interpret)
+    out, lse = kernels.sparse_decode(qd, local, sel, scale, impl=m.impl, interpret=m.interpret)
     out, _ = _merge_shards(out, lse)
   cache = dataclasses.replace(local, length=length)
   return out[:, :, None].astype(q.dtype), cache, state
@@ -178,7 +179,7 @@ def decode(m, q, k, v, cache, state, positions, scale, *, mesh, specs):
 
 def _local_end_prefill(m, cache, state, *, scale):
   local = _local_view(cache, jax.lax.axis_index(SEQ) * cache.capacity)
-  st = resa.form_prior(state["resa"], local, scale, m.typical_query, seq_axis=SEQ)
+  st = resa.form_prior(state["resa"], local, scale, m.resa.typical_query, seq_axis=SEQ)
   return cache, {**state, "resa": st}
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from pallas_kernels.softmax import lse_combine
+
 
 def merge(a, b):
   """Merges two partial results ``(out [..., D], lse [...])``; returns ``(out, lse)``."""
@@ -30,14 +32,5 @@ def merge_n(outs, lses, axis: int = 0, out_dtype=None):
     ``(out, lse)`` with the parts axis removed; ``out = 0, lse = -inf`` when all parts are empty.
   """
   out_dtype = outs.dtype if out_dtype is None else out_dtype
-  axis = axis % lses.ndim
-  lses = lses.astype(jnp.float32)
-  m = jnp.max(lses, axis=axis, keepdims=True)
-  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-  w = jnp.exp(lses - m_safe)  # 0 for empty parts
-  denom = jnp.sum(w, axis=axis)
-  safe = jnp.where(denom > 0, denom, 1.0)
-  out = jnp.sum(w[..., None] * outs.astype(jnp.float32), axis=axis) / safe[..., None]
-  out = jnp.where((denom > 0)[..., None], out, 0.0)
-  lse = jnp.where(denom > 0, jnp.squeeze(m_safe, axis) + jnp.log(safe), -jnp.inf)
+  out, lse = lse_combine(outs, lses, axis)
   return out.astype(out_dtype), lse

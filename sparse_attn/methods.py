@@ -22,13 +22,13 @@ combination, e.g. ``"quest:gqa=group+resa:lam=0.5+rect:f=32+retro:w=4"``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 import jax.numpy as jnp
 
-from sparse_attn import adaptive, reference, scoring, selection, sliding_window, sparse
+from sparse_attn import adaptive, kernels, scoring, selection, sliding_window, sparse
 from sparse_attn.budget import Budget
-from sparse_attn.cache import KVCache, init_cache, write
+from sparse_attn.cache import KVCache, init_cache
 from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.enhancers import compose
 from sparse_attn.enhancers import options as enhancer_options
@@ -50,12 +50,7 @@ BUDGET_OPTIONS = ("budget", "p", "n_min", "n_local", "n_sink", "local_window", "
                   "min_tokens")
 SELECTOR_OPTIONS = BUDGET_OPTIONS + ("gqa", "variant", "topp", "adakv")
 BLOCK_SELECTORS = ("quest", "arkvale")  # digest-scored; adaptive budget rules apply to these
-# enhancer -> its options (given inline, ``quest+resa:lam=0.5``, or as keywords to ``make``)
-ENHANCER_OPTIONS = {
-    "resa": ("lam", "typical_query", "prior_update", "lam_form"),
-    "rect": ("f",),
-    "retro": ("w",),
-}
+ENHANCER_OPTIONS = enhancer_options.OPTIONS
 TOKEN_SELECTORS = ("topk", "streaming")  # selections of single slots (granularity 1)
 SCORE_SELECTORS = ("quest", "arkvale", "topk")  # choose entries by score (StreamingLLM does not)
 
@@ -72,17 +67,11 @@ class Method:
     variant: ArkVale bounding volume (``"sphere"`` or ``"cuboid"``).
     impl: ``"auto" | "pallas" | "xla"`` for the attention ops.
     interpret: run Pallas kernels in interpret mode.
-    resa: RESA residual estimation on (Yang et al., ICLR 2026).
-    lam: RESA's lambda in [0, 1], the weight of the estimated unselected keys (Sec. 4.3).
-    lam_form: ``"renormalised"`` (default: the unselected mass is scaled by lam inside the
-      softmax, so lam = 0 is exactly the selector alone) or ``"literal"`` (the paper's
-      ``alpha' = lam * alpha`` in Eq. 5 with beta unchanged; lam = 0 then gives
-      ``beta * O_SA``, the sparse output scaled by its share of the full mass).
-    typical_query: RESA's ``mu_Q``: ``"mean"`` prompt query or the ``"last"`` one.
-    prior_update: ``"prefill_only"`` (the paper's prior, fixed at the end of prefill) or
-      ``"incremental"`` (an extension: decoded keys join the prior).
-    rect_f: ReSA dense rectification every ``rect_f`` generated tokens (0 = never).
-    retro_w: RetroAttention window (1 = off).
+    resa: RESA residual estimation (``enhancers.options.Resa``: lam, lam_form, typical_query,
+      prior_update; Yang et al., ICLR 2026), or None.
+    rect: ReSA dense rectification (``enhancers.options.Rectify``: every ``f`` generated
+      tokens; Sun et al. 2025), or None.
+    retro: RetroAttention (``enhancers.options.Retro``: window ``w``; Choi et al. 2025), or None.
     topp: adaptive top-p rule: the fewest blocks with estimated mass >= ``topp`` per head,
       capped by the budget (Twilight / PSA; ``sparse_attn.adaptive.topp``).
     adakv: Ada-KV head-adaptive allocation of the layer's block budget with this per-head floor
@@ -99,32 +88,32 @@ class Method:
   variant: str = "sphere"
   impl: str = "auto"
   interpret: bool = False
-  resa: bool = False
-  lam: float = 1.0
-  lam_form: str = "renormalised"
-  typical_query: str = "mean"
-  prior_update: str = "prefill_only"
-  rect_f: int = 0
-  retro_w: int = 1
+  resa: enhancer_options.Resa | None = None
+  rect: enhancer_options.Rectify | None = None
+  retro: enhancer_options.Retro | None = None
   topp: float | None = None
   adakv: float | None = None
   sliding_window: int | None = None
+
+  # Methods of one prefill group (with the same block size and capacity) end the prompt with
+  # identical caches, so experiments share one prefill among them (dense prefill: every Method).
+  prefill_group: ClassVar[str | None] = "dense"
 
   # ---- schedule flags the decode loop obeys ----
   @property
   def window(self) -> int:
     """Queries per head in a decode step (RetroAttention's window; 1 otherwise)."""
-    return self.retro_w
+    return self.retro.w if self.retro else 1
 
   @property
   def rect_interval(self) -> int:
     """Re-encode densely every this many generated tokens (0 = never)."""
-    return self.rect_f
+    return self.rect.f if self.rect else 0
 
   @property
   def enhanced(self) -> bool:
-    """RESA or retro on (their per-layer functions live in ``enhancers.compose``)."""
-    return self.resa or self.retro_w > 1
+    """RESA or retro on (the method keeps a per-layer state)."""
+    return bool(self.resa or self.retro)
 
   @property
   def granularity(self) -> int:
@@ -151,7 +140,7 @@ class Method:
       p = min(1.0, bud.budget / context)
     else:
       raise ValueError("a token budget needs the context length for the memory-access model")
-    return rect_lib.memory_access(self.block_size, p, self.rect_f)
+    return rect_lib.memory_access(self.block_size, p, self.rect_interval)
 
   @property
   def is_dense(self) -> bool:
@@ -180,38 +169,38 @@ class Method:
           "dense, a selector (quest, arkvale, topk, streaming) or +rect")
     return dataclasses.replace(self, sliding_window=sliding_window.check_window(window))
 
-  # ---- per-layer functions ----
+  # ---- per-layer functions: the pipeline of ``enhancers.compose`` ----
   def init_cache(self, batch, num_kv_heads, capacity, head_dim, dtype=jnp.float32) -> KVCache:
     return init_cache(batch, num_kv_heads, capacity, head_dim, self.block_size, dtype)
 
   def init_state(self, batch, num_q_heads, num_kv_heads, head_dim, capacity,
                  dtype=jnp.float32) -> Any:
     del dtype
-    if self.enhanced:
-      return compose.init_state(self, batch, num_q_heads, num_kv_heads, head_dim, capacity)
-    return {}
+    return compose.init_state(self, batch, num_q_heads, num_kv_heads, head_dim, capacity)
 
   def prefill(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
     """Writes the chunk and attends it densely and causally over the cache.
 
     Returns ``(out [B, Hq, S, D], cache, state)``.
     """
-    if self.enhanced:
-      return compose.prefill(self, q, k, v, cache, state, positions, scale)
-    cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), positions)
-    out, _ = dense_over_cache(q, cache, positions, scale, window=self.sliding_window)
-    return out, cache, state
+    return compose.prefill(self, q, k, v, cache, state, positions, scale)
 
   def end_prefill(self, cache: KVCache, state, *, scale=None):
-    if self.enhanced:
-      return compose.end_prefill(self, cache, state, scale)
-    return cache, state
+    return compose.end_prefill(self, cache, state, scale)
 
   def rectify(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
     """Dense re-encoding of recent tokens (overwrites their K/V); same contract as prefill."""
-    if self.enhanced:
-      return compose.rectify(self, q, k, v, cache, state, positions, scale)
-    return self.prefill(q, k, v, cache, state, positions, scale=scale)
+    return compose.rectify(self, q, k, v, cache, state, positions, scale)
+
+  def decode(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
+    """Appends the new token's K/V and attends. ``q [B, Hq, W, D]`` -> ``out [B, Hq, W, D]``.
+
+    ``W == window``: with RetroAttention the window's past tokens are re-embedded (their K/V
+    overwritten) and their outputs updated; otherwise ``W == 1``.
+    """
+    if q.shape[2] != self.window:
+      raise ValueError(f"{self.spec} decodes {self.window} query per step, got {q.shape[2]}")
+    return compose.decode(self, q, k, v, cache, state, positions, scale)
 
   def select(self, q, cache: KVCache, scale=None) -> selection.Selection:
     """The selection of the current queries ``q [B, Hq, D]``."""
@@ -220,16 +209,8 @@ class Method:
   def block_scores(self, q, cache: KVCache):
     """Digest scores ``[B, H, N]`` of the block selectors (Pallas ``block_score`` for Quest)."""
     qs = scoring.scoring_queries(q, cache.num_kv_heads, self.gqa)
-    if self.selector == "quest" and sparse.resolve_impl(self.impl) == "pallas":
-      import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
-      b, h, d = qs.shape
-      qg = qs.reshape(b, cache.num_kv_heads, h // cache.num_kv_heads, d)
-      s = pallas_kernels.block_score(qg, cache.kmin, cache.kmax, cache.length,
-                                     block_size=cache.block_size, impl="pallas",
-                                     interpret=self.interpret)
-      return s.reshape(b, h, -1)
     if self.selector == "quest":
-      return scoring.quest_scores(qs, cache.kmin, cache.kmax)
+      return kernels.quest_scores(qs, cache, impl=self.impl, interpret=self.interpret)
     return scoring.arkvale_scores(qs, cache.kcen, cache.krad, cache.kmin, cache.kmax,
                                   self.variant)
 
@@ -245,7 +226,7 @@ class Method:
     return selection.select_blocks(scores, cache, self.budget)
 
   def attend(self, q, cache: KVCache, positions, scale=None):
-    """Decode attention of ``q [B, Hq, D]`` at ``positions [B]`` -> ``(out, lse)``."""
+    """Decode attention of ``q [B, Hq, D]`` at ``positions [B]`` -> ``(out, lse)`` (no RESA)."""
     impl = self.impl
     if self.sliding_window is not None:
       cache = sliding_window.visible(cache, positions, self.sliding_window)
@@ -254,22 +235,8 @@ class Method:
       out, lse = dense_over_cache(q[:, :, None], cache, positions[:, None], scale)
       return out[:, :, 0], lse[:, :, 0]
     sel = self.select(q, cache, scale)
-    out, lse = sparse.sparse_decode(q, cache, sel, scale, impl=impl, interpret=self.interpret)
+    out, lse = kernels.sparse_decode(q, cache, sel, scale, impl=impl, interpret=self.interpret)
     return sparse.mask_rows(out, lse, positions)
-
-  def decode(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
-    """Appends the new token's K/V and attends. ``q [B, Hq, W, D]`` -> ``out [B, Hq, W, D]``.
-
-    ``W == window``: with RetroAttention the window's past tokens are re-embedded (their K/V
-    overwritten) and their outputs updated; otherwise ``W == 1``.
-    """
-    if q.shape[2] != self.window:
-      raise ValueError(f"{self.spec} decodes {self.window} query per step, got {q.shape[2]}")
-    if self.enhanced:
-      return compose.decode(self, q, k, v, cache, state, positions, scale)
-    cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), positions)
-    out, _ = self.attend(q[:, :, 0], cache, positions[:, 0], scale)
-    return out[:, :, None], cache, state
 
 
 def _check_options(name: str, options: dict, valid: tuple[str, ...]):
@@ -326,7 +293,7 @@ def make(spec: str = "dense", **options) -> Method:
   valid += tuple(o for e in enh for o in ENHANCER_OPTIONS[e])
   _check_options(name, opts, valid)
   impl = opts.get("impl", "auto")
-  sparse.resolve_impl(impl)
+  kernels.resolve_impl(impl)
   block_size = int(opts.get("block_size", 16))
   if block_size <= 0:
     raise ValueError(f"block_size must be positive, got {block_size}")
@@ -341,7 +308,7 @@ def make(spec: str = "dense", **options) -> Method:
   if variant not in scoring.ARKVALE_VARIANTS:
     raise ValueError(f"variant must be one of {scoring.ARKVALE_VARIANTS}, got {variant!r}")
   return Method(**common, budget=_budget_from(opts), gqa=gqa, variant=variant,
-                **_adaptive_fields(name, opts), **enhancer_options.fields(enh, enh_opts))
+                **_adaptive_fields(name, opts), **enhancer_options.configs(enh, enh_opts))
 
 
 def _adaptive_fields(name: str, opts: dict) -> dict:

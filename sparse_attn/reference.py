@@ -10,16 +10,11 @@ A row that attends nothing returns ``out = 0`` and ``lse = -inf`` and never NaN.
 
 from __future__ import annotations
 
-import math
-
 import jax.numpy as jnp
 
+from pallas_kernels.softmax import default_scale, softmax_sum  # pylint: disable=unused-import
+
 NEG_INF = float("-inf")
-
-
-def default_scale(head_dim: int, scale: float | None = None) -> float:
-  """The softmax scale: ``1/sqrt(D)`` unless given."""
-  return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
 
 def grouped_attention(q, k, v, mask=None, scale=None):
@@ -45,28 +40,8 @@ def grouped_attention(q, k, v, mask=None, scale=None):
   logits = logits.reshape(b, kh, g, s, -1) * scale
   if mask is not None:
     logits = jnp.where(mask, logits, NEG_INF)
-  out, lse = softmax_weighted_sum(logits, v)
+  out, lse = softmax_sum(logits, v)
   return out.astype(q.dtype), lse
-
-
-def softmax_weighted_sum(logits, v):
-  """Safe softmax of ``logits [B, K, G, S, T]`` applied to ``v [B, K, T, D]``.
-
-  Masked entries are ``-inf``. Returns ``(out [B, K, G, S, D] f32, lse [B, K, G, S] f32)``;
-  fully masked rows give ``out = 0, lse = -inf``.
-  """
-  m = jnp.max(logits, axis=-1, keepdims=True)
-  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-  p = jnp.exp(logits - m_safe)  # exp(-inf) = 0 for masked keys
-  denom = jnp.sum(p, axis=-1)
-  b, kh, g, s, t = p.shape
-  # [B, K, G, S, D]
-  num = jnp.einsum("bkmt,bktd->bkmd", p.reshape(b, kh, g * s, t), v.astype(jnp.float32))
-  num = num.reshape(b, kh, g, s, -1)
-  safe_denom = jnp.where(denom > 0, denom, 1.0)
-  out = jnp.where((denom > 0)[..., None], num / safe_denom[..., None], 0.0)
-  lse = jnp.where(denom > 0, m_safe[..., 0] + jnp.log(safe_denom), NEG_INF)
-  return out, lse
 
 
 def attention_mask(batch, q_len, kv_len, *, kv_length=None, q_positions=None,
@@ -144,5 +119,5 @@ def logits(q, k, scale=None):
   return (out * scale).reshape(b, hq, s, -1)
 
 
-__all__ = ["attention", "grouped_attention", "softmax_weighted_sum", "attention_mask",
+__all__ = ["attention", "grouped_attention", "softmax_sum", "attention_mask",
            "default_scale", "logits", "NEG_INF"]

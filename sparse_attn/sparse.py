@@ -1,16 +1,16 @@
-"""Sparse decode attention over a selection: gather the selected entries, attend them exactly.
+"""Sparse decode attention over a selection (jnp): gather the selected entries, attend exactly.
 
 Letters: B batch, K kv heads, Hq query heads, H selection heads, n list length, g granularity.
-This jnp path is the reference the Pallas kernels are checked against, and the CPU fast path:
+This jnp path is the reference the Pallas kernels are checked against and the CPU fast path
+(``sparse_attn.kernels`` chooses between them):
 it reads only the selected blocks (a gather), never a mask over the whole cache.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
-from pallas_kernels._common import IMPLS, listed_slots_ok, resolve_impl  # pylint: disable=unused-import
+from pallas_kernels import listed_slots_ok
 from sparse_attn import reference
 from sparse_attn.cache import KVCache, gather_blocks
 from sparse_attn.selection import Selection
@@ -45,27 +45,18 @@ def gather_selection(cache: KVCache, sel: Selection):
   return k, v, ok, pos
 
 
-def sparse_decode(q, cache: KVCache, sel: Selection, scale=None, *, impl: str = "xla",
-                  interpret: bool = False):
-  """Exact attention of one query per head over the selected entries.
+def attend_selection(q, cache: KVCache, sel: Selection, scale=None):
+  """The jnp path of ``kernels.sparse_decode``: exact attention of one query per head over the
+  selected entries (a gather of the listed blocks, never a mask over the whole cache).
 
   Args:
     q: ``[B, Hq, D]`` queries (Hq a multiple of the selection's H).
-    cache: the layer cache.
-    sel: the selection (``idx [B, H, n]``).
+    cache: the layer cache; sel: the selection (``idx [B, H, n]``).
     scale: softmax scale (default ``1/sqrt(D)``).
-    impl: ``"xla"`` (this jnp path), ``"pallas"`` (the Triton kernel; block selections only) or
-      ``"auto"``.
-    interpret: run the Pallas kernel in interpret mode.
 
   Returns:
     ``out [B, Hq, D]`` (q.dtype) and ``lse [B, Hq]`` float32.
   """
-  if resolve_impl(impl) == "pallas" and sel.granularity == cache.block_size:
-    import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
-    return pallas_kernels.sparse_decode(q, cache.k, cache.v, sel.idx, sel.n_valid, cache.length,
-                            block_size=cache.block_size, scale=scale, impl="pallas",
-                            interpret=interpret, pos=cache.pos)
   b, hq, d = q.shape
   h = sel.idx.shape[1]
   if hq % h:

@@ -1,9 +1,11 @@
 """Shared test settings: hypothesis profile sized for a 2-core CI machine."""
 
 import os
+import sys
 
 import hypothesis
 import jax
+import pytest
 
 jax.config.update("jax_numpy_rank_promotion", "allow")
 
@@ -15,3 +17,13 @@ hypothesis.settings.register_profile(
     "dev", deadline=None, max_examples=40,
     suppress_health_check=[hypothesis.HealthCheck.too_slow])
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True)
+def _no_torch_in_the_worker():
+  """PyTorch stays out of pytest workers (``tests.isolated`` says why): fail the test that
+  imported it."""
+  yield
+  assert "torch" not in sys.modules, (
+      "this test imported torch into the pytest worker; compute PyTorch references with "
+      "tests.isolated.run")

@@ -45,8 +45,9 @@ def run(config, workdir: str) -> list[dict]:
       m = methods.make(spec, budget=budget, block_size=config.block_size)
       res = errors.simulate(m, cap.q, cap.k, cap.v, cap.scale, config.prefill_len, config.steps,
                             chunk=config.chunk)
-      rec = dict(spec=spec, budget=budget, selector=m.selector, resa=m.resa, lam=m.lam,
-                 retro_w=m.retro_w, rect_f=m.rect_f, prefill_len=config.prefill_len,
+      rec = dict(spec=spec, budget=budget, selector=m.selector, resa=bool(m.resa),
+                 lam=m.resa.lam if m.resa else None, retro_w=m.window,
+                 rect_f=m.rect_interval, prefill_len=config.prefill_len,
                  steps=config.steps)
       rec.update({k: np.nanmean(v, axis=1) if np.isfinite(v).any() else np.full(
           v.shape[::2], np.nan) for k, v in res.items()})

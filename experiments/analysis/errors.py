@@ -116,8 +116,8 @@ def step_metrics(method, q, out, cache, state, positions, scale):
     bias = resa_lib.bias(st, q, scale)  # [B, N]
     unsel = vis & ~sel & jnp.isfinite(st["prior"])
     prior_u = jnp.where(unsel, st["prior"], NEG_INF)
-    if method.lam > 0:
-      est = jnp.where(unsel, prior_u + bias[..., None] + jnp.log(method.lam), est)
+    if method.resa.lam > 0:
+      est = jnp.where(unsel, prior_u + bias[..., None] + jnp.log(method.resa.lam), est)
     res.update(o_sel=_weighted_v(jnp.where(sel, s, NEG_INF), cache.v, g),
                lse_sel=_lse(jnp.where(sel, s, NEG_INF)), o_res=_weighted_v(prior_u, cache.v, g),
                lse_res0=_lse(prior_u), bias=bias)

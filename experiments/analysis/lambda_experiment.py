@@ -37,8 +37,8 @@ def entries(config, model) -> list[specs.Entry]:
 
 def _fields(entry) -> dict:
   m = entry.method
-  return dict(lam=getattr(m, "lam", None) if entry.label != "dense" else None,
-              lam_form=getattr(m, "lam_form", None) if entry.label != "dense" else None)
+  resa = None if entry.label == "dense" else m.resa
+  return dict(lam=resa.lam if resa else None, lam_form=resa.lam_form if resa else None)
 
 
 def run(config, workdir: str) -> list[dict]:

@@ -21,8 +21,6 @@ import numpy as np
 import models
 from experiments.common import data
 
-NEAR_DENSE = 0.02
-
 
 @dataclasses.dataclass(frozen=True)
 class Sample:
@@ -117,7 +115,3 @@ def nll(model, method, items: list[Sample], progress=None, forced=None) -> dict:
 def relative_quality(nll_method: float, nll_dense: float) -> float:
   """``exp(-(NLL - NLL_dense))``: the per-token probability ratio to dense (1 = dense)."""
   return math.exp(-(nll_method - nll_dense))
-
-
-def near_dense(nll_method: float, nll_dense: float, tol: float = NEAR_DENSE) -> bool:
-  return relative_quality(nll_method, nll_dense) >= 1.0 - tol

@@ -4,7 +4,7 @@ Prefill runs ``models.decode.prefill`` (chunked, jitted) on a real prompt (Auste
 after a one-chunk warm-up that compiles the same step. Decode starts from a cache pre-filled
 with random K/V at the context length (a 32k-token prefill would dominate the run; the
 per-step cost depends only on the cache length), so decode tokens/s is the median over
-``decode_steps`` jitted steps, with the weights split per layer (``llama.split_layers``). The PyTorch
+``decode_steps`` steps of the one decode schedule (``models.driver.Decoder``, ReSA rectification included). The PyTorch
 peer gets the same treatment: a forward on the same prompt (``logits_to_keep=1``, as ``generate``
 prefills), and ``generate`` continuing from a ``DynamicCache`` pre-filled to the same length.
 """
@@ -22,8 +22,8 @@ import numpy as np
 
 from experiments.common import data, modelzoo
 from experiments.latency_lib import per_layer
-from models import decode, llama
-from models.sampling import Sampling
+from models import decode, driver, steps
+
 from sparse_attn.cache import write
 
 
@@ -72,23 +72,20 @@ def _fill(caches, key, *, context):
   return jax.vmap(one)(caches, jax.random.split(key, num))
 
 
-def ours_decode_s(model, method, context: int, steps: int) -> tuple[float, list[float]]:
+def ours_decode_s(model, method, context: int, n_steps: int) -> tuple[float, list[float]]:
   """(first step incl. compilation, per-step seconds) decoding past a pre-filled cache."""
   config = model.config
-  capacity = method.round_capacity(context + steps + method.window + 1)
-  caches, states = decode.init_caches(config, method, 1, capacity)
+  capacity = method.round_capacity(context + n_steps + method.window + 1)
+  caches, states = steps.init_caches(config, method, 1, capacity)
   caches = _fill(caches, jax.random.key(0), context=context)
-  caches, states = decode.end_prefill(caches, states, config=config, method=method)
-  history = jnp.zeros((1, capacity), jnp.int32)
-  params = llama.split_layers(model.params)
+  caches, states = steps.end_prefill(caches, states, config=config, method=method)
+  loop = driver.Decoder(model, method, jnp.zeros((1, capacity), jnp.int32), caches, states)
   times = []
-  for i in range(steps + 1):
-    pos = jnp.asarray(decode.window_positions(np.array([context + i]), method.window))
+  for i in range(n_steps + 1):  # rectification steps (ReSA) are timed inside the step they follow
     t0 = time.perf_counter()
-    nxt, _, history, caches, states = decode.decode_step(
-        params, history, pos, caches, states, jax.random.key(i), config=config,
-        method=method, sampling=Sampling())
+    nxt, _ = loop.step(np.array([context + i]), jax.random.key(i))
     nxt.block_until_ready()
+    jax.block_until_ready(loop.caches)
     times.append(time.perf_counter() - t0)
   return times[0], times[1:]
 

@@ -55,9 +55,8 @@ def context_split(prompter: ruler.Prompter, s: ruler.Sample) -> tuple[list[int],
 
 
 def attended_tokens(method, context: int):
-  """``Method.attended_tokens(context)`` (forced / chosen / total per head), or None."""
-  fn = getattr(method, "attended_tokens", None)
-  return fn(int(context)) if callable(fn) else None
+  """``method.attended_tokens(context)`` (forced / chosen / total per head), or None."""
+  return method.attended_tokens(int(context))
 
 
 def kv_kept(pre: decoding.Prefilled) -> list[float] | None:

@@ -14,6 +14,7 @@ Letters: B batch, N query heads, S chunk length, D head dim, L layers.
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax.numpy as jnp
 
@@ -42,6 +43,7 @@ class CompressionUnion(CompressionMethod):
   """
 
   observers: tuple = ()
+  prefill_group: ClassVar[str | None] = None  # it is the shared prefill itself
 
   @classmethod
   def of(cls, methods) -> "CompressionUnion":

@@ -1,6 +1,6 @@
 """Decode loops for the task experiments: shared dense prefill, greedy runs, lockstep forcing.
 
-Built on ``models.decode``'s jitted steps (``prefill``, ``decode_step``, ``rectify_step``). What
+Built on ``models.decode.prefill`` and the one decode schedule (``models.driver.Decoder``). What
 this adds for experiments on a CPU:
 
 * **shared prefill**: every ``Method`` prefills densely and ends the prompt with exactly
@@ -29,10 +29,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.tasks import compression_union
-from models import decode, llama, steps
+from models import decode, driver, steps
 from models.sampling import Sampling
-from sparse_attn import methods as methods_lib
-from sparse_attn.compression.base import CompressionMethod
 
 GREEDY = Sampling()
 
@@ -66,14 +64,13 @@ def _prefill_union(group):
   resa = next((m for m in group if m.resa), None)
   retro = next((m for m in group if m.window > 1), None)
   base = retro or resa or group[0]
-  return dataclasses.replace(base, resa=resa is not None,
-                             typical_query=resa.typical_query if resa else base.typical_query)
+  return dataclasses.replace(base, resa=resa.resa if resa else None)
 
 
 def _shares_union(m, union) -> bool:
-  if type(m) is not methods_lib.Method:  # subclasses (e.g. top-k reuse) keep state of their own
+  if m.prefill_group != "dense":  # e.g. top-k reuse keeps state of its own
     return False
-  if m.resa and m.typical_query != union.typical_query:
+  if m.resa and m.resa.typical_query != union.resa.typical_query:
     return False
   return m.window == 1 or (m.window, m.gqa, m.selector == "streaming", m.granularity) == (
       union.window, union.gqa, union.selector == "streaming", union.granularity)
@@ -97,13 +94,10 @@ def _shared_key(m, capacity, with_compression: bool = False):
   prefill is dense and leaves the cache at slots = positions, which is exactly dense's cache,
   and dense keeps no state.
   """
-  if type(m) is methods_lib.Method:
-    if with_compression and m.is_dense and not m.enhanced:
-      return ("compression", m.block_size, m.round_capacity(capacity))
-    return ("method", m.block_size, m.round_capacity(capacity))
-  if isinstance(m, CompressionMethod) and not isinstance(m, compression_union.CompressionUnion):
-    return ("compression", m.block_size, m.round_capacity(capacity))
-  return None
+  group = m.prefill_group
+  if group == "dense" and with_compression and m.is_dense and not m.enhanced:
+    group = "compression"
+  return None if group is None else (group, m.block_size, m.round_capacity(capacity))
 
 
 def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, capacity: int,
@@ -118,23 +112,23 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
   shared prefill and one working copy are alive.
   """
   compressed = {_shared_key(m, capacity) for m in method_list
-                if isinstance(m, CompressionMethod)}
+                if m.prefill_group == "compression"}
   key_of = lambda m: (k if (k := _shared_key(m, capacity, True)) in compressed
                       else _shared_key(m, capacity))
   groups = {}
   for m in method_list:
     if key_of(m) is not None:
       groups.setdefault(key_of(m), []).append(m)
-  unions = {key: (_prefill_union(g) if key[0] == "method" else
+  unions = {key: (_prefill_union(g) if key[0] == "dense" else
                   compression_union.CompressionUnion.of(
-                      [m for m in g if isinstance(m, CompressionMethod)]))
+                      [m for m in g if m.prefill_group == "compression"]))
             for key, g in groups.items()}
   shared = {}
   copy = lambda t: jax.tree.map(jnp.copy, t)
   cfg = model.config
   for m in method_list:
     key = key_of(m)
-    if key is None or (key[0] == "method" and not _shares_union(m, unions[key])):
+    if key is None or (key[0] == "dense" and not _shares_union(m, unions[key])):
       cap = m.round_capacity(capacity)
       yield m, Prefilled(*decode.prefill(model, prompts, lengths, m, cap, prefill_chunk),
                          lengths, cap)
@@ -143,7 +137,7 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
       shared.clear()  # one shared prefill alive at a time
       shared[key] = decode.prefill(model, prompts, lengths, unions[key], key[2], prefill_chunk)
     last, history, caches, states = shared[key]
-    if key[0] == "compression" and isinstance(m, CompressionMethod):
+    if key[0] == "compression" and m.prefill_group == "compression":
       mine_caches, mine = compression_union.split(unions[key], m, caches, states, cfg)
       yield m, Prefilled(last, copy(history), mine_caches, mine, lengths, key[2])
       continue
@@ -165,8 +159,8 @@ def extend(model, pre: Prefilled, method, suffix: np.ndarray,
   protocol); rows whose suffix is shorter wait (position -1). Returns the state after the
   suffix with ``first`` = each row's greedy token after its last suffix token.
   """
-  if getattr(method, "rect_interval", 0):
-    raise ValueError(f"{getattr(method, 'spec', method)!r} rectifies; extend reads the suffix "
+  if method.rect_interval:
+    raise ValueError(f"{method.spec!r} rectifies; extend reads the suffix "
                      "without rectification steps")
   suffix = np.asarray(suffix, np.int32)
   suffix_lengths = np.asarray(suffix_lengths, np.int32)
@@ -177,7 +171,6 @@ def extend(model, pre: Prefilled, method, suffix: np.ndarray,
   if int(total.max()) >= pre.capacity:
     raise ValueError(f"prompt of {int(total.max())} tokens leaves no room in capacity "
                      f"{pre.capacity}")
-  config, params = model.config, llama.split_layers(model.params)
   rows = np.arange(b)[:, None]
   cols = pre.lengths[:, None] + np.arange(suffix.shape[1])[None]
   ok = np.arange(suffix.shape[1])[None] < suffix_lengths[:, None]
@@ -185,15 +178,15 @@ def extend(model, pre: Prefilled, method, suffix: np.ndarray,
   prompt[rows.repeat(suffix.shape[1], 1)[ok], cols[ok]] = suffix[ok]
   in_prompt = jnp.asarray(np.arange(pre.capacity)[None] < total[:, None])
   prompt = jnp.asarray(prompt)
-  history, caches, states = jnp.copy(prompt), pre.caches, pre.states
+  # pinned: writes inside the prompt are undone after every step
+  loop = driver.Decoder(model, method, jnp.copy(prompt), pre.caches, pre.states, GREEDY,
+                        pinned=(in_prompt, prompt))
   first = jnp.zeros((b,), jnp.int32)
   for j in range(int(suffix_lengths.max())):
     newest = np.where(j < suffix_lengths, pre.lengths + j, -1 - method.window).astype(np.int32)
-    nxt, _, history, caches, states = decode.decode_step(
-        params, history, jnp.asarray(decode.window_positions(newest, method.window)), caches,
-        states, jax.random.key(0), config=config, method=method, sampling=GREEDY)
+    nxt, _ = loop.step(newest, jax.random.key(0))
     first = jnp.where(jnp.asarray(j == suffix_lengths - 1), nxt, first)
-    history = jnp.where(in_prompt, prompt, history)  # undo writes inside the prompt
+  history, caches, states = loop.history, loop.caches, loop.states
   history = history.at[jnp.arange(b), jnp.asarray(total)].set(first)
   return Prefilled(pre.last, history, caches, states, total, pre.capacity, first)
 
@@ -204,33 +197,25 @@ def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: b
 
   Returns, per row, the generated ids (cut after the first EOS with ``stop_at_eos``).
   """
-  config, params = model.config, llama.split_layers(model.params)
+  config = model.config
   eos = set(config.eos_token_ids) | set(getattr(model.tokenizer, "eos_ids", ()) or ())
   b = len(pre.lengths)
   if pre.first is not None:
     nxt, history = pre.first, pre.history
   else:
-    nxt, _ = decode.sample_from_hidden(params, pre.last, jax.random.key(0), config=config,
-                                       sampling=GREEDY)
+    nxt, _ = steps.sample_from_hidden(model.params, pre.last, jax.random.key(0),
+                                       config=config, sampling=GREEDY)
     history = pre.history.at[jnp.arange(b), jnp.asarray(pre.lengths)].set(nxt, mode="drop")
-  caches, states = pre.caches, pre.states
+  loop = driver.Decoder(model, method, history, pre.caches, pre.states, GREEDY)
   out = [nxt]
-  w, f = method.window, method.rect_interval
   for i in range(1, max_new_tokens):
     if stop_at_eos and i % 8 == 0:
       toks = np.asarray(jnp.stack(out, axis=1))
       if all(any(t in eos for t in row) for row in toks.tolist()):
         break
-    newest = pre.lengths + i - 1
-    nxt, _, history, caches, states = decode.decode_step(
-        params, history, jnp.asarray(decode.window_positions(newest, w)), caches, states,
-        jax.random.key(i), config=config, method=method, sampling=GREEDY)
-    if f and i % f == 0:
-      caches, states = decode.rectify_step(params, history,
-                                           jnp.asarray(decode.window_positions(newest, f)),
-                                           caches, states, config=config, method=method)
+    nxt, _ = loop.step(pre.lengths + i - 1, jax.random.key(i))
     if hook is not None:
-      hook(i, steps.stack_layers(states))
+      hook(i, steps.stack_layers(loop.states))
     out.append(nxt)
   rows = np.asarray(jnp.stack(out, axis=1)).tolist()
   if stop_at_eos:
@@ -265,7 +250,7 @@ def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
     label -> ``{"nll", "kl", "agree"}``, each ``[B, N - prefill_len]`` (per predicted token;
     ``kl`` is KL(reference || method) in nats, ``agree`` whether the argmaxes match).
   """
-  config, params = model.config, llama.split_layers(model.params)
+  config = model.config
   tokens = np.asarray(tokens, np.int32)
   b, n = tokens.shape
   if reference not in method_map:
@@ -275,37 +260,28 @@ def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
   lengths = np.full((b,), prefill_len, np.int32)
   labels = [reference] + [k for k in method_map if k != reference]
   by_method = {id(method_map[k]): k for k in labels}
-  run, tok = {}, jnp.asarray(tokens)
+  loops, logits = {}, {}
   for m, pre in prefill_all(model, tokens[:, :prefill_len], lengths,
                             [method_map[k] for k in labels], n, prefill_chunk):
-    hist = pre.history.at[:, :n].set(tok)
-    _, first = decode.sample_from_hidden(params, pre.last, jax.random.key(0), config=config,
-                                         sampling=GREEDY)
-    run[by_method[id(m)]] = dict(m=m, hist=hist, caches=pre.caches, states=pre.states,
-                                 logits=first)
+    pinned = driver.pin_prefix(tokens, pre.capacity)
+    label = by_method[id(m)]
+    loops[label] = driver.Decoder(model, m, jnp.where(*pinned, pre.history), pre.caches,
+                                  pre.states, GREEDY, pinned=pinned)
+    logits[label] = steps.sample_from_hidden(model.params, pre.last, jax.random.key(0),
+                                              config=config, sampling=GREEDY)[1]
   stats = {k: [] for k in labels}
+  tok = jnp.asarray(tokens)
   for i, p in enumerate(range(prefill_len - 1, n - 1)):
     target = tok[:, p + 1]
-    ref_logits = run[reference]["logits"]
     for k in labels:
-      stats[k].append(_token_stats(ref_logits, run[k]["logits"], target))
+      stats[k].append(_token_stats(logits[reference], logits[k], target))
     if p + 1 == n - 1:
       break
     newest = np.full((b,), p + 1, np.int32)
     for k in labels:
-      r, m = run[k], run[k]["m"]
-      _, logits, hist, caches, states = decode.decode_step(
-          params, r["hist"], jnp.asarray(decode.window_positions(newest, m.window)),
-          r["caches"], r["states"], jax.random.key(0), config=config, method=m,
-          sampling=GREEDY)
-      hist = hist.at[:, :n].set(tok)  # undo the sampled write
-      if m.rect_interval and (i + 1) % m.rect_interval == 0:
-        caches, states = decode.rectify_step(
-            params, hist, jnp.asarray(decode.window_positions(newest, m.rect_interval)),
-            caches, states, config=config, method=m)
-      r.update(hist=hist, caches=caches, states=states, logits=logits)
+      logits[k] = loops[k].step(newest, jax.random.key(0))[1]
       if hook is not None:
-        hook(k, i + 1, steps.stack_layers(states))
+        hook(k, i + 1, steps.stack_layers(loops[k].states))
   out = {}
   for k in labels:
     nll, kl, agree = (np.stack([np.asarray(s[j]) for s in stats[k]], axis=1) for j in range(3))

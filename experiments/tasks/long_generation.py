@@ -108,7 +108,7 @@ def run(config, workdir: str) -> list[dict]:
     writer.write(dict(
         model=config.model, method=e.label, spec=e.spec, budget=e.budget,
         prompt_length=int(prompts.shape[1]), new_tokens=n, num_prompts=len(prompts),
-        retro_w=getattr(e.method, "retro_w", 1), interval=size,
+        retro_w=e.method.window, interval=size,
         first_divergence=[scoring.first_divergence(a, b) for a, b in zip(dense, g)],
         edit_similarity=[scoring.edit_similarity(a, b) for a, b in zip(dense, g)],
         kl=float(st["kl"].mean()), nll=float(st["nll"].mean()),

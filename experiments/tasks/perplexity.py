@@ -104,7 +104,7 @@ def run(config, workdir: str) -> list[dict]:
       for label, e in todo.items():
         rec = dict(model=config.model, view=view, length=length, x=x, method=label,
                    spec=e.spec, budget=e.budget, sweeps=sweeps.get(label, ["reference"]),
-                   rect_f=getattr(e.method, "rect_f", 0), p=_p(e.method), first_doc=c,
+                   rect_f=e.method.rect_interval, p=_p(e.method), first_doc=c,
                    num_docs=int(batch.shape[0]), memory_access=_memory(e.method, length),
                    attended_tokens=_attended(e.method, length))
         rec.update(_statistics(out[label], view, config))
@@ -134,8 +134,7 @@ def _statistics(st, view, config) -> dict:
 
 
 def _attended(method, context):
-  fn = getattr(method, "attended_tokens", None)
-  return fn(int(context)) if callable(fn) else None
+  return method.attended_tokens(int(context))
 
 
 def _p(method):

@@ -17,10 +17,11 @@ Spec strings (``experiments.tasks.specs``): ``quest+track`` (overlap only) and
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import jax.numpy as jnp
 
-from sparse_attn import methods, sparse
+from sparse_attn import kernels, methods, sparse
 from sparse_attn.cache import write
 from sparse_attn.selection import Selection
 
@@ -34,10 +35,11 @@ class TrackedMethod(methods.Method):
   """
 
   reuse_every: int = 0
+  prefill_group: ClassVar[str | None] = None  # its own state: never shares a prefill
 
   @classmethod
   def wrap(cls, base: methods.Method, spec: str, reuse_every: int = 0) -> "TrackedMethod":
-    if type(base) is not methods.Method or base.is_dense or base.enhanced or base.rect_f:
+    if type(base) is not methods.Method or base.is_dense or base.enhanced or base.rect_interval:
       raise ValueError(f"+track/+reuse wrap a plain selector (quest, arkvale, topk), got "
                        f"{base.spec!r}")
     if reuse_every < 0:
@@ -73,7 +75,7 @@ class TrackedMethod(methods.Method):
       sel = Selection(idx=idx, n_valid=n_valid, granularity=fresh.granularity)
     else:
       sel = fresh
-    out, lse = sparse.sparse_decode(q[:, :, 0], cache, sel, scale, impl=self.impl,
+    out, lse = kernels.sparse_decode(q[:, :, 0], cache, sel, scale, impl=self.impl,
                                     interpret=self.interpret)
     out, _ = sparse.mask_rows(out, lse, positions[:, 0])
     state = dict(idx=sel.idx, n_valid=sel.n_valid,

@@ -59,20 +59,15 @@ class Entry:
 
 def _split_wrappers(spec: str):
   """``"quest+reuse:every=2"`` -> ``("quest", "reuse", 2)``; no wrapper -> ``(spec, None, 0)``."""
-  parts = spec.split("+")
   kept, wrapper, every = [], None, 0
-  for part in parts:
-    name, _, opts = part.partition(":")
-    if name in ("track", "reuse"):
-      wrapper = name
-      every = 2 if name == "reuse" else 0
-      for kv in filter(None, opts.split(",")):
-        k, _, v = kv.partition("=")
-        if k != "every":
-          raise ValueError(f"unknown option {k!r} for +{name} in {spec!r}; valid: ['every']")
-        every = int(v)
-    else:
-      kept.append(part)
+  for raw, (name, opts) in zip(spec.split("+"), parse_spec(spec)):  # the one spec grammar
+    if name not in ("track", "reuse"):
+      kept.append(raw)
+      continue
+    if set(opts) - {"every"}:
+      raise ValueError(f"unknown option(s) {sorted(set(opts) - {'every'})} for +{name} in "
+                       f"{spec!r}; valid: ['every']")
+    wrapper, every = name, int(opts.get("every", 2 if name == "reuse" else 0))
   return "+".join(kept), wrapper, every
 
 

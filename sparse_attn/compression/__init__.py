@@ -20,18 +20,9 @@ and Ada-KV allocation), ``observe`` (query buffers, partial attention), and one 
 
 from sparse_attn.compression import (expected_attention, h2o, keydiff, knorm, snapkv,
                                      streaming_llm, tova)
-from sparse_attn.compression.base import CompressionMethod
+from sparse_attn.compression.base import CompressionMethod, builder
 
-CLASSES = {cls.name: cls for cls in (
+# name -> build(spec, parts, options): validates every option (``base.builder``)
+BUILDERS: dict = {cls.name: builder(cls) for cls in (
     expected_attention.ExpectedAttention, snapkv.SnapKV, tova.TOVA, keydiff.KeyDiff,
     knorm.KNorm, streaming_llm.StreamingLLM, h2o.H2O)}
-
-BUILDERS: dict = {
-    "expected_attention": expected_attention.build,
-    "snapkv": snapkv.build,
-    "tova": tova.build,
-    "keydiff": keydiff.build,
-    "knorm": knorm.build,
-    "streaming_llm": streaming_llm.build,
-    "h2o": h2o.build,
-}

@@ -2,9 +2,9 @@
 
 Letters: B batch, K kv heads, N query heads, S chunk length, T cache slots, D head dim.
 
-A :class:`CompressionMethod` has the per-layer interface of ``sparse_attn.methods.Method``
-(``init_cache``, ``init_state``, ``prefill``, ``end_prefill``, ``decode``, ``rectify``, ``window``,
-``rect_interval``); a subclass only says how it scores keys (and what it remembers to do so).
+A :class:`CompressionMethod` implements ``sparse_attn.protocol.AttentionMethod``, the per-layer
+interface of every method; a subclass only says how it scores keys (and what it remembers to do
+so).
 
 Schedule:
   * ``prefill`` (before ``end_prefill``; chunks allowed) writes the chunk at slots = token
@@ -82,6 +82,7 @@ class CompressionMethod:
   block_size: int = 16
 
   name: ClassVar[str] = ""
+  prefill_group: ClassVar[str | None] = "compression"  # see sparse_attn.protocol
   DEFAULTS: ClassVar[dict] = {}  # per-method defaults of the common options
 
   def __post_init__(self):
@@ -125,8 +126,26 @@ class CompressionMethod:
   def compresses_decode(self) -> bool:
     return self.phase in ("decode", "both") and (self.ratio > 0 or self.max_tokens is not None)
 
+  @property
+  def sliding_window(self) -> None:
+    return None
+
+  def with_sliding_window(self, window: int):
+    raise NotImplementedError(
+        f"{self.spec!r} has no sliding-window mask (its eviction scores see every key); the "
+        f"model's window is {window} tokens: use a context within the window, dense, or a "
+        "selector")
+
   def round_capacity(self, n: int) -> int:
     return compact_lib.round_up(n, self.block_size)
+
+  def check_context(self, context: int) -> None:
+    """Any prompt length works (a ratio keeps at least one token per head)."""
+    del context
+
+  def attended_tokens(self, context: int) -> None:
+    """None: what a compressed cache holds is measured from it (``kv_kept``), not predicted."""
+    del context
 
   # ---- hooks a method overrides ----
   def init_extra(self, batch, num_q_heads, num_kv_heads, head_dim, capacity) -> dict:

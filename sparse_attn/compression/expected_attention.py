@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparse_attn.compression import observe
-from sparse_attn.compression.base import CompressionMethod, builder
+from sparse_attn.compression.base import CompressionMethod
 
 
 def inverse_frequencies(head_dim: int, theta: float) -> np.ndarray:
@@ -282,6 +282,3 @@ class ExpectedAttention(CompressionMethod):
 
 def _ring_statistics(ring):
   return query_statistics(ring["buf"], observe.ring_filled(ring))
-
-
-build = builder(ExpectedAttention)

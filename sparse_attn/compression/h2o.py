@@ -20,7 +20,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from sparse_attn.compression import compact, observe
-from sparse_attn.compression.base import CompressionMethod, builder
+from sparse_attn.compression.base import CompressionMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +64,3 @@ class H2O(CompressionMethod):
 
   def compact_state(self, state, idx):
     return dict(state, acc=compact.gather_slots(state["acc"], idx))
-
-
-build = builder(H2O)

@@ -12,7 +12,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from sparse_attn.compression.base import CompressionMethod, builder
+from sparse_attn.compression.base import CompressionMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +31,3 @@ class KeyDiff(CompressionMethod):
     anchor = jnp.sum(jnp.where(valid, unit, 0.0), axis=2) / count  # [B, K, D]
     anchor = anchor / jnp.maximum(jnp.linalg.norm(anchor, axis=-1, keepdims=True), 1e-12)
     return -jnp.einsum("bktd,bkd->bkt", unit, anchor)
-
-
-build = builder(KeyDiff)

@@ -11,7 +11,7 @@ import dataclasses
 
 import jax.numpy as jnp
 
-from sparse_attn.compression.base import CompressionMethod, builder
+from sparse_attn.compression.base import CompressionMethod
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +24,3 @@ class KNorm(CompressionMethod):
     """``[B, K, T]``: ``-||k_t||_2`` (Devoto et al. 2024, Sec. 3)."""
     del state, scale, n
     return -jnp.linalg.norm(cache.k.astype(jnp.float32), axis=-1)
-
-
-build = builder(KNorm)

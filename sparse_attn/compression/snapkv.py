@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn.compression import observe
-from sparse_attn.compression.base import CompressionMethod, builder
+from sparse_attn.compression.base import CompressionMethod
 
 POOLINGS = ("avg", "max")
 
@@ -75,6 +75,3 @@ def _pool(x, kernel: int, pooling: str):
     return window / kernel
   padded = jnp.pad(x, ((0, 0), (0, 0), (kernel // 2, kernel // 2)))
   return jax.lax.reduce_window(padded, -jnp.inf, jax.lax.max, (1, 1, kernel), (1, 1, 1), "VALID")
-
-
-build = builder(SnapKV)

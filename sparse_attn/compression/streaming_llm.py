@@ -26,7 +26,7 @@ import dataclasses
 import jax.numpy as jnp
 import numpy as np
 
-from sparse_attn.compression.base import CompressionMethod, builder
+from sparse_attn.compression.base import CompressionMethod
 from sparse_attn.compression.expected_attention import inverse_frequencies
 
 POSITION_MODES = ("original", "rolling")
@@ -101,6 +101,3 @@ class StreamingLLM(CompressionMethod):
     g = q.shape[1] // cache.num_kv_heads
     qr = rotate_by(q, jnp.repeat(q_index - positions[:, None, :], g, axis=1), inv)
     return super()._attend(qr, dataclasses.replace(cache, k=k), state, positions, scale)
-
-
-build = builder(StreamingLLM)

@@ -24,7 +24,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from sparse_attn.compression import observe
-from sparse_attn.compression.base import CompressionMethod, builder
+from sparse_attn.compression.base import CompressionMethod
 
 SCOPES = ("layer", "group")
 
@@ -68,6 +68,3 @@ class TOVA(CompressionMethod):
       return jnp.mean(p, axis=2)
     layer = jnp.mean(p, axis=(1, 2), keepdims=True)[:, :, 0]  # [B, 1, T]
     return jnp.broadcast_to(layer, p.shape[:2] + p.shape[3:])
-
-
-build = builder(TOVA)

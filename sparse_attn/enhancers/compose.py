@@ -1,9 +1,11 @@
-"""Per-layer functions of a selector composed with RESA, rectification and RetroAttention.
+"""The per-layer pipeline of every ``methods.Method``: a selector with its optional enhancers.
 
-``sparse_attn.methods.Method`` dispatches here whenever an enhancer is on; each function has the
-contract of the matching ``Method`` method (see that module). The state is a dict with an
-optional ``"resa"`` part (``enhancers.resa``) and an optional ``"retro"`` part
-(``enhancers.retro``), both fixed-shape pytrees.
+One decode step is ``write -> select -> attend (kernels) -> RESA aggregate -> retro merge``; a
+stage runs only when its enhancer config (``m.resa``, ``m.retro``) is set, and dense is the
+pipeline without a selector. Each function has the contract of the matching ``Method`` method
+(``sparse_attn.protocol``). The state is a dict with an optional ``"resa"`` part
+(``enhancers.resa``) and an optional ``"retro"`` part (``enhancers.retro``), both fixed-shape
+pytrees; it is empty for a plain selector.
 
 Letters: B batch, K kv heads, N query heads, H selection heads, S queries per head (the retro
 window ``w`` in decode), T slots, D head dim.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from sparse_attn import reference, sparse
+from sparse_attn import kernels, reference, sparse
 from sparse_attn.cache import KVCache, write
 from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.enhancers import resa, retro
@@ -50,7 +52,7 @@ def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool)
   k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
   if m.resa and prior_formed:
     state = {**state, "resa": resa.update_prior(state["resa"], cache, k, v, positions, scale,
-                                                m.prior_update == "incremental")}
+                                                m.resa.prior_update == "incremental")}
     # The prior update read the overwritten slots: order that read before the write.
     k, v = (after(x, state["resa"]["osum"], state["resa"]["ksum"]) for x in (k, v))
   return write(cache, k, v, positions), state
@@ -59,7 +61,7 @@ def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool)
 def _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed):
   scale = reference.default_scale(q.shape[-1], scale)
   cache, state = _write(m, cache, state, k, v, positions, scale, prior_formed)
-  out, lse = dense_over_cache(q, cache, positions, scale)
+  out, lse = dense_over_cache(q, cache, positions, scale, window=m.sliding_window)
   if "retro" in state:
     ring = retro.store(state["retro"]["ring"], positions,
                        _dense_entries(m, cache, out, lse, positions))
@@ -77,7 +79,8 @@ def prefill(m, q, k, v, cache, state, positions, scale=None):
 def end_prefill(m, cache, state, scale=None):
   if m.resa:
     scale = reference.default_scale(cache.head_dim, scale)
-    state = {**state, "resa": resa.form_prior(state["resa"], cache, scale, m.typical_query)}
+    state = {**state, "resa": resa.form_prior(state["resa"], cache, scale,
+                                                   m.resa.typical_query)}
   return cache, state
 
 
@@ -104,16 +107,15 @@ def decode(m, q, k, v, cache, state, positions, scale=None):
 def _single(m, q, cache, state, positions, scale):
   """Sparse attention of the newest query at ``positions [B]``, RESA-completed when on (RESA
   Eq. 3-5); padding rows (position < 0) return 0."""
-  sel = m.select(q, cache, scale)
   if not m.resa:
-    out, lse = sparse.sparse_decode(q, cache, sel, scale, impl=m.impl, interpret=m.interpret)
-    return sparse.mask_rows(out, lse, positions)[0]
+    return m.attend(q, cache, positions, scale)[0]
+  sel = m.select(q, cache, scale)
   st = state["resa"]
-  true, prior_seen, seen = resa.partials(q, cache, sel, st["prior"], scale, impl=m.impl,
-                                         interpret=m.interpret)
+  true, prior_seen, seen = kernels.resa_partials(q, cache, sel, st["prior"], scale,
+                                                 impl=m.impl, interpret=m.interpret)
   covered = seen >= resa.prior_count(st, q.shape[1])
-  out, lse = resa.aggregate(true, prior_seen, resa.total(st), resa.bias(st, q, scale), m.lam,
-                            covered, m.lam_form)
+  out, lse = resa.aggregate(true, prior_seen, resa.total(st), resa.bias(st, q, scale),
+                            m.resa.lam, covered, m.resa.lam_form)
   return sparse.mask_rows(out, lse, positions)[0]
 
 
@@ -156,21 +158,10 @@ def _retro_step(m, q, cache, state, positions, scale):
   cached = retro.lookup(rs["ring"], positions[:, :-1])
   full = jnp.concatenate([cached["full"], jnp.zeros((b, 1), bool)], axis=1)  # [B, w]
   use = retro.entry_mask(last_seen, sel, positions, full)  # [B, H, w, n]
-  kg, vg, ok, pos_g = sparse.gather_selection(cache, sel)  # [B, H, L, ...]
-  g = sel.granularity
-  # [B, H, w, L]: listed, unseen by the query, and at or before it (the causal limit)
-  ok_all = (ok[:, :, None] & jnp.repeat(use, g, axis=-1)
-            & (pos_g[:, :, None, :] <= positions[:, None, :, None]))
   st = state.get("resa")
-  pg = resa.gather_prior(st["prior"], sel) if m.resa else None
-  true, prior_part, seen, exposed = resa.masked_partials(q, kg, vg, ok_all, pg, scale)
-  if (not m.resa and g == cache.block_size
-      and sparse.resolve_impl(m.impl) == "pallas"):
-    import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
-    o, l = pallas_kernels.sparse_decode_multiquery(
-        q, cache.k, cache.v, sel.idx, sel.n_valid, use, positions, cache.length,
-        block_size=g, scale=scale, impl="pallas", interpret=m.interpret, pos=cache.pos)
-    true = (o.astype(jnp.float32), l)
+  true, prior_part, seen, exposed = kernels.window_partials(
+      q, cache, sel, use, positions, st["prior"] if m.resa else None, scale, impl=m.impl,
+      interpret=m.interpret)
 
   def with_cache(new, old_o, old_l):
     """Past queries: merge the supplementary part into the cached output (Eq. 2)."""
@@ -188,8 +179,8 @@ def _retro_step(m, q, cache, state, positions, scale):
     entries.update(pout=prior_part[0], plse=prior_part[1], seen=seen)
     o_est, log_z, count = _window_priors(st, cache, positions)
     covered = full[:, None, :] | (seen >= count)
-    out, _ = resa.aggregate(true, prior_part, (o_est, log_z), resa.bias(st, q, scale), m.lam,
-                            covered, m.lam_form)
+    out, _ = resa.aggregate(true, prior_part, (o_est, log_z), resa.bias(st, q, scale),
+                            m.resa.lam, covered, m.resa.lam_form)
   out = jnp.where((positions >= 0)[:, None, :, None], out, 0.0)
   rs = dict(ring=retro.store(rs["ring"], positions, entries),
             last_seen=retro.mark_selected(last_seen, sel, t),

@@ -284,59 +284,14 @@ def masked_partials(q, kg, vg, ok, pg, scale):
   exposed = jnp.broadcast_to(jnp.sum(ok, -1)[:, :, None], (b, h, r, s)).reshape(b, n, s)
   shape = lambda x: x.reshape(b, n, s, *x.shape[4:])  # [B, H, R, S, ...] -> [B, N, S, ...]
   if pg is None:
-    out, lse = reference.softmax_weighted_sum(lg, vg)
+    out, lse = reference.softmax_sum(lg, vg)
     return (shape(out), shape(lse)), None, jnp.zeros_like(exposed), exposed.astype(jnp.int32)
   pmask = okb & jnp.isfinite(pg)[:, :, :, None, :]
   pl = jnp.where(pmask, pg[:, :, :, None, :], NEG_INF)
   # True and prior logits stacked on the row axis: one pass over the gathered values.
   # [B, H, 2R, S, D], [B, H, 2R, S]
-  both_out, both_lse = reference.softmax_weighted_sum(jnp.concatenate([lg, pl], axis=2), vg)
+  both_out, both_lse = reference.softmax_sum(jnp.concatenate([lg, pl], axis=2), vg)
   out, pout = both_out[:, :, :r], both_out[:, :, r:]
   lse, plse = both_lse[:, :, :r], both_lse[:, :, r:]
   seen = jnp.sum(pmask, -1).reshape(b, n, s).astype(jnp.int32)
   return (shape(out), shape(lse)), (shape(pout), shape(plse)), seen, exposed.astype(jnp.int32)
-
-
-def partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: str = "xla",
-             interpret: bool = False):
-  """One decode query per head over the selection: true and prior partials plus prior coverage.
-
-  Uses the fused ``pallas_kernels.sparse_decode_resa`` kernel when ``impl`` resolves to Pallas
-  and the selection is block-level; otherwise the jnp path (``resa_partials``).
-
-  Returns:
-    ``(out [B,N,D] f32, lse [B,N]), (prior_out, prior_lse), seen [B,N] int32``.
-  """
-  from sparse_attn import sparse  # pylint: disable=g-import-not-at-top (avoid a cycle)
-  if sparse.resolve_impl(impl) == "pallas" and sel.granularity == cache.block_size:
-    import pallas_kernels  # pylint: disable=g-import-not-at-top (optional GPU path)
-    out, lse, pout, plse = pallas_kernels.sparse_decode_resa(
-        q, cache.k, cache.v, prior, sel.idx, sel.n_valid, cache.length,
-        block_size=cache.block_size, scale=scale, impl="pallas", interpret=interpret,
-        pos=cache.pos)
-    _, _, ok, _ = _gather_ok(cache, sel)
-    pg = gather_prior(prior, sel)  # [B, H, R, L]
-    seen = jnp.sum(ok[:, :, None] & jnp.isfinite(pg), -1).reshape(q.shape[:2])
-    return (out.astype(jnp.float32), lse), (pout, plse), seen.astype(jnp.int32)
-  (out, lse), (pout, plse), seen, _ = _jnp_partials(q, cache, sel, prior, scale)
-  return (out, lse), (pout, plse), seen
-
-
-def _gather_ok(cache, sel):
-  from sparse_attn import sparse  # pylint: disable=g-import-not-at-top
-  return sparse.gather_selection(cache, sel)
-
-
-def _jnp_partials(q, cache, sel, prior, scale):
-  kg, vg, ok, _ = _gather_ok(cache, sel)
-  res = masked_partials(q[:, :, None], kg, vg, ok[:, :, None], gather_prior(prior, sel), scale)
-  (out, lse), (pout, plse), seen, exposed = res
-  return ((out[:, :, 0], lse[:, :, 0]), (pout[:, :, 0], plse[:, :, 0]), seen[:, :, 0],
-          exposed[:, :, 0])
-
-
-def resa_partials(q, cache: KVCache, sel: Selection, prior, scale=None):
-  """jnp reference of the fused kernel: ``(out, lse, prior_out, prior_lse)`` for ``q [B,N,D]``."""
-  scale = reference.default_scale(q.shape[-1], scale)
-  (out, lse), (pout, plse), _, _ = _jnp_partials(q, cache, sel, prior, scale)
-  return out.astype(q.dtype), lse, pout, plse

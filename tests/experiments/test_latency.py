@@ -1,9 +1,11 @@
 """experiments/latency.py on the quick configuration: every section runs, outputs are finite."""
 
+import dataclasses
 import json
 import math
 import os
 
+import jax
 import numpy as np
 
 from configs import latency as latency_config
@@ -11,6 +13,7 @@ from experiments import latency_lib
 from experiments.latency_lib import prefill, settings, traffic
 from experiments.tasks import report
 from sparse_attn import methods
+from tests import isolated
 
 
 def test_split_list_keeps_inline_options():
@@ -29,10 +32,15 @@ def test_traffic_bound_is_resa_memory_model():
                       1 / 16 + 4 * 0.1)  # per-head selection reads G x the KV
 
 
-def test_quick_run_writes_finite_results(tmp_path):
+def _quick_run(workdir: str) -> str:
   config = latency_config.get_config()
   config.quick = True  # resolved by settings.resolve (experiments.common.quick)
-  text = latency_lib.run(config, str(tmp_path))
+  return latency_lib.run(config, workdir)
+
+
+def test_quick_run_writes_finite_results(tmp_path):
+  # the benchmark times PyTorch peers: it runs in a child (tests.isolated)
+  text = isolated.run(_quick_run, str(tmp_path))
   for name in ("results.jsonl", "latency.md", "latency.png"):
     assert os.path.getsize(tmp_path / name) > 0
   recs = [json.loads(line) for line in open(tmp_path / "results.jsonl")]
@@ -62,20 +70,25 @@ def test_quick_run_writes_finite_results(tmp_path):
   assert "## Decode latency and memory (`results.jsonl`)" in md and "latency.png" in md
 
 
+def _peer_logits(models_and_ids):
+  """transformers' logits of ``prefill.torch_from_params`` per ``(model, ids)`` (in a child)."""
+  import torch
+  out = []
+  for m, ids in models_and_ids:
+    with torch.inference_mode():
+      out.append(prefill.torch_from_params(m, 1)(input_ids=torch.tensor(ids)).logits.numpy())
+  return out
+
+
 def test_transformers_peer_holds_our_weights():
   """The prefill peer is built from our parameters: same logits (tied and untied heads)."""
-  import torch
   model = prefill.load("tiny-random")
-  for m in (model, prefill.truncate_layers(model, 1)):
-    tmodel = prefill.torch_from_params(m, 1)
-    ids = np.arange(1, 30)[None]
-    with torch.inference_mode():
-      ref = tmodel(input_ids=torch.tensor(ids)).logits.numpy()
-    ours = np.asarray(m.forward(ids))
-    assert np.abs(ours - ref).max() <= 1e-4 * np.abs(ref).max()
   untied = dict(model.params, lm_head=model.params["embed"].T * 0.5)
-  m = prefill.dataclasses.replace(
-      model, config=model.config.replace(tie_word_embeddings=False), params=untied)
-  with torch.inference_mode():
-    ref = prefill.torch_from_params(m, 1)(input_ids=torch.tensor(ids)).logits.numpy()
-  np.testing.assert_allclose(np.asarray(m.forward(ids)), ref, rtol=1e-4, atol=1e-4)
+  cases = [model, prefill.truncate_layers(model, 1), prefill.dataclasses.replace(
+      model, config=model.config.replace(tie_word_embeddings=False), params=untied)]
+  ids = np.arange(1, 30)[None]
+  host = [dataclasses.replace(m, params=jax.tree.map(np.asarray, m.params)) for m in cases]
+  refs = isolated.run(_peer_logits, [(m, ids) for m in host])
+  for m, ref in zip(cases[:2], refs[:2]):
+    assert np.abs(np.asarray(m.forward(ids)) - ref).max() <= 1e-4 * np.abs(ref).max()
+  np.testing.assert_allclose(np.asarray(cases[2].forward(ids)), refs[2], rtol=1e-4, atol=1e-4)

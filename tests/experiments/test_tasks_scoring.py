@@ -5,7 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.tasks import config_util, reuse, scoring, specs
+from experiments.common import quick
+from experiments.tasks import reuse, scoring, specs
 from sparse_attn import methods
 from sparse_attn.cache import init_cache, write
 
@@ -65,10 +66,10 @@ def test_quick_config_resolution():
   with c.unlocked():
     c.quick = True
     c.num_samples = 7  # given explicitly: kept
-  r = config_util.resolve(c, "accuracy")
+  r = quick.resolve(c, quick.module_get_config("accuracy"))
   assert r.model == "tiny-random" and r.num_samples == 7
   assert tuple(r.lengths) == tuple(acc.get_config(True).lengths)
-  assert config_util.resolve(acc.get_config(), "accuracy").model == acc.get_config().model
+  assert quick.resolve(acc.get_config(), acc.get_config).model == acc.get_config().model
 
 
 def _random_cache(rng, b=2, hkv=2, t=96, d=8, bs=8, length=80):

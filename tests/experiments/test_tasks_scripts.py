@@ -17,7 +17,8 @@ from configs import budget_reduction as br_config
 from configs import resa_lambda as rl_config
 from experiments.analysis import budget_experiment, lambda_experiment
 from experiments.common import results
-from experiments.tasks import accuracy, config_util, long_generation, perplexity, report
+from experiments.common import quick
+from experiments.tasks import accuracy, long_generation, perplexity, report
 
 
 def _quick(name):
@@ -25,7 +26,7 @@ def _quick(name):
   c = module.get_config()
   with c.unlocked():
     c.quick = True
-  return config_util.resolve(c, name)
+  return quick.resolve(c, quick.module_get_config(name))
 
 
 @pytest.fixture(scope="module")

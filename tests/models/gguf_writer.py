@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import types
+
 import gguf
 import numpy as np
+import safetensors.numpy
 
 from models import tokenizer as tokenizer_lib
 
@@ -24,9 +29,13 @@ def _permute(w, heads):
   return w.reshape(heads, 2, d // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf_model, path, arch: str = "llama", q8_mlp: bool = False) -> None:
-  """Writes ``hf_model`` (a transformers Llama/Qwen2, vocab >= 258) to ``path``."""
-  cfg = hf_model.config
+def write_gguf(hf_dir, path, arch: str = "llama", q8_mlp: bool = False) -> None:
+  """Writes the transformers Llama/Qwen2 saved in ``hf_dir`` (vocab >= 258) to ``path``
+  (read with ``safetensors.numpy``: no PyTorch in the test process)."""
+  with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
+    cfg = types.SimpleNamespace(**json.load(f))
+  theta = (getattr(cfg, "rope_parameters", None) or {}).get("rope_theta",
+                                                              getattr(cfg, "rope_theta", None))
   w = gguf.GGUFWriter(str(path), arch)
   w.add_block_count(cfg.num_hidden_layers)
   w.add_context_length(cfg.max_position_embeddings)
@@ -34,7 +43,7 @@ def write_gguf(hf_model, path, arch: str = "llama", q8_mlp: bool = False) -> Non
   w.add_feed_forward_length(cfg.intermediate_size)
   w.add_head_count(cfg.num_attention_heads)
   w.add_head_count_kv(cfg.num_key_value_heads)
-  w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+  w.add_rope_freq_base(float(theta))
   w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
   tokens = sorted(tokenizer_lib._byte_alphabet()) + ["Ġt", "<|endoftext|>"]
   tokens += [f"<unused{i}>" for i in range(cfg.vocab_size - len(tokens))]
@@ -44,9 +53,10 @@ def write_gguf(hf_model, path, arch: str = "llama", q8_mlp: bool = False) -> Non
   w.add_token_types([3 if t.startswith("<") else 1 for t in tokens])
   w.add_token_merges(["Ġ t"])
   w.add_eos_token_id(257)
-  for name, t in hf_model.state_dict().items():
-    a = t.detach().float().numpy()
-    if name == "lm_head.weight" and cfg.tie_word_embeddings:
+  tensors = safetensors.numpy.load_file(os.path.join(hf_dir, "model.safetensors"))
+  for name, t in tensors.items():
+    a = np.asarray(t, np.float32)
+    if name == "lm_head.weight" and getattr(cfg, "tie_word_embeddings", False):
       continue
     if name.startswith("model.layers."):
       i, rest = name[len("model.layers."):].split(".", 1)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import models
-from models import decode, llama, sharding, steps
+from models import decode, driver, llama, sharding
 from models.config import ModelConfig, RopeConfig
 from sparse_attn import methods
 
@@ -98,16 +98,14 @@ def test_cache_and_state_leaves_are_sharded(model, shape):
   lengths = np.full((8,), PREFILL, np.int32)
   _, history, caches, states = decode.prefill(m, TOKENS[:, :PREFILL], lengths, method,
                                               method.round_capacity(CAPACITY), CHUNK)
-  pos = decode.window_positions(lengths, 1)
-  out = steps.decode_step(llama.split_layers(m.params), history, jax.numpy.asarray(pos), caches,
-                          states, jax.random.key(0), config=CFG, method=method,
-                          sampling=models.Sampling())
-  cache, state = out[3][0], out[4][0]["resa"]
+  loop = driver.Decoder(m, method, history, caches, states)
+  loop.step(lengths, jax.random.key(0))
+  cache, state = loop.caches[0], loop.states[0]["resa"]
   for leaf in (cache.k, cache.v, cache.kmin, cache.pos, state["prior"]):
     assert _shard_smaller(leaf), (shape, leaf.shape, leaf.sharding)
   sizes = dict(zip(sharding.AXES, shape))  # the memory plan's arithmetic == the real shards
-  held = sharding.cache_bytes_per_device(out[3])
-  assert max(held.values()) == sharding.planned_bytes(out[3], sizes)
+  held = sharding.cache_bytes_per_device(loop.caches)
+  assert max(held.values()) == sharding.planned_bytes(loop.caches, sizes)
   seq_split = shape[2] > 1
   assert (cache.k.addressable_shards[0].data.shape[2] < CAPACITY) == seq_split
   assert method.inner == METHODS["quest+resa"]()  # the wrapper keeps the method's identity

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import models
-from models import decode, llama
+from models import decode, driver, llama
 from models.config import ModelConfig, RopeConfig
 from sparse_attn import methods
 
@@ -114,5 +114,5 @@ def test_stop_at_eos(model, dense_tokens):
 
 
 def test_window_positions():
-  np.testing.assert_array_equal(decode.window_positions(np.array([1, 5]), 3),
+  np.testing.assert_array_equal(driver.window_positions(np.array([1, 5]), 3),
                                 [[-1, 0, 1], [3, 4, 5]])

@@ -8,6 +8,7 @@ import pytest
 import models
 from models import gguf_loader, sources
 from sparse_attn import methods
+from tests import isolated
 
 PROMPT = ("Sparse attention speeds up decoding by reading only the keys that matter. "
           "Quest keeps per-page bounding boxes of the keys and scores each page by an upper "
@@ -25,22 +26,27 @@ def ours(tmp_path_factory):
     del os.environ["SPARSE_ATTN_CACHE"]
 
 
-@pytest.mark.slow
-def test_logits_and_greedy_match_transformers(ours):
-  """Logits on a ~128-token prompt within 1e-3, and our 32 greedy tokens are transformers'
-  greedy tokens: at every step its argmax over the same prefix is the token we emitted (one
-  forward pass over prompt + generation instead of 32 slow PyTorch decode steps)."""
+def _transformers_logits(ids: list[int]) -> np.ndarray:
+  """transformers' float32 logits ``[S, V]`` of the GGUF (run in a child, ``tests.isolated``)."""
   import torch
   from transformers import AutoModelForCausalLM
 
   path = sources.smollm2_path()
   ref = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), dtype=torch.float32,
                                              gguf_file=os.path.basename(path)).eval()
+  with torch.no_grad():
+    return ref(torch.tensor([ids])).logits[0].numpy()
+
+
+@pytest.mark.slow
+def test_logits_and_greedy_match_transformers(ours):
+  """Logits on a ~128-token prompt within 1e-3, and our 32 greedy tokens are transformers'
+  greedy tokens: at every step its argmax over the same prefix is the token we emitted (one
+  forward pass over prompt + generation instead of 32 slow PyTorch decode steps)."""
   ids = ours.encode(PROMPT, chat=True)
   assert 100 <= len(ids) <= 160
   gen = models.generate(ours, ids, 32, methods.make("dense"), stop_at_eos=False).tokens[0]
-  with torch.no_grad():
-    ref_logits = ref(torch.tensor([ids + gen])).logits[0].numpy()
+  ref_logits = isolated.run(_transformers_logits, ids + gen)
   ours_logits = np.asarray(ours.forward(np.array([ids])))[0]
   err = np.max(np.abs(ours_logits - ref_logits[:len(ids)])) / np.max(np.abs(ref_logits))
   assert err <= 1e-3

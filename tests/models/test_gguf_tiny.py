@@ -17,8 +17,7 @@ def _cache(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("name, arch", [("llama_gqa_tied", "llama"), ("qwen2", "qwen2")])
 def test_gguf_logits_match_transformers(name, arch, tmp_path, monkeypatch):
-  monkeypatch.setitem(tiny.BASE, "vocab_size", 300)
-  ref = tiny.make_hf(name, tmp_path / "hf")
+  ref = tiny.make_hf(name, tmp_path / "hf", vocab_size=300)
   gguf_writer.write_gguf(ref, tmp_path / "m.gguf", arch)
   model = models.load(str(tmp_path / "m.gguf"))
   assert model.config.model_type == arch
@@ -29,8 +28,7 @@ def test_gguf_logits_match_transformers(name, arch, tmp_path, monkeypatch):
 
 
 def test_q8_dequantized_close(tmp_path, monkeypatch):
-  monkeypatch.setitem(tiny.BASE, "vocab_size", 300)
-  ref = tiny.make_hf("llama_gqa_tied", tmp_path / "hf")
+  ref = tiny.make_hf("llama_gqa_tied", tmp_path / "hf", vocab_size=300)
   gguf_writer.write_gguf(ref, tmp_path / "m.gguf", q8_mlp=True)
   model = models.load(str(tmp_path / "m.gguf"))
   tokens = np.random.default_rng(0).integers(0, 300, (1, 20))
@@ -38,8 +36,7 @@ def test_q8_dequantized_close(tmp_path, monkeypatch):
 
 
 def test_corrupt_or_partial_cache_is_rebuilt(tmp_path, monkeypatch):
-  monkeypatch.setitem(tiny.BASE, "vocab_size", 300)
-  ref = tiny.make_hf("llama_gqa_tied", tmp_path / "hf")
+  ref = tiny.make_hf("llama_gqa_tied", tmp_path / "hf", vocab_size=300)
   gguf_writer.write_gguf(ref, tmp_path / "m.gguf")
   first = models.load(str(tmp_path / "m.gguf"))
   (entry,) = (tmp_path / "cache").iterdir()

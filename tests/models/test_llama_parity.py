@@ -13,10 +13,10 @@ from tests.models import tiny
 
 @pytest.mark.parametrize("name", sorted(tiny.CONFIGS))
 def test_logits_match_transformers(name, tmp_path):
-  ref_model = tiny.make_hf(name, tmp_path)
+  tiny.make_hf(name, tmp_path)
   model = models.load(str(tmp_path))
   tokens = np.random.default_rng(1).integers(0, tiny.BASE["vocab_size"], (2, 24))
-  ref = tiny.hf_logits(ref_model, tokens)
+  ref = tiny.hf_logits(tmp_path, tokens)
   ours = np.asarray(model.forward(tokens))
   assert ours.shape == ref.shape
   assert tiny.rel_error(ours, ref) <= 1e-4

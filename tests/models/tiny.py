@@ -1,8 +1,13 @@
-"""Tiny random Hugging Face checkpoints (transformers, PyTorch CPU) for parity tests."""
+"""Tiny random Hugging Face checkpoints (transformers, PyTorch CPU) for parity tests.
+
+Every PyTorch call runs in a child process (``tests.isolated``); the tests see paths and arrays.
+"""
 
 from __future__ import annotations
 
 import numpy as np
+
+from tests import isolated
 
 BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
@@ -26,13 +31,29 @@ MODEL_CLASS = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausal
                "MistralConfig": "MistralForCausalLM"}
 
 
-def make_hf(name: str, path, seed: int = 0):
-  """Saves a random model of config ``name`` into ``path``; returns the torch model."""
+def make_hf(name: str, path, seed: int = 0, **overrides) -> str:
+  """Saves a random transformers model of config ``name`` (``BASE`` updated by ``overrides``)
+  into ``path`` (in a child process, ``tests.isolated``); returns the path."""
+  isolated.run(_make_hf, name, str(path), seed, overrides)
+  return str(path)
+
+
+def hf_logits(path, tokens: np.ndarray) -> np.ndarray:
+  """transformers' float32 logits ``[B, S, V]`` of the model saved at ``path``."""
+  return isolated.run(_hf_logits, str(path), np.asarray(tokens))
+
+
+def hf_greedy(path, prompt: np.ndarray, new: int) -> list[int]:
+  """transformers' ``generate`` greedy continuation (``new`` tokens) of ``prompt [1, S]``."""
+  return isolated.run(_hf_greedy, str(path), np.asarray(prompt), new)
+
+
+def _make_hf(name, path, seed, overrides):
   import torch
   import transformers
 
   cls_name, kw = CONFIGS[name]
-  cfg = getattr(transformers, cls_name)(**{**BASE, **kw})
+  cfg = getattr(transformers, cls_name)(**{**BASE, **overrides, **kw})
   torch.manual_seed(seed)
   model = getattr(transformers, MODEL_CLASS[cls_name])(cfg).eval()
   with torch.no_grad():  # larger-than-default weights so errors are not hidden by tiny logits
@@ -42,14 +63,25 @@ def make_hf(name: str, path, seed: int = 0):
       else:
         p.normal_(0.0, 0.08)
   model.save_pretrained(path)
-  return model
 
 
-def hf_logits(model, tokens: np.ndarray) -> np.ndarray:
+def _load(path):
+  import transformers
+  return transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+def _hf_logits(path, tokens):
   import torch
-
   with torch.no_grad():
-    return model(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
+    return _load(path)(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
+
+
+def _hf_greedy(path, prompt, new):
+  import torch
+  with torch.no_grad():
+    out = _load(path).generate(torch.as_tensor(prompt), max_new_tokens=new, do_sample=False,
+                               min_new_tokens=new, pad_token_id=0)
+  return out[0, prompt.shape[1]:].tolist()
 
 
 def rel_error(ours, ref) -> float:

@@ -18,7 +18,7 @@ from pallas_kernels import (sparse_decode, sparse_decode_multiquery,
                             sparse_decode_resa_reference, sparse_decode_reference)
 from pallas_kernels.shapes import S, kernel_avals
 from sparse_attn import cache as cache_lib
-from sparse_attn import sparse
+from sparse_attn import kernels
 from sparse_attn.compression.compact import compact
 from sparse_attn.selection import Selection
 
@@ -105,7 +105,7 @@ def test_sparse_decode_skips_holes_on_both_paths(per_head):
     _close(lse, want_l[:, :, 0])
   sel = Selection(idx=idx, n_valid=n_valid, granularity=BS)
   for impl in ("xla", "pallas"):  # sparse_attn's decode passes the cache's positions
-    out, lse = sparse.sparse_decode(q, cache, sel, impl=impl, interpret=True)
+    out, lse = kernels.sparse_decode(q, cache, sel, impl=impl, interpret=True)
     _close(out, want_o[:, :, 0])
     _close(lse, want_l[:, :, 0])
 

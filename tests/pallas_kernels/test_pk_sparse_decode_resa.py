@@ -14,7 +14,7 @@ from pk_testutil import Case, assert_attention_close, cases, pooled_cases
 
 INTERPRET = True
 reference = jax.jit(sparse_decode_resa_reference, static_argnames=("block_size", "scale"))
-dense_softmax = jax.jit(dense.softmax_weighted_sum)
+dense_softmax = jax.jit(dense.softmax_sum)
 
 
 def run_kernel(case, *arrays, **kw):

@@ -90,8 +90,8 @@ def test_presets_carry_the_papers_settings():
   for name in methods.PRESETS:
     methods.make(name)
   r = methods.make("resa-quest")
-  assert (r.selector, r.resa, r.lam, r.prior_update, r.typical_query) == (
-      "quest", True, 1.0, "prefill_only", "mean")
+  assert (r.selector, r.resa.lam, r.resa.prior_update, r.resa.typical_query) == (
+      "quest", 1.0, "prefill_only", "mean")
   assert (r.budget.budget, r.budget.n_sink, r.budget.local_window, r.budget.forced_count) == (
       0.025, 4, 64, "extra")
   assert methods.make("resa-arkvale").selector == "arkvale"
@@ -114,7 +114,7 @@ def test_presets_carry_the_papers_settings():
 
 def test_resa_defaults_and_lambda_range():
   m = methods.make("quest+resa")
-  assert (m.prior_update, m.lam, m.lam_form) == ("prefill_only", 1.0, "renormalised")
+  assert (m.resa.prior_update, m.resa.lam, m.resa.lam_form) == ("prefill_only", 1.0, "renormalised")
   for bad in (1.5, -0.1):
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
       methods.make("quest+resa", lam=bad)

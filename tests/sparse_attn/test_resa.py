@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparse_attn import methods
+from sparse_attn import kernels, methods
 from sparse_attn.enhancers import resa
 
 B, HQ, HKV, D, T, BS = 2, 4, 2, 16, 64, 8
@@ -73,14 +73,14 @@ def _oracle(m, q, cache, qp, ppos, prompt_len, lam, form="renormalised"):
   g = HQ // HKV
   for b in range(B):
     ok = ppos[b] >= 0
-    if m.typical_query == "mean":
+    if m.resa.typical_query == "mean":
       mu_q = qp[b][:, ok].mean(axis=1) if ok.any() else np.zeros((HQ, D))
     else:
       mu_q = qp[b][:, np.argmax(np.where(ok, ppos[b], -1))]
     for h in range(HQ):
       kh = h // g
       member = valid[b, kh].copy()
-      if m.prior_update == "prefill_only":
+      if m.resa.prior_update == "prefill_only":
         member &= np.arange(T) < prompt_len[b]
       mu_k = kc[b, kh][member].mean(0) if member.any() else np.zeros(D)
       bias = scale * (q[b, h] - mu_q[h]) @ mu_k
@@ -220,6 +220,6 @@ def test_pallas_path_matches_jnp():
   q = _rand(rng, (1, HQ, D))
   sel = m.select(q, cache)
   args = (q, cache, sel, state["resa"]["prior"], 0.25)
-  want = resa.partials(*args, impl="xla")
-  got = resa.partials(*args, impl="pallas", interpret=True)
+  want = kernels.resa_partials(*args, impl="xla")
+  got = kernels.resa_partials(*args, impl="pallas", interpret=True)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), got, want)

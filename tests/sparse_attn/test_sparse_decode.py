@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 from sparse_attn import budget as budget_lib
-from sparse_attn import reference, selection, sparse
+from sparse_attn import kernels, reference, selection
 from tests.sparse_attn import helpers
 
 SELECT = {
@@ -31,7 +31,7 @@ def test_sparse_decode_equals_masked_dense_attention(seed, name, g, bs, frac, dt
   q = helpers.normal(rng, (b, hkv * g, d), dtype)
   bud = budget_lib.Budget(budget=frac, n_sink=4, local_window=8)
   sel = SELECT[name](q, c, bud)
-  out, lse = sparse.sparse_decode(q, c, sel)
+  out, lse = kernels.sparse_decode(q, c, sel)
   mask = sel.token_mask(t)  # [B, H, T]
   mask = jnp.repeat(mask, (hkv * g) // mask.shape[1], axis=1)[:, :, None, :]
   want_o, want_l = reference.attention(q[:, :, None], c.k, c.v, mask=mask, kv_length=c.length)
@@ -51,5 +51,5 @@ def test_empty_selection_gives_zero_and_minus_inf():
   c = helpers.filled_cache(rng, 1, 1, 32, 8, [0], block_size=16)
   q = helpers.normal(rng, (1, 2, 8))
   for name, fn in SELECT.items():
-    out, lse = sparse.sparse_decode(q, c, fn(q, c, budget_lib.Budget(budget=0.5)))
+    out, lse = kernels.sparse_decode(q, c, fn(q, c, budget_lib.Budget(budget=0.5)))
     assert np.all(np.asarray(out) == 0) and np.all(np.isneginf(lse)), name

@@ -1,0 +1,74 @@
+"""Safe-softmax numerics shared by every jnp path (the kernels' references and ``sparse_attn``).
+
+``softmax_sum`` attends masked logits exactly and returns ``(out, lse)``; ``lse_combine`` merges
+partials over disjoint key sets (the flash-decoding combine). Empty rows and all-empty parts give
+``out = 0, lse = -inf`` (DESIGN invariant 7). The Pallas kernels run the same recurrences on
+chip; this module is their reference and is written once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+
+def default_scale(head_dim: int, scale: float | None = None) -> float:
+  """The softmax scale: ``1/sqrt(D)`` unless given."""
+  return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def softmax_sum(logits, v, ok=None):
+  """Safe softmax over the last axis of ``logits [B, P, *rows, L]`` applied to ``v [B, P, L, D]``.
+
+  Args:
+    logits: scores (``-inf`` = masked); any number of row axes between ``P`` and ``L``.
+    v: values, shared by every row of a ``(B, P)`` pair.
+    ok: optional bool mask broadcastable to ``logits`` (False = masked).
+
+  Returns:
+    ``out [B, P, *rows, D]`` float32 and ``lse [B, P, *rows]`` float32.
+  """
+  logits = logits.astype(jnp.float32)
+  if ok is not None:
+    logits = jnp.where(ok, logits, -jnp.inf)
+  m = jnp.max(logits, axis=-1, keepdims=True)
+  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+  p = jnp.exp(logits - m_safe)  # exp(-inf) = 0 for masked keys
+  denom = jnp.sum(p, axis=-1)
+  b, h = p.shape[:2]
+  # Row axes merged into one: XLA:CPU runs a (B P)-batched matmul ~5x faster than an einsum
+  # with several free row axes. [B, P, R, D]
+  num = jnp.einsum("bprl,bpld->bprd", p.reshape(b, h, -1, p.shape[-1]), v.astype(jnp.float32),
+                   precision=jax.lax.Precision.HIGHEST)
+  num = num.reshape(*p.shape[:-1], -1)
+  safe = jnp.where(denom > 0, denom, 1.0)
+  out = jnp.where((denom > 0)[..., None], num / safe[..., None], 0.0)
+  lse = jnp.where(denom > 0, m_safe[..., 0] + jnp.log(safe), -jnp.inf)
+  return out, lse
+
+
+def lse_combine(out, lse, axis: int = 0):
+  """Exact merge of partials over disjoint key sets stacked along ``axis``.
+
+  Args:
+    out: ``[..., n, ..., D]`` partial outputs, each normalised over its own keys.
+    lse: the matching ``[..., n, ...]`` log-sum-exps (``-inf`` for an empty part).
+    axis: the parts axis of ``lse`` (the same axis of ``out``).
+
+  Returns:
+    ``(out [..., D] f32, lse [...] f32)`` with the parts axis removed: ``lse = log sum e^lse_i``,
+    ``out = sum e^(lse_i - lse) out_i``; ``0`` and ``-inf`` when every part is empty.
+  """
+  axis = axis % lse.ndim
+  lse = lse.astype(jnp.float32)
+  m = jnp.max(lse, axis=axis, keepdims=True)
+  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
+  w = jnp.exp(lse - m_safe)  # 0 for empty parts
+  denom = jnp.sum(w, axis=axis)
+  safe = jnp.where(denom > 0, denom, 1.0)
+  o = jnp.sum(w[..., None] * out.astype(jnp.float32), axis=axis) / safe[..., None]
+  o = jnp.where((denom > 0)[..., None], o, 0.0)
+  l = jnp.where(denom > 0, jnp.squeeze(m_safe, axis) + jnp.log(safe), -jnp.inf)
+  return o, l

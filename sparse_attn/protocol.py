@@ -1,0 +1,67 @@
+"""The per-layer method interface every attention method implements (a ``typing.Protocol``).
+
+Dense and the selector methods (``methods.Method``), the compression methods
+(``compression.base.CompressionMethod``), experiment wrappers (``experiments.tasks.reuse``) and
+the sharded wrapper (``models.sharding.ShardedMethod``) all implement it, so the decode loop
+(``models.steps``, ``models.driver``) calls these and nothing else: no type or attribute probes.
+
+Shapes (the letters of ``sparse_attn``'s package docstring): post-RoPE ``q [B, Hq, S, D]``,
+``k, v [B, Hkv, S, D]``, token ``positions [B, S]`` (-1 = padding, never written). In
+``decode`` ``S == window``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class AttentionMethod(Protocol):
+  """A decoding attention method: static configuration (hashable) with pure per-layer functions."""
+
+  spec: str
+  # Methods of one group (same block size and capacity) end the prompt with identical caches,
+  # so experiments may share one prefill among them; None = never shared.
+  prefill_group: ClassVar[str | None]
+
+  @property
+  def window(self) -> int:
+    """Queries per head in a decode step (RetroAttention's window; 1 otherwise)."""
+
+  @property
+  def rect_interval(self) -> int:
+    """Re-encode densely every this many generated tokens (0 = never; ReSA)."""
+
+  @property
+  def sliding_window(self) -> int | None:
+    """The attention window the method masks to (Mistral), None = unlimited."""
+
+  def with_sliding_window(self, window: int) -> "AttentionMethod":
+    """This method under a sliding-window mask; raises NotImplementedError if it has none."""
+
+  def round_capacity(self, n: int) -> int:
+    """The smallest valid cache capacity holding ``n`` tokens."""
+
+  def check_context(self, context: int) -> None:
+    """Raises ValueError when the method cannot work at ``context`` prompt tokens."""
+
+  def attended_tokens(self, context: int) -> dict | None:
+    """Tokens attended per head at ``context`` tokens (``Budget.accounting``), None if n/a."""
+
+  def init_cache(self, batch, num_kv_heads, capacity, head_dim, dtype=...) -> Any:
+    """The empty layer cache."""
+
+  def init_state(self, batch, num_q_heads, num_kv_heads, head_dim, capacity, dtype=...) -> Any:
+    """The empty per-layer method state (a fixed-shape pytree)."""
+
+  def prefill(self, q, k, v, cache, state, positions, *, scale=None):
+    """Writes the chunk, attends densely and causally -> ``(out [B, Hq, S, D], cache, state)``."""
+
+  def end_prefill(self, cache, state, *, scale=None):
+    """After the prompt -> ``(cache, state)`` (compression may shrink the cache)."""
+
+  def decode(self, q, k, v, cache, state, positions, *, scale=None):
+    """Appends the window's K/V and attends -> ``(out [B, Hq, W, D], cache, state)``."""
+
+  def rectify(self, q, k, v, cache, state, positions, *, scale=None):
+    """Dense re-encoding of recent tokens (same contract as ``prefill``)."""
