@@ -27,7 +27,7 @@ Optional extras, all static flags of the same body:
     ``row_limit`` iff ``pos <= limit``. Without it every slot holds the position equal to its
     index.
 
-Letters: B batch, K kv heads, P program heads, R rows, n list length, S splits, T slots, D head
+Letters: B batch, K kv heads, P program heads, R rows, n list length, NS splits, T slots, D head
 dim, J blocks per iteration, A row-bit words per entry.
 """
 

@@ -10,7 +10,7 @@ run uses) and reads each Pallas call's Triton IR back from the custom call's bac
 the software pipeline of the main loop (the depth of the ``cp.async`` ring and how many copy
 groups stay in flight at the loop's wait).
 
-Letters: S stages of the cp.async ring.
+Letters (besides the table of ``sparse_attn``): ST stages of the cp.async ring.
 """
 
 from __future__ import annotations

@@ -2,7 +2,21 @@
 
 Public modules: ``cache`` (KVCache pytree), ``reference`` (exact attention), ``merge``
 (flash-decoding combine), ``budget``, ``scoring``, ``selection``, ``sparse`` (sparse decode, jnp), ``kernels`` (Pallas or jnp per op),
-``methods`` (spec strings -> methods).
+``methods`` (spec strings -> methods), ``protocol`` (the per-layer interface every method
+implements).
+
+Shape letters, one table for ``sparse_attn``, ``models`` and ``pallas_kernels`` (a module's own
+``Letters:`` line may add local ones but never redefines these):
+
+  B  batch                        K  kv heads (``Hkv`` in the public contracts)
+  N  query heads (``Hq``), N = K G  G  query heads per kv head
+  H  selection heads: K when group-shared, N per query head
+  S  queries per head in a call: a prefill chunk, the retro window ``w`` in decode
+  T  cache slots (the capacity)   NB blocks, T // block_size
+  n  entries listed in a selection  g  granularity (tokens per entry: block_size or 1)
+  D  head dim                     E  hidden size, V vocabulary, L layers, W decode window
+  Tf slots of a flat (Ada-KV) buffer; C a compacted capacity; M blocks touched by a write
+  Kernels: P program heads, R rows per program, NS splits, J blocks per iteration.
 """
 
 from sparse_attn import (budget, cache, kernels, merge, methods, reference, scoring, selection,

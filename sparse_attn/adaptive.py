@@ -26,11 +26,11 @@ from sparse_attn.selection import Selection
 
 
 def block_mass(scores, cache: KVCache, scale=None):
-  """Estimated attention mass ``[B, H, N]`` (sums to 1 over the context's blocks)."""
+  """Estimated attention mass ``[B, H, NB]`` (sums to 1 over the context's blocks)."""
   bs = cache.block_size
   scale = reference.default_scale(cache.head_dim, scale)
   start = jnp.arange(cache.num_blocks) * bs
-  size = jnp.clip(cache.length[:, None] - start[None, :], 0, bs)  # [B, N] tokens per block
+  size = jnp.clip(cache.length[:, None] - start[None, :], 0, bs)  # [B, NB] tokens per block
   lg = scale * scores + jnp.log(jnp.maximum(size, 1)).astype(jnp.float32)[:, None, :]
   lg = jnp.where((size > 0)[:, None, :], lg, -jnp.inf)
   m = jnp.max(lg, axis=-1, keepdims=True)
@@ -55,7 +55,7 @@ def topp(scores, cache: KVCache, budget: Budget, tau: float, scale=None) -> Sele
   """Smallest per-head block set with estimated mass >= ``tau``, capped by ``budget``.
 
   Args:
-    scores: ``[B, H, N]`` block scores (e.g. Quest bounds).
+    scores: ``[B, H, NB]`` block scores (e.g. Quest bounds).
     cache: the layer cache.
     budget: its forced blocks are always kept; its bound caps the list.
     tau: target mass in (0, 1].
@@ -76,7 +76,7 @@ def adakv(scores, cache: KVCache, budget: Budget, scale=None, floor: float = 0.2
   """Ada-KV allocation of the layer's block budget across heads (Feng et al. 2024, Alg. 1).
 
   Args:
-    scores: ``[B, H, N]``.
+    scores: ``[B, H, NB]``.
     cache: the layer cache.
     budget: the uniform per-head count ``n`` (``Budget.total``, forced blocks counted as the
       budget's accounting says); the layer total is ``H * n``.

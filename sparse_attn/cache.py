@@ -1,6 +1,6 @@
 """The KV cache pytree with per-block digests kept in sync on every write.
 
-Letters: B batch, K kv heads, T capacity (slots), N = T // block_size blocks, D head dim.
+Letters: B batch, K kv heads, T capacity (slots), NB = T // block_size blocks, D head dim.
 
 Slots are written at explicit indices, so append and overwrite (dense rectification, retro
 re-embedding) are one operation, ``write``. Each slot also records the token position it holds
@@ -8,8 +8,8 @@ re-embedding) are one operation, ``write``. Each slot also records the token pos
 (compaction after eviction) keeps the original positions of the kept keys per head.
 
 Block digests, recomputed from the block's valid keys after every write that touches it:
-  * ``kmin, kmax [B, K, N, D]``: the per-channel bounding box (Quest, Tang et al. 2024, Sec. 3.2);
-  * ``kcen [B, K, N, D]``, ``krad [B, K, N]``: the centroid and the bounding-sphere radius
+  * ``kmin, kmax [B, K, NB, D]``: the per-channel bounding box (Quest, Tang et al. 2024, Sec. 3.2);
+  * ``kcen [B, K, NB, D]``, ``krad [B, K, NB]``: the centroid and the bounding-sphere radius
     ``max_j ||k_j - c||`` (ArkVale page digests, Chen et al. 2024, Sec. 4.2).
 Empty blocks have all-zero digests; selectors mask them by ``length``.
 """
@@ -27,17 +27,47 @@ import jax.numpy as jnp
 from pallas_kernels import gather_blocks  # pylint: disable=unused-import (re-exported)
 
 
+class SlotBuffer:
+  """Shape properties shared by the cache pytrees: ``k [B, ..., T, D]``, ``pos [B, ..., T]``
+  (-1 = empty) and ``length [B]`` (slots in use)."""
+
+  @property
+  def batch(self) -> int:
+    return self.k.shape[0]
+
+  @property
+  def capacity(self) -> int:
+    """Slots per buffer (per kv head, or of the whole flat buffer)."""
+    return self.k.shape[-2]
+
+  @property
+  def head_dim(self) -> int:
+    return self.k.shape[-1]
+
+  @property
+  def valid(self) -> jax.Array:
+    """``pos``-shaped bool: the slot holds a key that may be attended (``pos >= 0`` and
+    ``slot < length``)."""
+    slots = jnp.arange(self.capacity, dtype=jnp.int32)
+    length = self.length.reshape((-1,) + (1,) * (self.pos.ndim - 1))
+    return (self.pos >= 0) & (slots < length)
+
+  def nbytes(self) -> int:
+    """Bytes held by every buffer of the cache (what eviction must shrink)."""
+    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self))
+
+
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class KVCache:
+class KVCache(SlotBuffer):
   """Fixed-capacity KV cache of one layer.
 
   Attributes:
     k, v: ``[B, K, T, D]`` keys (post-RoPE) and values.
     pos: ``[B, K, T]`` int32 token position held by each slot, -1 if empty.
     length: ``[B]`` int32 number of slots in use (one past the highest written slot).
-    kmin, kmax, kcen: ``[B, K, N, D]`` block digests (cache dtype).
-    krad: ``[B, K, N]`` float32 bounding-sphere radius per block.
+    kmin, kmax, kcen: ``[B, K, NB, D]`` block digests (cache dtype).
+    krad: ``[B, K, NB]`` float32 bounding-sphere radius per block.
     block_size: static block (page) size.
   """
 
@@ -52,34 +82,12 @@ class KVCache:
   block_size: int = dataclasses.field(metadata=dict(static=True), default=16)
 
   @property
-  def batch(self) -> int:
-    return self.k.shape[0]
-
-  @property
   def num_kv_heads(self) -> int:
     return self.k.shape[1]
 
   @property
-  def capacity(self) -> int:
-    return self.k.shape[2]
-
-  @property
-  def head_dim(self) -> int:
-    return self.k.shape[3]
-
-  @property
   def num_blocks(self) -> int:
     return self.capacity // self.block_size
-
-  @property
-  def valid(self) -> jax.Array:
-    """``[B, K, T]`` bool: the slot holds a key that may be attended."""
-    slots = jnp.arange(self.capacity, dtype=jnp.int32)
-    return (self.pos >= 0) & (slots[None, None, :] < self.length[:, None, None])
-
-  def nbytes(self) -> int:
-    """Bytes held by every buffer of the cache (what eviction must shrink)."""
-    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self))
 
 
 def init_cache(batch: int, num_kv_heads: int, capacity: int, head_dim: int,
@@ -105,19 +113,19 @@ def block_digests(k, valid, block_size):
   """Digests of whole blocks from their valid keys.
 
   Args:
-    k: ``[..., N * block_size, D]`` keys.
-    valid: ``[..., N * block_size]`` bool.
+    k: ``[..., NB * block_size, D]`` keys.
+    valid: ``[..., NB * block_size]`` bool.
     block_size: static.
 
   Returns:
-    ``kmin, kmax, kcen [..., N, D]`` (dtype of k) and ``krad [..., N]`` float32; zeros for
+    ``kmin, kmax, kcen [..., NB, D]`` (dtype of k) and ``krad [..., NB]`` float32; zeros for
     blocks with no valid key.
   """
   *lead, t, d = k.shape
   nb = t // block_size
   kb = k.reshape(*lead, nb, block_size, d).astype(jnp.float32)
   vb = valid.reshape(*lead, nb, block_size, 1)
-  cnt = jnp.sum(vb, axis=-2)  # [..., N, 1]
+  cnt = jnp.sum(vb, axis=-2)  # [..., NB, 1]
   any_valid = cnt > 0
   kmin = jnp.where(any_valid, jnp.min(jnp.where(vb, kb, jnp.inf), axis=-2), 0.0)
   kmax = jnp.where(any_valid, jnp.max(jnp.where(vb, kb, -jnp.inf), axis=-2), 0.0)
@@ -211,17 +219,17 @@ def _refresh_all_digests(cache: KVCache) -> KVCache:
 
 
 def _refresh_block_digests(cache: KVCache, blocks) -> KVCache:
-  """Recomputes the digests of ``blocks [B, S]`` (ids >= N are ignored)."""
+  """Recomputes the digests of ``blocks [B, S]`` (ids >= NB are ignored)."""
   b, hkv, t, d = cache.k.shape
   bs, nb = cache.block_size, cache.num_blocks
   s = blocks.shape[-1]
   safe = jnp.minimum(blocks, nb - 1)
-  # [B, K, S, bs] slots of each touched block
+  # [B, K, M, bs] slots of each touched block
   slots = (safe[:, None, :, None] * bs + jnp.arange(bs)).astype(jnp.int32)
   slots = jnp.broadcast_to(slots, (b, hkv, s, bs)).reshape(b, hkv, s * bs)
   kb = jnp.take_along_axis(cache.k, slots[..., None], axis=2)
   vb = jnp.take_along_axis(cache.valid, slots, axis=2)
-  kmin, kmax, kcen, krad = block_digests(kb, vb, bs)  # [B, K, S, D]
+  kmin, kmax, kcen, krad = block_digests(kb, vb, bs)  # [B, K, M, D]
   bi = jnp.arange(b)[:, None, None]
   hi = jnp.arange(hkv)[None, :, None]
   idx = jnp.where(blocks < nb, blocks, nb)[:, None, :]

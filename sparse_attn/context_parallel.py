@@ -1,7 +1,7 @@
 """Context-parallel sparse decode: the cache's slots split over a mesh axis, under ``shard_map``.
 
 Letters: B batch, Hq query heads, K kv heads, H selection heads, T slots (global), t slots per
-shard, N blocks (global), n blocks per shard, D head dim. ``S`` is the number of ``seq`` shards.
+shard, NB blocks (global), n blocks per shard, D head dim. ``SH`` is the number of ``seq`` shards.
 
 Shard ``i`` of the ``seq`` axis holds slots ``[i t, (i + 1) t)`` of every cache array (``t`` a
 multiple of the block size, so blocks and their digests are whole on one shard) and the matching
@@ -71,7 +71,7 @@ def _local_view(cache, offset):
 
 def _merge_shards(out, lse):
   """Exact merge of per-shard partials ``(out [..., D], lse [...])`` over the ``seq`` axis."""
-  outs = jax.lax.all_gather(out.astype(jnp.float32), SEQ)  # [S, ..., D]
+  outs = jax.lax.all_gather(out.astype(jnp.float32), SEQ)  # [SH, ..., D]
   lses = jax.lax.all_gather(lse, SEQ)
   return merge_n(outs, lses, axis=0)
 
@@ -85,13 +85,13 @@ def global_selection(m, scores, length, num_blocks: int, capacity: int):
   n_loc = scores.shape[-1]
   first = jax.lax.axis_index(SEQ) * n_loc  # global id of the shard's first block
   ids = jnp.arange(num_blocks, dtype=jnp.int32)[None, :]
-  valid = ids * bs < length[:, None]  # [B, N]
+  valid = ids * bs < length[:, None]  # [B, NB]
   forced = m.budget.forced(length, num_blocks, bs)
   local = lambda x: jax.lax.dynamic_slice_in_dim(x, first, n_loc, axis=1)
   ranked = rank_scores(scores, local(valid), local(forced))  # [B, H, n]
   n_max = min(m.budget.max_count(capacity, bs), num_blocks)
   top_v, top_i = jax.lax.top_k(ranked, min(n_max, n_loc))
-  pool_v = jax.lax.all_gather(top_v, SEQ, axis=2, tiled=True)  # [B, H, S * min(n_max, n)]
+  pool_v = jax.lax.all_gather(top_v, SEQ, axis=2, tiled=True)  # [B, H, SH * min(n_max, n)]
   pool_i = jax.lax.all_gather(top_i + first, SEQ, axis=2, tiled=True)
   _, pick = jax.lax.top_k(pool_v, n_max)
   gidx = jnp.take_along_axis(pool_i, pick, axis=-1)  # [B, H, n_max] global block ids

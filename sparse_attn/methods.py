@@ -207,7 +207,7 @@ class Method:
     return SELECTORS[self.selector](self, q, cache, scale)
 
   def block_scores(self, q, cache: KVCache):
-    """Digest scores ``[B, H, N]`` of the block selectors (Pallas ``block_score`` for Quest)."""
+    """Digest scores ``[B, H, NB]`` of the block selectors (Pallas ``block_score`` for Quest)."""
     qs = scoring.scoring_queries(q, cache.num_kv_heads, self.gqa)
     if self.selector == "quest":
       return kernels.quest_scores(qs, cache, impl=self.impl, interpret=self.interpret)

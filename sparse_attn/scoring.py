@@ -1,7 +1,7 @@
 """Block (page) scores from the cache digests: Quest and ArkVale.
 
 Letters: B batch, K kv heads, H scoring heads (K for group-shared selection, Hq per head),
-N blocks, D head dim. Scores are float32 and unscaled (``q . k`` units).
+NB blocks, D head dim. Scores are float32 and unscaled (``q . k`` units).
 """
 
 from __future__ import annotations
@@ -41,14 +41,14 @@ def quest_scores(qs, kmin, kmax):
 
   Args:
     qs: ``[B, H, D]`` scoring queries (H a multiple of K).
-    kmin, kmax: ``[B, K, N, D]`` block digests.
+    kmin, kmax: ``[B, K, NB, D]`` block digests.
 
   Returns:
-    ``[B, H, N]`` float32.
+    ``[B, H, NB]`` float32.
   """
   qg = _per_kv_head(qs, kmin.shape[1])  # [B, K, r, D]
   f32 = dict(preferred_element_type=jnp.float32)
-  # [B, K, r, N]
+  # [B, K, r, NB]
   s = (jnp.einsum("bkrd,bknd->bkrn", jnp.maximum(qg, 0.0), kmax.astype(jnp.float32), **f32)
        + jnp.einsum("bkrd,bknd->bkrn", jnp.minimum(qg, 0.0), kmin.astype(jnp.float32), **f32))
   return s.reshape(qs.shape[0], qs.shape[1], -1)
@@ -65,10 +65,10 @@ def arkvale_scores(qs, kcen, krad, kmin, kmax, variant: str = "sphere"):
   the bound is the box maximum ``sum_d max(q_d kmax_d, q_d kmin_d)`` (the same bound as Quest).
 
   Args:
-    qs: ``[B, H, D]``; kcen, kmin, kmax: ``[B, K, N, D]``; krad: ``[B, K, N]``.
+    qs: ``[B, H, D]``; kcen, kmin, kmax: ``[B, K, NB, D]``; krad: ``[B, K, NB]``.
 
   Returns:
-    ``[B, H, N]`` float32.
+    ``[B, H, NB]`` float32.
   """
   if variant == "cuboid":
     return quest_scores(qs, kmin, kmax)

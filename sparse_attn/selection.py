@@ -1,6 +1,6 @@
 """Selectors: which blocks (or tokens) a decode step attends.
 
-Letters: B batch, K kv heads, Hq query heads, H selection heads (K or Hq), N entries (blocks of
+Letters: B batch, K kv heads, Hq query heads, H selection heads (K or Hq), NB entries (blocks of
 ``block_size`` tokens, or single tokens), n the static list length, D head dim.
 
 A selection is a fixed-size list of entry ids per (batch, head) plus a valid count, so shapes are
@@ -53,9 +53,9 @@ def top_entries(scores, valid, forced, count, n_max: int, granularity: int) -> S
   """Top-``count`` entries by score with forced entries first.
 
   Args:
-    scores: ``[B, H, N]`` float32.
-    valid: ``[B, N]`` bool, entries inside the context (others are never selected).
-    forced: ``[B, N]`` bool, entries always selected (subset of valid).
+    scores: ``[B, H, NB]`` float32.
+    valid: ``[B, NB]`` bool, entries inside the context (others are never selected).
+    forced: ``[B, NB]`` bool, entries always selected (subset of valid).
     count: ``[B]`` int32 entries in all, forced included (``Budget.total``; raised to the forced
       count).
     n_max: static list length (``>= count``).
@@ -71,7 +71,7 @@ def top_entries(scores, valid, forced, count, n_max: int, granularity: int) -> S
 def rank_scores(scores, valid, forced):
   """The ranking ``top_entries`` sorts by: forced entries first, invalid ones last.
 
-  ``scores [B, H, N]``, ``valid, forced [B, N]`` -> ``[B, H, N]`` float32. Shared with the
+  ``scores [B, H, NB]``, ``valid, forced [B, NB]`` -> ``[B, H, NB]`` float32. Shared with the
   context-parallel decode, whose per-shard and global top-k must rank exactly alike.
   """
   s = jnp.where(jnp.isnan(scores), -_FORCED, jnp.clip(scores, -_FORCED, _FORCED / 2))
@@ -81,7 +81,7 @@ def rank_scores(scores, valid, forced):
 
 def selected_count(valid, forced, count, n_max: int):
   """``[B]`` entries a selection keeps: the budget ``count``, raised to the forced entries,
-  capped by the context (``valid [B, N]``) and the static list length ``n_max``."""
+  capped by the context (``valid [B, NB]``) and the static list length ``n_max``."""
   n_ctx = jnp.sum(valid, axis=-1)
   n = jnp.minimum(jnp.maximum(count, jnp.sum(forced, axis=-1)), n_ctx)
   return jnp.minimum(n, n_max)
@@ -94,7 +94,7 @@ def _block_masks(cache: KVCache, budget: Budget):
 
 
 def select_blocks(scores, cache: KVCache, budget: Budget) -> Selection:
-  """Block selection from ``scores [B, H, N]`` under ``budget``."""
+  """Block selection from ``scores [B, H, NB]`` under ``budget``."""
   valid, forced = _block_masks(cache, budget)
   bs = cache.block_size
   return top_entries(scores, valid, forced, _total(budget, cache.length, forced, bs),
@@ -102,7 +102,7 @@ def select_blocks(scores, cache: KVCache, budget: Budget) -> Selection:
 
 
 def _total(budget: Budget, length, forced, unit: int):
-  """``[B]`` entries attended in all under the budget's accounting of the ``forced [B, N]``."""
+  """``[B]`` entries attended in all under the budget's accounting of the ``forced [B, NB]``."""
   return budget.total(length, jnp.sum(forced, axis=-1).astype(jnp.int32), unit)
 
 

@@ -8,7 +8,7 @@ the slots before the window empty (``pos = -1``), and every path that respects e
 selectors also rank blocks without a visible slot last (``mask_block_scores``), so the budget
 goes to blocks inside the window.
 
-Letters: B batch, K kv heads, H selection heads (K or a multiple), N blocks, T slots.
+Letters: B batch, K kv heads, H selection heads (K or a multiple), NB blocks, T slots.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def visible(cache: KVCache, q_positions, window: int) -> KVCache:
 
 
 def mask_block_scores(scores, cache: KVCache):
-  """``scores [B, H, N]`` with blocks that hold no visible key of ``cache`` set to ``-inf``."""
+  """``scores [B, H, NB]`` with blocks that hold no visible key of ``cache`` set to ``-inf``."""
   b, k, t = cache.pos.shape
   n = cache.num_blocks
-  seen = jnp.any(cache.valid.reshape(b, k, n, t // n), axis=-1)  # [B, K, N]
+  seen = jnp.any(cache.valid.reshape(b, k, n, t // n), axis=-1)  # [B, K, NB]
   seen = jnp.repeat(seen, scores.shape[1] // k, axis=1)  # head h reads kv head h // G
   return jnp.where(seen, scores, -jnp.inf)

@@ -1,12 +1,12 @@
 """A flat per-layer cache for head-adaptive budgets: every kv head's kept tokens in one buffer.
 
 Letters: B batch, K kv heads, G query heads per kv head, N = K G query heads, T slots of the
-per-head layout, S slots of the flat buffer, C new slots, D head dim.
+per-head layout, Tf slots of the flat buffer, S queries per head, C new slots, D head dim.
 
 Ada-KV (Feng et al. 2024) gives each kv head its own number of kept tokens; only the layer
 total ``K n`` is fixed. In the per-head layout ``[B, K, T, D]`` every head would be padded to
 the largest head (at ratio 0.5 on SmolLM2 that buffer is ~70% of dense, not 50%). The flat layout
-stores the kept tokens of all heads of a layer in one buffer ``k, v [B, S, D]`` with a kv-head id
+stores the kept tokens of all heads of a layer in one buffer ``k, v [B, Tf, D]`` with a kv-head id
 per slot, so the buffer holds exactly the kept tokens plus the decode room, rounded up once per
 layer to a multiple of ``block_size`` (less than one block of padding, DESIGN invariant 5). After
 compaction the heads' tokens are contiguous (head 0's first, each in token order: per-head
@@ -16,7 +16,7 @@ total is the same for every layer, every layer compacts to the same shape (compi
 Query head ``h`` attends the slots of kv head ``h // G`` (a head mask over the flat buffer):
 the memory is exact, the logits cost ``K`` times those of one head's slots (every query head
 scores the whole layer buffer, masked), a dense matmul with no gather.
-Scoring and slot-aligned method state use ``heads_view``: the buffer seen as ``[B, K, S]`` with
+Scoring and slot-aligned method state use ``heads_view``: the buffer seen as ``[B, K, Tf]`` with
 each slot valid only in its own head's row, so every method's per-head ``scores`` works unchanged.
 The flat cache has no block digests: compression methods attend densely and never read them.
 """
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from sparse_attn import reference
-from sparse_attn.cache import scatter_set
+from sparse_attn.cache import SlotBuffer, scatter_set
 from sparse_attn.compression import compact as compact_lib
 
 
@@ -40,16 +40,16 @@ def head_dtype(num_kv_heads: int):
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class FlatKVCache:
+class FlatKVCache(SlotBuffer):
   """One layer's cache with all kv heads' tokens in one buffer.
 
   Attributes:
-    k, v: ``[B, S, D]`` keys (post-RoPE) and values.
-    pos: ``[B, S]`` int32 token position of each slot, -1 if empty.
-    head: ``[B, S]`` kv head owning each slot (int8 for up to 127 heads).
+    k, v: ``[B, Tf, D]`` keys (post-RoPE) and values.
+    pos: ``[B, Tf]`` int32 token position of each slot, -1 if empty.
+    head: ``[B, Tf]`` kv head owning each slot (int8 for up to 127 heads).
     length: ``[B]`` int32 slots in use (one past the highest written slot).
     num_kv_heads: static ``K``.
-    block_size: static; the capacity ``S`` is a multiple of it.
+    block_size: static; the capacity ``Tf`` is a multiple of it.
   """
 
   k: jax.Array
@@ -60,29 +60,6 @@ class FlatKVCache:
   num_kv_heads: int = dataclasses.field(metadata=dict(static=True), default=1)
   block_size: int = dataclasses.field(metadata=dict(static=True), default=16)
 
-  @property
-  def batch(self) -> int:
-    return self.k.shape[0]
-
-  @property
-  def capacity(self) -> int:
-    """Slots of the flat buffer (all heads together)."""
-    return self.k.shape[1]
-
-  @property
-  def head_dim(self) -> int:
-    return self.k.shape[2]
-
-  @property
-  def valid(self) -> jax.Array:
-    """``[B, S]`` bool: the slot holds a key."""
-    slots = jnp.arange(self.capacity, dtype=jnp.int32)
-    return (self.pos >= 0) & (slots[None, :] < self.length[:, None])
-
-  def nbytes(self) -> int:
-    """Bytes held by every buffer of the cache."""
-    return sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self))
-
   def slot_bytes(self) -> int:
     """Bytes per slot (key, value, position and head id)."""
     return sum(x.dtype.itemsize * (x.shape[2] if x.ndim == 3 else 1)
@@ -91,11 +68,11 @@ class FlatKVCache:
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
-class HeadsView:
-  """The flat buffer seen per kv head (``[B, K, S]``), for scoring; read-only, never stored.
+class HeadsView(SlotBuffer):
+  """The flat buffer seen per kv head (``[B, K, Tf]``), for scoring; read-only, never stored.
 
   Has the fields every method's ``scores``/``observe`` reads of a ``KVCache``: ``k, v
-  [B, K, S, D]`` (the buffer broadcast over heads), ``pos [B, K, S]`` (-1 outside the row's own
+  [B, K, Tf, D]`` (the buffer broadcast over heads), ``pos [B, K, Tf]`` (-1 outside the row's own
   head), ``length``, ``valid``, ``head_dim``, ``capacity``.
   """
 
@@ -104,22 +81,9 @@ class HeadsView:
   pos: jax.Array
   length: jax.Array
 
-  @property
-  def capacity(self) -> int:
-    return self.k.shape[2]
-
-  @property
-  def head_dim(self) -> int:
-    return self.k.shape[3]
-
-  @property
-  def valid(self) -> jax.Array:
-    slots = jnp.arange(self.capacity, dtype=jnp.int32)
-    return (self.pos >= 0) & (slots[None, None, :] < self.length[:, None, None])
-
 
 def heads_view(cache: FlatKVCache) -> HeadsView:
-  """``cache`` as ``[B, K, S]`` rows, each slot valid only in its own head's row."""
+  """``cache`` as ``[B, K, Tf]`` rows, each slot valid only in its own head's row."""
   kk = cache.num_kv_heads
   shape = (cache.batch, kk) + cache.k.shape[1:]
   own = cache.head[:, None, :] == jnp.arange(kk, dtype=cache.head.dtype)[None, :, None]
@@ -165,7 +129,7 @@ def from_heads(k, v, pos, keep, capacity: int, block_size: int):
 
 
 def compact(cache: FlatKVCache, keep, capacity: int | None = None):
-  """Moves the kept slots ``keep [B, S]`` of a flat cache to its front (in slot order).
+  """Moves the kept slots ``keep [B, Tf]`` of a flat cache to its front (in slot order).
 
   Returns ``(cache, idx)`` with ``idx [B, K, C]`` as in ``from_heads``.
   """
@@ -208,7 +172,7 @@ def attend(q, cache: FlatKVCache, positions, scale=None):
   n = q.shape[1]
   group = n // cache.num_kv_heads
   qhead = (jnp.arange(n) // group).astype(cache.head.dtype)
-  mask = (cache.head[:, None, None, :] == qhead[None, :, None, None])  # [B, N, 1, S]
+  mask = (cache.head[:, None, None, :] == qhead[None, :, None, None])  # [B, N, 1, Tf]
   return reference.attention(q, cache.k[:, None], cache.v[:, None], mask, scale,
                              kv_length=cache.length, q_positions=positions,
                              k_positions=cache.pos)
