@@ -121,24 +121,37 @@ def embed(params: Params, config: ModelConfig, tokens):
   return jnp.take(params["embed"], tokens, axis=0).astype(compute_dtype(config))
 
 
-def run_layers(params: Params, config: ModelConfig, x, positions, attend, per_layer=None):
-  """Applies every layer, scanning over the stacked layer parameters.
+LAYOUTS = ("stacked", "per_layer")
 
-  ``per_layer`` (caches, method states) rides in the scan carry and layer ``i`` updates its
-  slice in place (``dynamic_update_index_in_dim``); as scan inputs/outputs the whole stacked
-  cache would be copied every step (4x slower decode at 8k context on CPU).
+
+def run_layers(params: Params, config: ModelConfig, x, positions, attend, per_layer=None, *,
+               layout: str = "stacked"):
+  """Applies every layer with ``attend`` as the attention; ``layout`` says how ``per_layer``
+  (caches, method states) is held.
+
+  * ``"stacked"`` (prefill, full forward passes): leaves with a leading ``[L]`` axis; a
+    ``lax.scan`` over the layers carries them and layer ``i`` updates its slice in place
+    (``dynamic_update_index_in_dim``). One layer is compiled once.
+  * ``"per_layer"`` (decode, the layout ``steps.end_prefill`` returns): a tuple of per-layer
+    lists, one donated buffer per layer, and the layer loop is unrolled. A decode step writes
+    one token per layer, and only separate buffers are written in place: a stacked cache in a
+    scan carry has its layer slice copied out and back every step (the whole cache, twice, per
+    token: ~2x slower decode at 32k on CPU), and as scan inputs/outputs it is copied whole
+    (~4x at 8k). The price is compile time (all layers unrolled).
 
   Args:
     x: ``[B, S, E]`` embeddings.
     positions: ``[B, S]`` int32.
     attend: ``(q, k, v, layer_input) -> (out, new_layer_input)`` (same structure and dtypes).
-    per_layer: pytree with a leading ``[L]`` axis (caches, states) or None.
+    per_layer: the per-layer inputs in ``layout``, or None.
 
   Returns:
     ``(x [B, S, E], updated per_layer)``.
   """
+  if layout not in LAYOUTS:
+    raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
   block = Block(config)
-  if isinstance(per_layer, tuple) and per_layer and isinstance(per_layer[0], list):
+  if layout == "per_layer":
     return _run_layers_unrolled(block, params, x, positions, attend, per_layer)
   if isinstance(params["layers"], list):  # split_layers' form: stack them for the scan
     params = {**params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *params["layers"])}

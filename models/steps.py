@@ -1,8 +1,9 @@
 """Jitted per-step functions of the decode loop (prefill chunk, decode, rectify, end_prefill).
 
 Letters: B batch, S tokens in a step, W decode window, E hidden, V vocab, T capacity, L layers.
-Caches and method states are stacked on a leading ``[L]`` axis during prefill and per-layer
-lists from ``end_prefill`` on (the decode layout, see there); both are donated to every step.
+Caches and method states are in layout ``"stacked"`` (a leading ``[L]`` axis) during prefill and
+``"per_layer"`` (lists) from ``end_prefill`` on (``llama.run_layers`` says why); every step
+names its layout and donates them.
 """
 
 from __future__ import annotations
@@ -32,8 +33,9 @@ def init_caches(config, method, batch: int, capacity: int):
   return jax.tree.map(stack, init())
 
 
-def _apply(params, config, tokens, positions, caches, states, layer_fn):
-  """Runs all layers with ``layer_fn`` (a method's prefill/decode/rectify) as attention.
+def _apply(params, config, tokens, positions, caches, states, layer_fn, layout):
+  """Runs all layers with ``layer_fn`` (a method's prefill/decode/rectify) as attention, the
+  caches and states held in ``layout`` (``llama.run_layers``).
 
   Returns ``(hidden [B, S, E] before the final norm, caches, states)``.
   """
@@ -45,7 +47,8 @@ def _apply(params, config, tokens, positions, caches, states, layer_fn):
     return out, (cache, state)
 
   x = llama.embed(params, config, tokens)
-  h, (caches, states) = llama.run_layers(params, config, x, positions, attend, (caches, states))
+  h, (caches, states) = llama.run_layers(params, config, x, positions, attend, (caches, states),
+                                         layout=layout)
   return h, caches, states
 
 
@@ -56,7 +59,7 @@ _DONATE = ("caches", "states")
 @functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=_DONATE)
 def prefill_step(params, tokens, positions, caches, states, *, config, method):
   """One prompt chunk: ``tokens, positions [B, S]`` -> ``(hidden [B, S, E], caches, states)``."""
-  return _apply(params, config, tokens, positions, caches, states, method.prefill)
+  return _apply(params, config, tokens, positions, caches, states, method.prefill, "stacked")
 
 
 def end_prefill(caches, states, *, config, method):
@@ -66,11 +69,8 @@ def end_prefill(caches, states, *, config, method):
   lengths, so the returned cache may be smaller than the one passed in (decode steps are then
   compiled for that smaller capacity).
 
-  The result is in the decode layout: ``([cache_0, ..., cache_{L-1}], [state_0, ...])``, one
-  buffer per layer, and the decode steps unroll the layer loop over them. A stacked ``[L]``
-  cache rides through the layer scan as a carry whose layer slice is copied out and back in
-  every step (the whole cache, twice, per token: 2x slower decode at 32k on CPU); separate
-  donated buffers are written in place.
+  The result is in the decode layout ``"per_layer"`` of ``llama.run_layers`` (see there why):
+  ``([cache_0, ..., cache_{L-1}], [state_0, ...])``, one donated buffer per layer.
   """
   scale = llama.softmax_scale(config)
   outs = []
@@ -108,7 +108,8 @@ def decode_step(params, history, positions, caches, states, key, *, config, meth
     ``(next_token [B], logits [B, V] float32, history (next token written), caches, states)``.
   """
   tokens = _window_tokens(history, positions)
-  h, caches, states = _apply(params, config, tokens, positions, caches, states, method.decode)
+  h, caches, states = _apply(params, config, tokens, positions, caches, states, method.decode,
+                             "per_layer")
   logits = llama.logits_from_hidden(params, config, h[:, -1])
   nxt = sample(logits, key, sampling)
   b = jnp.arange(history.shape[0])
@@ -120,7 +121,8 @@ def decode_step(params, history, positions, caches, states, key, *, config, meth
 def rectify_step(params, history, positions, caches, states, *, config, method):
   """Dense re-encoding of ``positions [B, f]`` (``method.rectify``); outputs are discarded."""
   tokens = _window_tokens(history, positions)
-  _, caches, states = _apply(params, config, tokens, positions, caches, states, method.rectify)
+  _, caches, states = _apply(params, config, tokens, positions, caches, states, method.rectify,
+                             "per_layer")
   return caches, states
 
 

@@ -26,6 +26,7 @@ import optax
 
 from experiments.analysis import errors
 from models import decode, llama
+from sparse_attn import kernels
 from sparse_attn.cache import write
 from sparse_attn.enhancers import resa as resa_lib
 
@@ -115,7 +116,7 @@ def restore(path: str) -> dict:
 def _step(params, token, position, caches, states, log_lam, beta, *, config, method):
   """One teacher-forced token ``[1, 1]`` at ``position [1, 1]`` -> ``(logits [1, V], ...)``."""
   scale = llama.softmax_scale(config)
-  incremental = method.prior_update == "incremental"
+  incremental = method.resa.prior_update == "incremental"
 
   def attend(q, k, v, inp):
     cache, state, ll, bt = inp
@@ -124,8 +125,8 @@ def _step(params, token, position, caches, states, log_lam, beta, *, config, met
     cache = write(cache, k, v, position)
     q0 = q[:, :, 0]
     sel = method.select(q0, cache, scale)
-    true, prior_seen, seen = resa_lib.partials(q0, cache, sel, st["prior"], scale,
-                                               impl=method.impl, interpret=method.interpret)
+    true, prior_seen, seen = kernels.resa_partials(q0, cache, sel, st["prior"], scale,
+                                                   impl=method.impl, interpret=method.interpret)
     covered = seen >= resa_lib.prior_count(st, q0.shape[1])
     b = bt[None] * resa_lib.bias(st, q0, scale) + ll[None]
     out, _ = resa_lib.aggregate(true, prior_seen, resa_lib.total(st), b, 1.0, covered)
@@ -133,7 +134,8 @@ def _step(params, token, position, caches, states, log_lam, beta, *, config, met
 
   x = llama.embed(params, config, token)
   h, (caches, states, _, _) = llama.run_layers(params, config, x, position, attend,
-                                               (caches, states, log_lam, beta))
+                                               (caches, states, log_lam, beta),
+                                               layout="per_layer")
   return llama.logits_from_hidden(params, config, h[:, -1]), caches, states
 
 

@@ -50,7 +50,7 @@ def test_specs_expand():
                     "quest+rect:f=8@0.2", "quest:p=0.1", "snapkv@0.05", "snapkv@0.2",
                     "quest+reuse:every=3@0.05", "quest+reuse:every=3@0.2"]
   by = {r.label: r.method for r in rows}
-  assert by["quest@0.05"].budget.budget == 0.05 and by["quest+rect:f=8@0.2"].rect_f == 8
+  assert by["quest@0.05"].budget.budget == 0.05 and by["quest+rect:f=8@0.2"].rect_interval == 8
   assert by["snapkv@0.05"].ratio == pytest.approx(0.95)
   assert by["quest+reuse:every=3@0.2"].reuse_every == 3
   assert specs.build("quest+track", 0.1).reuse_every == 0

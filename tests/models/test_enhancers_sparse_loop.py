@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import models
-from models import decode, llama
+from models import decode, llama, steps
 from models.config import ModelConfig, RopeConfig
 from sparse_attn import methods
 
@@ -51,7 +51,7 @@ class StepSpy:
   def __init__(self, monkeypatch):
     self.snapshots = []
     for name in ("decode_step", "rectify_step"):
-      monkeypatch.setattr(decode, name, self._wrap(name, getattr(decode, name)))
+      monkeypatch.setattr(steps, name, self._wrap(name, getattr(steps, name)))
 
   def _wrap(self, kind, fn):
     def step(params, history, positions, caches, states, *args, **kw):

@@ -97,16 +97,16 @@ def test_presets_carry_the_papers_settings():
   assert methods.make("resa-arkvale").selector == "arkvale"
   assert methods.make("resa-topk").selector == "topk"
   rect = methods.make("rectified")
-  assert (rect.gqa, rect.rect_f, rect.budget.p, rect.budget.n_min, rect.budget.n_local,
+  assert (rect.gqa, rect.rect_interval, rect.budget.p, rect.budget.n_min, rect.budget.n_local,
           rect.budget.n_sink, rect.budget.forced_count) == ("group", 32, 0.1, 16, 1, 0, "inside")
   retro = methods.make("retro")
-  assert (retro.retro_w, retro.budget.budget, retro.budget.min_tokens) == (2, 0.15, 256)
+  assert (retro.window, retro.budget.budget, retro.budget.min_tokens) == (2, 0.15, 256)
   ea = methods.make("expected-attention")
   assert (ea.head_budget, ea.n_future, ea.eps, ea.use_covariance, ea.use_vnorm) == (
       "adakv", 512, 0.01, True, True)
   # keywords override the preset
   assert methods.make("resa-quest", budget=0.05).budget.budget == 0.05
-  assert methods.make("resa-quest", lam=0.5).lam == 0.5
+  assert methods.make("resa-quest", lam=0.5).resa.lam == 0.5
   assert methods.make("RESA-Quest").spec == methods.PRESETS["resa-quest"]
   with pytest.raises(ValueError, match="presets"):
     methods.make("resa-qeust")
@@ -120,4 +120,4 @@ def test_resa_defaults_and_lambda_range():
       methods.make("quest+resa", lam=bad)
   with pytest.raises(ValueError, match="lam_form"):
     methods.make("quest+resa:lam_form=other")
-  assert methods.make("quest+resa:lam_form=literal").lam_form == "literal"
+  assert methods.make("quest+resa:lam_form=literal").resa.lam_form == "literal"

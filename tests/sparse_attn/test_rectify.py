@@ -89,10 +89,10 @@ def test_spec_grammar():
   a = methods.make("topk+retro+resa", budget=32, lam=0.25, w=3, typical_query="last")
   b = methods.make("topk+resa+retro", budget=32, lam=0.25, w=3, typical_query="last")
   assert dataclasses.replace(a, spec="") == dataclasses.replace(b, spec="")
-  assert (a.lam, a.window, a.typical_query, a.granularity) == (0.25, 3, "last", 1)
-  assert methods.make("quest+resa:lam=0.5", lam=0.7).lam == 0.7  # keywords win, as for selectors
+  assert (a.resa.lam, a.window, a.resa.typical_query, a.granularity) == (0.25, 3, "last", 1)
+  assert methods.make("quest+resa:lam=0.5", lam=0.7).resa.lam == 0.7  # keywords win, as for selectors
   defaults = methods.make("arkvale+resa+rect+retro")
-  assert (defaults.lam, defaults.rect_interval, defaults.window) == (1.0, 32, 2)
+  assert (defaults.resa.lam, defaults.rect_interval, defaults.window) == (1.0, 32, 2)
   bad = [("quest+foo", {}, "valid: ['rect', 'resa', 'retro']"),
          ("quest+resa+resa", {}, "twice"),
          ("dense+resa", {}, "need a selector"),
