@@ -1,10 +1,10 @@
 """Runs a function in a fresh interpreter: PyTorch never enters a pytest worker.
 
-With ``torch`` imported into a process, a later XLA:CPU compilation in that process crashed a
-pytest worker (a segmentation fault inside ``backend_compile_and_load``), and the crashed worker
-then hung the suite. So every transformers/PyTorch reference of the tests is computed by ``run``
-in a spawned child; only plain data (numpy arrays, lists, strings) comes back, and a child that
-dies or hangs fails its test instead of the suite.
+The transformers/PyTorch references of the parity tests are data: ``run`` computes them in a
+spawned child, so the long-lived JAX workers never load PyTorch (its libraries, threads and
+memory stay out of them) and a child that dies or hangs fails its test, with a clear message,
+instead of taking a worker (and the suite) down. Only plain data (numpy arrays, lists,
+strings) comes back.
 """
 
 from __future__ import annotations
