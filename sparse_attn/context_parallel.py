@@ -52,7 +52,7 @@ _RESA_SHARED = ("pmax", "zsum", "osum", "ksum", "kcount")  # replicated running 
 
 def supports(m) -> bool:
   """Whether ``m`` (a ``methods.Method``) decodes context-parallel here."""
-  return (getattr(m, "selector", None) in BLOCK_SELECTORS and m.window == 1
+  return (m.prefill_group == "dense" and m.selector in BLOCK_SELECTORS and m.window == 1
           and m.topp is None and m.adakv is None)
 
 

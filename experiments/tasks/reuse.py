@@ -39,7 +39,8 @@ class TrackedMethod(methods.Method):
 
   @classmethod
   def wrap(cls, base: methods.Method, spec: str, reuse_every: int = 0) -> "TrackedMethod":
-    if type(base) is not methods.Method or base.is_dense or base.enhanced or base.rect_interval:
+    if (base.prefill_group != "dense" or base.is_dense or base.enhanced  # a plain Method
+        or base.rect_interval):
       raise ValueError(f"+track/+reuse wrap a plain selector (quest, arkvale, topk), got "
                        f"{base.spec!r}")
     if reuse_every < 0:
