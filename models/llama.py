@@ -183,6 +183,11 @@ def split_layers(params: Params) -> Params:
   return {**params, "layers": [jax.tree.map(lambda a: a[i], layers) for i in range(num)]}
 
 
+def apply_layer(layer_params: Params, config: ModelConfig, x, positions, attend):
+  """One decoder layer: ``x [B, S, E]`` -> ``(x, aux)`` with ``attend(q, k, v) -> (out, aux)``."""
+  return Block(config).apply({"params": layer_params}, x, positions, attend)
+
+
 def _run_layers_unrolled(block, params, x, positions, attend, per_layer):
   """``run_layers`` for per-layer inputs given as lists (the decode layout)."""
   outs = []

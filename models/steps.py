@@ -2,8 +2,9 @@
 
 Letters: B batch, S tokens in a step, W decode window, E hidden, V vocab, T capacity, L layers.
 Caches and method states are in layout ``"stacked"`` (a leading ``[L]`` axis) during prefill and
-``"per_layer"`` (lists) from ``end_prefill`` on (``llama.run_layers`` says why); every step
-names its layout and donates them.
+``"per_layer"`` (lists) from ``end_prefill`` on (``llama.run_layers`` says why). A prefill chunk
+is one jitted scan over the layers; a decode or rectify step calls one jitted layer per layer
+(compiled once: see ``_layer``). Caches and states are donated to every call.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ def init_caches(config, method, batch: int, capacity: int):
 
 
 def _apply(params, config, tokens, positions, caches, states, layer_fn, layout):
-  """Runs all layers with ``layer_fn`` (a method's prefill/decode/rectify) as attention, the
-  caches and states held in ``layout`` (``llama.run_layers``).
+  """Runs all layers with ``layer_fn`` (a method's prefill) as attention, the caches and states
+  held in ``layout`` (``llama.run_layers``).
 
   Returns ``(hidden [B, S, E] before the final norm, caches, states)``.
   """
@@ -94,35 +95,83 @@ def _window_tokens(history, positions):
   return jnp.where(positions >= 0, tok, 0)
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC + ("sampling",),
-                   donate_argnames=_DONATE + ("history",))
+# ---- decode and rectify: one jitted layer, called once per layer ----
+# A step is ``_embed_window``, then ``_layer`` for every layer (the same compiled executable:
+# the layers differ only in their weights), then ``_finish``. Compiling one layer instead of the
+# unrolled stack takes a decode step's compilation from seconds to a fraction of one; each layer
+# call donates that layer's cache and state, so they are still updated in place.
+
+
+def _head(params):
+  """The parameters the embedding and the LM head read (not the layers)."""
+  return {k: v for k, v in params.items() if k != "layers"}
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def _embed_window(head, history, positions, *, config):
+  return llama.embed(head, config, _window_tokens(history, positions))
+
+
+@functools.partial(jax.jit, static_argnames=("config", "method", "phase"),
+                   donate_argnames=("cache", "state"))
+def _layer(layer_params, x, positions, cache, state, *, config, method, phase):
+  """One decoder layer with ``method.decode`` or ``method.rectify`` (``phase``) as attention."""
+  fn = getattr(method, phase)
+  scale = llama.softmax_scale(config)
+
+  def attend(q, k, v):
+    out, c, s = fn(q, k, v, cache, state, positions, scale=scale)
+    return out, (c, s)
+
+  x, (cache, state) = llama.apply_layer(layer_params, config, x, positions, attend)
+  return x, cache, state
+
+
+def _layers(params, x, positions, caches, states, *, config, method, phase):
+  """Every layer, one ``_layer`` call each, over the per-layer caches and states."""
+  new_caches, new_states = [], []
+  for p, c, s in zip(llama.split_layers(params)["layers"], caches, states, strict=True):
+    x, c, s = _layer(p, x, positions, c, s, config=config, method=method, phase=phase)
+    new_caches.append(c)
+    new_states.append(s)
+  return x, new_caches, new_states
+
+
+@functools.partial(jax.jit, static_argnames=("config", "sampling"), donate_argnames=("history",))
+def _finish(head, h, history, positions, key, *, config, sampling):
+  logits = llama.logits_from_hidden(head, config, h[:, -1])
+  nxt = sample(logits, key, sampling)
+  b = jnp.arange(history.shape[0])
+  return nxt, logits, history.at[b, positions[:, -1] + 1].set(nxt, mode="drop")
+
+
 def decode_step(params, history, positions, caches, states, key, *, config, method, sampling):
   """One decode step over the last ``W`` tokens; samples the next token.
 
   Args:
-    history: ``[B, T]`` int32 tokens by position.
+    params: the decode layout of the weights (``Model.decode_params``).
+    history: ``[B, T]`` int32 tokens by position (donated).
     positions: ``[B, W]`` int32 positions of the window (newest last; negative = none).
+    caches, states: per-layer lists (donated layer by layer).
     key: PRNG key of this step.
 
   Returns:
     ``(next_token [B], logits [B, V] float32, history (next token written), caches, states)``.
   """
-  tokens = _window_tokens(history, positions)
-  h, caches, states = _apply(params, config, tokens, positions, caches, states, method.decode,
-                             "per_layer")
-  logits = llama.logits_from_hidden(params, config, h[:, -1])
-  nxt = sample(logits, key, sampling)
-  b = jnp.arange(history.shape[0])
-  history = history.at[b, positions[:, -1] + 1].set(nxt, mode="drop")
+  head = _head(params)
+  x = _embed_window(head, history, positions, config=config)
+  x, caches, states = _layers(params, x, positions, caches, states, config=config,
+                              method=method, phase="decode")
+  nxt, logits, history = _finish(head, x, history, positions, key, config=config,
+                                 sampling=sampling)
   return nxt, logits, history, caches, states
 
 
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=_DONATE)
 def rectify_step(params, history, positions, caches, states, *, config, method):
   """Dense re-encoding of ``positions [B, f]`` (``method.rectify``); outputs are discarded."""
-  tokens = _window_tokens(history, positions)
-  _, caches, states = _apply(params, config, tokens, positions, caches, states, method.rectify,
-                             "per_layer")
+  x = _embed_window(_head(params), history, positions, config=config)
+  _, caches, states = _layers(params, x, positions, caches, states, config=config,
+                              method=method, phase="rectify")
   return caches, states
 
 

@@ -79,8 +79,8 @@ def prefill(m, q, k, v, cache, state, positions, scale=None):
 def end_prefill(m, cache, state, scale=None):
   if m.resa:
     scale = reference.default_scale(cache.head_dim, scale)
-    state = {**state, "resa": resa.form_prior(state["resa"], cache, scale,
-                                                   m.resa.typical_query)}
+    prior = resa.form_prior(state["resa"], cache, scale, m.resa.typical_query)
+    state = {**state, "resa": prior}
   return cache, state
 
 
