@@ -14,7 +14,7 @@ from typing import Callable
 
 import numpy as np
 
-from experiments import claims_tasks
+from experiments import claims_generation, claims_speed, claims_sweeps, claims_tasks
 from experiments.common import stats
 
 
@@ -144,6 +144,28 @@ CLAIMS: list[Claim] = [
           "svd_analysis", "fig4b_rank1_cosine.png", rank1_cosine),
     Claim("score error reduction SA -> SA+RESA", "RESA Fig. 6a / Sec. 1", "55-77% (up to 77%)",
           "attention_error", "fig6a_error_reduction.png", score_error_reduction),
+    Claim("accuracy rises with lambda on retrieval (lambda 0 -> 1)", "RESA Fig. 7a (left)",
+          "rising with lambda", "resa_lambda", "fig7a_lambda_sweep.png",
+          claims_sweeps.lambda_retrieval_gain),
+    Claim("a large lambda hurts aggregation (CWE)", "RESA Fig. 7a (right)",
+          "rises slightly, then drops", "resa_lambda", "fig7a_lambda_sweep.png",
+          claims_sweeps.lambda_aggregation_drop),
+    Claim("KV budget reduction within 2 points of dense", "RESA Fig. 7b",
+          "up to 33.2% (PSA), 28.7% (Ada-KV)", "budget_reduction", "fig7b_budget_reduction.png",
+          claims_sweeps.budget_reduction),
+    Claim("RESA decode overhead per step", "RESA Table 4", "<= 3.13%", "latency",
+          "latency.png", claims_speed.resa_decode_overhead),
+    Claim("ReSA rectification (f=32) closes the perplexity gap", "ReSA Fig. 4",
+          "near the decode-only bound", "perplexity", "perplexity_sweeps.png",
+          claims_generation.rectification_closes_gap),
+    Claim("ReSA memory access 1/b + p + 1/f of dense", "ReSA Sec. 2.3", "0.194 (b=16, p=0.1, f=32)",
+          "latency", "latency.png", claims_speed.rectified_memory_access),
+    Claim("RetroAttention effective KV budget", "Retro Fig. 2c", "1.17x (w=2) to 1.60x (w=8)",
+          "long_generation", "long_generation.png", claims_generation.retro_effective_budget),
+    Claim("RetroAttention throughput loss (w=8, worst case)", "Retro Table 6", "<= 7.3%",
+          "latency", "latency.png", claims_speed.retro_throughput_loss),
+    Claim("Expected Attention at 50% halves the KV cache", "EA Fig. 5a / Sec. 4.3",
+          "2x less KV memory", "latency", "latency.png", claims_speed.ea_memory),
     Claim("RULER gain of RESA over Quest at 2.5% / 8K", "RESA Table 1",
           "+4.2 pts (Llama-3.1-8B), +9.0 (Llama-3.2-3B)", "accuracy", "",
           claims_tasks.resa_ruler_gain),

@@ -17,7 +17,7 @@ import numpy as np
 from experiments.common import render, stats
 
 
-def _sample(r) -> tuple:
+def sample_key(r) -> tuple:
   return (r.get("task"), r.get("length"), r.get("seed"), r.get("depth"))
 
 
@@ -28,7 +28,7 @@ def scores(records, method, budget=None, length=None, protocol=None) -> dict:
     if (r.get("method") == method and (budget is None or r.get("budget") == budget)
         and (length is None or r.get("length") == length)
         and (protocol is None or r.get("protocol") == protocol)):
-      out[_sample(r)] = float(r["score"])
+      out[sample_key(r)] = float(r["score"])
   return out
 
 
@@ -44,7 +44,7 @@ def paired(a: dict, b: dict):
   return float(xa.mean()), float(xb.mean()), d, lo, hi, len(keys), p
 
 
-def _gain_verdict(d, lo, hi) -> str:
+def gain_verdict(d, lo, hi) -> str:
   if d > 0 and lo > 0:
     return "reproduced"
   if d > 0:
@@ -52,11 +52,11 @@ def _gain_verdict(d, lo, hi) -> str:
   return "not reproduced"
 
 
-def _pts(x) -> str:
+def pts(x) -> str:
   return f"{100 * x:+.1f}"
 
 
-def _model(records) -> str:
+def model_of(records) -> str:
   return str(records[0].get("model", records[0].get("config", {}).get("model", "?")))
 
 
@@ -69,10 +69,10 @@ def gain_claim(records, new, base, budget, protocol=None, lengths=(8192, 4096, 2
       continue
     ma, mb, d, lo, hi, n, p = got
     return dict(
-        ours=f"{100 * mb:.1f} -> {100 * ma:.1f} ({_pts(d)} pts [{_pts(lo)}, {_pts(hi)}]"
+        ours=f"{100 * mb:.1f} -> {100 * ma:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}]"
              + (f", McNemar p={p:.2g})" if np.isfinite(p) else ")"),
-        n=n, setting=f"{_model(records)}, {length} tokens, budget {budget:g}",
-        verdict=_gain_verdict(d, lo, hi), why=f"paired on {n} samples")
+        n=n, setting=f"{model_of(records)}, {length} tokens, budget {budget:g}",
+        verdict=gain_verdict(d, lo, hi), why=f"paired on {n} samples")
   return None
 
 
@@ -115,8 +115,8 @@ def ea_vs_baselines(records, budget=0.5):
              "partly" if d > 0 or hi > 0 else "not reproduced")
   lengths = sorted({r["length"] for r in recs})
   return dict(ours=f"EA {100 * ma:.1f} vs best baseline {rival} {100 * mb:.1f} "
-                   f"({_pts(d)} pts [{_pts(lo)}, {_pts(hi)}])",
-              n=n, setting=f"{_model(recs)}, {lengths} tokens, keep {budget:g}, query-agnostic",
+                   f"({pts(d)} pts [{pts(lo)}, {pts(hi)}])",
+              n=n, setting=f"{model_of(recs)}, {lengths} tokens, keep {budget:g}, query-agnostic",
               verdict=verdict,
               why="; ".join(f"{m} {100 * means[m]:.0f}" for m in sorted(means, key=means.get,
                                                                           reverse=True)))

@@ -12,7 +12,6 @@ at run time). Writes the markdown page (the layout, the API, the tables).
 
 from __future__ import annotations
 
-import math
 
 import jax
 from absl import app, flags
@@ -45,17 +44,9 @@ GIB = 1024 ** 3
 H100_BYTES = 80 * 1000 ** 3
 
 
-def _capacity(method, context: int, decode_room: int) -> int:
-  """Cache slots while decoding: compression keeps ``1 - ratio`` of the prompt plus the room."""
-  ratio = getattr(method, "ratio", None)
-  if ratio:
-    return method.round_capacity(math.ceil((1 - ratio) * (context - decode_room)) + decode_room)
-  return method.round_capacity(context)
-
-
 def _parts(config, method, batch: int, context: int, decode_room: int):
   """Abstract per-layer ``{part: tree}``: cache (K, V, positions), digests, RESA prior, state."""
-  cap = _capacity(method, context, decode_room)
+  cap = method.decode_capacity(context, decode_room)
   dt = llama.compute_dtype(config)
   cache = jax.eval_shape(lambda: method.init_cache(batch, config.num_kv_heads, cap,
                                                    config.head_dim, dt))

@@ -1,9 +1,10 @@
 """Training-free sparse attention and KV-cache methods for LLM decoding (pure JAX).
 
 Public modules: ``cache`` (KVCache pytree), ``reference`` (exact attention), ``merge``
-(flash-decoding combine), ``budget``, ``scoring``, ``selection``, ``sparse`` (sparse decode, jnp), ``kernels`` (Pallas or jnp per op),
-``methods`` (spec strings -> methods), ``protocol`` (the per-layer interface every method
-implements).
+(flash-decoding combine), ``budget``, ``scoring``, ``selection``, ``sparse`` (sparse decode,
+jnp), ``kernels`` (Pallas or jnp per op), ``selector`` (which entries a step attends),
+``methods`` (spec strings -> methods: a selector plus enhancers), ``protocol`` (the per-layer
+interface every method implements).
 
 Shape letters, one table for ``sparse_attn``, ``models`` and ``pallas_kernels`` (a module's own
 ``Letters:`` line may add local ones but never redefines these):

@@ -44,16 +44,17 @@ from sparse_attn.enhancers import resa
 from sparse_attn.merge import merge_n
 from sparse_attn.ordering import after
 from sparse_attn.selection import Selection, rank_scores, selected_count
+from sparse_attn.selector import BLOCK_SELECTORS
 
 SEQ = "seq"
-BLOCK_SELECTORS = ("quest", "arkvale")
 _RESA_SHARED = ("pmax", "zsum", "osum", "ksum", "kcount")  # replicated running statistics
 
 
 def supports(m) -> bool:
   """Whether ``m`` (a ``methods.Method``) decodes context-parallel here."""
-  return (m.prefill_group == "dense" and m.selector in BLOCK_SELECTORS and m.window == 1
-          and m.topp is None and m.adakv is None)
+  sel = m.selector if m.prefill_group == "dense" else None
+  return (sel is not None and sel.name in BLOCK_SELECTORS and m.window == 1
+          and sel.topp is None and sel.adakv is None)
 
 
 def usable(m, cache_spec, mesh) -> bool:
@@ -135,7 +136,7 @@ def _local_decode(m, q, k, v, cache, state, positions, *, scale, capacity, num_b
   local = write(local, k, v, slot, token_positions=positions)
   local = dataclasses.replace(local, length=jnp.clip(length - offset, 0, t_loc))
   qd = q[:, :, 0]
-  sel = global_selection(m, m.block_scores(qd, local), length, num_blocks, capacity)
+  sel = global_selection(m, m.selector.block_scores(qd, local, impl=m.impl, interpret=m.interpret), length, num_blocks, capacity)
   if m.resa:
     st = state["resa"]
     true, prior_seen, seen = kernels.resa_partials(qd, local, sel, st["prior"], scale,

@@ -22,11 +22,11 @@ combination, e.g. ``"quest:gqa=group+resa:lam=0.5+rect:f=32+retro:w=4"``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
 import jax.numpy as jnp
 
-from sparse_attn import adaptive, kernels, scoring, selection, sliding_window, sparse
+from sparse_attn import compression, kernels, selection, sliding_window, sparse
 from sparse_attn.budget import Budget
 from sparse_attn.cache import KVCache, init_cache
 from sparse_attn.cache_attention import dense_over_cache
@@ -34,37 +34,27 @@ from sparse_attn.enhancers import compose
 from sparse_attn.enhancers import options as enhancer_options
 from sparse_attn.enhancers import rectify as rect_lib
 from sparse_attn.presets import PRESETS
+from sparse_attn import selector as selector_lib
+from sparse_attn.selector import Selector
 from sparse_attn.spec import parse_spec
 
-# name -> fn(method, q [B, Hq, D], cache, scale) -> Selection
-SELECTORS: dict[str, Callable[..., selection.Selection]] = {
-    "quest": lambda m, q, c, s: m.select_blocks(q, c, s),
-    "arkvale": lambda m, q, c, s: m.select_blocks(q, c, s),
-    "topk": lambda m, q, c, s: selection.topk(q, c, m.budget, m.gqa, s),
-    "streaming": lambda m, q, c, s: selection.streaming(q, c, m.budget),
-}
-BASE_NAMES = ("dense",) + tuple(SELECTORS)
-
+BASE_NAMES = ("dense",) + selector_lib.NAMES
 COMMON_OPTIONS = ("block_size", "impl", "interpret")
-BUDGET_OPTIONS = ("budget", "p", "n_min", "n_local", "n_sink", "local_window", "forced_count",
-                  "min_tokens")
-SELECTOR_OPTIONS = BUDGET_OPTIONS + ("gqa", "variant", "topp", "adakv")
-BLOCK_SELECTORS = ("quest", "arkvale")  # digest-scored; adaptive budget rules apply to these
 ENHANCER_OPTIONS = enhancer_options.OPTIONS
-TOKEN_SELECTORS = ("topk", "streaming")  # selections of single slots (granularity 1)
-SCORE_SELECTORS = ("quest", "arkvale", "topk")  # choose entries by score (StreamingLLM does not)
+
 
 @dataclasses.dataclass(frozen=True)
 class Method:
   """A decoding attention method (static configuration; all functions are pure).
 
+  A method is a selector (None = dense) plus optional enhancers, applied by one pipeline
+  (``enhancers.compose``: select -> attend -> RESA aggregate -> retro merge).
+
   Attributes:
     spec: the canonical spec string.
-    selector: ``"dense"`` or a key of ``SELECTORS``.
-    budget: the selector's budget rule (None for dense).
+    selector: which entries a decode step attends (``selector.Selector``: name, budget, gqa,
+      variant, topp, adakv), or None for dense attention.
     block_size: cache block (page) size.
-    gqa: ``"head"`` (per query head selection) or ``"group"`` (shared by the kv group).
-    variant: ArkVale bounding volume (``"sphere"`` or ``"cuboid"``).
     impl: ``"auto" | "pallas" | "xla"`` for the attention ops.
     interpret: run Pallas kernels in interpret mode.
     resa: RESA residual estimation (``enhancers.options.Resa``: lam, lam_form, typical_query,
@@ -72,32 +62,30 @@ class Method:
     rect: ReSA dense rectification (``enhancers.options.Rectify``: every ``f`` generated
       tokens; Sun et al. 2025), or None.
     retro: RetroAttention (``enhancers.options.Retro``: window ``w``; Choi et al. 2025), or None.
-    topp: adaptive top-p rule: the fewest blocks with estimated mass >= ``topp`` per head,
-      capped by the budget (Twilight / PSA; ``sparse_attn.adaptive.topp``).
-    adakv: Ada-KV head-adaptive allocation of the layer's block budget with this per-head floor
-      fraction (Feng et al. 2024; ``sparse_attn.adaptive.adakv``).
     sliding_window: Mistral's attention window (None = unlimited); set from the model by
       ``with_sliding_window`` (``models.generate`` does it), see ``sparse_attn.sliding_window``.
   """
 
   spec: str = "dense"
-  selector: str = "dense"
-  budget: Budget | None = None
+  selector: Selector | None = None
   block_size: int = 16
-  gqa: str = "head"
-  variant: str = "sphere"
   impl: str = "auto"
   interpret: bool = False
   resa: enhancer_options.Resa | None = None
   rect: enhancer_options.Rectify | None = None
   retro: enhancer_options.Retro | None = None
-  topp: float | None = None
-  adakv: float | None = None
   sliding_window: int | None = None
 
   # Methods of one prefill group (with the same block size and capacity) end the prompt with
   # identical caches, so experiments share one prefill among them (dense prefill: every Method).
   prefill_group: ClassVar[str | None] = "dense"
+
+  def __post_init__(self):
+    if self.selector is not None and self.selector.block_size != self.block_size:
+      raise ValueError(f"selector block_size {self.selector.block_size} != the method's "
+                       f"{self.block_size}")
+    if self.selector is None and (self.resa or self.rect or self.retro):
+      raise ValueError(f"enhancers need a selector, not dense attention ({self.spec!r})")
 
   # ---- schedule flags the decode loop obeys ----
   @property
@@ -116,13 +104,29 @@ class Method:
     return bool(self.resa or self.retro)
 
   @property
+  def is_dense(self) -> bool:
+    return self.selector is None
+
+  @property
+  def name(self) -> str:
+    """``"dense"`` or the selector's name."""
+    return "dense" if self.selector is None else self.selector.name
+
+  @property
+  def budget(self) -> Budget | None:
+    """The selector's budget rule (None for dense)."""
+    return None if self.selector is None else self.selector.budget
+
+  @property
   def granularity(self) -> int:
     """Tokens per selected entry: the block size, or 1 for token-level selectors."""
-    return 1 if self.selector in TOKEN_SELECTORS else self.block_size
+    return self.block_size if self.selector is None else self.selector.granularity
 
   def selection_heads(self, num_q_heads: int, num_kv_heads: int) -> int:
-    """Heads of a selection: one list per kv head (group-shared, streaming) or per query head."""
-    return num_kv_heads if (self.gqa == "group" or self.selector == "streaming") else num_q_heads
+    """Heads of a selection (see ``Selector.selection_heads``; dense: per query head)."""
+    if self.selector is None:
+      return num_q_heads
+    return self.selector.selection_heads(num_q_heads, num_kv_heads)
 
   def memory_access(self, context: int | None = None) -> float:
     """ReSA's per-step memory-access model ``1/b + p + 1/f`` of dense (Sun et al., Sec. 2.3).
@@ -142,10 +146,6 @@ class Method:
       raise ValueError("a token budget needs the context length for the memory-access model")
     return rect_lib.memory_access(self.block_size, p, self.rect_interval)
 
-  @property
-  def is_dense(self) -> bool:
-    return self.selector == "dense"
-
   def attended_tokens(self, context: int) -> dict | None:
     """Tokens attended per selection head at ``context`` tokens, split into forced and chosen
     (``Budget.accounting``); None for dense."""
@@ -154,8 +154,8 @@ class Method:
   def check_context(self, context: int):
     """Raises ValueError when a score-based selector would choose nothing by score at
     ``context`` tokens (it would silently be StreamingLLM)."""
-    if self.selector in SCORE_SELECTORS:
-      self.budget.check(context, self.granularity, name=f"{self.spec!r}")
+    if self.selector is not None:
+      self.selector.check_context(context, self.spec)
 
   def round_capacity(self, n: int) -> int:
     """The smallest valid capacity (a multiple of ``block_size``) holding ``n`` tokens."""
@@ -168,6 +168,16 @@ class Method:
           f"{self.spec}: RESA and retro have no sliding-window mask; with a windowed model use "
           "dense, a selector (quest, arkvale, topk, streaming) or +rect")
     return dataclasses.replace(self, sliding_window=sliding_window.check_window(window))
+
+  def with_rope(self, inv_freq) -> "Method":
+    """Selectors read post-RoPE keys only: the model's RoPE frequencies change nothing."""
+    del inv_freq
+    return self
+
+  def decode_capacity(self, context: int, decode_room: int) -> int:
+    """Cache slots while decoding ``decode_room`` tokens after a ``context``-token prompt
+    (selectors keep every token)."""
+    return self.round_capacity(context)
 
   # ---- per-layer functions: the pipeline of ``enhancers.compose`` ----
   def init_cache(self, batch, num_kv_heads, capacity, head_dim, dtype=jnp.float32) -> KVCache:
@@ -203,27 +213,9 @@ class Method:
     return compose.decode(self, q, k, v, cache, state, positions, scale)
 
   def select(self, q, cache: KVCache, scale=None) -> selection.Selection:
-    """The selection of the current queries ``q [B, Hq, D]``."""
-    return SELECTORS[self.selector](self, q, cache, scale)
-
-  def block_scores(self, q, cache: KVCache):
-    """Digest scores ``[B, H, NB]`` of the block selectors (Pallas ``block_score`` for Quest)."""
-    qs = scoring.scoring_queries(q, cache.num_kv_heads, self.gqa)
-    if self.selector == "quest":
-      return kernels.quest_scores(qs, cache, impl=self.impl, interpret=self.interpret)
-    return scoring.arkvale_scores(qs, cache.kcen, cache.krad, cache.kmin, cache.kmax,
-                                  self.variant)
-
-  def select_blocks(self, q, cache: KVCache, scale=None) -> selection.Selection:
-    """Block selection under the fixed budget or an adaptive rule (``topp`` / ``adakv``)."""
-    scores = self.block_scores(q, cache)
-    if self.sliding_window is not None:  # `cache` is the windowed view (see `attend`)
-      scores = sliding_window.mask_block_scores(scores, cache)
-    if self.topp is not None:
-      return adaptive.topp(scores, cache, self.budget, self.topp, scale)
-    if self.adakv is not None:
-      return adaptive.adakv(scores, cache, self.budget, scale, floor=self.adakv)
-    return selection.select_blocks(scores, cache, self.budget)
+    """The selection of the current queries ``q [B, Hq, D]`` (``Selector.select``)."""
+    return self.selector.select(q, cache, scale, impl=self.impl, interpret=self.interpret,
+                                windowed=self.sliding_window is not None)
 
   def attend(self, q, cache: KVCache, positions, scale=None):
     """Decode attention of ``q [B, Hq, D]`` at ``positions [B]`` -> ``(out, lse)`` (no RESA)."""
@@ -243,16 +235,6 @@ def _check_options(name: str, options: dict, valid: tuple[str, ...]):
   bad = sorted(set(options) - set(valid))
   if bad:
     raise ValueError(f"unknown option(s) {bad} for {name!r}; valid options: {sorted(valid)}")
-
-
-def _budget_from(options: dict) -> Budget:
-  kw = {k: options[k] for k in BUDGET_OPTIONS if k in options}
-  if "p" in kw and kw["p"] is not None:
-    if kw.get("budget") is not None:
-      raise ValueError("give either budget or ReSA's p, not both")
-    kw["budget"] = None
-    kw.setdefault("n_local", 1)  # ReSA's defaults (Sec. 3): n_min=16, n_local=1
-  return Budget(**kw)
 
 
 def make(spec: str = "dense", **options) -> Method:
@@ -276,7 +258,6 @@ def make(spec: str = "dense", **options) -> Method:
   Raises:
     ValueError: unknown names or options, or invalid values (the message lists valid ones).
   """
-  from sparse_attn import compression  # pylint: disable=g-import-not-at-top (registry cycle)
   if isinstance(spec, str) and spec.strip().lower() in PRESETS:
     spec = PRESETS[spec.strip().lower()]
   parts = parse_spec(spec)
@@ -289,7 +270,7 @@ def make(spec: str = "dense", **options) -> Method:
                      f"{sorted(PRESETS)}")
   enh, enh_opts = _parse_enhancers(spec, name, rest, options)
   opts = {**inline, **{k: v for k, v in options.items() if k not in enh_opts}}
-  valid = COMMON_OPTIONS + (() if name == "dense" else SELECTOR_OPTIONS)
+  valid = COMMON_OPTIONS + (() if name == "dense" else selector_lib.OPTIONS)
   valid += tuple(o for e in enh for o in ENHANCER_OPTIONS[e])
   _check_options(name, opts, valid)
   impl = opts.get("impl", "auto")
@@ -297,34 +278,12 @@ def make(spec: str = "dense", **options) -> Method:
   block_size = int(opts.get("block_size", 16))
   if block_size <= 0:
     raise ValueError(f"block_size must be positive, got {block_size}")
-  common = dict(spec=spec, selector=name, block_size=block_size, impl=impl,
+  common = dict(spec=spec, block_size=block_size, impl=impl,
                 interpret=bool(opts.get("interpret", False)))
   if name == "dense":
     return Method(**common)
-  gqa = opts.get("gqa", "head")
-  if gqa not in scoring.GQA_MODES:
-    raise ValueError(f"gqa must be one of {scoring.GQA_MODES}, got {gqa!r}")
-  variant = opts.get("variant", "sphere")
-  if variant not in scoring.ARKVALE_VARIANTS:
-    raise ValueError(f"variant must be one of {scoring.ARKVALE_VARIANTS}, got {variant!r}")
-  return Method(**common, budget=_budget_from(opts), gqa=gqa, variant=variant,
-                **_adaptive_fields(name, opts), **enhancer_options.configs(enh, enh_opts))
-
-
-def _adaptive_fields(name: str, opts: dict) -> dict:
-  topp, floor = opts.get("topp"), opts.get("adakv")
-  if topp is None and floor is None:
-    return {}
-  if name not in BLOCK_SELECTORS:
-    raise ValueError(f"topp/adakv apply to the block selectors {BLOCK_SELECTORS}, not {name!r}")
-  if topp is not None and floor is not None:
-    raise ValueError("give either topp or adakv, not both")
-  if topp is not None and (isinstance(topp, bool) or not 0.0 < float(topp) <= 1.0):
-    raise ValueError(f"topp must be in (0, 1], got {topp!r}")
-  if floor is not None and (isinstance(floor, bool) or not 0.0 <= float(floor) <= 1.0):
-    raise ValueError(f"adakv floor must be in [0, 1], got {floor!r}")
-  return dict(topp=None if topp is None else float(topp),
-              adakv=None if floor is None else float(floor))
+  return Method(**common, selector=Selector.from_options(name, opts, block_size),
+                **enhancer_options.configs(enh, enh_opts))
 
 
 def _parse_enhancers(spec: str, name: str, rest, options: dict):
@@ -340,7 +299,7 @@ def _parse_enhancers(spec: str, name: str, rest, options: dict):
     enh_opts.update(inline)
   if enh and name == "dense":
     raise ValueError(f"enhancers {enh} need a selector, not 'dense' ({spec!r}); valid "
-                     f"selectors: {sorted(SELECTORS)}")
+                     f"selectors: {sorted(selector_lib.NAMES)}")
   for e in enh:  # keyword options of a present enhancer override inline ones, as for selectors
     for o in ENHANCER_OPTIONS[e]:
       if o in options:

@@ -39,8 +39,22 @@ class AttentionMethod(Protocol):
   def with_sliding_window(self, window: int) -> "AttentionMethod":
     """This method under a sliding-window mask; raises NotImplementedError if it has none."""
 
+  @property
+  def budget(self) -> Any:
+    """The selection budget rule (``sparse_attn.budget.Budget``), None where there is none."""
+
+  def with_rope(self, inv_freq) -> "AttentionMethod":
+    """This method given the model's ``[D/2]`` RoPE frequencies (unchanged if it needs none)."""
+
   def round_capacity(self, n: int) -> int:
     """The smallest valid cache capacity holding ``n`` tokens."""
+
+  def decode_capacity(self, context: int, decode_room: int) -> int:
+    """Cache slots while decoding a ``context``-token sequence whose last ``decode_room``
+    tokens are generated (compression keeps part of the prompt)."""
+
+  def memory_access(self, context: int | None = None) -> float:
+    """KV read per decode step relative to dense attention at ``context`` tokens."""
 
   def check_context(self, context: int) -> None:
     """Raises ValueError when the method cannot work at ``context`` prompt tokens."""

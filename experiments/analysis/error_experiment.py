@@ -45,7 +45,7 @@ def run(config, workdir: str) -> list[dict]:
       m = methods.make(spec, budget=budget, block_size=config.block_size)
       res = errors.simulate(m, cap.q, cap.k, cap.v, cap.scale, config.prefill_len, config.steps,
                             chunk=config.chunk)
-      rec = dict(spec=spec, budget=budget, selector=m.selector, resa=bool(m.resa),
+      rec = dict(spec=spec, budget=budget, selector=m.name, resa=bool(m.resa),
                  lam=m.resa.lam if m.resa else None, retro_w=m.window,
                  rect_f=m.rect_interval, prefill_len=config.prefill_len,
                  steps=config.steps)

@@ -24,7 +24,6 @@ import numpy as np
 
 from experiments.common import cli, modelzoo, results
 from experiments.tasks import accuracy_report, decoding, ruler, scoring, specs
-from sparse_attn.compression.base import CompressionMethod
 
 EXPERIMENT = "accuracy"
 # In every record's key (extending them reuses finished rows); reporting-only fields ignored.
@@ -140,7 +139,7 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
       t0 = time.perf_counter()
       for e, (m, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
                                                          [e.method for e in todo], capacity)):
-        kept = kv_kept(pre) if isinstance(m, CompressionMethod) else None
+        kept = kv_kept(pre) if m.prefill_group == "compression" else None
         if protocol == "query_agnostic":
           pre = decoding.extend(model, pre, m, suffix, suffix_lengths)
         rows = decoding.greedy(model, pre, m, max_new)

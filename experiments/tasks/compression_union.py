@@ -30,8 +30,7 @@ _KEEP_ONLY = dict(spec="", ratio=0.0, head_budget="uniform", floor=0.2, max_toke
 
 def observation_key(method: CompressionMethod) -> CompressionMethod:
   """``method`` with its keep-only options neutralised (equal keys = equal observations)."""
-  return dataclasses.replace(method, **{k: v for k, v in _KEEP_ONLY.items()
-                                        if hasattr(method, k)})
+  return dataclasses.replace(method, **_KEEP_ONLY)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,8 +72,8 @@ def _shares_union(m, union) -> bool:
     return False
   if m.resa and m.resa.typical_query != union.resa.typical_query:
     return False
-  return m.window == 1 or (m.window, m.gqa, m.selector == "streaming", m.granularity) == (
-      union.window, union.gqa, union.selector == "streaming", union.granularity)
+  return m.window == 1 or (m.window, m.selector.group_shared, m.granularity) == (
+      union.window, union.selector.group_shared, union.granularity)
 
 
 def _project(full, like):

@@ -138,15 +138,12 @@ def _attended(method, context):
 
 
 def _p(method):
-  bud = getattr(method, "budget", None)
+  bud = method.budget
   return None if bud is None else (bud.p if bud.budget is None else bud.budget)
 
 
 def _memory(method, context):
-  try:
-    return float(method.memory_access(context))
-  except (AttributeError, ValueError):
-    return None
+  return float(method.memory_access(context))
 
 
 # ---------------------------------------------------------------- rendering

@@ -87,9 +87,8 @@ def build(spec: str, budget: float | None = None, *, rope_inv_freq=None, **optio
     else:
       opts["budget"] = budget if budget <= 1 else int(budget)
   m = methods.make(preset[0] if preset else base_spec, **opts)
-  if (rope_inv_freq is not None and getattr(m, "rope_inv_freq", False) is None
-      and getattr(m, "rope_theta", None) is None):
-    m = dataclasses.replace(m, rope_inv_freq=tuple(float(f) for f in rope_inv_freq))
+  if rope_inv_freq is not None:
+    m = m.with_rope(rope_inv_freq)
   if wrapper is not None:
     m = reuse.TrackedMethod.wrap(m, spec if budget is None else f"{spec}@{budget}", every)
   return m

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import ClassVar
 
 import jax
@@ -105,18 +106,12 @@ class CompressionMethod:
       if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < lo):
         raise ValueError(f"{field} must be None or an int >= {lo}, got {val!r}")
 
-  # ---- schedule flags the decode loop obeys (same as methods.Method) ----
-  @property
-  def window(self) -> int:
-    return 1
-
-  @property
-  def rect_interval(self) -> int:
-    return 0
-
-  @property
-  def is_dense(self) -> bool:
-    return False
+  # ---- schedule flags the decode loop obeys (as methods.Method's; constant here) ----
+  window: ClassVar[int] = 1  # one query per step
+  rect_interval: ClassVar[int] = 0  # never rectifies
+  is_dense: ClassVar[bool] = False
+  budget: ClassVar[None] = None  # no selection budget: eviction keeps 1 - ratio of the cache
+  sliding_window: ClassVar[None] = None  # no windowed variant (see with_sliding_window)
 
   @property
   def compresses_prefill(self) -> bool:
@@ -126,10 +121,6 @@ class CompressionMethod:
   def compresses_decode(self) -> bool:
     return self.phase in ("decode", "both") and (self.ratio > 0 or self.max_tokens is not None)
 
-  @property
-  def sliding_window(self) -> None:
-    return None
-
   def with_sliding_window(self, window: int):
     raise NotImplementedError(
         f"{self.spec!r} has no sliding-window mask (its eviction scores see every key); the "
@@ -138,6 +129,24 @@ class CompressionMethod:
 
   def round_capacity(self, n: int) -> int:
     return compact_lib.round_up(n, self.block_size)
+
+  def with_rope(self, inv_freq):
+    """Methods that model RoPE take the model's frequencies (``rope.RopeOptions``)."""
+    del inv_freq
+    return self
+
+  def decode_capacity(self, context: int, decode_room: int) -> int:
+    """Cache slots while decoding: ``1 - ratio`` of the ``context - decode_room`` prompt
+    tokens kept, plus the room for the generated ones."""
+    if not self.compresses_prefill:
+      return self.round_capacity(context)
+    kept = math.ceil((1 - self.ratio) * (context - decode_room))
+    return self.round_capacity(kept + decode_room)
+
+  def memory_access(self, context: int | None = None) -> float:
+    """Cache read per decode step relative to dense: the kept fraction ``1 - ratio``."""
+    del context
+    return 1.0 - self.ratio
 
   def check_context(self, context: int) -> None:
     """Any prompt length works (a ratio keeps at least one token per head)."""

@@ -41,25 +41,10 @@ from __future__ import annotations
 import dataclasses
 
 import jax.numpy as jnp
-import numpy as np
 
 from sparse_attn.compression import observe
 from sparse_attn.compression.base import CompressionMethod
-
-
-def inverse_frequencies(head_dim: int, theta: float) -> np.ndarray:
-  """``[D/2]`` RoPE inverse frequencies ``theta^(-2i/D)`` (Su et al. 2021)."""
-  return (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)).astype(
-      np.float32)
-
-
-def rotate(x, positions, inv_freq):
-  """RoPE rotation of ``x [B, N, S, D]`` by ``positions [B, S]`` (half-split convention)."""
-  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, S, D/2]
-  angles = jnp.concatenate([angles, angles], axis=-1)[:, None]  # [B, 1, S, D]
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-  return x * jnp.cos(angles) + rotated * jnp.sin(angles)
+from sparse_attn.compression.rope import RopeOptions, rotate
 
 
 def average_rotation(start, n_future: int, inv_freq):
@@ -162,7 +147,7 @@ def expected_attention(mu_bar, cov_bar, k, kmask, scale):
 
 
 @dataclasses.dataclass(frozen=True)
-class ExpectedAttention(CompressionMethod):
+class ExpectedAttention(RopeOptions, CompressionMethod):
   """Expected Attention eviction (Devoto et al. 2025, Eq. 5-9).
 
   Attributes:
@@ -184,8 +169,6 @@ class ExpectedAttention(CompressionMethod):
   use_vnorm: bool = True
   eps: float = 0.01
   prefill_stats: str = "all"
-  rope_theta: float | None = None
-  rope_inv_freq: tuple | None = None
 
   name = "expected_attention"
   # Ada-KV head-adaptive budgets (Sec. 2.2 "Head-Adaptive Compression", Table 4b ablation),
@@ -201,23 +184,7 @@ class ExpectedAttention(CompressionMethod):
       raise ValueError(f"prefill_stats must be one of {PREFILL_STATS}, got {self.prefill_stats!r}")
     if self.eps < 0:
       raise ValueError(f"eps must be >= 0, got {self.eps}")
-    if self.rope_theta is not None and self.rope_inv_freq is not None:
-      raise ValueError("give rope_theta or rope_inv_freq, not both")
-    if self.rope_theta is not None and self.rope_theta <= 0:
-      raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
-    if self.rope_inv_freq is not None:
-      object.__setattr__(self, "rope_inv_freq", tuple(float(f) for f in self.rope_inv_freq))
-
-  def inv_freq(self, head_dim: int):
-    """The RoPE inverse frequencies, or None when no RoPE config was given."""
-    if self.rope_inv_freq is not None:
-      if 2 * len(self.rope_inv_freq) != head_dim:
-        raise ValueError(f"rope_inv_freq has {len(self.rope_inv_freq)} entries, "
-                         f"head_dim {head_dim} needs {head_dim // 2}")
-      return np.asarray(self.rope_inv_freq, np.float32)
-    if self.rope_theta is not None:
-      return inverse_frequencies(head_dim, self.rope_theta)
-    return None
+    self._check_rope()
 
   @property
   def uses_window(self) -> bool:

@@ -27,24 +27,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparse_attn.compression.base import CompressionMethod
-from sparse_attn.compression.expected_attention import inverse_frequencies
+from sparse_attn.compression.rope import RopeOptions, rotate_by
 
 POSITION_MODES = ("original", "rolling")
 
 
-def rotate_by(x, offsets, inv_freq):
-  """RoPE rotation (half-split convention) of ``x [B, H, S, D]`` by ``offsets [B, H, S]``."""
-  # [B, H, S, D]
-  angles = offsets.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
-  angles = jnp.concatenate([angles, angles], axis=-1)
-  xf = x.astype(jnp.float32)
-  half = x.shape[-1] // 2
-  turned = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
-  return (xf * jnp.cos(angles) + turned * jnp.sin(angles)).astype(x.dtype)
-
-
 @dataclasses.dataclass(frozen=True)
-class StreamingLLM(CompressionMethod):
+class StreamingLLM(RopeOptions, CompressionMethod):
   """Sinks + recent window (Xiao et al. 2024, Sec. 3.2, Fig. 1d).
 
   Attributes:
@@ -54,8 +43,6 @@ class StreamingLLM(CompressionMethod):
   """
 
   positions: str = "original"
-  rope_theta: float | None = None
-  rope_inv_freq: tuple | None = None
 
   name = "streaming_llm"
   DEFAULTS = {"n_sink": 4, "interval": 1}
@@ -67,20 +54,13 @@ class StreamingLLM(CompressionMethod):
     if self.positions == "rolling" and self.head_budget == "adakv":
       raise ValueError("positions='rolling' re-indexes each head's cache: it needs "
                        "head_budget='uniform' (Ada-KV caches are flat, one buffer per layer)")
-    if self.rope_theta is not None and self.rope_inv_freq is not None:
-      raise ValueError("give rope_theta or rope_inv_freq, not both")
-    if self.rope_inv_freq is not None:
-      object.__setattr__(self, "rope_inv_freq", tuple(float(f) for f in self.rope_inv_freq))
+    self._check_rope()
 
   def inv_freq(self, head_dim: int) -> np.ndarray:
-    if self.rope_inv_freq is not None:
-      if 2 * len(self.rope_inv_freq) != head_dim:
-        raise ValueError(f"rope_inv_freq has {len(self.rope_inv_freq)} entries, "
-                         f"head_dim {head_dim} needs {head_dim // 2}")
-      return np.asarray(self.rope_inv_freq, np.float32)
-    if self.rope_theta is None:
+    inv = super().inv_freq(head_dim)
+    if inv is None:
       raise ValueError("positions='rolling' re-rotates keys: give rope_theta or rope_inv_freq")
-    return inverse_frequencies(head_dim, self.rope_theta)
+    return inv
 
   def scores(self, cache, state, scale, n):
     """``[B, K, T]``: the token position (the most recent tokens are kept)."""

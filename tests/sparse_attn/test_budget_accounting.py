@@ -90,14 +90,14 @@ def test_presets_carry_the_papers_settings():
   for name in methods.PRESETS:
     methods.make(name)
   r = methods.make("resa-quest")
-  assert (r.selector, r.resa.lam, r.resa.prior_update, r.resa.typical_query) == (
+  assert (r.name, r.resa.lam, r.resa.prior_update, r.resa.typical_query) == (
       "quest", 1.0, "prefill_only", "mean")
   assert (r.budget.budget, r.budget.n_sink, r.budget.local_window, r.budget.forced_count) == (
       0.025, 4, 64, "extra")
-  assert methods.make("resa-arkvale").selector == "arkvale"
-  assert methods.make("resa-topk").selector == "topk"
+  assert methods.make("resa-arkvale").name == "arkvale"
+  assert methods.make("resa-topk").name == "topk"
   rect = methods.make("rectified")
-  assert (rect.gqa, rect.rect_interval, rect.budget.p, rect.budget.n_min, rect.budget.n_local,
+  assert (rect.selector.gqa, rect.rect_interval, rect.budget.p, rect.budget.n_min, rect.budget.n_local,
           rect.budget.n_sink, rect.budget.forced_count) == ("group", 32, 0.1, 16, 1, 0, "inside")
   retro = methods.make("retro")
   assert (retro.window, retro.budget.budget, retro.budget.min_tokens) == (2, 0.15, 256)

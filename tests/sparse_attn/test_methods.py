@@ -88,7 +88,7 @@ def test_jit_and_vmap_equal_plain_call(spec):
 
 def test_make_parses_specs_and_rejects_unknowns():
   m = methods.make("quest:gqa=group,block_size=32", budget=0.05)
-  assert (m.gqa, m.block_size, m.budget.budget) == ("group", 32, 0.05)
+  assert (m.selector.gqa, m.block_size, m.budget.budget) == ("group", 32, 0.05)
   r = methods.make("quest", p=0.1)
   assert (r.budget.budget, r.budget.p, r.budget.n_min, r.budget.n_local) == (None, 0.1, 16, 1)
   assert hash(m) != hash(r)  # static, hashable configs
@@ -112,8 +112,8 @@ def test_make_parses_specs_and_rejects_unknowns():
 
 def test_adaptive_budget_specs_compose_and_reach_dense():
   m = methods.make("quest:topp=0.9+resa", budget=0.5)
-  assert (m.topp, bool(m.resa)) == (0.9, True)
-  assert methods.make("arkvale", adakv=0.2).adakv == 0.2
+  assert (m.selector.topp, bool(m.resa)) == (0.9, True)
+  assert methods.make("arkvale", adakv=0.2).selector.adakv == 0.2
   # top-p with tau = 1 under a full budget attends everything: equals dense
   full, _ = _run(methods.make("quest", topp=1.0, budget=1.0), np.random.default_rng(4))
   dense, _ = _run(methods.make("dense"), np.random.default_rng(4))

@@ -84,7 +84,7 @@ def test_memory_access_model():
 def test_spec_grammar():
   m = methods.make("quest:gqa=group+resa:lam=0.5,prior_update=prefill_only+rect:f=16+retro:w=4",
                    budget=0.1)
-  assert (m.gqa, m.resa.lam, m.resa.prior_update, m.rect_interval, m.window) == (
+  assert (m.selector.gqa, m.resa.lam, m.resa.prior_update, m.rect_interval, m.window) == (
       "group", 0.5, "prefill_only", 16, 4)
   a = methods.make("topk+retro+resa", budget=32, lam=0.25, w=3, typical_query="last")
   b = methods.make("topk+resa+retro", budget=32, lam=0.25, w=3, typical_query="last")

@@ -8,8 +8,7 @@ import numpy as np
 import pytest
 
 from sparse_attn import methods
-from sparse_attn.compression.expected_attention import inverse_frequencies
-from sparse_attn.compression.streaming_llm import rotate_by
+from sparse_attn.compression.rope import inverse_frequencies, rotate_by
 from tests.sparse_attn import helpers
 
 B, HQ, HKV, D, P, THETA = 1, 4, 2, 16, 40, 100.0

@@ -1,0 +1,75 @@
+"""RoPE for the compression methods that model it: frequencies, rotation and the config mixin.
+
+Expected Attention (pre-RoPE query statistics, Devoto et al. 2025, Eq. 5) and StreamingLLM's
+rolling positions (Xiao et al. 2024, Sec. 3.2) need the model's RoPE; the half-split convention
+of ``models.rope`` is used throughout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+import numpy as np
+
+
+def inverse_frequencies(head_dim: int, theta: float) -> np.ndarray:
+  """``[D/2]`` RoPE inverse frequencies ``theta^(-2i/D)`` (Su et al. 2021)."""
+  return (1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)).astype(
+      np.float32)
+
+
+def rotate_by(x, offsets, inv_freq):
+  """RoPE rotation of ``x [B, H, S, D]`` by ``offsets`` (broadcastable to ``[B, H, S]``).
+
+  Computed in float32, returned in ``x``'s dtype.
+  """
+  angles = offsets.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, H, S, D/2]
+  angles = jnp.concatenate([angles, angles], axis=-1)
+  xf = x.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  turned = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
+  return (xf * jnp.cos(angles) + turned * jnp.sin(angles)).astype(x.dtype)
+
+
+def rotate(x, positions, inv_freq):
+  """RoPE rotation of ``x [B, N, S, D]`` by token ``positions [B, S]`` (every head alike)."""
+  return rotate_by(x, positions[:, None], inv_freq)
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeOptions:
+  """The model's RoPE as a method option (mixed into a ``CompressionMethod``).
+
+  Attributes:
+    rope_theta: RoPE base of the model.
+    rope_inv_freq: ``D/2`` inverse frequencies (a tuple; for scaled RoPE), instead of theta.
+  """
+
+  rope_theta: float | None = None
+  rope_inv_freq: tuple | None = None
+
+  def _check_rope(self):
+    if self.rope_theta is not None and self.rope_inv_freq is not None:
+      raise ValueError("give rope_theta or rope_inv_freq, not both")
+    if self.rope_theta is not None and self.rope_theta <= 0:
+      raise ValueError(f"rope_theta must be positive, got {self.rope_theta}")
+    if self.rope_inv_freq is not None:
+      object.__setattr__(self, "rope_inv_freq", tuple(float(f) for f in self.rope_inv_freq))
+
+  def inv_freq(self, head_dim: int) -> np.ndarray | None:
+    """``[D/2]`` RoPE inverse frequencies, or None when no RoPE config was given."""
+    if self.rope_inv_freq is not None:
+      if 2 * len(self.rope_inv_freq) != head_dim:
+        raise ValueError(f"rope_inv_freq has {len(self.rope_inv_freq)} entries, "
+                         f"head_dim {head_dim} needs {head_dim // 2}")
+      return np.asarray(self.rope_inv_freq, np.float32)
+    if self.rope_theta is not None:
+      return inverse_frequencies(head_dim, self.rope_theta)
+    return None
+
+  def with_rope(self, inv_freq):
+    """This method with the model's RoPE frequencies ``[D/2]``, unless it sets its own."""
+    if self.rope_theta is not None or self.rope_inv_freq is not None:
+      return self
+    return dataclasses.replace(self, rope_inv_freq=tuple(float(f) for f in inv_freq))

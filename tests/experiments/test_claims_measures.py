@@ -1,0 +1,101 @@
+"""The sweep, speed and generation claim measures on synthetic records: each rule can fail."""
+
+import numpy as np
+
+from experiments import claims_generation, claims_speed, claims_sweeps
+
+
+def _lam(task, lam, scores, form="renormalised"):
+  return [dict(experiment="resa_lambda", config=dict(model="m", method="resa-quest",
+                                                     budget=0.025),
+               task=task, length=2048, seed=i, depth=0.5, lam=lam,
+               lam_form=None if lam is None else form, score=float(s))
+          for i, s in enumerate(scores)]
+
+
+def test_lambda_claims_pair_lambda_one_with_zero_and_with_the_best_below():
+  rng = np.random.default_rng(0)
+  base = (rng.random(60) < 0.4).astype(float)
+  better = np.maximum(base, rng.random(60) < 0.5)
+  recs = _lam("niah_multikey_2", 0.0, base) + _lam("niah_multikey_2", 1.0, better)
+  got = claims_sweeps.lambda_retrieval_gain(recs)
+  assert got["verdict"] == "reproduced" and got["n"] == 60
+  flat = _lam("niah_multikey_2", 0.0, base) + _lam("niah_multikey_2", 1.0, base)
+  assert claims_sweeps.lambda_retrieval_gain(flat)["verdict"] == "not reproduced"
+  # the literal form is another curve: not paired with the renormalised one
+  assert claims_sweeps.lambda_retrieval_gain(
+      _lam("niah_multikey_2", 0.0, base) + _lam("niah_multikey_2", 1.0, better, "literal")) is None
+  cwe = _lam("cwe", 0.5, better) + _lam("cwe", 0.0, base) + _lam("cwe", 1.0, base * 0)
+  got = claims_sweeps.lambda_aggregation_drop(cwe)
+  assert got["verdict"] == "reproduced" and got["ours"].startswith("lambda=0.5")
+  assert claims_sweeps.lambda_aggregation_drop(
+      _lam("cwe", 0.5, base) + _lam("cwe", 1.0, better))["verdict"] == "not reproduced"
+
+
+def _budget(family, knob, resa, measured, acc, n=50):
+  return [dict(experiment="budget_reduction", config=dict(model="m", tolerance=0.02,
+                                                          tasks=["niah"]),
+               family=family, knob=knob, resa=resa, measured_budget=measured, task="niah",
+               length=2048, seed=i, depth=0.5, score=float(i < acc * n)) for i in range(n)]
+
+
+def test_budget_reduction_finds_the_smallest_budget_within_tolerance():
+  recs = _budget("dense", 0.0, False, 1.0, 0.9)
+  for knob, measured, acc_base, acc_resa in ((0.05, 0.05, 0.7, 0.9), (0.1, 0.1, 0.9, 0.9)):
+    recs += _budget("quest:adakv", knob, False, measured, acc_base)
+    recs += _budget("quest:adakv", knob, True, measured, acc_resa)
+  got = claims_sweeps.budget_reduction(recs)
+  assert got["verdict"] == "reproduced" and "10.0% -> 5.0% (+50.0%)" in got["ours"]
+  same = [dict(r, score=0.0) if r["resa"] and r["knob"] == 0.05 else r for r in recs]
+  assert claims_sweeps.budget_reduction(same)["verdict"] == "not reproduced"
+
+
+def _layer(method, ctx, times):
+  return dict(section="per_layer", dtype="float32", context=ctx, method=method, p_eff=0.1,
+              times_ms=list(times), ms=float(np.median(times)))
+
+
+def test_overhead_claims_use_paired_rounds():
+  base = np.array([10.0, 20.0, 10.0, 20.0, 10.0, 20.0, 10.0])  # load varies by round
+  recs = [_layer("quest:gqa=group", 8192, base),
+          _layer("quest:gqa=group+resa", 8192, base * 1.02),
+          _layer("quest:gqa=group+retro:w=8", 8192, base * 1.5)]
+  got = claims_speed.resa_decode_overhead(recs)
+  assert got["verdict"] == "reproduced" and "+2.0% [+2.0, +2.0]" in got["ours"]
+  assert claims_speed.retro_throughput_loss(recs)["verdict"] == "not reproduced"
+  recs += [_layer("dense", 8192, base * 5), _layer("quest:gqa=group+rect:f=32", 8192, base)]
+  assert claims_speed.rectified_memory_access(recs)["verdict"] == "reproduced"  # 0.2 vs 0.194
+  mem = [dict(section="memory", method="dense", context=4096, layers=30, cache_bytes=100,
+              peak_rss_mb=300.0, base_rss_mb=100.0),
+         dict(section="memory", method="expected_attention:ratio=0.5", context=4096, layers=30,
+              cache_bytes=52, peak_rss_mb=210.0, base_rss_mb=100.0)]
+  assert claims_speed.ea_memory(mem)["verdict"] == "reproduced"
+  mem[1]["cache_bytes"] = 95
+  assert claims_speed.ea_memory(mem)["verdict"] == "not reproduced"
+
+
+def _tail(method, x, nll, doc):
+  return dict(experiment="perplexity", model="m", length=8192, view="tail", method=method, x=x,
+              nll=nll, first_doc=doc, num_docs=1, eval_tokens=32)
+
+
+def test_rectification_gap_closed_is_measured_against_decode_only():
+  s = claims_generation.SPARSE
+  recs = [r for d in range(4) for r in (
+      _tail("dense", 1024, 2.0, d), _tail(s, 32, 2.05, d), _tail(s, 1024, 2.5, d),
+      _tail("rectified", 1024, 2.06, d))]
+  got = claims_generation.rectification_closes_gap(recs)
+  assert got["verdict"] == "reproduced" and got["n"] == 128
+  worse = [dict(r, nll=2.6) if r["method"] == "rectified" else r for r in recs]
+  assert claims_generation.rectification_closes_gap(worse)["verdict"] == "not reproduced"
+
+
+def test_retro_effective_budget_against_the_papers_curve():
+  def rec(w, f):
+    return dict(experiment="long_generation", model="m", prompt_length=2048, new_tokens=256,
+                retro_w=w, effective_budget_factor=f,
+                effective_budget_steps=[[i, f + 0.01 * (i % 3)] for i in range(20)] if f else [])
+  got = claims_generation.retro_effective_budget([rec(1, None), rec(2, 1.2), rec(8, 1.55)])
+  assert got["verdict"] == "reproduced" and got["n"] == 40
+  low = claims_generation.retro_effective_budget([rec(2, 1.02), rec(8, 1.05)])
+  assert low["verdict"] == "partly"

@@ -1,0 +1,69 @@
+"""The Selector config: validated once, hashable, and the one selection path of every Method."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparse_attn import methods, selection
+from sparse_attn.budget import Budget
+from sparse_attn.cache import init_cache, write
+from sparse_attn.selector import Selector
+from tests.sparse_attn import helpers
+
+
+def _cache(rng, b=2, hkv=2, t=96, d=16, bs=8, lengths=(90, 41)):
+  cache = init_cache(b, hkv, t, d, bs)
+  pos = np.full((b, t), -1, np.int32)
+  for i, n in enumerate(lengths):
+    pos[i, :n] = np.arange(n)
+  k, v = (helpers.normal(rng, (b, hkv, t, d), jnp.float32, 1.0) for _ in range(2))
+  return write(cache, k, v, jnp.asarray(pos))
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(name="oracle"), "unknown selector"),
+    (dict(gqa="layer"), "gqa must be one of"),
+    (dict(variant="box"), "variant must be one of"),
+    (dict(name="topk", topp=0.9), "block selectors"),
+    (dict(topp=0.9, adakv=0.2), "either topp or adakv"),
+    (dict(topp=1.5), r"topp must be in \(0, 1\]"),
+    (dict(adakv=-0.1), r"adakv floor must be in \[0, 1\]"),
+])
+def test_invalid_options_are_refused_with_the_valid_ones(bad, match):
+  kw = {**dict(name="quest", budget=Budget(budget=0.1), block_size=8), **bad}
+  with pytest.raises(ValueError, match=match):
+    Selector(**kw)
+
+
+def test_make_builds_the_selector_and_validates_through_it():
+  m = methods.make("arkvale:variant=cuboid,gqa=group", budget=0.2, block_size=8, topp=0.8)
+  assert m.selector == Selector("arkvale", Budget(budget=0.2), 8, "group", "cuboid", topp=0.8)
+  assert (m.name, m.granularity, m.selection_heads(8, 2)) == ("arkvale", 8, 2)
+  assert methods.make("topk").granularity == 1
+  assert methods.make("dense").selector is None and methods.make("dense").name == "dense"
+  with pytest.raises(ValueError, match="topp must be a number"):
+    methods.make("quest", topp=True)
+  with pytest.raises(ValueError, match="block_size 8 != the method's 16"):
+    methods.Method(selector=Selector("quest", Budget(budget=0.1), 8))
+  hash(m)  # a jit static argument
+
+
+@pytest.mark.parametrize("spec", ["quest", "quest:gqa=group", "arkvale", "topk", "streaming",
+                                  "quest:topp=0.7", "arkvale:adakv=0.3"])
+def test_method_select_is_the_selectors_and_jits_with_the_selector_static(spec):
+  rng = np.random.default_rng(0)
+  m = methods.make(spec, budget=0.25, block_size=8)
+  cache = _cache(rng)
+  q = helpers.normal(rng, (2, 4, 16), jnp.float32, 1.0)
+  a = m.select(q, cache, 0.25)
+  b = jax.jit(lambda q, c: m.selector.select(q, c, 0.25))(q, cache)
+  assert isinstance(a, selection.Selection) and a.granularity == m.granularity
+  np.testing.assert_array_equal(a.token_mask(96), b.token_mask(96))
+  heads = m.selection_heads(4, 2)
+  assert a.idx.shape[:2] == (2, heads)
+  # every selection attends the forced entries and no entry past the row's last token
+  mask = np.asarray(a.token_mask(96))
+  g = m.granularity
+  assert not mask[1, :, -(-41 // g) * g:].any()
+  assert mask.sum(-1).min() > 0
