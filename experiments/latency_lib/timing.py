@@ -1,7 +1,9 @@
 """Interleaved timing: every candidate runs once per round, medians over rounds.
 
 The machines are shared and noisy; timing the methods round-robin (rather than one after the
-other) exposes them to the same load, so their ratios hold within a run. Each call is synchronised
+other) exposes them to the same load, so their ratios hold within a run. Round ``r`` starts at
+candidate ``r mod n``, so no method always runs right after the same neighbour (on a CPU the
+step after a dense scan of a large cache runs measurably slower). Each call is synchronised
 with ``jax.block_until_ready`` (torch CPU ops are synchronous) before the clock is read.
 """
 
@@ -47,7 +49,8 @@ def interleaved(cands: list[Candidate], warmup: int, repeats: int,
       call(c.fn)
   start = time.perf_counter()
   for r in range(repeats):
-    for c in cands:
+    for i in range(len(cands)):
+      c = cands[(r + i) % len(cands)]
       c.times.append(call(c.fn))
     if r + 1 >= min_repeats and time.perf_counter() - start > max_seconds:
       break

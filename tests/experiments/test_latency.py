@@ -10,7 +10,7 @@ import numpy as np
 
 from configs import latency as latency_config
 from experiments import latency_lib
-from experiments.latency_lib import prefill, settings, traffic
+from experiments.latency_lib import prefill, settings, timing, traffic
 from experiments.tasks import report
 from sparse_attn import methods
 from tests import isolated
@@ -19,6 +19,14 @@ from tests import isolated
 def test_split_list_keeps_inline_options():
   got = settings.split_list("dense,quest:gqa=group,impl=pallas+resa,topk")
   assert got == ["dense", "quest:gqa=group,impl=pallas+resa", "topk"]
+
+
+def test_rounds_rotate_the_order_of_the_candidates():
+  order = []
+  cands = [timing.Candidate(n, lambda n=n: order.append(n)) for n in "abc"]
+  timing.interleaved(cands, warmup=0, repeats=3)
+  assert order[3:] == list("abc" "bca" "cab")  # after one compile call each
+  assert all(len(c.times) == 3 for c in cands)
 
 
 def test_traffic_bound_is_resa_memory_model():
