@@ -1,15 +1,17 @@
 """Interleaved timing: every candidate runs once per round, medians over rounds.
 
 The machines are shared and noisy; timing the methods round-robin (rather than one after the
-other) exposes them to the same load, so their ratios hold within a run. Round ``r`` starts at
-candidate ``r mod n``, so no method always runs right after the same neighbour (on a CPU the
-step after a dense scan of a large cache runs measurably slower). Each call is synchronised
+other) exposes them to the same load, so their ratios hold within a run. Each round runs the
+candidates in its own seeded random order, so no method always runs right after the same
+neighbour (on a CPU the step after a dense scan of a large cache runs measurably slower) and
+round ``i`` of two methods is a paired sample. Each call is synchronised
 with ``jax.block_until_ready`` (torch CPU ops are synchronous) before the clock is read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import random
 import statistics
 import time
 from typing import Any, Callable
@@ -49,8 +51,9 @@ def interleaved(cands: list[Candidate], warmup: int, repeats: int,
       call(c.fn)
   start = time.perf_counter()
   for r in range(repeats):
-    for i in range(len(cands)):
-      c = cands[(r + i) % len(cands)]
+    order = list(cands)
+    random.Random(r).shuffle(order)
+    for c in order:
       c.times.append(call(c.fn))
     if r + 1 >= min_repeats and time.perf_counter() - start > max_seconds:
       break
