@@ -8,14 +8,15 @@ Writes ``results.jsonl`` (one record per method x sample), ``accuracy.md`` and
 
 from experiments.common import cli
 
-cli.define_flags("accuracy")
+cli.define_flags("accuracy", mesh=True)  # --mesh=data:2,model:2,seq:2
 
 
 def main(argv):
   del argv
+  mesh = cli.mesh()  # first: --distributed initialises before anything touches a device
   config, workdir = cli.parsed()
   from experiments.tasks import accuracy  # pylint: disable=g-import-not-at-top
-  accuracy.run(config, workdir)
+  accuracy.run(config, workdir, mesh=mesh)
   print(open(f"{workdir}/accuracy.md", encoding="utf-8").read())
 
 

@@ -7,14 +7,15 @@ See ``configs/budget_reduction.py`` (options) and ``experiments/analysis/quality
 
 from experiments.common import cli
 
-cli.define_flags("budget_reduction")
+cli.define_flags("budget_reduction", mesh=True)  # --mesh=data:2,model:2,seq:2
 
 
 def main(argv):
   del argv
+  mesh = cli.mesh()  # first: --distributed initialises before anything touches a device
   config, workdir = cli.parsed()
   from experiments.analysis import budget_experiment  # pylint: disable=g-import-not-at-top (heavy)
-  for row in budget_experiment.run(config, workdir):
+  for row in budget_experiment.run(config, workdir, mesh=mesh):
     print(row)
 
 

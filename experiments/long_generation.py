@@ -8,14 +8,15 @@ Writes ``results.jsonl`` (one record per method), ``long_generation.md`` and
 
 from experiments.common import cli
 
-cli.define_flags("long_generation")
+cli.define_flags("long_generation", mesh=True)  # --mesh=data:2,model:2,seq:2
 
 
 def main(argv):
   del argv
+  mesh = cli.mesh()  # first: --distributed initialises before anything touches a device
   config, workdir = cli.parsed()
   from experiments.tasks import long_generation  # pylint: disable=g-import-not-at-top
-  long_generation.run(config, workdir)
+  long_generation.run(config, workdir, mesh=mesh)
   print(open(f"{workdir}/long_generation.md", encoding="utf-8").read())
 
 

@@ -108,10 +108,15 @@ out = models.generate(model, ids, 64, methods.make("quest+resa"), mesh=mesh)
 logits = models.teacher_forced(model, tokens, 512, methods.make("quest"), mesh=mesh)
 ```
 
-Experiment scripts built on `experiments/common/distributed.py` (`experiments.generate`,
-`experiments.shard_memory`) take `--mesh=data:2,model:2,seq:2`, and `--distributed`, which calls
-`jax.distributed.initialize()` (coordinator address, process count and id from the environment:
-`JAX_COORDINATOR_ADDRESS`, `JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`, or SLURM / Open MPI).
+Every experiment that decodes with a model (`experiments.accuracy`, `resa_lambda`,
+`budget_reduction`, `perplexity`, `long_generation`, `generate`, `shard_memory`) takes
+`--mesh=data:2,model:2,seq:2`, and `--distributed`, which calls `jax.distributed.initialize()`
+(coordinator address, process count and id from the environment: `JAX_COORDINATOR_ADDRESS`,
+`JAX_NUM_PROCESSES`, `JAX_PROCESS_ID`, or SLURM / Open MPI). The mesh is not part of a run's
+config: its records are one device's, so a run may resume on another mesh. The experiments'
+shared prefills (one dense prefill for every selector method, one for every compression method)
+build their union from the plain methods and wrap it for the mesh where it runs
+(`experiments/tasks/decoding.py`).
 
 **Context-parallel sparse decode** (`sparse_attn/context_parallel.py`, under `jax.shard_map`,
 whenever `seq > 1`): each device holds a slice of the cache and its digests; block scores are
@@ -129,7 +134,11 @@ Tested (`tests/models/sharded_cases.py`, 8 virtual CPU devices, run in its own p
 device's (<= 1e-5 relative, f32) for dense, quest, quest+resa, rectified
 (`quest:gqa=group` with `p=0.1` + `rect`), quest+retro and expected_attention (0.5) on the
 (data, model, seq) meshes (2,2,2), with quest+resa on all of (8,1,1), (1,8,1), (1,2,4), (2,2,2)
-and the other pairs spread over them in CI; `SHARDING_FULL_MATRIX=1` runs all 24 pairs. Cache,
+and the other pairs spread over them in CI; `SHARDING_FULL_MATRIX=1` runs all 24 pairs. The
+experiments' loops are tested the same way on (2,2,2): the lockstep teacher forcing behind the
+perplexity experiment (shared dense prefill for quest+resa and quest+retro, a compression union
+of expected_attention and snapkv) and the prefill / query-agnostic read / greedy path behind the
+accuracy experiment give one device's NLL and tokens. Cache,
 digest and RESA-prior leaves are checked to be split (each device's shard smaller than the
 array). `python -m experiments.shard_memory` measures the bytes each of 8 virtual devices holds:
 with `--mesh=seq:8` it is 1/8 of one device's cache.

@@ -8,14 +8,15 @@ the sweep / interval figures into the workdir; a rerun resumes where the last on
 
 from experiments.common import cli
 
-cli.define_flags("perplexity")
+cli.define_flags("perplexity", mesh=True)  # --mesh=data:2,model:2,seq:2
 
 
 def main(argv):
   del argv
+  mesh = cli.mesh()  # first: --distributed initialises before anything touches a device
   config, workdir = cli.parsed()
   from experiments.tasks import perplexity  # pylint: disable=g-import-not-at-top
-  perplexity.run(config, workdir)
+  perplexity.run(config, workdir, mesh=mesh)
   print(open(f"{workdir}/perplexity.md", encoding="utf-8").read())
 
 

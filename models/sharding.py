@@ -64,8 +64,10 @@ STATE_AXES = {
     ("lse", 3): ("batch", "heads", None), ("plse", 3): ("batch", "heads", None),
     ("exposed", 3): ("batch", "heads", None), ("seen", 3): ("batch", "heads", None),
     ("last_seen", 3): ("batch", "heads", "seq"), ("retired_exposed", 2): ("batch", "heads"),
-    # compression: H2O accumulated attention [B, K, T], query rings [B, W, N, D]
+    # compression: H2O accumulated attention [B, K, T], query rings [B, W, N, D], Expected
+    # Attention's query moments [B, N, D] and [B, N, D, D]
     ("acc", 3): ("batch", "kv_heads", "seq"), ("buf", 4): ("batch", None, "heads", None),
+    ("mean", 3): ("batch", "heads", None), ("m2", 4): ("batch", "heads", None, None),
 }
 
 
@@ -264,14 +266,25 @@ def state_specs(tree, mesh: Mesh):
   return jax.tree.map(lambda s: s.spec, state_shardings(tree, mesh))
 
 
+def wrap(method, mesh: Mesh | None):
+  """``method`` as a ``ShardedMethod`` on ``mesh`` (unchanged for ``mesh=None`` or when it is
+  already wrapped)."""
+  if mesh is None or isinstance(method, ShardedMethod):
+    return method
+  return ShardedMethod(method, mesh)
+
+
+def unwrap(method):
+  """The method inside a ``ShardedMethod`` (``method`` itself otherwise)."""
+  return method.inner if isinstance(method, ShardedMethod) else method
+
+
 def prepare(model, method, mesh: Mesh | None):
   """``(model, method)`` for a run on ``mesh``: parameters placed, method wrapped (no-op for
   ``mesh=None``). Idempotent: an already wrapped method or placed model is kept."""
   if mesh is None:
     return model, method
-  if not isinstance(method, ShardedMethod):
-    method = ShardedMethod(method, mesh)
-  return shard(model, mesh), method
+  return shard(model, mesh), wrap(method, mesh)
 
 
 def _split(spec, sizes) -> int:
@@ -304,4 +317,5 @@ def cache_bytes_per_device(tree) -> dict:
 
 __all__ = ["AXES", "RULES", "PARAM_AXES", "STATE_AXES", "make_mesh", "parse_mesh",
            "mesh_from_text", "spec_for", "param_shardings", "shard", "state_shardings",
-           "constrain", "place", "ShardedMethod", "prepare", "cache_bytes_per_device"]
+           "constrain", "place", "ShardedMethod", "wrap", "unwrap", "prepare",
+           "cache_bytes_per_device"]

@@ -18,7 +18,7 @@ import numpy as np
 
 from experiments.analysis import capture as capture_lib
 from experiments.analysis import errors
-from experiments.common import modelzoo, render
+from experiments.common import render
 from experiments.tasks import accuracy, ruler, specs
 from sparse_attn import methods
 
@@ -81,11 +81,11 @@ class _Rows:
     return float(np.nanmean(res["attended"]))
 
 
-def run(config, workdir: str) -> list[dict]:
+def run(config, workdir: str, mesh=None) -> list[dict]:
   rows = _Rows(config)
   records = accuracy.run(config, workdir, experiment=NAME, entries=rows.entries,
                          fields=rows.fields, write=False,
-                         keyed=("families", "topp_taus", "adakv_budgets"))
+                         keyed=("families", "topp_taus", "adakv_budgets"), mesh=mesh)
   return render_all(records, workdir)
 
 

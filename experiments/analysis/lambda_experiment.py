@@ -41,9 +41,10 @@ def _fields(entry) -> dict:
   return dict(lam=resa.lam if resa else None, lam_form=resa.lam_form if resa else None)
 
 
-def run(config, workdir: str) -> list[dict]:
+def run(config, workdir: str, mesh=None) -> list[dict]:
   records = accuracy.run(config, workdir, experiment=NAME, fields=_fields, write=False,
-                         entries=lambda model: entries(config, model), keyed=("lambdas",))
+                         entries=lambda model: entries(config, model), keyed=("lambdas",),
+                         mesh=mesh)
   return render_all(records, workdir)
 
 

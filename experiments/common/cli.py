@@ -7,7 +7,8 @@ Usage in ``experiments/NAME.py``::
   def main(argv): config, workdir = cli.parsed(); ...
   if __name__ == "__main__": cli.run(main)
 
-* ``--config`` (``configs/NAME.py``; ``--help`` lists its fields and defaults), ``--workdir``.
+* ``--config`` (``configs/NAME.py``; ``--help`` lists its fields and defaults), ``--workdir``;
+  ``define_flags(NAME, mesh=True)`` adds ``--mesh`` / ``--distributed`` (read by ``cli.mesh()``).
 * ``cli.parsed()`` applies ``--config.quick=True`` (``experiments.common.quick``: explicit
   ``--config.FIELD`` flags win) and checks the model and method specs before anything heavy.
 * ``cli.run`` prints a user error (bad spec, budget, model, config value, a workdir of another
@@ -24,7 +25,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments.common import quick
+from experiments.common import distributed, quick
 
 # Flags defined here become key flags of the entry point that calls define_flags (--help).
 flags.disclaim_key_flags()
@@ -55,9 +56,12 @@ def _show(value) -> str:
   return str(value)
 
 
-def define_flags(name: str):
-  """Defines ``--config`` (default ``configs/NAME.py``) and ``--workdir`` (``results/NAME``)."""
+def define_flags(name: str, mesh: bool = False):
+  """Defines ``--config`` (default ``configs/NAME.py``) and ``--workdir`` (``results/NAME``);
+  with ``mesh``, also ``--mesh`` and ``--distributed`` (``experiments.common.distributed``)."""
   _STATE["name"] = name
+  if mesh:
+    distributed.define_flags()
   config_flags.DEFINE_config_file(
       "config", os.path.join(_CONFIGS_DIR, f"{name}.py"),
       f"ml_collections config file for {name}.\n{fields_help(name)}", lock_config=True)
@@ -77,6 +81,11 @@ def parsed():
   from experiments.common import checks  # pylint: disable=g-import-not-at-top (imports jax)
   checks.check_config(config)
   return config, FLAGS.workdir
+
+
+def mesh():
+  """The device mesh of ``--mesh`` (after ``--distributed``'s initialisation), or None."""
+  return distributed.mesh_from_flags()
 
 
 def _one_line(error: BaseException) -> str:

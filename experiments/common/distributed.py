@@ -1,7 +1,11 @@
-"""``--mesh`` and ``--distributed`` for every entry point (defined by ``cli.define_flags``).
+"""``--mesh`` and ``--distributed`` for the entry points that decode with a model.
+
+Defined by ``cli.define_flags(NAME, mesh=True)`` (accuracy, resa_lambda, budget_reduction,
+perplexity, long_generation) and directly by ``generate`` and ``shard_memory``:
 
   python -m experiments.generate --mesh=data:2,model:2,seq:2
   python -m experiments.perplexity --mesh=seq:8 --distributed    # one process per host
+  python -m experiments.accuracy --config=configs/accuracy.py --mesh=data:2,model:4
 
 ``--distributed`` calls ``jax.distributed.initialize()`` before anything touches a device; with
 no arguments JAX reads the coordinator address, process count and process id from the usual

@@ -38,10 +38,12 @@ def tiny_random(seed: int = 0):
   return Model(config, params, tok, TINY)
 
 
-def load_model(name: str):
-  """``tiny-random`` or anything ``models.load`` accepts (a registered name or an HF dir)."""
+def load_model(name: str, mesh=None):
+  """``tiny-random`` or anything ``models.load`` accepts (a registered name or an HF dir);
+  with a device ``mesh``, its parameters placed there (``models.shard``)."""
   import models  # pylint: disable=g-import-not-at-top
-  return tiny_random() if name == TINY else models.load(name)
+  model = tiny_random() if name == TINY else models.load(name)
+  return model if mesh is None else models.shard(model, mesh)
 
 
 def rope_inv_freq(model) -> tuple:

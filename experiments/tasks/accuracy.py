@@ -91,7 +91,7 @@ def entries_of(config, model) -> list[specs.Entry]:
 
 
 def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
-        fields=None, write=True, keyed=()) -> list[dict]:
+        fields=None, write=True, keyed=(), mesh=None) -> list[dict]:
   """Runs the accuracy sweep of ``config`` (see ``configs/accuracy.py``); returns the records.
 
   Args:
@@ -101,8 +101,9 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
     fields: ``Entry -> dict`` of extra record fields (e.g. the lambda of a sweep row).
     write: render ``accuracy.md`` into the workdir at the end.
     keyed: further config fields whose value is in every record's key (the sweep's axes).
+    mesh: a device mesh to run on (``models.sharding``; the records are one device's).
   """
-  model = modelzoo.load_model(config.model)
+  model = modelzoo.load_model(config.model, mesh)
   prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
   entries = entries(model) if callable(entries) else entries_of(config, model)
   protocol = config.get("protocol", "query_aware")
@@ -138,7 +139,8 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
       capacity = -(-(total + max_new + 1) // CAPACITY_ROUND) * CAPACITY_ROUND
       t0 = time.perf_counter()
       for e, (m, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
-                                                         [e.method for e in todo], capacity)):
+                                                         [e.method for e in todo], capacity,
+                                                         mesh=mesh)):
         kept = kv_kept(pre) if m.prefill_group == "compression" else None
         if protocol == "query_agnostic":
           pre = decoding.extend(model, pre, m, suffix, suffix_lengths)

@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from models import llama
+from models import llama, sharding
 from sparse_attn import reference
 from sparse_attn.cache import write
 from sparse_attn.cache_attention import dense_over_cache
@@ -85,14 +85,17 @@ class CompressionUnion(CompressionMethod):
     raise ValueError("a compression union only prefills; decode with its members (split)")
 
 
-def split(union: CompressionUnion, method: CompressionMethod, caches, states, config):
+def split(union: CompressionUnion, method: CompressionMethod, caches, states, config,
+          mesh=None):
   """``method``'s per-layer ``(caches, states)`` after its own ``end_prefill``.
 
   Args:
     caches, states: the union's per-layer lists after ``models.steps.end_prefill`` (the union
       itself evicts nothing there).
+    mesh: the device mesh the caches live on (the evicted cache is placed there too).
   """
   scale = llama.softmax_scale(config)
   key = union.slot(method)
-  out = [method.end_prefill(c, s[key], scale=scale) for c, s in zip(caches, states)]
+  run = sharding.wrap(method, mesh)
+  out = [run.end_prefill(c, s[key], scale=scale) for c, s in zip(caches, states)]
   return [c for c, _ in out], [s for _, s in out]

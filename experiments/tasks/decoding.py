@@ -14,7 +14,10 @@ this adds for experiments on a CPU:
   per-token NLL and KL(reference || method) are reduced on device, so no ``[N, V]`` logits
   are kept (perplexity under sparse decoding, ReSA Sec. 3.2; KL along a trajectory, ReSA Fig. 1);
 * a per-step ``hook(label, step, states)`` to read method state (retro's effective budget,
-  selection overlap).
+  selection overlap);
+* a device mesh (``mesh=``, ``models.sharding``): the methods (and the shared prefill's union)
+  are wrapped in ``ShardedMethod`` only where they run, so the unions are built from the plain
+  methods; the model's parameters must already be placed (``sharding.shard``).
 
 Letters: B batch, N tokens, V vocab, T cache capacity.
 """
@@ -29,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.tasks import compression_union
-from models import decode, driver, steps
+from models import decode, driver, sharding, steps
 from models.sampling import Sampling
 
 GREEDY = Sampling()
@@ -40,7 +43,8 @@ class Prefilled:
   """A prefilled batch for one method: ``last [B, E]`` hidden, ``history [B, T]``, caches.
 
   ``first [B]``: the first generated token when it is already known (after ``extend``; it is
-  then written in ``history`` at ``lengths``); None: sampled from ``last``.
+  then written in ``history`` at ``lengths``); None: sampled from ``last``. ``mesh``: the
+  device mesh the caches live on (None: one device); the decode loops run the method there.
   """
 
   last: jax.Array
@@ -50,6 +54,7 @@ class Prefilled:
   lengths: np.ndarray
   capacity: int
   first: jax.Array | None = None
+  mesh: jax.sharding.Mesh | None = None
 
 
 def _prefill_union(group):
@@ -86,7 +91,7 @@ def _project(full, like):
   return full
 
 
-def _shared_key(m, capacity, with_compression: bool = False):
+def _shared_key(m, capacity, with_compression: bool = False, mesh=None):
   """The group of methods ``m`` shares a prefill with, or None (its own prefill).
 
   Dense attention joins the compression methods' group when there is one
@@ -97,11 +102,12 @@ def _shared_key(m, capacity, with_compression: bool = False):
   group = m.prefill_group
   if group == "dense" and with_compression and m.is_dense and not m.enhanced:
     group = "compression"
-  return None if group is None else (group, m.block_size, m.round_capacity(capacity))
+  cap = sharding.wrap(m, mesh).round_capacity(capacity)  # whole blocks on every seq shard
+  return None if group is None else (group, m.block_size, cap)
 
 
 def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, capacity: int,
-                prefill_chunk: int = 512):
+                prefill_chunk: int = 512, mesh=None):
   """Yields ``(method, Prefilled)`` for each method, sharing one dense prefill where possible.
 
   The ``Method``s of one (block size, capacity) share one prefill of their union
@@ -109,12 +115,13 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
   enhancer state. Compression methods of one (block size, capacity) share one prefill of a
   ``CompressionUnion`` and each evicts from it with its own ``end_prefill``. Methods are
   yielded one at a time (the caller runs one to completion before the next), so at most the
-  shared prefill and one working copy are alive.
+  shared prefill and one working copy are alive. With ``mesh``, every prefill runs sharded and
+  the yielded ``Prefilled`` carries the mesh (``greedy`` / ``extend`` decode there).
   """
-  compressed = {_shared_key(m, capacity) for m in method_list
+  compressed = {_shared_key(m, capacity, mesh=mesh) for m in method_list
                 if m.prefill_group == "compression"}
-  key_of = lambda m: (k if (k := _shared_key(m, capacity, True)) in compressed
-                      else _shared_key(m, capacity))
+  key_of = lambda m: (k if (k := _shared_key(m, capacity, True, mesh)) in compressed
+                      else _shared_key(m, capacity, mesh=mesh))
   groups = {}
   for m in method_list:
     if key_of(m) is not None:
@@ -129,25 +136,28 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
   for m in method_list:
     key = key_of(m)
     if key is None or (key[0] == "dense" and not _shares_union(m, unions[key])):
-      cap = m.round_capacity(capacity)
-      yield m, Prefilled(*decode.prefill(model, prompts, lengths, m, cap, prefill_chunk),
-                         lengths, cap)
+      run = sharding.wrap(m, mesh)
+      cap = run.round_capacity(capacity)
+      yield m, Prefilled(*decode.prefill(model, prompts, lengths, run, cap, prefill_chunk),
+                         lengths, cap, mesh=mesh)
       continue
     if key not in shared:
       shared.clear()  # one shared prefill alive at a time
-      shared[key] = decode.prefill(model, prompts, lengths, unions[key], key[2], prefill_chunk)
+      shared[key] = decode.prefill(model, prompts, lengths, sharding.wrap(unions[key], mesh),
+                                   key[2], prefill_chunk)
     last, history, caches, states = shared[key]
     if key[0] == "compression" and m.prefill_group == "compression":
-      mine_caches, mine = compression_union.split(unions[key], m, caches, states, cfg)
-      yield m, Prefilled(last, copy(history), mine_caches, mine, lengths, key[2])
+      mine_caches, mine = compression_union.split(unions[key], m, caches, states, cfg, mesh)
+      yield m, Prefilled(last, copy(history), mine_caches, mine, lengths, key[2], mesh=mesh)
       continue
     if key[0] == "compression":  # dense: the union's cache as it is, no state
-      yield m, Prefilled(last, copy(history), copy(caches), [{} for _ in caches], lengths, key[2])
+      yield m, Prefilled(last, copy(history), copy(caches), [{} for _ in caches], lengths, key[2],
+                         mesh=mesh)
       continue
     like = jax.eval_shape(lambda m=m, cap=key[2]: m.init_state(
         len(lengths), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cap))
     mine = [_project(layer, like) for layer in states]  # states: per-layer list
-    yield m, Prefilled(last, copy(history), copy(caches), copy(mine), lengths, key[2])
+    yield m, Prefilled(last, copy(history), copy(caches), copy(mine), lengths, key[2], mesh=mesh)
 
 
 def extend(model, pre: Prefilled, method, suffix: np.ndarray,
@@ -179,8 +189,8 @@ def extend(model, pre: Prefilled, method, suffix: np.ndarray,
   in_prompt = jnp.asarray(np.arange(pre.capacity)[None] < total[:, None])
   prompt = jnp.asarray(prompt)
   # pinned: writes inside the prompt are undone after every step
-  loop = driver.Decoder(model, method, jnp.copy(prompt), pre.caches, pre.states, GREEDY,
-                        pinned=(in_prompt, prompt))
+  loop = driver.Decoder(model, sharding.wrap(method, pre.mesh), jnp.copy(prompt), pre.caches,
+                        pre.states, GREEDY, pinned=(in_prompt, prompt))
   first = jnp.zeros((b,), jnp.int32)
   for j in range(int(suffix_lengths.max())):
     newest = np.where(j < suffix_lengths, pre.lengths + j, -1 - method.window).astype(np.int32)
@@ -188,7 +198,7 @@ def extend(model, pre: Prefilled, method, suffix: np.ndarray,
     first = jnp.where(jnp.asarray(j == suffix_lengths - 1), nxt, first)
   history, caches, states = loop.history, loop.caches, loop.states
   history = history.at[jnp.arange(b), jnp.asarray(total)].set(first)
-  return Prefilled(pre.last, history, caches, states, total, pre.capacity, first)
+  return Prefilled(pre.last, history, caches, states, total, pre.capacity, first, pre.mesh)
 
 
 def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: bool = True,
@@ -206,7 +216,8 @@ def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: b
     nxt, _ = steps.sample_from_hidden(model.params, pre.last, jax.random.key(0),
                                        config=config, sampling=GREEDY)
     history = pre.history.at[jnp.arange(b), jnp.asarray(pre.lengths)].set(nxt, mode="drop")
-  loop = driver.Decoder(model, method, history, pre.caches, pre.states, GREEDY)
+  loop = driver.Decoder(model, sharding.wrap(method, pre.mesh), history, pre.caches,
+                        pre.states, GREEDY)
   out = [nxt]
   for i in range(1, max_new_tokens):
     if stop_at_eos and i % 8 == 0:
@@ -236,7 +247,7 @@ def _token_stats(ref_logits, logits, target):
 
 def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
              reference: str = "dense", *, hook: Callable | None = None,
-             prefill_chunk: int = 512) -> dict[str, dict[str, np.ndarray]]:
+             prefill_chunk: int = 512, mesh=None) -> dict[str, dict[str, np.ndarray]]:
   """Teacher-forces ``tokens [B, N]`` through every method's decode path side by side.
 
   The first ``prefill_len`` tokens are prefilled densely; tokens ``prefill_len .. N-1`` are
@@ -245,6 +256,7 @@ def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
   Args:
     method_map: label -> method; ``reference`` (a label in it) is the KL reference.
     hook: ``hook(label, step, states)`` after each decode step of each method.
+    mesh: run every method sharded on this device mesh (the model already placed on it).
 
   Returns:
     label -> ``{"nll", "kl", "agree"}``, each ``[B, N - prefill_len]`` (per predicted token;
@@ -262,11 +274,11 @@ def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
   by_method = {id(method_map[k]): k for k in labels}
   loops, logits = {}, {}
   for m, pre in prefill_all(model, tokens[:, :prefill_len], lengths,
-                            [method_map[k] for k in labels], n, prefill_chunk):
+                            [method_map[k] for k in labels], n, prefill_chunk, mesh):
     pinned = driver.pin_prefix(tokens, pre.capacity)
     label = by_method[id(m)]
-    loops[label] = driver.Decoder(model, m, jnp.where(*pinned, pre.history), pre.caches,
-                                  pre.states, GREEDY, pinned=pinned)
+    loops[label] = driver.Decoder(model, sharding.wrap(m, mesh), jnp.where(*pinned, pre.history),
+                                  pre.caches, pre.states, GREEDY, pinned=pinned)
     logits[label] = steps.sample_from_hidden(model.params, pre.last, jax.random.key(0),
                                               config=config, sampling=GREEDY)[1]
   stats = {k: [] for k in labels}

@@ -62,8 +62,9 @@ class StateProbe:
       self.factor[label].append((step, float(np.mean(facs))))
 
 
-def run(config, workdir: str) -> list[dict]:
-  model = modelzoo.load_model(config.model)
+def run(config, workdir: str, mesh=None) -> list[dict]:
+  """Runs the long-generation comparison of ``config`` (on ``mesh`` if given)."""
+  model = modelzoo.load_model(config.model, mesh)
   writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
   entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
                          rope_inv_freq=modelzoo.rope_inv_freq(model))
@@ -86,7 +87,7 @@ def run(config, workdir: str) -> list[dict]:
   gens = {}
   for e, (m, pre) in zip(entries, decoding.prefill_all(model, prompts, lengths,
                                                        [e.method for e in entries],
-                                                       prompts.shape[1] + n)):
+                                                       prompts.shape[1] + n, mesh=mesh)):
     gens[e.label] = decoding.greedy(model, pre, m, n, stop_at_eos=False,
                                     hook=lambda *_, lab=e.label: progress.update(note=lab))
   dense = gens["dense"]
@@ -98,7 +99,7 @@ def run(config, workdir: str) -> list[dict]:
     progress.update(note=f"teacher-forced {label}")
 
   forced = decoding.lockstep(model, trajectory, prompts.shape[1],
-                             {e.label: e.method for e in entries}, hook=hook)
+                             {e.label: e.method for e in entries}, hook=hook, mesh=mesh)
   size = config.interval
   for e in (e for e in entries if not writer.done(key(e.label))):
     st, g = forced[e.label], gens[e.label]

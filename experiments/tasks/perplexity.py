@@ -59,8 +59,9 @@ def _sweep_entries(config, rope_inv_freq=None) -> list[tuple[str, specs.Entry]]:
   return out
 
 
-def run(config, workdir: str) -> list[dict]:
-  model = modelzoo.load_model(config.model)
+def run(config, workdir: str, mesh=None) -> list[dict]:
+  """Runs the perplexity views of ``config`` (on ``mesh`` if given); returns the records."""
+  model = modelzoo.load_model(config.model, mesh)
   writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
   entries = _sweep_entries(config, modelzoo.rope_inv_freq(model))
   dense = specs.Entry("dense", "dense", None, specs.build("dense", block_size=config.block_size))
@@ -100,7 +101,8 @@ def run(config, workdir: str) -> list[dict]:
       run_map = {k: e.method for k, e in labels.items() if k in todo or k == "dense"}
       steps = length - prefill_len - 1  # lockstep's hook runs once per method per decode step
       job = cli.Progress(len(run_map) * steps, f"perplexity job {view} x={x} docs {c}+")
-      out = decoding.lockstep(model, batch, prefill_len, run_map, hook=lambda *_: job.update())
+      out = decoding.lockstep(model, batch, prefill_len, run_map, hook=lambda *_: job.update(),
+                              mesh=mesh)
       for label, e in todo.items():
         rec = dict(model=config.model, view=view, length=length, x=x, method=label,
                    spec=e.spec, budget=e.budget, sweeps=sweeps.get(label, ["reference"]),

@@ -29,6 +29,8 @@ CASES += [
     ("accuracy", ["--config.num_samples=abc"], "--config.num_samples=abc"),
     ("resa_lambda", ["--config.method=quest:bogus=1"], "unknown option(s) ['bogus']"),
     ("accuracy", ["--config=/nonexistent.py"], "/nonexistent.py"),
+    ("perplexity", ["--mesh=rows:2"], "bad mesh entry 'rows:2'"),
+    ("long_generation", ["--mesh=data:64"], "needs 64 devices, 1 available"),
 ]
 
 

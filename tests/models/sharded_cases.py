@@ -123,3 +123,45 @@ def test_parameters_follow_the_logical_table(model):
   assert emb.addressable_shards[0].data.shape == (CFG.vocab_size // 8, CFG.hidden_size)
   norm = params["layers"]["attn_norm"]["scale"]
   assert norm.addressable_shards[0].data.shape == norm.shape  # replicated
+
+
+def test_experiment_loops_on_a_mesh_equal_one_device(model):
+  """The experiments' shared prefills (a dense union with RESA and retro state, a compression
+  union of two observers) and their lockstep decoding give one device's numbers on a mesh."""
+  from experiments.tasks import decoding  # pylint: disable=g-import-not-at-top
+  names = ("dense", "quest+resa", "quest+retro", "expected_attention")
+  run_map = {n: METHODS[n]() for n in names}
+  run_map["snapkv"] = methods.make("snapkv", ratio=0.5, block_size=8)
+  mesh = sharding.make_mesh(2, 2, 2)
+  want = decoding.lockstep(model, TOKENS, PREFILL, run_map, prefill_chunk=CHUNK)
+  priors = []  # RESA's prior logits after each step: really sharded on the mesh
+  hook = lambda label, step, states: priors.append(states["resa"]["prior"]) if (
+      label == "quest+resa") else None
+  got = decoding.lockstep(sharding.shard(model, mesh), TOKENS, PREFILL, run_map,
+                          prefill_chunk=CHUNK, mesh=mesh, hook=hook)
+  assert priors and all(_shard_smaller(p) for p in priors)
+  for name in run_map:
+    assert _rel(got[name]["nll"], want[name]["nll"]) <= 1e-5, name
+    np.testing.assert_array_equal(got[name]["agree"], want[name]["agree"])
+  assert _rel(want["snapkv"]["kl"], want["quest+resa"]["kl"]) > 1e-3  # not all the same
+
+
+def test_greedy_and_query_agnostic_reading_on_a_mesh(model):
+  """``prefill_all`` -> ``extend`` (a question read through the decode path after eviction)
+  -> ``greedy``, as the accuracy experiment runs them: the same tokens on a mesh."""
+  from experiments.tasks import decoding  # pylint: disable=g-import-not-at-top
+  run = [METHODS["quest+resa"](), methods.make("snapkv", ratio=0.5, block_size=8)]
+  lengths = np.full((8,), 32, np.int32)
+  suffix, suffix_lengths = TOKENS[:, 32:36], np.full((8,), 4, np.int32)
+
+  def tokens(mdl, mesh):
+    out = []
+    for m, pre in decoding.prefill_all(mdl, TOKENS[:, :32], lengths, run, CAPACITY, CHUNK,
+                                       mesh=mesh):
+      if m.prefill_group == "compression":
+        pre = decoding.extend(mdl, pre, m, suffix, suffix_lengths)
+      out.append(decoding.greedy(mdl, pre, m, 6, stop_at_eos=False))
+    return out
+
+  mesh = sharding.make_mesh(2, 2, 2)
+  assert tokens(sharding.shard(model, mesh), mesh) == tokens(model, None)
