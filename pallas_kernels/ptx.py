@@ -168,6 +168,32 @@ def pipeline_report(name: str, shared_bytes: int, ttgir: str, ptx: str) -> Pipel
       tma=len(re.findall(r"cp\.async\.bulk\.tensor", ptx)))
 
 
+def register_usage(kernel, workdir: str) -> dict:
+  """``{"registers", "spill_bytes"}`` of a compiled kernel, from ``ptxas -v`` on its PTX (the
+  ``ptxas`` bundled with ``triton`` that accepts the PTX version; spills are where a kernel that
+  holds its data in registers falls off its design)."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import triton  # pylint: disable=g-import-not-at-top
+  path = os.path.join(workdir, "kernel.ptx")
+  with open(path, "w") as f:
+    f.write(kernel.asm["ptx"])
+  arch = "sm_90a" if "sm_90a" in kernel.asm["ptx"] else "sm_90"
+  errors = []
+  for ptxas in sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends",
+                                             "nvidia", "bin", "ptxas*"))):
+    run = subprocess.run([ptxas, f"-arch={arch}", "-v", path, "-o", path + ".cubin"],
+                         capture_output=True, text=True, check=False)
+    text = run.stdout + run.stderr
+    if run.returncode == 0:
+      regs = re.search(r"Used (\d+) registers", text)
+      spills = re.findall(r"(\d+) bytes spill (?:stores|loads)", text)
+      return dict(registers=int(regs.group(1)), spill_bytes=sum(map(int, spills)))
+    errors.append(text.strip().splitlines()[0] if text.strip() else f"{ptxas}: rc {run.returncode}")
+  raise RuntimeError(f"no bundled ptxas assembled the PTX: {errors}")
+
+
 def report(fn, *avals, workdir: str) -> list[PipelineReport]:
   """``pipeline_report`` of every Pallas call in ``fn`` (needs the ``triton`` package)."""
   out = []

@@ -20,8 +20,9 @@ busy SM, and ``latency`` a loaded HBM round trip. Each kernel launch adds ``LAUN
     selection read once per kv head over the union of the group's lists.
 
 The whole sparse step of one layer adds the XLA work around the kernels (cache write scatters,
-score clip/where, ``lax.top_k``, split combine), each a launch plus its bytes at ``XLA_FRACTION``
-of peak. All constants are assumptions of the model, printed with the tables; measured numbers
+score ranking, split combine; ``before`` also ``lax.top_k``, a sort, where ``after`` runs the
+radix select of ``pallas_kernels.block_select``), each a launch plus its bytes at
+``XLA_FRACTION`` of peak. All constants are assumptions of the model, printed with the tables; measured numbers
 come from ``experiments.latency`` on a GPU.
 """
 
@@ -211,8 +212,14 @@ def sparse_step_costs(s: Shape, design: str = "after") -> list[Cost]:
   write = Cost("cache write (6 scatters)", 2 * row + 4 * 2 * row + s.batch * 4, 0, launches=6,
                xla=True)
   scores = s.batch * s.sel_heads * nb * 4
-  select = Cost("clip/where + lax.top_k (sort)", 3 * scores, 0, launches=3, xla=True)
-  return [write, block_score_cost(s, design), select, sparse_decode_cost(s, design)]
+  if design == "before":
+    select = [Cost("clip/where + lax.top_k (sort)", 3 * scores, 0, launches=3, xla=True)]
+  else:  # the ranking fusion, then one program per row holding the row (block_select)
+    rows = s.batch * s.sel_heads
+    select = [Cost("rank_scores (XLA fusion)", 2 * scores, 0, xla=True),
+              Cost("block_select (radix select, no sort)", scores + rows * s.blocks * 4, 0,
+                   programs=rows, inflight_bytes=nb * 4, smem_bytes=16 * 1024)]
+  return [write, block_score_cost(s, design), *select, sparse_decode_cost(s, design)]
 
 
 def format_table(title: str, s: Shape) -> str:

@@ -1,6 +1,7 @@
 """Kernel dispatch: the one place where an op chooses its Pallas kernel or its jnp path.
 
-One function per op that has a kernel. Each runs the Pallas (Triton) kernel when ``impl``
+One function per op that has a kernel (block scores, the sort-free top-k select, sparse decode,
+RESA's partials, retro's window partials). Each runs the Pallas (Triton) kernel when ``impl``
 resolves to ``"pallas"`` (``"auto"``: on a GPU backend) and the selection is block-level, and its
 jnp path otherwise; the jnp paths (``sparse.attend_selection``, ``scoring.quest_scores``,
 ``enhancers.resa.masked_partials``) are the references the kernels are tested against.
@@ -14,7 +15,7 @@ import jax.numpy as jnp
 
 import pallas_kernels
 from pallas_kernels import resolve_impl
-from sparse_attn import scoring, sparse
+from sparse_attn import scoring, selection, sparse
 from sparse_attn.cache import KVCache
 from sparse_attn.enhancers import resa
 from sparse_attn.selection import Selection
@@ -36,6 +37,18 @@ def quest_scores(qs, cache: KVCache, *, impl: str = "xla", interpret: bool = Fal
   s = pallas_kernels.block_score(qg, cache.kmin, cache.kmax, cache.length,
                                  block_size=cache.block_size, impl="pallas", interpret=interpret)
   return s.reshape(b, h, -1)
+
+
+def top_ids(ranked, count, n_max: int, *, impl: str = "xla", interpret: bool = False):
+  """Ids ``[B, H, n_max]`` whose first ``count [B]`` are the best of ``ranked [B, H, NB]``
+  (``selection.rank_scores``): ``lax.top_k`` (a sort on GPUs) or the Pallas radix select."""
+  if resolve_impl(impl) != "pallas":
+    return selection.top_k_ids(ranked, count, n_max)
+  b, h, nb = ranked.shape
+  rows = jnp.broadcast_to(count[:, None], (b, h)).reshape(b * h)
+  ids = pallas_kernels.block_select(ranked.reshape(b * h, nb), rows, n=n_max, impl="pallas",
+                                    interpret=interpret)
+  return ids.reshape(b, h, n_max)
 
 
 def sparse_decode(q, cache: KVCache, sel: Selection, scale=None, *, impl: str = "xla",

@@ -5,8 +5,10 @@ Letters: B batch, K kv heads, Hq query heads, H selection heads (K or Hq), NB en
 
 A selection is a fixed-size list of entry ids per (batch, head) plus a valid count, so shapes are
 static under jit: ``idx [B, H, n]`` and ``n_valid [B, H]``; ids past ``n_valid`` are padding.
-Forced entries (sinks, local window) come first, then the highest scores; ids are distinct and
-never point past the context.
+Forced entries (sinks, local window) come first, then the highest scores (``lax.top_k``; the
+Pallas radix select, ``pallas_kernels.block_select``, lists the same set in id order: every
+consumer treats the first ``n_valid`` ids as a set); ids are distinct and never point past the
+context.
 """
 
 from __future__ import annotations
@@ -49,7 +51,15 @@ class Selection:
     return jnp.repeat(hit, self.granularity, axis=-1)
 
 
-def top_entries(scores, valid, forced, count, n_max: int, granularity: int) -> Selection:
+def top_k_ids(ranked, count, n_max: int):
+  """``[B, H, n_max]`` ids of the best of ``ranked [B, H, NB]`` (``lax.top_k``; ``count`` [B],
+  the number that will be valid, is not needed by a full top-k)."""
+  del count
+  return jax.lax.top_k(ranked, n_max)[1]
+
+
+def top_entries(scores, valid, forced, count, n_max: int, granularity: int,
+                pick=top_k_ids) -> Selection:
   """Top-``count`` entries by score with forced entries first.
 
   Args:
@@ -60,10 +70,12 @@ def top_entries(scores, valid, forced, count, n_max: int, granularity: int) -> S
       count).
     n_max: static list length (``>= count``).
     granularity: tokens per entry.
+    pick: ``pick(ranked [B, H, NB], n [B], n_max) -> ids [B, H, n_max]`` whose first ``n`` are
+      the ``n`` best (``top_k_ids``, or ``kernels.top_ids``'s sort-free Pallas select).
   """
   n_max = min(n_max, scores.shape[-1])
-  _, idx = jax.lax.top_k(rank_scores(scores, valid, forced), n_max)
   n = selected_count(valid, forced, count, n_max)
+  idx = pick(rank_scores(scores, valid, forced), n, n_max)
   n_valid = jnp.broadcast_to(n[:, None], idx.shape[:2]).astype(jnp.int32)
   return Selection(idx=idx.astype(jnp.int32), n_valid=n_valid, granularity=granularity)
 
@@ -93,12 +105,12 @@ def _block_masks(cache: KVCache, budget: Budget):
   return valid, budget.forced(cache.length, nb, bs)
 
 
-def select_blocks(scores, cache: KVCache, budget: Budget) -> Selection:
-  """Block selection from ``scores [B, H, NB]`` under ``budget``."""
+def select_blocks(scores, cache: KVCache, budget: Budget, pick=top_k_ids) -> Selection:
+  """Block selection from ``scores [B, H, NB]`` under ``budget`` (``pick``: as ``top_entries``)."""
   valid, forced = _block_masks(cache, budget)
   bs = cache.block_size
   return top_entries(scores, valid, forced, _total(budget, cache.length, forced, bs),
-                     budget.max_count(cache.capacity, bs), bs)
+                     budget.max_count(cache.capacity, bs), bs, pick)
 
 
 def _total(budget: Budget, length, forced, unit: int):

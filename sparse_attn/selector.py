@@ -15,6 +15,7 @@ queries ``q [B, Hq, D]`` and a cache to a ``selection.Selection``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Literal
 
 from sparse_attn import adaptive, kernels, scoring, selection, sliding_window
@@ -132,7 +133,8 @@ class Selector:
       return adaptive.topp(scores, cache, self.budget, self.topp, scale)
     if self.adakv is not None:
       return adaptive.adakv(scores, cache, self.budget, scale, floor=self.adakv)
-    return selection.select_blocks(scores, cache, self.budget)
+    pick = functools.partial(kernels.top_ids, impl=impl, interpret=interpret)
+    return selection.select_blocks(scores, cache, self.budget, pick)
 
 
 def _fraction(name: str, value) -> float | None:

@@ -67,3 +67,19 @@ def test_method_select_is_the_selectors_and_jits_with_the_selector_static(spec):
   g = m.granularity
   assert not mask[1, :, -(-41 // g) * g:].any()
   assert mask.sum(-1).min() > 0
+
+
+@pytest.mark.parametrize("spec", ["quest", "quest:gqa=group", "arkvale"])
+def test_pallas_select_chooses_the_top_k_set(spec):
+  """Under ``impl="pallas"`` the block selectors pick with the sort-free radix select
+  (``kernels.top_ids``): the same entries as ``lax.top_k``, listed in id order."""
+  rng = np.random.default_rng(1)
+  cache = _cache(rng)
+  q = helpers.normal(rng, (2, 4, 16), jnp.float32, 1.0)
+  want = methods.make(spec, budget=0.25, block_size=8).select(q, cache, 0.25)
+  got = methods.make(spec, budget=0.25, block_size=8, impl="pallas",
+                     interpret=True).select(q, cache, 0.25)
+  np.testing.assert_array_equal(got.n_valid, want.n_valid)
+  np.testing.assert_array_equal(got.token_mask(96), want.token_mask(96))
+  valid = np.asarray(got.idx)[..., :int(np.min(got.n_valid))]
+  assert (np.diff(valid, axis=-1) > 0).all()

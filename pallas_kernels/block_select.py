@@ -1,0 +1,122 @@
+"""Top-k block selection without a sort: ``block_select`` and its reference.
+
+A decode step keeps the ``count`` best of ``NB`` ranked blocks per (batch, head) row. XLA's
+``lax.top_k`` with ``k >= 100`` sorts the whole row on a GPU; a selection only needs the *set*.
+The kernel finds it with a radix select in one program per row, the row held in registers:
+
+  1. every score is mapped to an unsigned key with the same order (``order_keys``);
+  2. 32 counting passes build the ``count``-th largest key ``t`` bit by bit (bit ``i`` of ``t``
+     is set when at least ``count`` keys are ``>=`` the prefix with it set);
+  3. the chosen entries are the keys ``> t`` and, among the keys ``== t``, the lowest ids until
+     ``count`` are chosen (``lax.top_k``'s tie rule);
+  4. a prefix sum places the chosen ids first, in ascending id order, and the other ids after
+     them (distinct padding); one masked scatter writes the list.
+
+No sort, one read of the scores, one write of the list. The order inside the chosen set is by
+id, not by score: every consumer of a ``Selection`` treats its first ``n_valid`` ids as a set.
+
+Letters: R rows (batch x selection heads), NB entries per row, n list length.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+import jax.numpy as jnp
+
+from pallas_kernels import _common
+
+MAX_ENTRIES = 16384  # one row in registers (8 warps: 64 keys per thread); longer rows: XLA
+
+
+def order_keys(scores):
+  """``scores`` float32 -> uint32 keys in the same order (no NaN; ``-0.0`` below ``0.0``)."""
+  bits = lax.bitcast_convert_type(scores.astype(jnp.float32), jnp.uint32)
+  sign = bits >> 31
+  return jnp.where(sign == 1, ~bits, bits | jnp.uint32(0x80000000))
+
+
+def block_select_reference(scores, count, *, n: int):
+  """The ``count [R]`` best of ``scores [R, NB]`` by ``lax.top_k`` (ties: lower id first),
+  listed in ascending id order, then the other ids ascending -> ``[R, n]`` int32."""
+  r, nb = scores.shape
+  _, order = lax.top_k(order_keys(scores), nb)  # a full sort: the reference, not the kernel
+  rank = jnp.zeros((r, nb), jnp.int32).at[jnp.arange(r)[:, None], order].set(
+      jnp.arange(nb, dtype=jnp.int32)[None])
+  chosen = rank < count[:, None]
+  ids = jnp.arange(nb, dtype=jnp.int32)[None]
+  return jnp.sort(jnp.where(chosen, ids, ids + nb), axis=-1)[:, :n] % nb
+
+
+def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: int, n: int):
+  row = pl.program_id(0)
+  ids = jnp.arange(padded, dtype=jnp.int32)
+  live = ids < num_entries
+  x = plgpu.load(scores_ref.at[row, pl.ds(0, padded)], mask=live, other=0.0)
+  keys = jnp.where(live, order_keys(x), jnp.uint32(0))  # padding below every real key
+  count = count_ref[row]
+  need = jnp.maximum(count, 1)
+
+  def bit(i, t):
+    cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+    enough = jnp.sum((keys >= cand).astype(jnp.int32)) >= need
+    return jnp.where(enough, cand, t)
+
+  t = lax.fori_loop(0, 32, bit, jnp.uint32(0))
+  above = keys > t
+  tied = (keys == t) & live
+  chosen = above | (tied & (jnp.cumsum(tied.astype(jnp.int32)) <= need - jnp.sum(
+      above.astype(jnp.int32))))
+  chosen = chosen & (count > 0)
+  first = jnp.cumsum(chosen.astype(jnp.int32)) - 1
+  # Padding lanes count among the rest too, so ``dest`` is a permutation of the lanes: masked
+  # lanes never share a target with a written one (interpret mode would let them overwrite it).
+  rest = count + jnp.cumsum((~chosen).astype(jnp.int32)) - 1
+  dest = jnp.where(chosen, first, rest)
+  plgpu.store(out_ref.at[row, dest], ids, mask=dest < n)
+
+
+def default_warps(padded: int) -> int:
+  """Warps for a row of ``padded`` entries: at most 64 keys per thread (no register spills at
+  16384 entries on sm_90, checked by ``tests/pallas_kernels/test_pk_block_select.py``)."""
+  return 4 if padded <= 2048 else 8 if padded <= 8192 else 16
+
+
+@functools.partial(jax.jit, static_argnames=("n", "impl", "interpret", "num_warps"))
+def block_select(scores, count, *, n: int, impl: str = "auto", interpret: bool = False,
+                 num_warps: int | None = None):
+  """The ``count`` best entries of each row, without sorting.
+
+  Args:
+    scores: ``[R, NB]`` float32 ranking (no NaN; ``selection.rank_scores``: forced entries
+      ``3e38``, entries outside the context ``-inf``).
+    count: ``[R]`` int32 entries to choose, ``0 <= count <= min(n, NB)``.
+    n: static list length (``<= NB``).
+    impl: ``"pallas"``, ``"xla"`` (``block_select_reference``) or ``"auto"``; rows longer than
+      ``MAX_ENTRIES`` always take the reference.
+    interpret: run the Pallas kernel in interpret mode (CPU).
+    num_warps: Triton launch parameter (default ``default_warps``).
+
+  Returns:
+    ``[R, n]`` int32: the chosen ids in ascending order, then the other ids ascending.
+  """
+  r, nb = scores.shape
+  if not 0 < n <= nb:
+    raise ValueError(f"list length n={n} must be in [1, {nb}]")
+  padded = max(16, pl.next_power_of_2(nb))
+  if _common.resolve_impl(impl) == "xla" or padded > MAX_ENTRIES:
+    return block_select_reference(scores, count, n=n)
+  kernel = functools.partial(_select_kernel, num_entries=nb, padded=padded, n=n)
+  return pl.pallas_call(
+      kernel,
+      out_shape=jax.ShapeDtypeStruct((r, n), jnp.int32),
+      grid=(r,),
+      interpret=interpret,
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps or default_warps(padded),
+                                           num_stages=1),
+      name="block_select",
+  )(scores.astype(jnp.float32), count.astype(jnp.int32))

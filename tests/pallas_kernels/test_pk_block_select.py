@@ -1,0 +1,86 @@
+"""The sort-free top-k select (``pallas_kernels.block_select``): interpret mode equals its
+reference, the chosen set equals ``lax.top_k``'s, it lowers for CUDA, and (with the ``ptx``
+extra) compiles for sm_90 without register spills up to its row limit."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pallas_kernels import block_select, block_select_reference
+from pallas_kernels.block_select import MAX_ENTRIES, order_keys
+from pallas_kernels.shapes import F32, I32, S
+
+FORCED = 3.0e38
+
+
+def _ranked(rng, rows, nb, ties):
+  """Scores like ``selection.rank_scores``'s: forced entries, entries past the context, ties."""
+  s = rng.standard_normal((rows, nb)).astype(np.float32)
+  if ties:
+    s = np.round(s * 2) / 2 + 0.0  # few distinct values (and no -0.0)
+  s[:, : rng.integers(0, 4)] = FORCED
+  tail = rng.integers(0, nb // 2 + 1)
+  if tail:
+    s[:, nb - tail:] = -np.inf
+  return s
+
+
+@settings(deadline=None, max_examples=25)
+@given(rows=st.integers(1, 5), nb=st.integers(1, 700), ties=st.booleans(),
+       data=st.data(), seed=st.integers(0, 2**16))
+def test_interpret_equals_reference_and_top_k_set(rows, nb, ties, data, seed):
+  rng = np.random.default_rng(seed)
+  n = data.draw(st.integers(1, nb))
+  s = _ranked(rng, rows, nb, ties)
+  count = rng.integers(0, n + 1, rows).astype(np.int32)
+  got = np.asarray(block_select(jnp.asarray(s), jnp.asarray(count), n=n, impl="pallas",
+                                interpret=True))
+  want = np.asarray(block_select_reference(jnp.asarray(s), jnp.asarray(count), n=n))
+  np.testing.assert_array_equal(got, want)
+  _, top = jax.lax.top_k(jnp.asarray(s), n)  # ties: lower id first, as the select
+  for r in range(rows):
+    c = int(count[r])
+    assert sorted(got[r, :c].tolist()) == got[r, :c].tolist()  # ascending ids
+    assert set(got[r, :c].tolist()) == set(np.asarray(top)[r, :c].tolist())
+    assert len(set(got[r].tolist())) == n and got[r].min() >= 0 and got[r].max() < nb
+
+
+def test_order_keys_keep_the_float_order():
+  x = jnp.asarray([-np.inf, -3e38, -1.5, -1e-30, 0.0, 1e-30, 2.0, 3e38, np.inf], jnp.float32)
+  k = np.asarray(order_keys(x)).astype(np.int64)
+  assert np.all(np.diff(k) > 0)
+
+
+def test_rows_past_the_register_limit_take_the_reference():
+  s = jnp.asarray(np.random.default_rng(0).standard_normal((1, MAX_ENTRIES + 1)), jnp.float32)
+  got = block_select(s, jnp.asarray([5], jnp.int32), n=8, impl="pallas", interpret=True)
+  np.testing.assert_array_equal(got, block_select_reference(s, jnp.asarray([5]), n=8))
+
+
+@pytest.mark.parametrize("rows,nb,n", [(32, 8192, 410), (9, 256, 13), (14, 16384, 820)])
+def test_lowers_for_cuda(rows, nb, n):
+  fn = functools.partial(block_select, n=n, impl="pallas")
+  exported = jax.export.export(
+      jax.jit(fn), platforms=["cuda"],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
+          S((rows, nb), F32), S((rows,), I32))
+  assert "__gpu$xla.gpu.triton" in exported.mlir_module()
+  assert "sort" not in exported.mlir_module()  # no XLA sort anywhere in the selection
+
+
+@pytest.mark.parametrize("nb", [2048, 8192, MAX_ENTRIES])
+def test_compiles_for_sm90_without_spills(nb, tmp_path):
+  pytest.importorskip("triton")
+  from pallas_kernels import ptx  # pylint: disable=g-import-not-at-top
+  fn = functools.partial(block_select, n=nb // 20, impl="pallas")
+  [mod] = ptx.triton_modules(fn, S((32, nb), F32), S((32,), I32))
+  kernel = ptx.compile_sm90(mod, str(tmp_path))
+  assert 0 < kernel.metadata.shared <= ptx.H100_SMEM_PER_BLOCK
+  usage = ptx.register_usage(kernel, str(tmp_path))
+  assert usage["spill_bytes"] == 0 and usage["registers"] <= 255, usage
