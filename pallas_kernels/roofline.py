@@ -208,9 +208,14 @@ def sparse_step_costs(s: Shape, design: str = "after") -> list[Cost]:
   """One Quest decode step of one layer: cache write, scoring, selection, decode + combine."""
   nb = s.context // s.block_size
   row = s.batch * s.hkv * s.head_dim * s.itemsize
-  # k, v, pos and the kmin / kmax / kcen / krad digests: one scatter each.
-  write = Cost("cache write (6 scatters)", 2 * row + 4 * 2 * row + s.batch * 4, 0, launches=6,
-               xla=True)
+  # k, v, pos and the digests, one scatter each: before, all four digests (kmin, kmax, kcen,
+  # krad); after, only the two Quest reads (``KVCache`` keeps the kinds its selector uses).
+  # Bytes: the written rows (a digest row is one block's ``[D]`` per kv head, krad one float).
+  digests = 4 if design == "before" else 2
+  pos = s.batch * s.hkv * 4
+  digest_bytes = 3 * row + pos if design == "before" else 2 * row
+  write = Cost(f"cache write ({3 + digests} scatters)", 2 * row + pos + digest_bytes, 0,
+               launches=3 + digests, xla=True)
   scores = s.batch * s.sel_heads * nb * 4
   if design == "before":
     select = [Cost("clip/where + lax.top_k (sort)", 3 * scores, 0, launches=3, xla=True)]

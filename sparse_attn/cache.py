@@ -11,7 +11,10 @@ Block digests, recomputed from the block's valid keys after every write that tou
   * ``kmin, kmax [B, K, NB, D]``: the per-channel bounding box (Quest, Tang et al. 2024, Sec. 3.2);
   * ``kcen [B, K, NB, D]``, ``krad [B, K, NB]``: the centroid and the bounding-sphere radius
     ``max_j ||k_j - c||`` (ArkVale page digests, Chen et al. 2024, Sec. 4.2).
-Empty blocks have all-zero digests; selectors mask them by ``length``.
+Empty blocks have all-zero digests; selectors mask them by ``length``. A cache keeps only the
+digest kinds its method reads (``init_cache(digests=...)``: ``"box"`` for Quest, ``"box"`` and
+``"sphere"`` for ArkVale, none for dense, token-level and compression methods); an absent kind
+is a zero-length ``NB`` axis, so writes neither compute nor scatter it.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ class KVCache(SlotBuffer):
     length: ``[B]`` int32 number of slots in use (one past the highest written slot).
     kmin, kmax, kcen: ``[B, K, NB, D]`` block digests (cache dtype).
     krad: ``[B, K, NB]`` float32 bounding-sphere radius per block.
+    (A digest kind the method does not read has a zero-length ``NB`` axis: ``has_digests``.)
     block_size: static block (page) size.
   """
 
@@ -89,10 +93,26 @@ class KVCache(SlotBuffer):
   def num_blocks(self) -> int:
     return self.capacity // self.block_size
 
+  def has_digests(self, kind: str) -> bool:
+    """Whether the cache keeps the ``"box"`` (kmin, kmax) or ``"sphere"`` (kcen, krad) digests."""
+    arr = {"box": self.kmin, "sphere": self.kcen}[kind]
+    return arr.shape[2] > 0 or self.num_blocks == 0
+
+
+DIGEST_KINDS = ("box", "sphere")
+
+
+def _check_digests(digests):
+  bad = sorted(set(digests) - set(DIGEST_KINDS))
+  if bad:
+    raise ValueError(f"unknown digest kind(s) {bad}; valid: {DIGEST_KINDS}")
+
 
 def init_cache(batch: int, num_kv_heads: int, capacity: int, head_dim: int,
-               block_size: int = 16, dtype=jnp.float32) -> KVCache:
-  """An empty cache of ``capacity`` slots (a multiple of ``block_size``)."""
+               block_size: int = 16, dtype=jnp.float32, digests=DIGEST_KINDS) -> KVCache:
+  """An empty cache of ``capacity`` slots (a multiple of ``block_size``) keeping the block
+  ``digests`` kinds (``"box"``, ``"sphere"``; absent ones have zero blocks)."""
+  _check_digests(digests)
   if block_size <= 0:
     raise ValueError(f"block_size must be positive, got {block_size}")
   if capacity <= 0 or capacity % block_size:
@@ -100,13 +120,37 @@ def init_cache(batch: int, num_kv_heads: int, capacity: int, head_dim: int,
         f"capacity {capacity} must be a positive multiple of block_size {block_size}")
   nb = capacity // block_size
   shape = (batch, num_kv_heads, capacity, head_dim)
-  dshape = (batch, num_kv_heads, nb, head_dim)
+  box = (batch, num_kv_heads, nb if "box" in digests else 0, head_dim)
+  sphere = (batch, num_kv_heads, nb if "sphere" in digests else 0, head_dim)
   return KVCache(
       k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
       pos=jnp.full(shape[:3], -1, jnp.int32), length=jnp.zeros((batch,), jnp.int32),
-      kmin=jnp.zeros(dshape, dtype), kmax=jnp.zeros(dshape, dtype),
-      kcen=jnp.zeros(dshape, dtype), krad=jnp.zeros(dshape[:3], jnp.float32),
+      kmin=jnp.zeros(box, dtype), kmax=jnp.zeros(box, dtype),
+      kcen=jnp.zeros(sphere, dtype), krad=jnp.zeros(sphere[:3], jnp.float32),
       block_size=block_size)
+
+
+def keep_digests(cache: KVCache, digests) -> KVCache:
+  """``cache`` without the digest kinds not in ``digests`` (zero blocks; e.g. a method's copy
+  of a shared prefill that kept the union of its members' kinds)."""
+  _check_digests(digests)
+  empty = lambda x: x[:, :, :0]
+  box, sphere = "box" in digests, "sphere" in digests
+  return dataclasses.replace(
+      cache, kmin=cache.kmin if box else empty(cache.kmin),
+      kmax=cache.kmax if box else empty(cache.kmax),
+      kcen=cache.kcen if sphere else empty(cache.kcen),
+      krad=cache.krad if sphere else empty(cache.krad))
+
+
+def _kept(cache: KVCache, kmin, kmax, kcen, krad) -> KVCache:
+  """``cache`` with the given digests for the kinds it keeps (absent kinds stay empty, so
+  XLA drops their computation)."""
+  box = cache.kmin.shape[2] > 0 or kmin.shape[2] == 0
+  sphere = cache.kcen.shape[2] > 0 or kcen.shape[2] == 0
+  return dataclasses.replace(
+      cache, kmin=kmin if box else cache.kmin, kmax=kmax if box else cache.kmax,
+      kcen=kcen if sphere else cache.kcen, krad=krad if sphere else cache.krad)
 
 
 def block_digests(k, valid, block_size):
@@ -214,8 +258,7 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None) -> KVCa
 
 
 def _refresh_all_digests(cache: KVCache) -> KVCache:
-  kmin, kmax, kcen, krad = block_digests(cache.k, cache.valid, cache.block_size)
-  return dataclasses.replace(cache, kmin=kmin, kmax=kmax, kcen=kcen, krad=krad)
+  return _kept(cache, *block_digests(cache.k, cache.valid, cache.block_size))
 
 
 def _refresh_block_digests(cache: KVCache, blocks) -> KVCache:
@@ -233,7 +276,7 @@ def _refresh_block_digests(cache: KVCache, blocks) -> KVCache:
   bi = jnp.arange(b)[:, None, None]
   hi = jnp.arange(hkv)[None, :, None]
   idx = jnp.where(blocks < nb, blocks, nb)[:, None, :]
-  upd = lambda arr, val: scatter_set(arr, (bi, hi, idx), val)
+  upd = lambda arr, val: scatter_set(arr, (bi, hi, idx), val) if arr.shape[2] else arr
   return dataclasses.replace(cache, kmin=upd(cache.kmin, kmin), kmax=upd(cache.kmax, kmax),
                              kcen=upd(cache.kcen, kcen), krad=upd(cache.krad, krad))
 
@@ -244,7 +287,9 @@ def replace_storage(cache: KVCache, k, v, pos, length) -> KVCache:
                             length=length.astype(jnp.int32))
   nb = k.shape[2] // cache.block_size
   d = k.shape[3]
-  z = jnp.zeros(k.shape[:2] + (nb, d), k.dtype)
-  new = dataclasses.replace(new, kmin=z, kmax=z, kcen=z,
-                            krad=jnp.zeros(k.shape[:2] + (nb,), jnp.float32))
+  box = nb if cache.kmin.shape[2] or not cache.num_blocks else 0
+  sphere = nb if cache.kcen.shape[2] or not cache.num_blocks else 0
+  z = lambda n: jnp.zeros(k.shape[:2] + (n, d), k.dtype)
+  new = dataclasses.replace(new, kmin=z(box), kmax=z(box), kcen=z(sphere),
+                            krad=jnp.zeros(k.shape[:2] + (sphere,), jnp.float32))
   return _refresh_all_digests(new)

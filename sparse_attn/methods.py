@@ -64,6 +64,8 @@ class Method:
     retro: RetroAttention (``enhancers.options.Retro``: window ``w``; Choi et al. 2025), or None.
     sliding_window: Mistral's attention window (None = unlimited); set from the model by
       ``with_sliding_window`` (``models.generate`` does it), see ``sparse_attn.sliding_window``.
+    digests: the block digest kinds the cache keeps (``cache.DIGEST_KINDS``); None: the ones
+      the selector reads (``cache_digests``). A shared prefill keeps the union of its members'.
   """
 
   spec: str = "dense"
@@ -75,6 +77,7 @@ class Method:
   rect: enhancer_options.Rectify | None = None
   retro: enhancer_options.Retro | None = None
   sliding_window: int | None = None
+  digests: tuple[str, ...] | None = None
 
   # Methods of one prefill group (with the same block size and capacity) end the prompt with
   # identical caches, so experiments share one prefill among them (dense prefill: every Method).
@@ -180,8 +183,17 @@ class Method:
     return self.round_capacity(context)
 
   # ---- per-layer functions: the pipeline of ``enhancers.compose`` ----
+  @property
+  def cache_digests(self) -> tuple[str, ...]:
+    """The digest kinds this method's cache keeps: ``digests``, else the selector's reads."""
+    if self.digests is not None:
+      return self.digests
+    return self.selector.digests if self.selector else ()
+
   def init_cache(self, batch, num_kv_heads, capacity, head_dim, dtype=jnp.float32) -> KVCache:
-    return init_cache(batch, num_kv_heads, capacity, head_dim, self.block_size, dtype)
+    """An empty cache keeping only the digests the selector reads (none for dense)."""
+    return init_cache(batch, num_kv_heads, capacity, head_dim, self.block_size, dtype,
+                      self.cache_digests)
 
   def init_state(self, batch, num_q_heads, num_kv_heads, head_dim, capacity,
                  dtype=jnp.float32) -> Any:

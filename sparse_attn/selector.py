@@ -93,6 +93,14 @@ class Selector:
     return 1 if self.name in TOKEN_SELECTORS else self.block_size
 
   @property
+  def digests(self) -> tuple[str, ...]:
+    """The block digest kinds the cache must keep for this selector (``cache.init_cache``):
+    Quest's box, ArkVale's box and sphere, none for the token selectors."""
+    if self.name not in BLOCK_SELECTORS:
+      return ()
+    return ("box",) if self.name == "quest" else ("box", "sphere")
+
+  @property
   def group_shared(self) -> bool:
     """One selection per kv head (``gqa="group"``, StreamingLLM), not per query head."""
     return self.gqa == "group" or self.name == "streaming"

@@ -33,6 +33,7 @@ import numpy as np
 
 from experiments.tasks import compression_union
 from models import decode, driver, sharding, steps
+from sparse_attn import cache as cache_lib
 from models.sampling import Sampling
 
 GREEDY = Sampling()
@@ -69,7 +70,8 @@ def _prefill_union(group):
   resa = next((m for m in group if m.resa), None)
   retro = next((m for m in group if m.window > 1), None)
   base = retro or resa or group[0]
-  return dataclasses.replace(base, resa=resa.resa if resa else None)
+  digests = tuple(k for k in cache_lib.DIGEST_KINDS if any(k in m.cache_digests for m in group))
+  return dataclasses.replace(base, resa=resa.resa if resa else None, digests=digests)
 
 
 def _shares_union(m, union) -> bool:
@@ -157,7 +159,8 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
     like = jax.eval_shape(lambda m=m, cap=key[2]: m.init_state(
         len(lengths), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cap))
     mine = [_project(layer, like) for layer in states]  # states: per-layer list
-    yield m, Prefilled(last, copy(history), copy(caches), copy(mine), lengths, key[2], mesh=mesh)
+    kept = [cache_lib.keep_digests(c, m.cache_digests) for c in caches]  # the method's kinds
+    yield m, Prefilled(last, copy(history), copy(kept), copy(mine), lengths, key[2], mesh=mesh)
 
 
 def extend(model, pre: Prefilled, method, suffix: np.ndarray,

@@ -12,7 +12,7 @@ from sparse_attn import methods
 
 SPECS = ["dense", "quest", "quest+resa", "quest+retro:w=2", "quest+resa+retro:w=2",
          "quest+resa:typical_query=last", "quest+retro:w=4", "quest:gqa=group+retro:w=2",
-         "quest+rect:f=4", "streaming", "snapkv:ratio=0.5", "snapkv:ratio=0.75",
+         "quest+rect:f=4", "streaming", "arkvale", "snapkv:ratio=0.5", "snapkv:ratio=0.75",
          "expected_attention:ratio=0.5", "expected_attention:ratio=0.5,n_sink=0",
          "h2o:ratio=0.25", "tova:ratio=0.5", "keydiff:ratio=0.5", "knorm:ratio=0.5",
          "streaming_llm:ratio=0.5", "snapkv:ratio=0.5,head_budget=adakv"]
@@ -40,6 +40,7 @@ def test_shared_prefill_equals_own_prefill():
                                    atol=1e-5, err_msg=m.spec)
   union = decoding._prefill_union([m for m in ms if isinstance(m, methods.Method)])
   assert union.resa and union.window == 2
+  assert union.cache_digests == ("box", "sphere")  # ArkVale's sphere kept for its copy only
   # typical_query=last and w=4 differ from the union and take their own prefill
   assert not decoding._shares_union(ms[5], union)
   assert not decoding._shares_union(ms[6], union)

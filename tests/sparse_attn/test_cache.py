@@ -105,3 +105,42 @@ def test_gather_blocks_per_head_reads_its_kv_head():
       blk = int(idx[0, h, j])
       np.testing.assert_array_equal(got[0, h, j * 8:(j + 1) * 8],
                                     c.k[0, h // 2, blk * 8:(blk + 1) * 8])
+
+
+@pytest.mark.parametrize("digests", [(), ("box",), ("sphere",), ("box", "sphere")])
+def test_a_cache_keeps_only_the_digest_kinds_asked_for(digests):
+  """Absent kinds have zero blocks through writes (jit), long writes and re-storage; the kept
+  ones equal a full cache's."""
+  rng = np.random.default_rng(0)
+  b, hkv, t, d, bs = 2, 2, 64, 8, 8
+  full = cache_lib.init_cache(b, hkv, t, d, bs)
+  mine = cache_lib.init_cache(b, hkv, t, d, bs, digests=digests)
+  k, v = (helpers.normal(rng, (b, hkv, 40, d), jnp.float32, 1.0) for _ in range(2))
+  pos = jnp.broadcast_to(jnp.arange(40)[None], (b, 40)).astype(jnp.int32)
+  write = jax.jit(cache_lib.write)
+  full, mine = write(full, k, v, pos), write(mine, k, v, pos)  # 40 slots: every block
+  one = lambda c: write(c, k[:, :, :1], v[:, :, :1], jnp.full((b, 1), 41, jnp.int32))
+  full, mine = one(full), one(mine)  # one slot: the per-block refresh
+  store = lambda c: cache_lib.replace_storage(c, c.k, c.v, c.pos, c.length)
+  for got, want in ((mine, full), (store(mine), store(full))):
+    for kind, names in (("box", ("kmin", "kmax")), ("sphere", ("kcen", "krad"))):
+      assert got.has_digests(kind) == (kind in digests)
+      for name in names:
+        arr = getattr(got, name)
+        if kind in digests:
+          np.testing.assert_array_equal(arr, getattr(want, name))
+        else:
+          assert arr.shape[2] == 0
+  with pytest.raises(ValueError, match="unknown digest kind"):
+    cache_lib.init_cache(b, hkv, t, d, bs, digests=("ball",))
+
+
+def test_methods_keep_the_digests_their_selector_reads():
+  from sparse_attn import methods  # pylint: disable=g-import-not-at-top
+  kinds = lambda m: tuple(k for k in ("box", "sphere")
+                          if m.init_cache(1, 2, 64, 8).has_digests(k))
+  assert kinds(methods.make("dense", block_size=8)) == ()
+  assert kinds(methods.make("quest+resa", budget=0.25, block_size=8)) == ("box",)
+  assert kinds(methods.make("arkvale", budget=0.25, block_size=8)) == ("box", "sphere")
+  assert kinds(methods.make("topk", budget=0.25, block_size=8)) == ()
+  assert kinds(methods.make("snapkv", ratio=0.5, block_size=8)) == ()

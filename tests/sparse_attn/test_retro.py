@@ -176,8 +176,10 @@ def test_reembedding_overwrites_past_kv_and_digests():
   np.testing.assert_array_equal(cache.k[:, :, 28:31], k)
   np.testing.assert_array_equal(cache.v[:, :, 28:31], v)
   fresh = cache_lib.block_digests(cache.k, cache.valid, BS)
+  assert cache.has_digests("box")  # Quest's; the sphere digests are not kept for Quest
   for a, b in zip((cache.kmin, cache.kmax, cache.kcen, cache.krad), fresh):
-    np.testing.assert_allclose(a, b, atol=1e-6)
+    if a.shape[2]:
+      np.testing.assert_allclose(a, b, atol=1e-6)
 
 
 def _stack(*trees):
