@@ -117,6 +117,11 @@ class Selector:
 
   def block_scores(self, q, cache, *, impl: str = "auto", interpret: bool = False):
     """Digest scores ``[B, H, NB]`` of the block selectors (Pallas ``block_score`` for Quest)."""
+    missing = [k for k in self.digests if not cache.has_digests(k)]
+    if missing:  # static shapes: a clear error instead of a broadcasting one
+      raise ValueError(f"{self.name} reads the {missing} block digests, which this cache does "
+                       "not keep: make it with the method's init_cache (or a Method with "
+                       f"digests={self.digests!r})")
     qs = scoring.scoring_queries(q, cache.num_kv_heads, self.gqa)
     if self.name == "quest":
       return kernels.quest_scores(qs, cache, impl=impl, interpret=interpret)

@@ -20,6 +20,7 @@ import numpy as np
 
 from experiments.common import data
 from models import llama
+from sparse_attn import cache as cache_lib
 from sparse_attn import methods
 
 
@@ -109,7 +110,8 @@ def capture(model, tokens, chunk: int = 512, progress=None) -> Captured:
   cap = dense.round_capacity(s)
   c = min(chunk, cap)
   cap = -(-cap // c) * c  # whole chunks (the q buffer is written a chunk at a time)
-  one = dense.init_cache(1, config.num_kv_heads, cap, config.head_dim, jnp.float32)
+  # Every digest kind: the captured caches serve every selector (Quest's box, ArkVale's sphere).
+  one = cache_lib.init_cache(1, config.num_kv_heads, cap, config.head_dim, 16, jnp.float32)
   stack = lambda a: jnp.repeat(a[None], config.num_layers, axis=0)
   bufs = {"cache": jax.tree.map(stack, one),
           "q": jnp.zeros((config.num_layers, 1, config.num_heads, cap, config.head_dim),

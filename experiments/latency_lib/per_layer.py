@@ -18,6 +18,7 @@ import numpy as np
 
 from experiments.latency_lib import timing, traffic
 from sparse_attn import methods
+from sparse_attn import cache as cache_lib
 from sparse_attn.cache import write
 from sparse_attn.spec import parse_spec
 
@@ -83,8 +84,8 @@ class Bench:
     keys = jax.random.split(jax.random.key(seed), 6)
     k = jax.random.normal(keys[0], (1, hkv, context, d), self.dtype)
     v = jax.random.normal(keys[1], (1, hkv, context, d), self.dtype)
-    dense = methods.make("dense", block_size=bs)
-    cache = dense.init_cache(1, hkv, self.capacity, d, self.dtype)
+    # One cache every candidate steps in turn: it keeps every digest kind any selector reads.
+    cache = cache_lib.init_cache(1, hkv, self.capacity, d, bs, self.dtype)
     pos = jnp.arange(context, dtype=jnp.int32)[None]
     self.cache = jax.jit(write, donate_argnums=(0,))(cache, k, v, pos)
     self.kv_numpy = (np.asarray(k.astype(jnp.float32)), np.asarray(v.astype(jnp.float32)))

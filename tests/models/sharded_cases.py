@@ -49,6 +49,14 @@ if os.environ.get("SHARDING_FULL_MATRIX") == "1":
   CASES = [(name, shape) for shape in MESHES for name in METHODS]
 
 
+@pytest.fixture(autouse=True)
+def _drop_compiled():
+  """Each test compiles its own meshes' steps: drop them after it (fewer live executables and
+  memory mappings in this one long process; see tests/conftest.py)."""
+  yield
+  jax.clear_caches()
+
+
 @pytest.fixture(scope="module")
 def model():
   return models.Model(CFG, llama.init_params(CFG, jax.random.key(0)), None, "tiny")

@@ -45,10 +45,11 @@ def test_spec_drops_axes_that_do_not_divide():
 def test_sharded_decoding_on_8_virtual_devices():
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+  cmd = [sys.executable, "-X", "faulthandler", "-m", "pytest", "-q", "-x", "-p",
+         "no:cacheprovider",
          os.path.join("tests", "models", "sharded_cases.py")]
   run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-  assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+  assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-8000:]
   assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout
 
 

@@ -144,3 +144,11 @@ def test_methods_keep_the_digests_their_selector_reads():
   assert kinds(methods.make("arkvale", budget=0.25, block_size=8)) == ("box", "sphere")
   assert kinds(methods.make("topk", budget=0.25, block_size=8)) == ()
   assert kinds(methods.make("snapkv", ratio=0.5, block_size=8)) == ()
+
+
+def test_a_selector_on_a_cache_without_its_digests_says_so():
+  from sparse_attn import methods  # pylint: disable=g-import-not-at-top
+  quest_cache = methods.make("quest", budget=0.25, block_size=8).init_cache(1, 2, 64, 8)
+  q = jnp.ones((1, 4, 8), jnp.float32)
+  with pytest.raises(ValueError, match=r"arkvale reads the \['sphere'\] block digests"):
+    methods.make("arkvale", budget=0.25, block_size=8).select(q, quest_cache)
