@@ -12,9 +12,9 @@ Block digests, recomputed from the block's valid keys after every write that tou
   * ``kcen [B, K, NB, D]``, ``krad [B, K, NB]``: the centroid and the bounding-sphere radius
     ``max_j ||k_j - c||`` (ArkVale page digests, Chen et al. 2024, Sec. 4.2).
 Empty blocks have all-zero digests; selectors mask them by ``length``. A cache keeps only the
-digest kinds its method reads (``init_cache(digests=...)``: ``"box"`` for Quest, ``"box"`` and
-``"sphere"`` for ArkVale, none for dense, token-level and compression methods); an absent kind
-is a zero-length ``NB`` axis, so writes neither compute nor scatter it.
+digest kinds its method asks for (``init_cache(digests=...)``; methods keep the box, part of
+every cache's contract, and the sphere only for ArkVale); an absent kind is a zero-length ``NB``
+axis, so writes neither compute nor scatter it.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from sparse_attn import compression, kernels, selection, sliding_window, sparse
 from sparse_attn.budget import Budget
-from sparse_attn.cache import KVCache, init_cache
+from sparse_attn.cache import DIGEST_KINDS, KVCache, init_cache
 from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.enhancers import compose
 from sparse_attn.enhancers import options as enhancer_options
@@ -64,8 +64,9 @@ class Method:
     retro: RetroAttention (``enhancers.options.Retro``: window ``w``; Choi et al. 2025), or None.
     sliding_window: Mistral's attention window (None = unlimited); set from the model by
       ``with_sliding_window`` (``models.generate`` does it), see ``sparse_attn.sliding_window``.
-    digests: the block digest kinds the cache keeps (``cache.DIGEST_KINDS``); None: the ones
-      the selector reads (``cache_digests``). A shared prefill keeps the union of its members'.
+    digests: the block digest kinds the cache keeps (``cache.DIGEST_KINDS``); None: the box
+      (every cache's, DESIGN.md) plus what the selector reads (``cache_digests``). A shared
+      prefill keeps the union of its members'.
   """
 
   spec: str = "dense"
@@ -185,13 +186,15 @@ class Method:
   # ---- per-layer functions: the pipeline of ``enhancers.compose`` ----
   @property
   def cache_digests(self) -> tuple[str, ...]:
-    """The digest kinds this method's cache keeps: ``digests``, else the selector's reads."""
+    """The digest kinds this method's cache keeps: ``digests``, else the box digests (kmin,
+    kmax: part of every cache, DESIGN.md) and the ones the selector reads."""
     if self.digests is not None:
       return self.digests
-    return self.selector.digests if self.selector else ()
+    reads = self.selector.digests if self.selector else ()
+    return tuple(k for k in DIGEST_KINDS if k == "box" or k in reads)
 
   def init_cache(self, batch, num_kv_heads, capacity, head_dim, dtype=jnp.float32) -> KVCache:
-    """An empty cache keeping only the digests the selector reads (none for dense)."""
+    """An empty cache keeping the box digests and those the selector reads."""
     return init_cache(batch, num_kv_heads, capacity, head_dim, self.block_size, dtype,
                       self.cache_digests)
 

@@ -94,8 +94,8 @@ class Selector:
 
   @property
   def digests(self) -> tuple[str, ...]:
-    """The block digest kinds the cache must keep for this selector (``cache.init_cache``):
-    Quest's box, ArkVale's box and sphere, none for the token selectors."""
+    """The block digest kinds this selector reads (``cache.init_cache``): Quest's box,
+    ArkVale's box and sphere, none for the token selectors."""
     if self.name not in BLOCK_SELECTORS:
       return ()
     return ("box",) if self.name == "quest" else ("box", "sphere")

@@ -183,8 +183,8 @@ class CompressionMethod:
 
   # ---- per-layer interface ----
   def init_cache(self, batch, num_kv_heads, capacity, head_dim, dtype=jnp.float32) -> KVCache:
-    """An empty cache without block digests (compression never selects blocks)."""
-    return init_cache(batch, num_kv_heads, capacity, head_dim, self.block_size, dtype, ())
+    """An empty cache with the box digests only (compression never reads the sphere)."""
+    return init_cache(batch, num_kv_heads, capacity, head_dim, self.block_size, dtype, ("box",))
 
   def init_state(self, batch, num_q_heads, num_kv_heads, head_dim, capacity,
                  dtype=jnp.float32) -> dict:

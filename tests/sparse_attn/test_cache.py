@@ -139,11 +139,11 @@ def test_methods_keep_the_digests_their_selector_reads():
   from sparse_attn import methods  # pylint: disable=g-import-not-at-top
   kinds = lambda m: tuple(k for k in ("box", "sphere")
                           if m.init_cache(1, 2, 64, 8).has_digests(k))
-  assert kinds(methods.make("dense", block_size=8)) == ()
+  assert kinds(methods.make("dense", block_size=8)) == ("box",)  # DESIGN.md: every cache
   assert kinds(methods.make("quest+resa", budget=0.25, block_size=8)) == ("box",)
   assert kinds(methods.make("arkvale", budget=0.25, block_size=8)) == ("box", "sphere")
-  assert kinds(methods.make("topk", budget=0.25, block_size=8)) == ()
-  assert kinds(methods.make("snapkv", ratio=0.5, block_size=8)) == ()
+  assert kinds(methods.make("topk", budget=0.25, block_size=8)) == ("box",)
+  assert kinds(methods.make("snapkv", ratio=0.5, block_size=8)) == ("box",)
 
 
 def test_a_selector_on_a_cache_without_its_digests_says_so():
