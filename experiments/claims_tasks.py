@@ -21,11 +21,20 @@ def sample_key(r) -> tuple:
   return (r.get("task"), r.get("length"), r.get("seed"), r.get("depth"))
 
 
+def base_label(label) -> str:
+  """A row label without its budget: ``"quest@0.025"`` -> ``"quest"`` (``specs.Entry``)."""
+  return str(label).split("@", 1)[0]
+
+
 def scores(records, method, budget=None, length=None, protocol=None) -> dict:
-  """sample -> score of one method row (``budget``/``length``/``protocol`` None = any)."""
+  """sample -> score of one method row (``budget``/``length``/``protocol`` None = any).
+
+  ``method`` matches a row's label with or without its ``@budget`` suffix.
+  """
   out = {}
   for r in records:
-    if (r.get("method") == method and (budget is None or r.get("budget") == budget)
+    label = r.get("method")
+    if (method in (label, base_label(label)) and (budget is None or r.get("budget") == budget)
         and (length is None or r.get("length") == length)
         and (protocol is None or r.get("protocol") == protocol)):
       out[sample_key(r)] = float(r["score"])
@@ -101,7 +110,7 @@ def ea_vs_baselines(records, budget=0.5):
   0; partly when EA's mean is best (or within the runner-up's interval); else not."""
   recs = [r for r in records if r.get("protocol") == "query_agnostic"
           and r.get("budget") == budget]
-  methods = sorted({r["method"] for r in recs} - {"dense"})
+  methods = sorted({base_label(r["method"]) for r in recs} - {"dense"})
   if "expected-attention" not in methods or len(methods) < 2:
     return None
   ea = scores(recs, "expected-attention")

@@ -29,6 +29,9 @@ def test_resa_gain_is_paired_and_judged_by_its_interval():
   # unpaired samples (other seeds) are not compared
   shifted = [dict(r, seed=r["seed"] + 100) for r in _acc("resa-quest", better)]
   assert claims_tasks.resa_ruler_gain(_acc("quest", base) + shifted) is None
+  # the accuracy experiment labels rows spec@budget
+  labelled = _acc("quest@0.025", base) + _acc("resa-quest@0.025", better)
+  assert claims_tasks.resa_ruler_gain(labelled)["ours"] == got["ours"]
 
 
 def test_ea_against_the_best_baseline():
@@ -41,6 +44,8 @@ def test_ea_against_the_best_baseline():
   flipped = (_acc("expected-attention", half, 0.5, protocol="query_agnostic")
              + _acc("snapkv", ones, 0.5, protocol="query_agnostic"))
   assert claims_tasks.ea_vs_baselines(flipped)["verdict"] == "not reproduced"
+  labelled = [dict(r, method=f"{r['method']}@0.5") for r in recs]
+  assert claims_tasks.ea_vs_baselines(labelled)["ours"] == got["ours"]
 
 
 def test_svd_claims_follow_their_rules():
