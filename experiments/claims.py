@@ -41,8 +41,9 @@ def claim_rows(records: dict[str, list[dict]], root: str) -> list[dict]:
     got = c.measure(recs) if recs else None
     row = dict(claim=c.claim, source=c.source, paper=c.paper)
     if got is None:
-      row.update(ours="-", n=0, setting="-", verdict="not run",
-                 why=f"no `{c.experiment}` records under `{root}` yet", figure="")
+      why = (f"the `{c.experiment}` records hold no rows for this claim yet" if recs
+             else f"no `{c.experiment}` records under `{root}` yet")
+      row.update(ours="-", n=0, setting="-", verdict="not run", why=why, figure="")
     else:
       fig = os.path.join(c.experiment, c.figure) if c.figure else ""
       row.update(got, figure=f"[{c.figure}]({fig})" if fig and os.path.exists(
