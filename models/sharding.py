@@ -274,11 +274,6 @@ def wrap(method, mesh: Mesh | None):
   return ShardedMethod(method, mesh)
 
 
-def unwrap(method):
-  """The method inside a ``ShardedMethod`` (``method`` itself otherwise)."""
-  return method.inner if isinstance(method, ShardedMethod) else method
-
-
 def prepare(model, method, mesh: Mesh | None):
   """``(model, method)`` for a run on ``mesh``: parameters placed, method wrapped (no-op for
   ``mesh=None``). Idempotent: an already wrapped method or placed model is kept."""
@@ -317,5 +312,5 @@ def cache_bytes_per_device(tree) -> dict:
 
 __all__ = ["AXES", "RULES", "PARAM_AXES", "STATE_AXES", "make_mesh", "parse_mesh",
            "mesh_from_text", "spec_for", "param_shardings", "shard", "state_shardings",
-           "constrain", "place", "ShardedMethod", "wrap", "unwrap", "prepare",
+           "constrain", "place", "ShardedMethod", "wrap", "prepare",
            "cache_bytes_per_device"]

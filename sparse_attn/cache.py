@@ -98,6 +98,11 @@ class KVCache(SlotBuffer):
     arr = {"box": self.kmin, "sphere": self.kcen}[kind]
     return arr.shape[2] > 0 or self.num_blocks == 0
 
+  @property
+  def digest_kinds(self) -> tuple[str, ...]:
+    """The digest kinds this cache keeps (static: read from the array shapes)."""
+    return tuple(k for k in DIGEST_KINDS if self.has_digests(k))
+
 
 DIGEST_KINDS = ("box", "sphere")
 
@@ -141,16 +146,6 @@ def keep_digests(cache: KVCache, digests) -> KVCache:
       kmax=cache.kmax if box else empty(cache.kmax),
       kcen=cache.kcen if sphere else empty(cache.kcen),
       krad=cache.krad if sphere else empty(cache.krad))
-
-
-def _kept(cache: KVCache, kmin, kmax, kcen, krad) -> KVCache:
-  """``cache`` with the given digests for the kinds it keeps (absent kinds stay empty, so
-  XLA drops their computation)."""
-  box = cache.kmin.shape[2] > 0 or kmin.shape[2] == 0
-  sphere = cache.kcen.shape[2] > 0 or kcen.shape[2] == 0
-  return dataclasses.replace(
-      cache, kmin=kmin if box else cache.kmin, kmax=kmax if box else cache.kmax,
-      kcen=kcen if sphere else cache.kcen, krad=krad if sphere else cache.krad)
 
 
 def block_digests(k, valid, block_size):
@@ -258,7 +253,10 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None) -> KVCa
 
 
 def _refresh_all_digests(cache: KVCache) -> KVCache:
-  return _kept(cache, *block_digests(cache.k, cache.valid, cache.block_size))
+  """Every block's digests, of the kinds ``cache`` keeps (XLA drops the others' computation)."""
+  kmin, kmax, kcen, krad = block_digests(cache.k, cache.valid, cache.block_size)
+  full = dataclasses.replace(cache, kmin=kmin, kmax=kmax, kcen=kcen, krad=krad)
+  return keep_digests(full, cache.digest_kinds)
 
 
 def _refresh_block_digests(cache: KVCache, blocks) -> KVCache:
@@ -282,14 +280,7 @@ def _refresh_block_digests(cache: KVCache, blocks) -> KVCache:
 
 
 def replace_storage(cache: KVCache, k, v, pos, length) -> KVCache:
-  """A cache over new storage (e.g. after compaction); all digests recomputed."""
+  """A cache over new storage (e.g. after compaction); the kept digest kinds recomputed."""
   new = dataclasses.replace(cache, k=k, v=v, pos=pos.astype(jnp.int32),
                             length=length.astype(jnp.int32))
-  nb = k.shape[2] // cache.block_size
-  d = k.shape[3]
-  box = nb if cache.kmin.shape[2] or not cache.num_blocks else 0
-  sphere = nb if cache.kcen.shape[2] or not cache.num_blocks else 0
-  z = lambda n: jnp.zeros(k.shape[:2] + (n, d), k.dtype)
-  new = dataclasses.replace(new, kmin=z(box), kmax=z(box), kcen=z(sphere),
-                            krad=jnp.zeros(k.shape[:2] + (sphere,), jnp.float32))
-  return _refresh_all_digests(new)
+  return _refresh_all_digests(new)  # the old digests' shapes only say which kinds are kept

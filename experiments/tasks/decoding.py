@@ -33,8 +33,8 @@ import numpy as np
 
 from experiments.tasks import compression_union
 from models import decode, driver, sharding, steps
-from sparse_attn import cache as cache_lib
 from models.sampling import Sampling
+from sparse_attn import cache as cache_lib
 
 GREEDY = Sampling()
 
