@@ -55,13 +55,15 @@ class Block(nn.Module):
   config: ModelConfig
 
   @nn.compact
-  def __call__(self, x, positions, attend: Callable):
+  def __call__(self, x, positions, attend: Callable, rope_tables=None):
     """Runs the layer.
 
     Args:
       x: ``[B, S, E]`` residual stream.
       positions: ``[B, S]`` int32 RoPE positions (negative = padding).
       attend: ``(q [B, N, S, D], k [B, K, S, D], v [B, K, S, D]) -> (out [B, N, S, D], aux)``.
+      rope_tables: ``rope_tables_for(config, positions)``, when the caller computed them once for
+        every layer (default: computed here).
 
     Returns:
       ``(x [B, S, E], aux)``.
@@ -77,9 +79,8 @@ class Block(nn.Module):
     q = heads(dense(c.q_size, c.qkv_bias, "q_proj")(h), c.num_heads)
     k = heads(dense(c.kv_size, c.qkv_bias, "k_proj")(h), c.num_kv_heads)
     v = heads(dense(c.kv_size, c.qkv_bias, "v_proj")(h), c.num_kv_heads)
-    inv_freq = rope_lib.inverse_frequencies(c.rope, c.head_dim)
-    q = rope_lib.apply_rope(q, positions, inv_freq)
-    k = rope_lib.apply_rope(k, positions, inv_freq)
+    cos, sin = rope_tables if rope_tables is not None else rope_tables_for(c, positions)
+    q, k = rope_lib.rotate(q, cos, sin), rope_lib.rotate(k, cos, sin)
     out, aux = attend(q, k, v)
     out = out.astype(dt).transpose(0, 2, 1, 3).reshape(b, s, c.q_size)  # [B, S, N*D]
     x = x + dense(c.hidden_size, c.o_bias, "o_proj")(out)
@@ -88,6 +89,16 @@ class Block(nn.Module):
     up = dense(c.intermediate_size, c.mlp_bias, "up_proj")(h)
     x = x + dense(c.hidden_size, c.mlp_bias, "down_proj")(nn.silu(gate) * up)
     return x, aux
+
+
+def rope_tables_for(config: ModelConfig, positions):
+  """RoPE ``cos, sin [B, 1, S, D/2]`` of ``positions [B, S]`` (``models.rope.tables``).
+
+  A layer stack computes them once, outside its layer loop: inside one layer, XLA:CPU fuses the
+  ``cos``/``sin`` into each head's rotation and evaluates them once per head (a 2k-token prefill
+  chunk spent ~10x longer in RoPE than in the rotation itself).
+  """
+  return rope_lib.tables(positions, rope_lib.inverse_frequencies(config.rope, config.head_dim))
 
 
 def softmax_scale(config: ModelConfig) -> float:
@@ -151,8 +162,9 @@ def run_layers(params: Params, config: ModelConfig, x, positions, attend, per_la
   if layout not in LAYOUTS:
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
   block = Block(config)
+  tables = rope_tables_for(config, positions)
   if layout == "per_layer":
-    return _run_layers_unrolled(block, params, x, positions, attend, per_layer)
+    return _run_layers_unrolled(block, params, x, positions, attend, per_layer, tables)
   if isinstance(params["layers"], list):  # split_layers' form: stack them for the scan
     params = {**params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *params["layers"])}
 
@@ -160,7 +172,8 @@ def run_layers(params: Params, config: ModelConfig, x, positions, attend, per_la
     h, stacked = carry
     p, i = xs
     inp = jax.tree.map(lambda a: a[i], stacked)
-    h, out = block.apply({"params": p}, h, positions, lambda q, k, v: attend(q, k, v, inp))
+    h, out = block.apply({"params": p}, h, positions, lambda q, k, v: attend(q, k, v, inp),
+                         tables)
     stacked = jax.tree.map(lambda a, b: jax.lax.dynamic_update_index_in_dim(a, b, i, 0),
                            stacked, out)
     return (h, stacked), None
@@ -188,14 +201,14 @@ def apply_layer(layer_params: Params, config: ModelConfig, x, positions, attend)
   return Block(config).apply({"params": layer_params}, x, positions, attend)
 
 
-def _run_layers_unrolled(block, params, x, positions, attend, per_layer):
+def _run_layers_unrolled(block, params, x, positions, attend, per_layer, tables):
   """``run_layers`` for per-layer inputs given as lists (the decode layout)."""
   outs = []
   layers = params["layers"]
   for i, inp in enumerate(zip(*per_layer)):
     p = layers[i] if isinstance(layers, list) else jax.tree.map(lambda a: a[i], layers)
     x, out = block.apply({"params": p}, x, positions,
-                         lambda q, k, v, inp=inp: attend(q, k, v, inp))
+                         lambda q, k, v, inp=inp: attend(q, k, v, inp), tables)
     outs.append(out)
   return x, tuple(list(o) for o in zip(*outs))
 

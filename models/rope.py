@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 
-import jax.numpy as jnp
 import numpy as np
 
 from models.config import RopeConfig
+from sparse_attn.compression import rope
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
@@ -54,11 +54,14 @@ def apply_rope(x, positions, inv_freq):
   Returns:
     ``[B, H, S, D]`` in ``x.dtype`` (the rotation is computed in float32).
   """
-  # [B, S, D/2]
-  angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
-  angles = jnp.concatenate([angles, angles], axis=-1)[:, None]  # [B, 1, S, D]
-  cos, sin = jnp.cos(angles), jnp.sin(angles)
-  xf = x.astype(jnp.float32)
-  half = x.shape[-1] // 2
-  rotated = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
-  return (xf * cos + rotated * sin).astype(x.dtype)
+  return rope.rotate(x, positions, inv_freq)
+
+
+def tables(positions, inv_freq):
+  """``cos, sin [B, 1, S, D/2]`` of ``positions [B, S]``: computed once, shared by q and k."""
+  return rope.cos_sin(positions[:, None], inv_freq)
+
+
+def rotate(x, cos, sin):
+  """``x [B, H, S, D]`` rotated by ``tables``' ``cos, sin`` (``apply_rope`` in two steps)."""
+  return rope.rotate_with(x, cos, sin)

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from sparse_attn import reference
 from sparse_attn.cache import KVCache
 
-DEFAULT_KEY_TILE = 512
-DEFAULT_QUERY_TILE = 32
+DEFAULT_KEY_TILE = 256
+DEFAULT_QUERY_TILE = 128
 _NEVER = jnp.iinfo(jnp.int32).max
 
 

@@ -19,17 +19,28 @@ def inverse_frequencies(head_dim: int, theta: float) -> np.ndarray:
       np.float32)
 
 
+def cos_sin(offsets, inv_freq):
+  """``cos, sin`` of ``offsets [...] * inv_freq [D/2]``: two float32 ``[..., D/2]`` tables."""
+  angles = offsets.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def rotate_with(x, cos, sin):
+  """Half-split RoPE rotation of ``x [..., D]`` by tables ``cos, sin [..., D/2]``
+  (broadcastable): channel ``i`` pairs with ``i + D/2``. Computed in float32, returned in
+  ``x``'s dtype."""
+  xf = x.astype(jnp.float32)
+  half = x.shape[-1] // 2
+  x1, x2 = xf[..., :half], xf[..., half:]
+  return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
 def rotate_by(x, offsets, inv_freq):
   """RoPE rotation of ``x [B, H, S, D]`` by ``offsets`` (broadcastable to ``[B, H, S]``).
 
   Computed in float32, returned in ``x``'s dtype.
   """
-  angles = offsets.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)  # [B, H, S, D/2]
-  angles = jnp.concatenate([angles, angles], axis=-1)
-  xf = x.astype(jnp.float32)
-  half = x.shape[-1] // 2
-  turned = jnp.concatenate([-xf[..., half:], xf[..., :half]], axis=-1)
-  return (xf * jnp.cos(angles) + turned * jnp.sin(angles)).astype(x.dtype)
+  return rotate_with(x, *cos_sin(offsets, inv_freq))
 
 
 def rotate(x, positions, inv_freq):
