@@ -22,13 +22,22 @@ MODELS = {
     "llama31_8b_32k": (1, 32, 8, 128, 32768, 16, 102),
 }
 WINDOW = 8
+CHUNK = 512  # queries of a prefill / rectification chunk
 
 # (kernel, per-head selection)
 KERNELS = [
     ("block_score", False), ("block_score_pooled", False), ("sparse_decode", False),
     ("sparse_decode", True), ("sparse_decode_resa", False), ("sparse_decode_resa", True),
     ("sparse_decode_multiquery", False), ("sparse_decode_multiquery", True),
+    ("chunk_attention", False),
 ]
+
+
+def _chunk_attention(*args, block_size: int, **kw):
+  """``chunk_attention`` under the block-kernels' call (it reads no block lists)."""
+  del block_size
+  from pallas_kernels.chunk_attention import chunk_attention  # pylint: disable=g-import-not-at-top
+  return chunk_attention(*args, **kw)
 
 
 def kernel_avals(kernel: str, model: str, per_head: bool, dtype=BF16):
@@ -45,6 +54,9 @@ def kernel_avals(kernel: str, model: str, per_head: bool, dtype=BF16):
     fn = {"block_score": block_score, "block_score_pooled": block_score_pooled}[kernel]
     digest = S((b, hkv, t // bs, d), dtype)
     return fn, (S((b, hkv, hq // hkv, d), dtype), digest, digest, length), bs
+  if kernel == "chunk_attention":
+    return _chunk_attention, (S((b, hq, CHUNK, d), dtype), cache, cache, S((b, CHUNK), I32),
+                              S((b, hkv, t), I32), length), bs
   if kernel == "sparse_decode":
     return sparse_decode, (S((b, hq, d), dtype), cache, cache, *lists, length), bs
   if kernel == "sparse_decode_resa":

@@ -1,9 +1,9 @@
 """Kernel dispatch: the one place where an op chooses its Pallas kernel or its jnp path.
 
-One function per op that has a kernel (block scores, the sort-free top-k select, sparse decode,
+One function per op that has a kernel (dense causal attention over the cache, block scores, the sort-free top-k select, sparse decode,
 RESA's partials, retro's window partials). Each runs the Pallas (Triton) kernel when ``impl``
 resolves to ``"pallas"`` (``"auto"``: on a GPU backend) and the selection is block-level, and its
-jnp path otherwise; the jnp paths (``sparse.attend_selection``, ``scoring.quest_scores``,
+jnp path otherwise; the jnp paths (``cache_attention.dense_over_cache``, ``sparse.attend_selection``, ``scoring.quest_scores``,
 ``enhancers.resa.masked_partials``) are the references the kernels are tested against.
 
 Letters: B batch, K kv heads, N query heads, H selection heads, S queries per head, D head dim.
@@ -17,6 +17,7 @@ import pallas_kernels
 from pallas_kernels import resolve_impl
 from sparse_attn import scoring, selection, sparse
 from sparse_attn.cache import KVCache
+from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.enhancers import resa
 from sparse_attn.selection import Selection
 
@@ -26,6 +27,21 @@ def use_pallas(impl: str, sel: Selection | None, cache: KVCache) -> bool:
   if resolve_impl(impl) != "pallas":
     return False
   return sel is None or sel.granularity == cache.block_size
+
+
+def dense_attention(q, cache: KVCache, positions, scale=None, *, window: int | None = None,
+                    impl: str = "xla", interpret: bool = False):
+  """Exact causal attention of ``q [B, N, S, D]`` at ``positions [B, S]`` over the cache ->
+  ``(out [B, N, S, D], lse [B, N, S])``: prefill chunks, rectification, dense decode.
+
+  ``"pallas"``: ``pallas_kernels.chunk_attention`` (flash attention by token position, key
+  tiles bounded by what the chunk can see); otherwise ``cache_attention.dense_over_cache``.
+  """
+  if resolve_impl(impl) != "pallas":
+    return dense_over_cache(q, cache, positions, scale, window=window)
+  return pallas_kernels.chunk_attention(q, cache.k, cache.v, positions, cache.pos, cache.length,
+                                        scale=scale, window=window, impl="pallas",
+                                        interpret=interpret)
 
 
 def quest_scores(qs, cache: KVCache, *, impl: str = "xla", interpret: bool = False):

@@ -29,7 +29,6 @@ import jax.numpy as jnp
 from sparse_attn import compression, kernels, selection, sliding_window, sparse
 from sparse_attn.budget import Budget
 from sparse_attn.cache import DIGEST_KINDS, KVCache, init_cache
-from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.enhancers import compose
 from sparse_attn.enhancers import options as enhancer_options
 from sparse_attn.enhancers import rectify as rect_lib
@@ -239,7 +238,8 @@ class Method:
       cache = sliding_window.visible(cache, positions, self.sliding_window)
       impl = "xla"  # the Pallas kernels bound keys by `length`, not by position
     if self.is_dense:
-      out, lse = dense_over_cache(q[:, :, None], cache, positions[:, None], scale)
+      out, lse = kernels.dense_attention(q[:, :, None], cache, positions[:, None], scale,
+                                         impl=impl, interpret=self.interpret)
       return out[:, :, 0], lse[:, :, 0]
     sel = self.select(q, cache, scale)
     out, lse = kernels.sparse_decode(q, cache, sel, scale, impl=impl, interpret=self.interpret)

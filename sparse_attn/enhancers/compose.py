@@ -17,7 +17,6 @@ import jax.numpy as jnp
 
 from sparse_attn import kernels, reference, sparse
 from sparse_attn.cache import KVCache, write
-from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.enhancers import resa, retro
 from sparse_attn.merge import merge_n
 from sparse_attn.ordering import after
@@ -61,7 +60,8 @@ def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool)
 def _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed):
   scale = reference.default_scale(q.shape[-1], scale)
   cache, state = _write(m, cache, state, k, v, positions, scale, prior_formed)
-  out, lse = dense_over_cache(q, cache, positions, scale, window=m.sliding_window)
+  out, lse = kernels.dense_attention(q, cache, positions, scale, window=m.sliding_window,
+                                     impl=m.impl, interpret=m.interpret)
   if "retro" in state:
     ring = retro.store(state["retro"]["ring"], positions,
                        _dense_entries(m, cache, out, lse, positions))

@@ -9,6 +9,7 @@ import pytest
 
 from sparse_attn import cache as cache_lib
 from sparse_attn import methods
+from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.enhancers import rectify
 
 B, HQ, HKV, D, T, BS = 2, 4, 2, 16, 64, 8
@@ -53,7 +54,7 @@ def test_rectify_overwrites_kv_digests_and_attends_densely(spec):
   for a, b in zip((new.kmin, new.kmax, new.kcen, new.krad), fresh):
     if a.shape[2]:
       np.testing.assert_allclose(a, b, atol=1e-6)
-  want, _ = methods.dense_over_cache(q, new, pos)
+  want, _ = dense_over_cache(q, new, pos)
   np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
   if "retro" in state:  # the output cache takes the dense outputs, with nothing left to add
     ring = state["retro"]["ring"]

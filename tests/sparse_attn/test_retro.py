@@ -9,6 +9,7 @@ import pytest
 
 from sparse_attn import cache as cache_lib
 from sparse_attn import methods
+from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.enhancers import retro
 
 B, HQ, HKV, D, T, BS = 2, 4, 2, 16, 64, 8
@@ -138,7 +139,7 @@ def test_w1_is_selector_and_full_selection_is_dense():
       for i, tp in enumerate(range(t - m.window + 1, t + 1)):
         q = jnp.asarray(run.q[:, :, tp:tp + 1])
         want, _ = ref.attend(q[:, :, 0], run.cache, jnp.full((B,), tp, jnp.int32)) if (
-            not ref.is_dense) else methods.dense_over_cache(
+            not ref.is_dense) else dense_over_cache(
                 q, run.cache, jnp.full((B, 1), tp, jnp.int32))
         want = np.asarray(want).reshape(B, HQ, D)
         np.testing.assert_allclose(out[:, :, i], want, atol=2e-5, rtol=2e-5)

@@ -1,0 +1,205 @@
+"""Causal flash attention of a query chunk over a KV cache: ``chunk_attention`` and its reference.
+
+The dense paths of decoding (chunked prefill, ReSA's rectification, dense decode) attend ``S``
+queries at token positions ``q_pos`` over a cache of ``T`` slots that holds ``length`` tokens.
+The cache is static-capacity and may be compacted (slot order != position order, holes with
+``pos = -1``), so causality is by position, not by index: query ``i`` sees slot ``j`` iff
+``j < length``, ``0 <= k_pos[j] <= q_pos[i]`` (and ``k_pos[j] > q_pos[i] - window`` under a
+sliding window). ``jax.nn.dot_product_attention``'s causal mask is index-aligned and the Pallas
+``mha`` op assumes ``S == T``, so neither states this contract; this kernel does.
+
+Pallas path (flash attention, Dao et al. 2022, Alg. 1): one program per (batch, kv head, query
+tile). Its rows are ``query_tile`` queries x the ``G`` query heads of the kv head (``G`` padded to
+a power of 2), so every K/V tile is loaded once for the whole group (GQA packing, as the decode
+kernels do). The loop over key tiles stops at the last tile that holds a key the tile's newest
+query can see (``visible_tiles``: computed from the slots' smallest positions, so it is exact for
+any slot order and bounded by the filled length), and ``num_stages >= 3`` keeps two K/V tiles in
+flight.
+
+Letters: B batch, N query heads, K kv heads, G = N // K, S queries, T slots, D head dim,
+Q query tiles, NT key tiles, R rows of a program (query_tile x G padded).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+import jax.numpy as jnp
+
+from pallas_kernels import _common
+from pallas_kernels._decode_kernel import NEG_INF, _finish, _online_update
+from pallas_kernels.softmax import default_scale, softmax_sum
+
+_NEVER = jnp.iinfo(jnp.int32).max
+
+
+def visibility(q_pos, k_pos, length, window: int | None = None):
+  """``[B, K, S, T]`` bool: query ``i`` may attend slot ``j`` (the module's rule)."""
+  t = k_pos.shape[-1]
+  filled = jnp.arange(t)[None, None, :] < length[:, None, None]
+  kp = jnp.where(filled & (k_pos >= 0), k_pos, _NEVER)[:, :, None, :]  # [B, K, 1, T]
+  qp = q_pos[:, None, :, None]  # [B, 1, S, 1]
+  see = kp <= qp
+  if window is not None:
+    see &= kp > qp - window
+  return see
+
+
+def chunk_attention_reference(q, k, v, q_pos, k_pos, length, *, scale: float | None = None,
+                              window: int | None = None):
+  """Plain-jnp masked attention over every slot (float32 softmax). Args as ``chunk_attention``."""
+  b, n, s, d = q.shape
+  kh = k.shape[1]
+  qg = q.reshape(b, kh, (n // kh) * s, d).astype(jnp.float32)
+  logits = jnp.einsum("bkrd,bktd->bkrt", qg, k.astype(jnp.float32),
+                      precision=lax.Precision.HIGHEST) * default_scale(d, scale)
+  logits = logits.reshape(b, kh, n // kh, s, -1)
+  ok = visibility(q_pos, k_pos, length, window)[:, :, None]  # [B, K, 1, S, T]
+  out, lse = softmax_sum(logits, v, ok=ok)
+  return out.reshape(b, n, s, d).astype(q.dtype), lse.reshape(b, n, s)
+
+
+def visible_tiles(q_pos, k_pos, length, *, query_tile: int, key_tile: int):
+  """``[B, K, Q]`` int32: key tiles a query tile visits (tiles ``0..count-1``).
+
+  A key tile is needed iff one of its filled slots holds a position at or before the tile's
+  newest query; the count is one past the last such tile (exact for any slot order).
+  """
+  b, kh, t = k_pos.shape
+  s = q_pos.shape[1]
+  nt, nq = -(-t // key_tile), -(-s // query_tile)
+  filled = jnp.arange(t)[None, None, :] < length[:, None, None]
+  kp = jnp.where(filled & (k_pos >= 0), k_pos, _NEVER)
+  kp = jnp.pad(kp, ((0, 0), (0, 0), (0, nt * key_tile - t)), constant_values=_NEVER)
+  first = jnp.min(kp.reshape(b, kh, nt, key_tile), axis=-1)  # [B, K, NT]
+  qp = jnp.pad(q_pos, ((0, 0), (0, nq * query_tile - s)), constant_values=-1)
+  newest = jnp.max(qp.reshape(b, nq, query_tile), axis=-1)  # [B, Q]
+  need = first[:, :, None, :] <= newest[:, None, :, None]  # [B, K, Q, NT]
+  ids = jnp.arange(1, nt + 1, dtype=jnp.int32)
+  return jnp.max(jnp.where(need, ids, 0), axis=-1).astype(jnp.int32)
+
+
+def _chunk_kernel(q_ref, qpos_ref, k_ref, v_ref, kpos_ref, length_ref, tiles_ref, o_ref, lse_ref,
+                  *, scale: float, rows: int, head_dim: int, key_tile: int, num_slots: int,
+                  window: int | None):
+  """One (batch, kv head, query tile) program: ``rows`` query rows over its visible key tiles."""
+  dp = _common.pad_rows(head_dim)
+  col = jnp.arange(dp)
+  col_ok = col < head_dim
+  cols_at = pl.ds(0, dp)
+  q = plgpu.load(q_ref.at[:, cols_at], mask=col_ok[None, :], other=0)
+  cdt = jnp.promote_types(q_ref.dtype, k_ref.dtype)
+  precision = lax.Precision.HIGHEST if cdt == jnp.float32 else None
+  q = q.astype(cdt)
+  qpos = qpos_ref[...]  # [R]; -1 for padding rows (they see nothing)
+  length = length_ref[()]
+  offsets = jnp.arange(key_tile)
+
+  def body(j, carry):
+    slots = j * key_tile + offsets
+    filled = (slots < num_slots) & (slots < length)
+    at = (slots[:, None], col[None, :])
+    kv_mask = filled[:, None] & col_ok[None, :]
+    k = plgpu.load(k_ref.at[at], mask=kv_mask, other=0).astype(cdt)
+    v = plgpu.load(v_ref.at[at], mask=kv_mask, other=0)
+    if cdt == jnp.float32:
+      v = v.astype(cdt)
+    kp = plgpu.load(kpos_ref.at[slots], mask=filled, other=-1)
+    kp = jnp.where(kp >= 0, kp, _NEVER)
+    see = kp[None, :] <= qpos[:, None]  # [R, key_tile]
+    if window is not None:
+      see &= kp[None, :] > qpos[:, None] - window
+    s = plgpu.dot(q, k, trans_b=True, precision=precision).astype(jnp.float32) * scale
+    return _online_update(carry, jnp.where(see, s, NEG_INF), v, precision)
+
+  init = (jnp.zeros((rows, dp), jnp.float32), jnp.full((rows,), NEG_INF, jnp.float32),
+          jnp.zeros((rows,), jnp.float32))
+  out, lse = _finish(lax.fori_loop(0, tiles_ref[()], body, init))
+  if dp != head_dim:
+    plgpu.store(o_ref.at[:, cols_at], out, mask=col_ok[None, :])
+  else:
+    o_ref[...] = out
+  lse_ref[...] = lse
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "window", "query_tile", "key_tile", "impl",
+                                             "interpret", "num_warps", "num_stages"))
+def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None,
+                    window: int | None = None, query_tile: int | None = None,
+                    key_tile: int = 64, impl: str = "auto", interpret: bool = False,
+                    num_warps: int = 4, num_stages: int = 3):
+  """Exact causal attention of a query chunk over a cache, by token position.
+
+  Args:
+    q: ``[B, N, S, D]`` queries.
+    k, v: ``[B, K, T, D]`` cache (``N`` a multiple of ``K``).
+    q_pos: ``[B, S]`` int32 query positions (negative = padding: attends nothing).
+    k_pos: ``[B, K, T]`` int32 position held by each slot (-1 = empty).
+    length: ``[B]`` int32; slots ``>= length`` are never attended.
+    scale: softmax scale (static), default ``1/sqrt(D)``.
+    window: sliding-window length (static; None = full causal attention).
+    query_tile: queries per program (static, a power of 2), default 64 rows a program
+      (``64 // G'`` queries, ``G'`` = G padded to a power of 2), fewer for a short chunk but
+      always >= 16 rows (``tl.dot``'s minimum).
+    key_tile: slots per loop iteration (static, a power of 2 >= 16).
+    impl: ``"pallas"``, ``"xla"`` (``chunk_attention_reference``) or ``"auto"``.
+    interpret: run the Pallas kernel in interpret mode (CPU).
+    num_warps, num_stages: Triton launch parameters.
+
+  Returns:
+    ``out [B, N, S, D]`` in ``q.dtype`` and ``lse [B, N, S]`` float32 (``0`` and ``-inf`` for a
+    query that sees nothing).
+  """
+  b, n, s, d = q.shape
+  kh, t = k.shape[1], k.shape[2]
+  if n % kh:
+    raise ValueError(f"{n} query heads are not a multiple of {kh} kv heads")
+  if key_tile < 16 or key_tile & (key_tile - 1):
+    raise ValueError(f"key_tile must be a power of 2 >= 16, got {key_tile}")
+  if _common.resolve_impl(impl) == "xla":
+    return chunk_attention_reference(q, k, v, q_pos, k_pos, length, scale=scale, window=window)
+  g = n // kh
+  gp = _common.next_pow2(g)
+  qt = query_tile or max(_common.next_pow2(min(s, max(1, 64 // gp))), max(1, 16 // gp))
+  if qt & (qt - 1):
+    raise ValueError(f"query_tile must be a power of 2, got {qt}")
+  nq = -(-s // qt)
+  sp = nq * qt
+  # Rows ordered (query, head) so a query tile is one contiguous run of qt * gp rows; padded
+  # heads and queries carry position -1.
+  qr = q.reshape(b, kh, g, s, d).transpose(0, 1, 3, 2, 4)  # [B, K, S, G, D]
+  qr = jnp.pad(qr, ((0, 0), (0, 0), (0, sp - s), (0, gp - g), (0, 0))).reshape(b, kh, sp * gp, d)
+  qp = jnp.pad(q_pos.astype(jnp.int32), ((0, 0), (0, sp - s)), constant_values=-1)
+  rpos = jnp.where(jnp.arange(gp)[None, None, :] < g, qp[:, :, None], -1).reshape(b, sp * gp)
+  tiles = visible_tiles(q_pos.astype(jnp.int32), k_pos.astype(jnp.int32),
+                        length.astype(jnp.int32), query_tile=qt, key_tile=key_tile)
+  r = qt * gp
+  kernel = functools.partial(_chunk_kernel, scale=default_scale(d, scale), rows=r, head_dim=d,
+                             key_tile=key_tile, num_slots=t, window=window)
+  kv = pl.BlockSpec((None, None, t, d), lambda bi, hi, qi: (bi, hi, 0, 0))
+  out, lse = pl.pallas_call(
+      kernel,
+      grid=(b, kh, nq),
+      in_specs=[
+          pl.BlockSpec((None, None, r, d), lambda bi, hi, qi: (bi, hi, qi, 0)),
+          pl.BlockSpec((None, r), lambda bi, hi, qi: (bi, qi)),
+          kv, kv,
+          pl.BlockSpec((None, None, t), lambda bi, hi, qi: (bi, hi, 0)),
+          pl.BlockSpec((None,), lambda bi, hi, qi: (bi,)),
+          pl.BlockSpec((None, None, None), lambda bi, hi, qi: (bi, hi, qi)),
+      ],
+      out_specs=[pl.BlockSpec((None, None, r, d), lambda bi, hi, qi: (bi, hi, qi, 0)),
+                 pl.BlockSpec((None, None, r), lambda bi, hi, qi: (bi, hi, qi))],
+      out_shape=[jax.ShapeDtypeStruct((b, kh, sp * gp, d), jnp.float32),
+                 jax.ShapeDtypeStruct((b, kh, sp * gp), jnp.float32)],
+      compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+      interpret=interpret,
+      name="chunk_attention",
+  )(qr, rpos, k, v, k_pos.astype(jnp.int32), length.astype(jnp.int32), tiles)
+  out = out.reshape(b, kh, sp, gp, d)[:, :, :s, :g].transpose(0, 1, 3, 2, 4)
+  lse = lse.reshape(b, kh, sp, gp)[:, :, :s, :g].transpose(0, 1, 3, 2)
+  return out.reshape(b, n, s, d).astype(q.dtype), lse.reshape(b, n, s)

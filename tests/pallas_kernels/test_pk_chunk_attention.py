@@ -1,0 +1,131 @@
+"""chunk_attention: Pallas (interpret mode) == jnp reference == sparse_attn's dense paths."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from pallas_kernels import chunk_attention, chunk_attention_reference
+from pallas_kernels.chunk_attention import visible_tiles
+from sparse_attn import methods, reference as dense
+from sparse_attn.cache import write
+from sparse_attn.cache_attention import dense_over_cache
+from pk_testutil import assert_attention_close
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+# (batch, kv heads, G, queries, D, slots, key_tile, window, dtype): G in {1, 3, 4, 7}, D 64 /
+# 80 (padded) / 96 / 128, windows, chunks longer and shorter than a query tile.
+POOL = [
+    (2, 2, 3, 20, 64, 96, 16, None, F32),
+    (1, 1, 4, 33, 80, 64, 32, 7, F32),
+    (2, 2, 7, 5, 96, 160, 16, None, BF16),
+    (1, 2, 1, 70, 128, 128, 64, None, BF16),
+    (1, 1, 2, 1, 64, 48, 16, 5, F32),
+]
+
+
+def random_problem(shape, seed, compacted):
+  """q, k, v, query positions (some padding), slot positions, lengths."""
+  b, kh, g, s, d, t, _, _, dtype = shape
+  rng = np.random.default_rng(seed)
+  q = jnp.asarray(rng.standard_normal((b, kh * g, s, d)), dtype)
+  k = jnp.asarray(rng.standard_normal((b, kh, t, d)), dtype)
+  v = jnp.asarray(rng.standard_normal((b, kh, t, d)), dtype)
+  length = rng.integers(0, t + 1, b)
+  length[0] = rng.choice([0, t, length[0]])
+  if compacted:  # any slot order, holes (-1) below length
+    k_pos = np.where(rng.random((b, kh, t)) < 0.2, -1, rng.integers(0, t, (b, kh, t)))
+  else:  # slot = position, as a prefill writes them
+    k_pos = np.broadcast_to(np.arange(t), (b, kh, t))
+  start = rng.integers(0, t)
+  q_pos = np.where(rng.random((b, s)) < 0.1, -1, np.minimum(start + np.arange(s), t - 1))
+  return (q, k, v, jnp.asarray(q_pos, jnp.int32), jnp.asarray(k_pos, jnp.int32),
+          jnp.asarray(length, jnp.int32))
+
+
+@settings(max_examples=12, deadline=None)
+@given(shape=st.sampled_from(POOL), seed=st.integers(0, 2**31 - 1), compacted=st.booleans())
+def test_kernel_matches_reference(shape, seed, compacted):
+  q, k, v, q_pos, k_pos, length = random_problem(shape, seed, compacted)
+  key_tile, window, dtype = shape[6:]
+  out, lse = chunk_attention(q, k, v, q_pos, k_pos, length, window=window, key_tile=key_tile,
+                             impl="pallas", interpret=True)
+  assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == q.shape[:3]
+  ref_out, ref_lse = chunk_attention_reference(q, k, v, q_pos, k_pos, length, window=window)
+  assert_attention_close(out, lse, ref_out, ref_lse, dtype)
+
+
+@settings(max_examples=8, deadline=None)
+@given(shape=st.sampled_from(POOL), seed=st.integers(0, 2**31 - 1))
+def test_reference_equals_dense_attention(shape, seed):
+  """The reference is sparse_attn's masked attention with the position rule spelled out."""
+  q, k, v, q_pos, k_pos, length = random_problem(shape, seed, compacted=True)
+  g, window, dtype = shape[2], shape[7], shape[8]
+  out, lse = chunk_attention_reference(q, k, v, q_pos, k_pos, length, window=window)
+  mask = None
+  if window is not None:
+    mask = jnp.repeat(k_pos[:, :, None, :] > q_pos[:, None, :, None] - window, g, axis=1)
+  never = jnp.iinfo(jnp.int32).max
+  d_out, d_lse = dense.attention(q, k, v, mask, kv_length=length, q_positions=q_pos,
+                                 k_positions=jnp.where(k_pos >= 0, k_pos, never))
+  assert_attention_close(out, lse, d_out, d_lse, dtype)
+
+
+def test_visible_tiles_stops_after_the_last_tile_a_query_sees():
+  # 4 tiles of 16 slots holding positions 0..63; queries at 20..35 see tiles 0-2.
+  k_pos = jnp.arange(64, dtype=jnp.int32)[None, None]
+  q_pos = jnp.arange(20, 36, dtype=jnp.int32)[None]
+  tiles = visible_tiles(q_pos, k_pos, jnp.asarray([64]), query_tile=8, key_tile=16)
+  np.testing.assert_array_equal(tiles, [[[2, 3]]])
+  # a filled length of 40 ends the second query tile's visit in tile 2 as well; length 16: tile 0
+  tiles = visible_tiles(q_pos, k_pos, jnp.asarray([16]), query_tile=8, key_tile=16)
+  np.testing.assert_array_equal(tiles, [[[1, 1]]])
+  # compacted: position 3 sits in the last slot, so a query at 5 must visit every tile
+  k_pos = k_pos.at[0, 0, 63].set(3)
+  tiles = visible_tiles(jnp.asarray([[5]]), k_pos, jnp.asarray([64]), query_tile=1, key_tile=16)
+  np.testing.assert_array_equal(tiles, [[[4]]])
+
+
+@pytest.mark.parametrize("window", [None, 24])
+def test_equals_dense_over_cache_on_a_prefilled_cache(window):
+  """The kernel and the XLA path agree on a cache written chunk by chunk (a prefill)."""
+  b, kh, g, d, t = 2, 2, 3, 64, 128
+  rng = np.random.default_rng(3)
+  cache = methods.make("dense").init_cache(b, kh, t, d, jnp.float32)
+  kv = jnp.asarray(rng.standard_normal((b, kh, 100, d)), jnp.float32)
+  cache = write(cache, kv, kv * 0.5, jnp.broadcast_to(jnp.arange(100, dtype=jnp.int32), (b, 100)))
+  q = jnp.asarray(rng.standard_normal((b, kh * g, 36, d)), jnp.float32)
+  pos = jnp.broadcast_to(jnp.arange(64, 100, dtype=jnp.int32), (b, 36)).at[1, 30:].set(-1)
+  ref = dense_over_cache(q, cache, pos, window=window)
+  out = chunk_attention(q, cache.k, cache.v, pos, cache.pos, cache.length, window=window,
+                        impl="pallas", interpret=True)
+  assert_attention_close(*out, *ref, jnp.float32)
+
+
+def test_bad_tiles_raise():
+  q = jnp.zeros((1, 2, 4, 16))
+  kv = jnp.zeros((1, 1, 32, 16))
+  args = (q, kv, kv, jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 1, 32), jnp.int32),
+          jnp.zeros((1,), jnp.int32))
+  with pytest.raises(ValueError, match="key_tile"):
+    chunk_attention(*args, key_tile=24, impl="pallas", interpret=True)
+  with pytest.raises(ValueError, match="query_tile"):
+    chunk_attention(*args, query_tile=3, impl="pallas", interpret=True)
+  with pytest.raises(ValueError, match="multiple"):
+    chunk_attention(q[:, :1].repeat(3, 1), jnp.zeros((1, 2, 32, 16)), jnp.zeros((1, 2, 32, 16)),
+                    *args[3:4], jnp.zeros((1, 2, 32), jnp.int32), args[5])
+
+
+def test_jit_and_vmap_over_batch():
+  shape = POOL[0]
+  q, k, v, q_pos, k_pos, length = random_problem(shape, 5, compacted=True)
+  run = lambda *a: chunk_attention(*a, key_tile=16, impl="pallas", interpret=True)
+  plain = run(q, k, v, q_pos, k_pos, length)
+  one = lambda *a: jax.tree.map(lambda x: x[0], run(*(x[None] for x in a)))
+  mapped = jax.vmap(one)(q, k, v, q_pos, k_pos, length)
+  jitted = jax.jit(run)(q, k, v, q_pos, k_pos, length)
+  for got in (mapped, jitted):
+    assert_attention_close(*got, *plain, jnp.float32)
