@@ -198,10 +198,38 @@ def sparse_decode_multiquery_cost(s: Shape, design: str = "after") -> Cost:
   return _decode(s, design, "sparse_decode_multiquery", s.window)
 
 
+CHUNK = 512  # queries of the prefill / rectification chunk in ``chunk_attention_cost``
+
+
+def chunk_attention_cost(s: Shape, design: str = "after") -> Cost:
+  """The last ``CHUNK``-query prefill chunk of a ``context``-token prompt, dense and causal.
+
+  ``before``: XLA over the whole capacity with the ``[B, Hq, CHUNK, T]`` f32 logits materialised
+  (written, read by the max, the exp and the p.v: ~4 passes). ``after``: ``chunk_attention``, one
+  program per (batch, kv head, 64-row query tile), K/V tiles read once per kv head from HBM (the
+  tile programs of a head run together and share them through L2); it is compute bound, so its
+  time is mostly ``compute_us`` at the tensor-core peak (an optimistic floor).
+  """
+  check_design(design)
+  b, d, t, it = s.batch, s.head_dim, s.context, s.itemsize
+  kv = 2 * b * s.hkv * t * d * it
+  q_out = 2 * b * s.hq * CHUNK * d * it
+  if design == "before":
+    logits = 4 * b * s.hq * CHUNK * t * 4
+    return Cost("chunk_attention", kv + q_out + logits, 4 * b * s.hq * CHUNK * t * d,
+                launches=6, xla=True)
+  gp = 1 << (s.group - 1).bit_length()
+  rows = 64
+  programs = b * s.hkv * -(-CHUNK * gp // rows)
+  tile = 64 * 2 * d * it
+  return Cost("chunk_attention", kv + q_out, 4 * b * s.hkv * CHUNK * gp * t * d,
+              programs=programs, inflight_bytes=2 * tile, smem_bytes=3 * tile + rows * d * it)
+
+
 def all_costs(s: Shape, design: str = "after") -> list[Cost]:
   return [block_score_cost(s, design), block_score_cost(s, design, pooled=True),
           sparse_decode_cost(s, design), sparse_decode_resa_cost(s, design),
-          sparse_decode_multiquery_cost(s, design)]
+          sparse_decode_multiquery_cost(s, design), chunk_attention_cost(s, design)]
 
 
 def sparse_step_costs(s: Shape, design: str = "after") -> list[Cost]:
