@@ -17,7 +17,9 @@ the dynamic ``n_valid``: ``ceil(n_valid / MIN_BLOCKS_PER_SPLIT)`` splits are use
 once), so a short list (early in decoding, a small filled length) is not cut into tiny slices.
 
 Optional extras, all static flags of the same body:
-  * ``prior``: RESA prior logits ``P_j`` accumulated alongside (same blocks, same V tile).
+  * ``prior``: RESA prior logits ``P_j`` accumulated alongside (same blocks, same V tile); row
+    ``r`` reads prior row ``r // rows_per_prior`` (RetroAttention's W window queries of a head
+    share the head's prior).
   * ``row_bits``: ``[n, A]`` int32; row ``r`` may use entry ``e`` iff bit ``r % C`` of word
     ``row_bits[e, min(r // C, A - 1)]`` is set (``C = bits_per_word``).
   * ``row_limit``: per-row last token position (RetroAttention's causal limit per window query).
@@ -88,7 +90,7 @@ def split_bounds(n_valid, split, *, list_len: int, max_splits: int, blocks_per_i
 def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: int,
                    blocks_per_iter: int, max_splits: int, num_blocks: int, list_len: int,
                    bit_words: int, bits_per_word: int, with_prior: bool, with_bits: bool,
-                   with_limit: bool, with_pos: bool):
+                   with_limit: bool, with_pos: bool, rows_per_prior: int = 1):
   """Kernel body; refs are one program's views (see ``decode_partials`` for the layout)."""
   it = iter(refs)
   q_ref, k_ref, v_ref, idx_ref, nvalid_ref, length_ref = (next(it) for _ in range(6))
@@ -172,7 +174,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
     main = _online_update(carry[1], s, v, precision)
     if not with_prior:
       return nxt, main
-    pr = plgpu.load(prior_ref.at[row[:, None], slots[None, :]],
+    pr = plgpu.load(prior_ref.at[(row // rows_per_prior)[:, None], slots[None, :]],
                     mask=ok & row_ok[:, None], other=NEG_INF)
     pr = jnp.where(ok, pr, NEG_INF)
     return nxt, main, _online_update(carry[2], pr, v, precision)
@@ -200,7 +202,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
 
 def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=None,
                     row_limit=None, pos=None, *, block_size: int, scale: float, tiles: TileConfig,
-                    interpret: bool, bits_per_word: int = 1):
+                    interpret: bool, bits_per_word: int = 1, rows_per_prior: int = 1):
   """Runs the kernel and combines its splits.
 
   Args:
@@ -208,11 +210,13 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
     k, v: ``[B, K, T, D]`` cache; ``P`` is a multiple of ``K`` (program head p reads kv head
       ``p // (P // K)``).
     block_idx: ``[B, P, n]`` int32 block lists; ``n_valid [B, P]``; ``length [B]``.
-    prior: optional ``[B, P, R, T]`` float32 RESA prior logits.
+    prior: optional ``[B, P, R // rows_per_prior, T]`` float32 RESA prior logits (row ``r``
+      reads prior row ``r // rows_per_prior``).
     row_bits: optional ``[B, P, n, A]`` int32 per-(entry, row) bits (see the module doc).
     row_limit: optional ``[B, P, R]`` int32, the last token position each row may attend.
     pos: optional ``[B, K, T]`` int32 token position of each slot (-1 = empty); None: ``slot``.
-    block_size, scale, tiles, interpret: static; ``bits_per_word``: static ``C``.
+    block_size, scale, tiles, interpret: static; ``bits_per_word``: static ``C``;
+      ``rows_per_prior``: static.
 
   Returns:
     ``[(out [B, P, R, D] f32, lse [B, P, R] f32)]``, plus the prior pair when ``prior`` is given.
@@ -234,7 +238,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       _decode_kernel, block_size=block_size, scale=float(scale), rows=r, head_dim=d,
       blocks_per_iter=per_iter, max_splits=splits, num_blocks=t // block_size, list_len=n,
       bit_words=bit_words, bits_per_word=bits_per_word, with_prior=with_prior,
-      with_bits=with_bits, with_limit=with_limit, with_pos=with_pos)
+      with_bits=with_bits, with_limit=with_limit, with_pos=with_pos,
+      rows_per_prior=rows_per_prior)
   head = lambda bi, pi, si: (bi, pi, 0, 0)
   kv = pl.BlockSpec((None, None, t, d), lambda bi, pi, si: (bi, pi // ratio, 0, 0))
   in_specs = [
@@ -249,7 +254,9 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
     in_specs.append(pl.BlockSpec((None, None, t), lambda bi, pi, si: (bi, pi // ratio, 0)))
     args.append(pos.astype(jnp.int32))
   if with_prior:
-    in_specs.append(pl.BlockSpec((None, None, r, t), head))
+    if r % rows_per_prior or prior.shape[2] != r // rows_per_prior:
+      raise ValueError(f"prior rows {prior.shape[2]} != {r} rows / {rows_per_prior}")
+    in_specs.append(pl.BlockSpec((None, None, r // rows_per_prior, t), head))
     args.append(prior.astype(jnp.float32))
   if with_bits:
     if bit_words == 1:
@@ -275,7 +282,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps,
                                            num_stages=tiles.num_stages),
       interpret=interpret,
-      name="sparse_decode_resa" if with_prior else (
-          "sparse_decode_multiquery" if with_limit else "sparse_decode"),
+      name=("sparse_decode_multiquery" if with_limit else "sparse_decode")
+      + ("_resa" if with_prior else ""),
   )(*args)
   return [lse_combine(outs[2 * i], outs[2 * i + 1], axis=2) for i in range(n_pairs)]

@@ -29,8 +29,16 @@ KERNELS = [
     ("block_score", False), ("block_score_pooled", False), ("sparse_decode", False),
     ("sparse_decode", True), ("sparse_decode_resa", False), ("sparse_decode_resa", True),
     ("sparse_decode_multiquery", False), ("sparse_decode_multiquery", True),
+    ("sparse_decode_multiquery_resa", False), ("sparse_decode_multiquery_resa", True),
     ("chunk_attention", False),
 ]
+
+
+def _multiquery_resa(q, k, v, block_idx, n_valid, block_mask, q_limit, length, prior, **kw):
+  """``sparse_decode_multiquery`` with RESA's prior (RESA + retro) as a positional argument."""
+  from pallas_kernels.sparse_decode_multiquery import sparse_decode_multiquery  # pylint: disable=g-import-not-at-top
+  return sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
+                                  prior=prior, **kw)
 
 
 def _chunk_attention(*args, block_size: int, **kw):
@@ -62,8 +70,10 @@ def kernel_avals(kernel: str, model: str, per_head: bool, dtype=BF16):
   if kernel == "sparse_decode_resa":
     return sparse_decode_resa, (S((b, hq, d), dtype), cache, cache, S((b, hq, t), F32), *lists,
                                 length), bs
+  multi = (S((b, hq, WINDOW, d), dtype), cache, cache, *lists,
+           S((b, hs, WINDOW, n), jnp.bool_), S((b, WINDOW), I32), length)
+  if kernel == "sparse_decode_multiquery_resa":
+    return _multiquery_resa, multi + (S((b, hq, t), F32),), bs
   if kernel != "sparse_decode_multiquery":
     raise ValueError(f"unknown kernel {kernel!r}; valid: {sorted({k for k, _ in KERNELS})}")
-  return sparse_decode_multiquery, (S((b, hq, WINDOW, d), dtype), cache, cache, *lists,
-                                    S((b, hs, WINDOW, n), jnp.bool_), S((b, WINDOW), I32),
-                                    length), bs
+  return sparse_decode_multiquery, multi, bs

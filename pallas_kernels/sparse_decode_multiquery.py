@@ -5,7 +5,8 @@ listed block only if the block was available at its step (``block_mask``, from t
 ``block_last_seen``), and only keys at or before its own position (``q_limit``, compared with the
 slots' token positions ``pos``: the slot index when ``pos`` is not given). All W queries of
 all G heads of a group share one block list, so the kernel loads each listed block once for
-G x W query rows.
+G x W query rows. With RESA's ``prior`` the same pass also accumulates the prior statistics of
+every query over the positions it attends (``sparse_decode_resa``'s fusion, for ``quest+resa+retro``).
 
 Letters: B batch, N query heads, K kv heads, H selection heads, W window queries, n list length,
 T slots, D head dim.
@@ -27,13 +28,14 @@ from pallas_kernels.sparse_decode import kv_head_lists, selection_rows
 
 def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
                                        *, block_size: int, scale: float | None = None,
-                                       pos=None):
+                                       pos=None, prior=None):
   """Plain-jnp multi-query sparse decode: gather the listed blocks, masked f32 softmax.
 
   Args: as ``sparse_decode_multiquery``.
 
   Returns:
-    ``out [B, N, W, D]`` in ``q.dtype`` and ``lse [B, N, W]`` float32.
+    ``out [B, N, W, D]`` in ``q.dtype`` and ``lse [B, N, W]`` float32; with ``prior`` also
+    ``prior_out [B, N, W, D]`` and ``prior_lse [B, N, W]`` float32.
   """
   b, hq, w, d = q.shape
   hs = block_idx.shape[1]
@@ -53,7 +55,15 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
   ok = jnp.broadcast_to(ok[:, :, None], logits.shape)
   out, lse = softmax_sum(logits.reshape(b, hs, g * w, -1), vg,
                           ok=ok.reshape(b, hs, g * w, -1))
-  return out.reshape(b, hq, w, d).astype(q.dtype), lse.reshape(b, hq, w)
+  result = (out.reshape(b, hq, w, d).astype(q.dtype), lse.reshape(b, hq, w))
+  if prior is None:
+    return result
+  # [B, H, T, G] -> gathered [B, H, G, L], then every window query of a head: [B, H, G, W, L]
+  pr = jnp.swapaxes(prior.astype(jnp.float32).reshape(b, hs, g, -1), 2, 3)
+  pg = jnp.swapaxes(_common.gather_blocks(pr, block_idx, block_size), 2, 3)
+  pg = jnp.broadcast_to(pg[:, :, :, None, :], logits.shape)
+  p_out, p_lse = softmax_sum(pg.reshape(b, hs, g * w, -1), vg, ok=ok.reshape(b, hs, g * w, -1))
+  return result + (p_out.reshape(b, hq, w, d), p_lse.reshape(b, hq, w))
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
@@ -63,7 +73,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
                              block_size: int, scale: float | None = None,
                              num_splits: int | None = None, impl: str = "auto",
                              interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
-                             blocks_per_iter: int | None = None, pos=None):
+                             blocks_per_iter: int | None = None, pos=None, prior=None):
   """Sparse decode of W queries per head over one shared block list.
 
   Args:
@@ -78,24 +88,29 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     pos: optional ``[B, K, T]`` int32 token position held by each slot (``KVCache.pos``; -1 =
       empty, never attended: a compacted cache has such holes below ``length``). None: every
       slot below ``length`` holds a token.
+    prior: optional ``[B, N, T]`` float32 RESA prior logits ``P_j`` of each head, shared by its
+      W queries (as ``sparse_decode_resa``).
     block_size, scale, num_splits, impl, interpret, num_warps, num_stages, blocks_per_iter: as
       ``sparse_decode`` (W <= 32).
 
   Returns:
     ``out [B, N, W, D]`` in ``q.dtype`` and ``lse [B, N, W]`` float32 (``0`` / ``-inf`` for a
-    query that attends nothing).
+    query that attends nothing); with ``prior`` also ``prior_out [B, N, W, D]`` and
+    ``prior_lse [B, N, W]`` float32: the softmax of ``P_j`` over the positions each query
+    attends, applied to ``v``.
   """
   _common.check_block_size(block_size, k.shape[2])
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
                                               length, block_size=block_size, scale=scale,
-                                              pos=pos)
+                                              pos=pos, prior=prior)
   b, hq, w, d = q.shape
   hkv, n = k.shape[1], block_idx.shape[2]
   g = hq // hkv
   selection_rows(hq, hkv, block_idx.shape[1])
   if n == 0:
-    return jnp.zeros_like(q), jnp.full((b, hq, w), -jnp.inf, jnp.float32)
+    empty = (jnp.zeros_like(q), jnp.full((b, hq, w), -jnp.inf, jnp.float32))
+    return empty if prior is None else empty + (empty[0].astype(jnp.float32), empty[1])
   # Row r = g * W + w of kv head k is query head k * G + g at window step w; it may use entry e
   # iff bit w of word min(r // W, A - 1) of entry e is set.
   steps = _union.step_words(block_mask)  # [B, H, n]
@@ -106,8 +121,13 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
   row_limit = jnp.broadcast_to(q_limit[:, None, None, :], (b, hkv, g, w))
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
-  [(out, lse)] = decode_partials(
+  pairs = decode_partials(
       q.reshape(b, hkv, g * w, d), k, v, idx, nv, length, pos=pos, row_bits=row_bits,
       row_limit=row_limit.reshape(b, hkv, g * w), bits_per_word=w, block_size=block_size,
-      scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
-  return out.reshape(b, hq, w, d).astype(q.dtype), lse.reshape(b, hq, w)
+      scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
+      prior=None if prior is None else prior.reshape(b, hkv, g, -1), rows_per_prior=w)
+  (out, lse), rest = pairs[0], pairs[1:]
+  result = (out.reshape(b, hq, w, d).astype(q.dtype), lse.reshape(b, hq, w))
+  for p_out, p_lse in rest:
+    result += (p_out.reshape(b, hq, w, d), p_lse.reshape(b, hq, w))
+  return result

@@ -126,13 +126,18 @@ def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, sc
   # [B, H, w, L]: listed, unseen by the query, and at or before it (the causal limit)
   ok_all = (ok[:, :, None] & jnp.repeat(use, g, axis=-1)
             & (pos_g[:, :, None, :] <= positions[:, None, :, None]))
-  if prior is not None or not use_pallas(impl, sel, cache):
-    pg = None if prior is None else resa.gather_prior(prior, sel)
+  pg = None if prior is None else resa.gather_prior(prior, sel)  # [B, H, R, L]
+  if not use_pallas(impl, sel, cache):
     return resa.masked_partials(q, kg, vg, ok_all, pg, scale)
-  out, lse = pallas_kernels.sparse_decode_multiquery(
+  outs = pallas_kernels.sparse_decode_multiquery(
       q, cache.k, cache.v, sel.idx, sel.n_valid, use, positions, cache.length,
-      block_size=g, scale=scale, impl="pallas", interpret=interpret, pos=cache.pos)
+      block_size=g, scale=scale, impl="pallas", interpret=interpret, pos=cache.pos, prior=prior)
   b, n, w, _ = q.shape
   h = sel.idx.shape[1]
   exposed = jnp.repeat(jnp.sum(ok_all, -1), n // h, axis=1).astype(jnp.int32)
-  return (out.astype(jnp.float32), lse), None, jnp.zeros((b, n, w), jnp.int32), exposed
+  true = (outs[0].astype(jnp.float32), outs[1])
+  if prior is None:
+    return true, None, jnp.zeros((b, n, w), jnp.int32), exposed
+  # [B, H, R, w]: prior members each query attended
+  seen = jnp.sum(ok_all[:, :, None] & jnp.isfinite(pg)[:, :, :, None, :], -1)
+  return true, outs[2:], seen.reshape(b, n, w).astype(jnp.int32), exposed

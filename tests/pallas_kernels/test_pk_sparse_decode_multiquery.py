@@ -95,3 +95,37 @@ def test_unpadded_rows_and_head_dim():
   case = Case(batch=1, hkv=2, group=4, head_dim=128, block_size=32, num_blocks=8, list_len=6,
               per_head=False, dtype=jnp.bfloat16, seed=9, window=4, multi=True)
   check_kernel(case)
+
+
+def check_kernel_with_prior(case):
+  q, k, v, idx, n_valid, length, prior = case.arrays()
+  block_mask, q_limit = window_inputs(case, case.seed)
+  # prior logits -inf outside RESA's prior set (the unselected-at-prefill positions)
+  prior = jnp.where(jax.random.bernoulli(jax.random.key(case.seed), 0.6, prior.shape), prior,
+                    -jnp.inf)
+  args = (q, k, v, idx, n_valid, block_mask, q_limit, length)
+  got = run_kernel(case, *args, num_splits=case.num_splits, prior=prior)
+  want = reference(*args, block_size=case.block_size, prior=prior)
+  assert len(got) == 4 and got[2].shape == q.shape and got[3].shape == q.shape[:3]
+  assert_attention_close(got[0], got[1], want[0], want[1], case.dtype)
+  assert_attention_close(got[2], got[3], want[2], want[3], case.dtype)
+
+
+@settings(max_examples=10, deadline=None)
+@given(case=pooled_cases(windows=(3,)))
+def test_kernel_with_prior_matches_reference(case):
+  """RESA + retro: the prior statistics of every window query in the same pass."""
+  check_kernel_with_prior(case)
+
+
+def test_reference_prior_of_one_query_is_sparse_decode_resa():
+  from pallas_kernels import sparse_decode_resa_reference  # pylint: disable=g-import-not-at-top
+  case = Case(batch=2, hkv=2, group=3, head_dim=64, block_size=16, num_blocks=12, list_len=7,
+              per_head=True, dtype=jnp.float32, seed=4, window=1, multi=True)
+  q, k, v, idx, n_valid, length, prior = case.arrays()
+  ones = jnp.ones((case.batch, case.sel_heads, 1, case.list_len), bool)
+  limit = jnp.full((case.batch, 1), case.t, jnp.int32)
+  got = reference(q, k, v, idx, n_valid, ones, limit, length, block_size=16, prior=prior)
+  want = sparse_decode_resa_reference(q[:, :, 0], k, v, prior, idx, n_valid, length,
+                                      block_size=16)
+  assert_attention_close(got[2][:, :, 0], got[3][:, :, 0], want[2], want[3], jnp.float32)

@@ -218,12 +218,15 @@ def test_jit_vmap_and_no_nan():
   assert all(not np.any(np.isnan(np.asarray(x, np.float32))) for x in jax.tree.leaves(state))
 
 
-def test_pallas_multiquery_path_matches_jnp():
+@pytest.mark.parametrize("spec", ["quest+retro:w=3", "quest+resa+retro:w=3",
+                                  "quest:gqa=head+resa+retro:w=2"])
+def test_pallas_multiquery_path_matches_jnp(spec):
+  """The Pallas multi-query kernel (RESA's prior fused in the same pass) equals the jnp path."""
   pytest.importorskip("pallas_kernels")
   kw = dict(budget=0.25, block_size=16, n_sink=2, local_window=16)
   outs = []
   for impl in ("xla", "pallas"):
-    m = methods.make("quest+retro:w=3", impl=impl, interpret=True, **kw)
+    m = methods.make(spec, impl=impl, interpret=True, **kw)
     run = Run(m, 5, 40, 2)
     run.decode = m.decode
     outs.append([run.step(t)[0] for t in (40, 41)])
