@@ -12,6 +12,7 @@ from pallas_kernels.block_score import (block_score, block_score_pooled,
 from pallas_kernels.block_select import block_select, block_select_reference
 from pallas_kernels.chunk_attention import chunk_attention, chunk_attention_reference
 from pallas_kernels.softmax import default_scale, lse_combine, softmax_sum
+from pallas_kernels.split_combine import split_combine
 from pallas_kernels.sparse_decode import sparse_decode, sparse_decode_reference
 from pallas_kernels.sparse_decode_multiquery import (sparse_decode_multiquery,
                                                      sparse_decode_multiquery_reference)
@@ -22,7 +23,7 @@ __all__ = [
     "default_scale", "lse_combine", "softmax_sum",
     "block_score", "block_score_pooled", "block_score_reference", "block_score_pooled_reference",
     "block_select", "block_select_reference",
-    "chunk_attention", "chunk_attention_reference",
+    "chunk_attention", "chunk_attention_reference", "split_combine",
     "sparse_decode", "sparse_decode_reference",
     "sparse_decode_resa", "sparse_decode_resa_reference",
     "sparse_decode_multiquery", "sparse_decode_multiquery_reference",

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._common import (MIN_BLOCKS_PER_SPLIT, TileConfig, choose_num_splits,
                                     pad_rows, tokens_per_iter)
-from pallas_kernels.softmax import lse_combine
+from pallas_kernels.split_combine import split_combine
 
 NEG_INF = float("-inf")
 
@@ -203,7 +203,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
 def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=None,
                     row_limit=None, pos=None, *, block_size: int, scale: float, tiles: TileConfig,
                     interpret: bool, bits_per_word: int = 1, rows_per_prior: int = 1):
-  """Runs the kernel and combines its splits.
+  """Runs the kernel and combines its splits (``split_combine``, a second Pallas pass).
 
   Args:
     q: ``[B, P, R, D]`` query rows of each program head.
@@ -285,4 +285,5 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       name=("sparse_decode_multiquery" if with_limit else "sparse_decode")
       + ("_resa" if with_prior else ""),
   )(*args)
-  return [lse_combine(outs[2 * i], outs[2 * i + 1], axis=2) for i in range(n_pairs)]
+  return [split_combine(outs[2 * i], outs[2 * i + 1], impl="pallas", interpret=interpret)
+          for i in range(n_pairs)]

@@ -31,7 +31,10 @@ def reports(fn, avals, tmp_path):
 def test_kernel_is_pipelined_within_h100_shared_memory(kernel, per_head, model, tmp_path):
   fn, avals, bs = shapes.kernel_avals(kernel, model, per_head)
   for rep in reports(functools.partial(fn, block_size=bs, impl="pallas"), avals, tmp_path):
-    assert 0 < rep.shared_bytes <= ptx.H100_SMEM_PER_BLOCK, str(rep)
+    assert rep.shared_bytes <= ptx.H100_SMEM_PER_BLOCK, str(rep)
+    if rep.name == "split_combine":  # no loop: one load of the partials, one store
+      continue
+    assert rep.shared_bytes > 0, str(rep)
     assert rep.async_copies > 0 or rep.tma > 0, str(rep)
     assert rep.ring_depth >= 2 and rep.stages_in_flight >= 2, str(rep)
 
@@ -39,8 +42,9 @@ def test_kernel_is_pipelined_within_h100_shared_memory(kernel, per_head, model, 
 def test_check_fails_for_the_unpipelined_configuration(tmp_path):
   """num_stages=2 with one block per iteration (the old kernel): a single buffer, waited empty."""
   fn, avals, bs = shapes.kernel_avals("sparse_decode", "llama31_8b", False)
-  [rep] = reports(functools.partial(sparse_decode, block_size=bs, impl="pallas", num_stages=2,
-                                    blocks_per_iter=1), avals, tmp_path)
+  [rep] = [r for r in reports(functools.partial(sparse_decode, block_size=bs, impl="pallas",
+                                                num_stages=2, blocks_per_iter=1), avals, tmp_path)
+           if r.name != "split_combine"]
   assert rep.ring_depth == 1 and rep.stages_in_flight == 1, str(rep)
 
 
