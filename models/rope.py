@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from models.config import RopeConfig
-from sparse_attn.compression import rope
+from sparse_attn.compression import rope as rotation
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
@@ -54,14 +54,14 @@ def apply_rope(x, positions, inv_freq):
   Returns:
     ``[B, H, S, D]`` in ``x.dtype`` (the rotation is computed in float32).
   """
-  return rope.rotate(x, positions, inv_freq)
+  return rotation.rotate(x, positions, inv_freq)
 
 
 def tables(positions, inv_freq):
   """``cos, sin [B, 1, S, D/2]`` of ``positions [B, S]``: computed once, shared by q and k."""
-  return rope.cos_sin(positions[:, None], inv_freq)
+  return rotation.cos_sin(positions[:, None], inv_freq)
 
 
 def rotate(x, cos, sin):
   """``x [B, H, S, D]`` rotated by ``tables``' ``cos, sin`` (``apply_rope`` in two steps)."""
-  return rope.rotate_with(x, cos, sin)
+  return rotation.rotate_with(x, cos, sin)

@@ -36,7 +36,8 @@ KERNELS = [
 
 def _multiquery_resa(q, k, v, block_idx, n_valid, block_mask, q_limit, length, prior, **kw):
   """``sparse_decode_multiquery`` with RESA's prior (RESA + retro) as a positional argument."""
-  from pallas_kernels.sparse_decode_multiquery import sparse_decode_multiquery  # pylint: disable=g-import-not-at-top
+  # pylint: disable-next=g-import-not-at-top
+  from pallas_kernels.sparse_decode_multiquery import sparse_decode_multiquery
   return sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
                                   prior=prior, **kw)
 

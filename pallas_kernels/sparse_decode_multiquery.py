@@ -6,7 +6,8 @@ listed block only if the block was available at its step (``block_mask``, from t
 slots' token positions ``pos``: the slot index when ``pos`` is not given). All W queries of
 all G heads of a group share one block list, so the kernel loads each listed block once for
 G x W query rows. With RESA's ``prior`` the same pass also accumulates the prior statistics of
-every query over the positions it attends (``sparse_decode_resa``'s fusion, for ``quest+resa+retro``).
+every query over the positions it attends (``sparse_decode_resa``'s fusion, for
+``quest+resa+retro``).
 
 Letters: B batch, N query heads, K kv heads, H selection heads, W window queries, n list length,
 T slots, D head dim.

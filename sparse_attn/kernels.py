@@ -1,9 +1,10 @@
 """Kernel dispatch: the one place where an op chooses its Pallas kernel or its jnp path.
 
-One function per op that has a kernel (dense causal attention over the cache, block scores, the sort-free top-k select, sparse decode,
-RESA's partials, retro's window partials). Each runs the Pallas (Triton) kernel when ``impl``
-resolves to ``"pallas"`` (``"auto"``: on a GPU backend) and the selection is block-level, and its
-jnp path otherwise; the jnp paths (``cache_attention.dense_over_cache``, ``sparse.attend_selection``, ``scoring.quest_scores``,
+One function per op that has a kernel (dense causal attention over the cache, block scores, the
+sort-free top-k select, sparse decode, RESA's partials, retro's window partials). Each runs the
+Pallas (Triton) kernel when ``impl`` resolves to ``"pallas"`` (``"auto"``: on a GPU backend) and
+the selection is block-level, and its jnp path otherwise; the jnp paths
+(``cache_attention.dense_over_cache``, ``sparse.attend_selection``, ``scoring.quest_scores``,
 ``enhancers.resa.masked_partials``) are the references the kernels are tested against.
 
 Letters: B batch, K kv heads, N query heads, H selection heads, S queries per head, D head dim.
