@@ -56,6 +56,9 @@ def get_config(quick: bool = False):
   c.interpret = False  # Pallas interpret mode (CPU)
   c.peak_bandwidth_gbs = 0.0  # device peak for the achieved-bandwidth column (0 = auto on GPU)
   c.max_seconds_per_context = 240.0  # fewer rounds at long contexts when a step is slow
+  # Decode steps per timed call, looped on the device (times are per step). 1 on a CPU, where a
+  # step takes milliseconds; configs/latency_gpu.py loops so that dispatch is not what is timed.
+  c.steps_per_call = 1
   # ---- end to end ----
   c.model = "smollm2-135m-instruct"
   c.e2e_methods = "dense,quest:gqa=group,quest:gqa=group+resa"

@@ -45,8 +45,8 @@ def claim_rows(records: dict[str, list[dict]], root: str) -> list[dict]:
              else f"no `{c.experiment}` records under `{root}` yet")
       row.update(ours="-", n=0, setting="-", verdict="not run", why=why, figure="")
     else:
-      fig = os.path.join(c.experiment, c.figure) if c.figure else ""
-      row.update(got, figure=f"[{c.figure}]({fig})" if fig and os.path.exists(
+      fig = os.path.normpath(os.path.join(c.experiment, c.figure)) if c.figure else ""
+      row.update(got, figure=f"[{os.path.basename(fig)}]({fig})" if fig and os.path.exists(
           os.path.join(root, fig)) else "")
     rows.append(row)
   return rows

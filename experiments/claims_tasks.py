@@ -80,7 +80,8 @@ def gain_claim(records, new, base, budget, protocol=None, lengths=(8192, 4096, 2
     return dict(
         ours=f"{100 * mb:.1f} -> {100 * ma:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}]"
              + (f", McNemar p={p:.2g})" if np.isfinite(p) else ")"),
-        n=n, setting=f"{model_of(records)}, {length} tokens, budget {budget:g}",
+        n=n, setting=f"{model_of(records)}, {length} tokens, " + (
+            f"budget {budget:g}" if budget is not None else f"{base} vs {new}"),
         verdict=gain_verdict(d, lo, hi), why=f"paired on {n} samples")
   return None
 
@@ -104,31 +105,54 @@ def retro_longgen_gain(records):
   return gain_claim(qa, "retro", base, None)
 
 
-def ea_vs_baselines(records, budget=0.5):
-  """Expected Attention Table 1 / Fig. 3: at 50% compression EA keeps the most accuracy.
+def _family(label) -> str:
+  """A row label without budget or options of Expected Attention (its eps=0 needle variant
+  counts as Expected Attention)."""
+  b = base_label(label)
+  return "expected-attention" if b.startswith("expected-attention") else b
+
+
+def _heatmap(r) -> bool:
+  return bool((r.get("config") or {}).get("heatmap"))
+
+
+def ea_vs_baselines(records, budget=0.5, heatmap=False):
+  """Expected Attention Table 1 (RULER, ``heatmap=False``) / Fig. 3 (the NIAH depth x length
+  grid: records of a ``heatmap=True`` config): at 50% compression EA keeps the most accuracy.
   Reproduced when EA has the best mean and its paired interval against the runner-up is above
   0; partly when EA's mean is best (or within the runner-up's interval); else not."""
   recs = [r for r in records if r.get("protocol") == "query_agnostic"
-          and r.get("budget") == budget]
-  methods = sorted({base_label(r["method"]) for r in recs} - {"dense"})
+          and r.get("budget") == budget and _heatmap(r) == heatmap]
+  by: dict[str, dict] = {}
+  for r in recs:
+    by.setdefault(_family(r["method"]), {})[sample_key(r)] = float(r["score"])
+  methods = sorted(by)
   if "expected-attention" not in methods or len(methods) < 2:
     return None
-  ea = scores(recs, "expected-attention")
-  means = {m: np.mean(list(scores(recs, m).values())) for m in methods}
+  means = {m: np.mean(list(by[m].values())) for m in methods}
   rival = max((m for m in methods if m != "expected-attention"), key=means.get)
-  got = paired(ea, scores(recs, rival))
+  got = paired(by["expected-attention"], by[rival])
   if got is None:
     return None
   ma, mb, d, lo, hi, n, p = got
   verdict = ("reproduced" if d > 0 and lo > 0 else
              "partly" if d > 0 or hi > 0 else "not reproduced")
   lengths = sorted({r["length"] for r in recs})
+  tasks = sorted({r["task"] for r in recs})
+  dense = [float(r["score"]) for r in records if r.get("protocol") == "query_agnostic"
+           and r.get("method") == "dense" and _heatmap(r) == heatmap]
   return dict(ours=f"EA {100 * ma:.1f} vs best baseline {rival} {100 * mb:.1f} "
                    f"({pts(d)} pts [{pts(lo)}, {pts(hi)}])",
-              n=n, setting=f"{model_of(recs)}, {lengths} tokens, keep {budget:g}, query-agnostic",
+              n=n, setting=f"{model_of(recs)}, {lengths} tokens, keep {budget:g}, query-agnostic"
+                           f", {len(tasks)} task(s)" + (f" ({tasks[0]})" if len(tasks) == 1 else ""),
               verdict=verdict,
               why="; ".join(f"{m} {100 * means[m]:.0f}" for m in sorted(means, key=means.get,
-                                                                          reverse=True)))
+                                                                          reverse=True))
+                  + (f"; dense {100 * np.mean(dense):.0f}" if dense else ""))
+
+
+def ea_vs_baselines_niah(records):
+  return ea_vs_baselines(records, heatmap=True)
 
 
 def leaderboard(records) -> str:

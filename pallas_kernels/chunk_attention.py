@@ -14,7 +14,8 @@ a power of 2), so every K/V tile is loaded once for the whole group (GQA packing
 kernels do). The loop over key tiles stops at the last tile that holds a key the tile's newest
 query can see (``visible_tiles``: computed from the slots' smallest positions, so it is exact for
 any slot order and bounded by the filled length), and ``num_stages >= 3`` keeps two K/V tiles in
-flight.
+flight. A small grid (a decode step: one query tile per kv head) also splits each query tile's
+visible key tiles over ``key_splits`` programs (flash-decoding), merged by ``split_combine``.
 
 Letters: B batch, N query heads, K kv heads, G = N // K, S queries, T slots, D head dim,
 Q query tiles, NT key tiles, R rows of a program (query_tile x G padded).
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels._decode_kernel import NEG_INF, _finish, _online_update
 from pallas_kernels.softmax import default_scale, softmax_sum
+from pallas_kernels.split_combine import split_combine
 
 _NEVER = jnp.iinfo(jnp.int32).max
 
@@ -85,8 +87,10 @@ def visible_tiles(q_pos, k_pos, length, *, query_tile: int, key_tile: int):
 
 def _chunk_kernel(q_ref, qpos_ref, k_ref, v_ref, kpos_ref, length_ref, tiles_ref, o_ref, lse_ref,
                   *, scale: float, rows: int, head_dim: int, key_tile: int, num_slots: int,
-                  window: int | None):
-  """One (batch, kv head, query tile) program: ``rows`` query rows over its visible key tiles."""
+                  window: int | None, splits: int):
+  """One (batch, kv head, query tile, split) program: ``rows`` query rows over its share of the
+  visible key tiles (split ``i`` of ``splits`` takes the ``i``-th run of ``ceil(tiles / splits)``
+  tiles; an empty share leaves ``0`` / ``-inf``)."""
   dp = _common.pad_rows(head_dim)
   col = jnp.arange(dp)
   col_ok = col < head_dim
@@ -118,7 +122,10 @@ def _chunk_kernel(q_ref, qpos_ref, k_ref, v_ref, kpos_ref, length_ref, tiles_ref
 
   init = (jnp.zeros((rows, dp), jnp.float32), jnp.full((rows,), NEG_INF, jnp.float32),
           jnp.zeros((rows,), jnp.float32))
-  out, lse = _finish(lax.fori_loop(0, tiles_ref[()], body, init))
+  tiles = tiles_ref[()]
+  per = (tiles + splits - 1) // splits
+  lo = pl.program_id(3) * per
+  out, lse = _finish(lax.fori_loop(lo, jnp.minimum(lo + per, tiles), body, init))
   if dp != head_dim:
     plgpu.store(o_ref.at[:, cols_at], out, mask=col_ok[None, :])
   else:
@@ -126,11 +133,25 @@ def _chunk_kernel(q_ref, qpos_ref, k_ref, v_ref, kpos_ref, length_ref, tiles_ref
   lse_ref[...] = lse
 
 
-@functools.partial(jax.jit, static_argnames=("scale", "window", "query_tile", "key_tile", "impl",
-                                             "interpret", "num_warps", "num_stages"))
+# Programs a GPU wants in flight (~2 per SM of an H100's 132): a grid smaller than this splits
+# its key tiles (a decode step has one query tile per kv head: 8 programs for Llama-8B).
+TARGET_PROGRAMS = 256
+MAX_KEY_SPLITS = 32
+
+
+def default_key_splits(programs: int, key_tiles: int) -> int:
+  """Splits per query tile so ``programs x splits`` reaches ``TARGET_PROGRAMS`` (static)."""
+  want = -(-TARGET_PROGRAMS // max(programs, 1))
+  return max(1, min(want, key_tiles, MAX_KEY_SPLITS))
+
+
+@functools.partial(jax.jit, static_argnames=("scale", "window", "query_tile", "key_tile",
+                                             "key_splits", "impl", "interpret", "num_warps",
+                                             "num_stages"))
 def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None,
                     window: int | None = None, query_tile: int | None = None,
-                    key_tile: int = 64, impl: str = "auto", interpret: bool = False,
+                    key_tile: int = 64, key_splits: int | None = None, impl: str = "auto",
+                    interpret: bool = False,
                     num_warps: int = 4, num_stages: int = 3):
   """Exact causal attention of a query chunk over a cache, by token position.
 
@@ -146,6 +167,9 @@ def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None
       (``64 // G'`` queries, ``G'`` = G padded to a power of 2), fewer for a short chunk but
       always >= 16 rows (``tl.dot``'s minimum).
     key_tile: slots per loop iteration (static, a power of 2 >= 16).
+    key_splits: programs sharing one query tile's key tiles (static; flash-decoding, merged by
+      ``split_combine``). None: enough splits for ~``TARGET_PROGRAMS`` programs when the grid
+      is small (a decode step: one query tile per kv head), 1 for a long chunk.
     impl: ``"pallas"``, ``"xla"`` (``chunk_attention_reference``) or ``"auto"``.
     interpret: run the Pallas kernel in interpret mode (CPU).
     num_warps, num_stages: Triton launch parameters.
@@ -178,28 +202,34 @@ def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None
   tiles = visible_tiles(q_pos.astype(jnp.int32), k_pos.astype(jnp.int32),
                         length.astype(jnp.int32), query_tile=qt, key_tile=key_tile)
   r = qt * gp
+  ns = key_splits or default_key_splits(b * kh * nq, -(-t // key_tile))
+  if ns < 1:
+    raise ValueError(f"key_splits must be >= 1, got {ns}")
   kernel = functools.partial(_chunk_kernel, scale=default_scale(d, scale), rows=r, head_dim=d,
-                             key_tile=key_tile, num_slots=t, window=window)
-  kv = pl.BlockSpec((None, None, t, d), lambda bi, hi, qi: (bi, hi, 0, 0))
+                             key_tile=key_tile, num_slots=t, window=window, splits=ns)
+  kv = pl.BlockSpec((None, None, t, d), lambda bi, hi, qi, si: (bi, hi, 0, 0))
   out, lse = pl.pallas_call(
       kernel,
-      grid=(b, kh, nq),
+      grid=(b, kh, nq, ns),
       in_specs=[
-          pl.BlockSpec((None, None, r, d), lambda bi, hi, qi: (bi, hi, qi, 0)),
-          pl.BlockSpec((None, r), lambda bi, hi, qi: (bi, qi)),
+          pl.BlockSpec((None, None, r, d), lambda bi, hi, qi, si: (bi, hi, qi, 0)),
+          pl.BlockSpec((None, r), lambda bi, hi, qi, si: (bi, qi)),
           kv, kv,
-          pl.BlockSpec((None, None, t), lambda bi, hi, qi: (bi, hi, 0)),
-          pl.BlockSpec((None,), lambda bi, hi, qi: (bi,)),
-          pl.BlockSpec((None, None, None), lambda bi, hi, qi: (bi, hi, qi)),
+          pl.BlockSpec((None, None, t), lambda bi, hi, qi, si: (bi, hi, 0)),
+          pl.BlockSpec((None,), lambda bi, hi, qi, si: (bi,)),
+          pl.BlockSpec((None, None, None), lambda bi, hi, qi, si: (bi, hi, qi)),
       ],
-      out_specs=[pl.BlockSpec((None, None, r, d), lambda bi, hi, qi: (bi, hi, qi, 0)),
-                 pl.BlockSpec((None, None, r), lambda bi, hi, qi: (bi, hi, qi))],
-      out_shape=[jax.ShapeDtypeStruct((b, kh, sp * gp, d), jnp.float32),
-                 jax.ShapeDtypeStruct((b, kh, sp * gp), jnp.float32)],
+      out_specs=[
+          pl.BlockSpec((None, None, None, r, d), lambda bi, hi, qi, si: (bi, hi * nq + qi, si, 0,
+                                                                         0)),
+          pl.BlockSpec((None, None, None, r), lambda bi, hi, qi, si: (bi, hi * nq + qi, si, 0))],
+      out_shape=[jax.ShapeDtypeStruct((b, kh * nq, ns, r, d), jnp.float32),
+                 jax.ShapeDtypeStruct((b, kh * nq, ns, r), jnp.float32)],
       compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
       interpret=interpret,
       name="chunk_attention",
   )(qr, rpos, k, v, k_pos.astype(jnp.int32), length.astype(jnp.int32), tiles)
+  out, lse = split_combine(out, lse, impl="pallas", interpret=interpret)  # [B, K*Q, R, ...]
   out = out.reshape(b, kh, sp, gp, d)[:, :, :s, :g].transpose(0, 1, 3, 2, 4)
   lse = lse.reshape(b, kh, sp, gp)[:, :, :s, :g].transpose(0, 1, 3, 2)
   return out.reshape(b, n, s, d).astype(q.dtype), lse.reshape(b, n, s)

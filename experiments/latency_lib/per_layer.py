@@ -30,7 +30,7 @@ def make_method(spec: str, s, p: float | None = None):
   """``methods.make`` with the config's p, block size and impl (inline options win)."""
   inline = {k for _, opts in parse_spec(spec) for k in opts}
   kw = dict(block_size=s.block_size, impl=s.impl, interpret=s.interpret)
-  if parse_spec(spec)[0][0] != "dense":
+  if parse_spec(spec)[0][0] != "dense" and "budget" not in inline:  # a budget replaces p
     kw["p"] = s.p if p is None else p
   return methods.make(spec, **{k: v for k, v in kw.items() if k not in inline})
 
@@ -44,19 +44,23 @@ def peak_gbs(s) -> float:
   return 0.0
 
 
-def _decode_fn(m):
+def _stepper(apply, steps: int = 1):
+  """Jitted ``apply(q, k, v, cache, state, pos) -> (out, cache, state)``, cache and state donated.
+
+  With ``steps > 1`` the call runs ``steps`` steps in a device loop (the outputs summed, so no
+  step is dead code): on a GPU one dispatch then covers many microsecond steps.
+  """
   @functools.partial(jax.jit, donate_argnums=(0, 1))
   def step(cache, state, q, k, v, pos):
-    out, cache, state = m.decode(q, k, v, cache, state, pos)
-    return out, cache, state
-  return step
+    out, cache, state = apply(q, k, v, cache, state, pos)
+    if steps == 1:
+      return out, cache, state
 
-
-def _rectify_fn(m):
-  @functools.partial(jax.jit, donate_argnums=(0, 1))
-  def step(cache, state, q, k, v, pos):
-    out, cache, state = m.rectify(q, k, v, cache, state, pos)
-    return out, cache, state
+    def body(_, carry):
+      acc, cache, state = carry
+      o, cache, state = apply(q, k, v, cache, state, pos)
+      return acc + o, cache, state
+    return jax.lax.fori_loop(1, steps, body, (out, cache, state))
   return step
 
 
@@ -100,6 +104,13 @@ class Bench:
     pos = jnp.arange(self.context - n + 1, self.context + 1, dtype=jnp.int32)[None]
     return self.q[:, :, :n], self.k_new[:, :, :n], self.v_new[:, :, :n], pos
 
+  def state_factory(self, m):
+    """A jitted zero-argument ``m.init_state`` (one dispatch: on a GPU the eager zeros of a
+    state are a dozen transfers that would dwarf a prefill chunk)."""
+    s = self.s
+    return jax.jit(functools.partial(m.init_state, 1, s.num_heads, s.num_kv_heads, s.head_dim,
+                                     self.capacity, self.dtype))
+
   def state_for(self, m):
     """``m``'s state after a short last prompt chunk and ``end_prefill`` (RESA's prior)."""
     st = m.init_state(1, self.s.num_heads, self.s.num_kv_heads, self.s.head_dim, self.capacity,
@@ -123,20 +134,21 @@ class Bench:
     """Timed decode step of ``m`` (and its rectify pass when it rectifies)."""
     st = {"state": self.state_for(m)}
     q, k, v, pos = self.window(m.window)
-    step = _decode_fn(m)
+    steps = self.s.steps_per_call
+    step = _stepper(m.decode, steps)
 
     def dec():
       out, self.cache, st["state"] = step(self.cache, st["state"], q, k, v, pos)
       return out
-    out = [timing.Candidate(name, dec)]
+    out = [timing.Candidate(name, dec, per_call=steps)]
     if m.rect_interval:
       rq, rk, rv, rpos = self.window(m.rect_interval)
-      rect = _rectify_fn(m)
+      rect = _stepper(m.rectify, steps)
 
       def rec():
         o, self.cache, st["state"] = rect(self.cache, st["state"], rq, rk, rv, rpos)
         return o
-      out.append(timing.Candidate(name + " [rectify pass]", rec))
+      out.append(timing.Candidate(name + " [rectify pass]", rec, per_call=steps))
     return out
 
   def attend_only(self, m, name):
@@ -204,6 +216,7 @@ def run_context(s, dtype: str, context: int, specs: list[str], torch_peer: bool)
                ms=sec * 1e3, times_ms=[t * 1e3 for t in c.times], first_call_s=c.first_s,
                speedup=dense_s / sec, traffic_fraction=frac, bound=1.0 / frac, gbs=gbs,
                pct_peak=100.0 * gbs / peak if peak else None, threads=s.threads,
-               cpu_count=os.cpu_count())
+               cpu_count=os.cpu_count(), device=jax.devices()[0].device_kind,
+               steps_per_call=c.per_call)
     rows.append(rec)
   return rows

@@ -30,7 +30,7 @@ def run_context(s, context: int, selector: str = "quest:gqa=group") -> list[dict
   for spec in (selector, selector + "+resa"):
     m = per_layer.make_method(spec, s)
     fn = per_layer.prefill_fn(m)
-    init = lambda m=m: m.init_state(1, hq, s.num_kv_heads, d, b.capacity, dtype)
+    init = b.state_factory(m)
 
     def step(fn=fn, init=init):
       out, b.cache, st = fn(b.cache, init(), q, kc, vc, pos)

@@ -17,7 +17,8 @@ def run(config, workdir: str) -> str:
   """Measures, writes ``results.jsonl``, ``latency.md``, ``latency.png``; returns the markdown."""
   s = settings.resolve(config)
   writer = results.ResultWriter(workdir, s.values, "latency", keyed=KEYED,
-                                ignore=("max_seconds_per_context",))
+                                # per-step times whatever the loop length
+                                ignore=("max_seconds_per_context", "steps_per_call"))
   sections = s.sections
   write = lambda rec, key: writer.write(rec, key=key)
   if "per_layer" in sections or "torch_peer" in sections:

@@ -21,12 +21,17 @@ import jax
 
 @dataclasses.dataclass
 class Candidate:
-  """A timed callable. ``fn()`` runs one step and returns what to wait for."""
+  """A timed callable. ``fn()`` runs ``per_call`` steps and returns what to wait for.
+
+  ``times`` are per step (each call's time over ``per_call``): on a GPU a call that loops over
+  several steps on the device keeps the host's dispatch cost out of a microsecond step.
+  """
 
   name: str
   fn: Callable[[], Any]
   times: list[float] = dataclasses.field(default_factory=list)
   first_s: float = 0.0  # first call (compilation included)
+  per_call: int = 1
 
   @property
   def median_s(self) -> float:
@@ -54,7 +59,7 @@ def interleaved(cands: list[Candidate], warmup: int, repeats: int,
     order = list(cands)
     random.Random(r).shuffle(order)
     for c in order:
-      c.times.append(call(c.fn))
+      c.times.append(call(c.fn) / c.per_call)
     if r + 1 >= min_repeats and time.perf_counter() - start > max_seconds:
       break
   return cands

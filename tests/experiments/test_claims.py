@@ -97,3 +97,15 @@ def test_score_error_reduction_uses_the_per_head_statistic():
   assert got["verdict"] == "reproduced" and got["ours"].startswith("median 60.0%")
   weak = [dict(r, score_l1=base * 0.9) if "+" in r["spec"] else r for r in recs]
   assert claims_table.score_error_reduction(weak)["verdict"] == "not reproduced"
+
+
+def test_ea_claims_read_ruler_and_the_needle_grid_apart():
+  ones, zeros = np.ones(40), np.zeros(40)
+  grid = [dict(r, config=dict(heatmap=True))
+          for r in (_acc("expected-attention:eps=0@0.5", zeros, 0.5, protocol="query_agnostic")
+                    + _acc("keydiff@0.5", ones, 0.5, protocol="query_agnostic"))]
+  ruler = (_acc("expected-attention@0.5", ones, 0.5, protocol="query_agnostic", task="vt")
+           + _acc("keydiff@0.5", zeros, 0.5, protocol="query_agnostic", task="vt"))
+  assert claims_tasks.ea_vs_baselines(grid + ruler)["verdict"] == "reproduced"
+  niah = claims_tasks.ea_vs_baselines_niah(grid + ruler)
+  assert niah["verdict"] == "not reproduced" and "keydiff 100.0" in niah["ours"]

@@ -99,3 +99,18 @@ def test_retro_effective_budget_against_the_papers_curve():
   assert got["verdict"] == "reproduced" and got["n"] == 40
   low = claims_generation.retro_effective_budget([rec(2, 1.02), rec(8, 1.05)])
   assert low["verdict"] == "partly"
+
+
+def test_gpu_records_are_read_apart_from_cpu_ones():
+  base = np.array([10.0, 11.0, 10.0, 11.0])
+  gpu = lambda r: dict(r, dtype="bfloat16", machine=dict(backend="gpu"), device="H100")
+  cpu = [_layer("quest:gqa=group", 8192, base), _layer("quest:gqa=group+resa", 8192, base * 2)]
+  recs = cpu + [gpu(_layer("quest:gqa=group,budget=500", 8192, base)),
+                gpu(_layer("quest:gqa=group,budget=500+resa", 8192, base * 1.01)),
+                dict(section="resa", context=8192, chunk=1024, dtype="bfloat16",
+                     selector="quest:gqa=group", overhead_pct=5.0, machine=dict(backend="gpu"))]
+  assert claims_speed.resa_decode_overhead(recs)["verdict"] == "not reproduced"  # CPU: +100%
+  got = claims_speed.resa_decode_overhead_gpu(recs)
+  assert got["verdict"] == "reproduced" and "H100" in got["setting"]
+  assert claims_speed.resa_prefill_overhead_gpu(recs)["verdict"] == "reproduced"
+  assert claims_speed.resa_prefill_overhead_gpu(cpu) is None

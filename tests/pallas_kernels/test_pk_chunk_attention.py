@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pallas_kernels import chunk_attention, chunk_attention_reference
-from pallas_kernels.chunk_attention import visible_tiles
+from pallas_kernels.chunk_attention import default_key_splits, visible_tiles
 from sparse_attn import methods, reference as dense
 from sparse_attn.cache import write
 from sparse_attn.cache_attention import dense_over_cache
@@ -47,12 +47,14 @@ def random_problem(shape, seed, compacted):
 
 
 @settings(max_examples=12, deadline=None)
-@given(shape=st.sampled_from(POOL), seed=st.integers(0, 2**31 - 1), compacted=st.booleans())
-def test_kernel_matches_reference(shape, seed, compacted):
+@given(shape=st.sampled_from(POOL), seed=st.integers(0, 2**31 - 1), compacted=st.booleans(),
+       key_splits=st.sampled_from([None, 1, 3]))
+def test_kernel_matches_reference(shape, seed, compacted, key_splits):
+  # None: the default split of a small grid (every POOL grid is small: up to its key tiles)
   q, k, v, q_pos, k_pos, length = random_problem(shape, seed, compacted)
   key_tile, window, dtype = shape[6:]
   out, lse = chunk_attention(q, k, v, q_pos, k_pos, length, window=window, key_tile=key_tile,
-                             impl="pallas", interpret=True)
+                             key_splits=key_splits, impl="pallas", interpret=True)
   assert out.shape == q.shape and out.dtype == q.dtype and lse.shape == q.shape[:3]
   ref_out, ref_lse = chunk_attention_reference(q, k, v, q_pos, k_pos, length, window=window)
   assert_attention_close(out, lse, ref_out, ref_lse, dtype)
@@ -129,3 +131,10 @@ def test_jit_and_vmap_over_batch():
   jitted = jax.jit(run)(q, k, v, q_pos, k_pos, length)
   for got in (mapped, jitted):
     assert_attention_close(*got, *plain, jnp.float32)
+
+
+def test_default_key_splits_fill_a_small_grid_only():
+  assert default_key_splits(8, 2048) == 32  # a Llama-8B decode step: 8 programs
+  assert default_key_splits(8, 4) == 4  # never more splits than key tiles
+  assert default_key_splits(64, 2048) == 4
+  assert default_key_splits(512, 2048) == 1  # a prefill chunk's grid is already full

@@ -136,8 +136,9 @@ def test_xla_impl_is_reference_and_auto_is_xla_on_cpu():
               per_head=True, dtype=jnp.float32, seed=2)
   q, k, v, idx, n_valid, length, _ = case.arrays()
   want = reference(q, k, v, idx, n_valid, length, block_size=16)
-  for impl in ("xla", "auto"):
+  cpu = jax.default_backend() == "cpu"  # on a GPU "auto" is the kernel (test_kernel_...)
+  for impl in ("xla", "auto") if cpu else ("xla",):
     got = sparse_decode(q, k, v, idx, n_valid, length, block_size=16, impl=impl)
-    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_allclose(got[0], want[0], rtol=0 if cpu else 1e-6, atol=0 if cpu else 1e-6)
   with pytest.raises(ValueError):
     sparse_decode(q, k, v, idx, n_valid, length, block_size=16, impl="triton")
