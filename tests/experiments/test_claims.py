@@ -109,3 +109,14 @@ def test_ea_claims_read_ruler_and_the_needle_grid_apart():
   assert claims_tasks.ea_vs_baselines(grid + ruler)["verdict"] == "reproduced"
   niah = claims_tasks.ea_vs_baselines_niah(grid + ruler)
   assert niah["verdict"] == "not reproduced" and "keydiff 100.0" in niah["ours"]
+
+
+def test_retro_longgen_gain_pairs_retro_with_its_quest_and_shows_dense():
+  q = "quest:budget=0.15,min_tokens=256"
+  half, ones = np.r_[np.ones(20), np.zeros(20)], np.ones(40)
+  recs = (_acc("dense", ones, None, task="qa_multi")
+          + [dict(r, spec=q) for r in _acc(q, half, None, task="qa_multi")]
+          + _acc("retro", ones, None, task="qa_multi"))
+  got = claims_tasks.retro_longgen_gain(recs)
+  assert got["verdict"] == "reproduced" and got["n"] == 40
+  assert "dense 100.0" in got["why"]
