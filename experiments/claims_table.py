@@ -157,6 +157,8 @@ CLAIMS: list[Claim] = [
           "latency.png", claims_speed.resa_decode_overhead),
     Claim("RESA decode overhead per step, GPU", "RESA Table 4", "<= 3.13%", "latency",
           "../latency_gpu/latency.png", claims_speed.resa_decode_overhead_gpu),
+    Claim("RESA prefill overhead, last chunk", "RESA Table 3", "4.8-7.4%", "latency",
+          "latency.png", claims_speed.resa_prefill_overhead),
     Claim("RESA prefill overhead, last chunk, GPU", "RESA Table 3", "4.8-7.4%", "latency",
           "../latency_gpu/latency.png", claims_speed.resa_prefill_overhead_gpu),
     Claim("ReSA rectification (f=32) closes the perplexity gap", "ReSA Fig. 4",
