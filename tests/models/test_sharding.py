@@ -8,6 +8,7 @@ the README's ``python -m pytest -n 2 --dist loadfile``).
 import os
 import subprocess
 import sys
+import warnings
 
 import jax
 import pytest
@@ -42,21 +43,43 @@ def test_spec_drops_axes_that_do_not_divide():
       jax.sharding.PartitionSpec()
 
 
-def test_sharded_decoding_on_8_virtual_devices():
-  # XLA:CPU aborts a collective whose 8 device threads do not all arrive within its timeouts;
-  # on 2 cores shared with other work the threads can be starved that long (a SIGABRT seen
-  # twice under load), so the timeouts are raised far above any real step.
+def _run_sharded_cases(timeout: int):
+  """One ``pytest`` process over ``sharded_cases.py`` on 8 virtual CPU devices.
+
+  XLA:CPU aborts a collective whose 8 device threads do not all arrive within its timeouts; on 2
+  cores shared with other work the threads can be starved that long (a SIGABRT seen twice under
+  load), so those timeouts are raised far above any real step. A test that runs longer than
+  ``faulthandler_timeout`` has every thread's stack dumped to stderr (kept in the failure
+  message), so a hang names its test and the op it waits in.
+  """
   flags = ("--xla_force_host_platform_device_count=8 "
            "--xla_cpu_collective_timeout_seconds=900 "
            "--xla_cpu_collective_call_terminate_timeout_seconds=900")
   env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
-  cmd = [sys.executable, "-X", "faulthandler", "-m", "pytest", "-q", "-x", "-p",
-         "no:cacheprovider",
+  cmd = [sys.executable, "-X", "faulthandler", "-m", "pytest", "-v", "-x", "-p",
+         "no:cacheprovider", "-o", f"faulthandler_timeout={timeout // 3}",
          os.path.join("tests", "models", "sharded_cases.py")]
-  run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+  try:
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=timeout)
+  except subprocess.TimeoutExpired as e:
+    out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    err = e.stderr.decode() if isinstance(e.stderr, bytes) else (e.stderr or "")
+    return None, f"timed out after {timeout} s\n{out[-3000:]}\n{err[-6000:]}"
   # glog's fatal / error lines come before faulthandler's stack dump: keep them in view
   logged = "\n".join(l for l in run.stderr.splitlines() if l[:1] in "FE" and l[1:2].isdigit())
-  assert run.returncode == 0, run.stdout[-4000:] + logged[-3000:] + run.stderr[-6000:]
+  return run, run.stdout[-4000:] + logged[-3000:] + run.stderr[-6000:]
+
+
+def test_sharded_decoding_on_8_virtual_devices():
+  # Alone the file takes ~4 min on 2 cores; beside the other pytest worker it once ran past
+  # 15 min (2026-11-24, cause not established: a starved rendezvous or a slow one). One retry
+  # after a timeout, with the first attempt's stacks reported, keeps CI from hanging on it.
+  run, log = _run_sharded_cases(timeout=1000)
+  if run is None:
+    warnings.warn(f"sharded_cases.py: first attempt {log}")
+    run, log = _run_sharded_cases(timeout=1000)
+  assert run is not None and run.returncode == 0, log
   assert " passed" in run.stdout and "skipped" not in run.stdout.splitlines()[-1], run.stdout
 
 
