@@ -6,7 +6,7 @@ r"""Device-op profile of one decode step per method: which ops a step runs and w
 One Llama-3.1-8B-shaped attention layer (``configs/latency.py``'s shape), the same jitted,
 donated step as ``experiments.latency``'s per-layer section (``steps`` decode steps looped on the
 device per call). ``jax.profiler`` traces ``calls`` calls per method; the trace's per-op device
-times (the ``XLA Ops`` line of each device plane: one event per kernel or fusion) are summed and
+times (each device plane's ``XLA Ops`` or kernel-stream events; on a CPU the XLA thread lines) are summed and
 divided by the steps, so the table reads "microseconds per decode step" per op. Prints the
 ``top`` ops of each method and the difference of every method's op list to the first method's.
 """
@@ -20,25 +20,28 @@ import tempfile
 
 from absl import app, flags
 import jax
-import jax.numpy as jnp
 
 from configs import latency as latency_config
-from experiments.latency_lib import per_layer, settings, timing
+from experiments.latency_lib import per_layer, settings
 
-flags.DEFINE_integer("context", 32768, "Tokens in the cache.")
-flags.DEFINE_string("dtype", "bfloat16", "Cache dtype.")
-flags.DEFINE_string("methods", "quest:gqa=group,quest:gqa=group+resa", "Method specs.")
-flags.DEFINE_string("impl", "auto", "auto | xla | pallas.")
-flags.DEFINE_bool("interpret", False, "Pallas interpret mode (CPU).")
-flags.DEFINE_integer("steps", 32, "Decode steps per call, looped on the device.")
-flags.DEFINE_integer("calls", 3, "Traced calls per method.")
-flags.DEFINE_integer("prefill_chunk", 0, "Profile the last prefill chunk of this many tokens "
-                     "+ end_prefill (one call = one chunk) instead of decode steps.")
-flags.DEFINE_integer("top", 12, "Ops shown per method.")
-flags.DEFINE_integer("num_heads", 32, "Query heads.")
-flags.DEFINE_integer("num_kv_heads", 8, "KV heads.")
-flags.DEFINE_integer("head_dim", 128, "Head dim.")
 FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """The command line (defined only when run as a script, so the module imports cleanly)."""
+  flags.DEFINE_integer("context", 32768, "Tokens in the cache.")
+  flags.DEFINE_string("dtype", "bfloat16", "Cache dtype.")
+  flags.DEFINE_string("methods", "quest:gqa=group,quest:gqa=group+resa", "Method specs.")
+  flags.DEFINE_string("impl", "auto", "auto | xla | pallas.")
+  flags.DEFINE_bool("interpret", False, "Pallas interpret mode (CPU).")
+  flags.DEFINE_integer("steps", 32, "Decode steps per call, looped on the device.")
+  flags.DEFINE_integer("calls", 3, "Traced calls per method.")
+  flags.DEFINE_integer("prefill_chunk", 0, "Profile the last prefill chunk of this many tokens "
+                       "+ end_prefill (one call = one chunk) instead of decode steps.")
+  flags.DEFINE_integer("top", 12, "Ops shown per method.")
+  flags.DEFINE_integer("num_heads", 32, "Query heads.")
+  flags.DEFINE_integer("num_kv_heads", 8, "KV heads.")
+  flags.DEFINE_integer("head_dim", 128, "Head dim.")
 
 
 def _op_lines(data):
@@ -85,21 +88,6 @@ def profile(cand, calls: int, steps: int) -> dict[str, tuple[float, float]]:
   return {k: (ns / 1e3 / n, c / n) for k, (ns, c) in ops.items()}
 
 
-def prefill_candidate(b, m, chunk: int) -> timing.Candidate:
-  """The last ``chunk`` prompt tokens through ``prefill`` + ``end_prefill`` (RESA's prior)."""
-  s = b.s
-  q = jax.random.normal(jax.random.key(1), (1, s.num_heads, chunk, s.head_dim), b.dtype)
-  lo = b.context - chunk
-  pos = jnp.arange(lo, b.context, dtype=jnp.int32)[None]
-  kc, vc = b.cache.k[:, :, lo:b.context], b.cache.v[:, :, lo:b.context]
-  fn, init = per_layer.prefill_fn(m), b.state_factory(m)
-
-  def step():
-    out, b.cache, st = fn(b.cache, init(), q, kc, vc, pos)
-    return out, st
-  return timing.Candidate(m.name if hasattr(m, "name") else "prefill", step)
-
-
 def main(argv):
   del argv
   c = latency_config.get_config()
@@ -116,7 +104,7 @@ def main(argv):
         f"context {FLAGS.context}, {FLAGS.steps} steps per call", flush=True)
   profiles = {}
   for spec, m in ms:
-    cand = prefill_candidate(b, m, FLAGS.prefill_chunk) if FLAGS.prefill_chunk else (
+    cand = b.last_chunk(m, spec, FLAGS.prefill_chunk, 1) if FLAGS.prefill_chunk else (
         b.candidates(m, spec)[0])
     for _ in range(2):  # compile and warm
       jax.block_until_ready(cand.fn())
@@ -140,4 +128,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -111,6 +111,21 @@ class Bench:
     return jax.jit(functools.partial(m.init_state, 1, s.num_heads, s.num_kv_heads, s.head_dim,
                                      self.capacity, self.dtype))
 
+  def last_chunk(self, m, name: str, chunk: int, seed: int) -> timing.Candidate:
+    """The last ``chunk`` prompt tokens through ``m``'s ``prefill`` + ``end_prefill`` (RESA's
+    prior is formed there) on a fresh state, rewriting the cache's own K/V (unchanged)."""
+    s = self.s
+    q = jax.random.normal(jax.random.key(seed), (1, s.num_heads, chunk, s.head_dim), self.dtype)
+    lo = self.context - chunk
+    pos = jnp.arange(lo, self.context, dtype=jnp.int32)[None]
+    kc, vc = self.cache.k[:, :, lo:self.context], self.cache.v[:, :, lo:self.context]
+    fn, init = prefill_fn(m), self.state_factory(m)
+
+    def step():
+      out, self.cache, st = fn(self.cache, init(), q, kc, vc, pos)
+      return out, st
+    return timing.Candidate(name, step)
+
   def state_for(self, m):
     """``m``'s state after a short last prompt chunk and ``end_prefill`` (RESA's prior)."""
     st = m.init_state(1, self.s.num_heads, self.s.num_kv_heads, self.s.head_dim, self.capacity,

@@ -10,7 +10,6 @@ alone (``per_layer`` and ``end_to_end`` decode).
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from experiments.latency_lib import per_layer, timing
@@ -21,21 +20,8 @@ def run_context(s, context: int, selector: str = "quest:gqa=group") -> list[dict
   chunk = min(s.resa_chunk, context // 2)
   b = per_layer.Bench(s, dtype, context, 8, s.seed)
   b.kv_numpy = None
-  hq, d = s.num_heads, s.head_dim
-  q = jax.random.normal(jax.random.key(s.seed + 1), (1, hq, chunk, d), dtype)
-  lo = context - chunk
-  pos = jnp.arange(lo, context, dtype=jnp.int32)[None]
-  kc, vc = b.cache.k[:, :, lo:context], b.cache.v[:, :, lo:context]
-  cands = []
-  for spec in (selector, selector + "+resa"):
-    m = per_layer.make_method(spec, s)
-    fn = per_layer.prefill_fn(m)
-    init = b.state_factory(m)
-
-    def step(fn=fn, init=init):
-      out, b.cache, st = fn(b.cache, init(), q, kc, vc, pos)
-      return out, st
-    cands.append(timing.Candidate(spec, step))
+  cands = [b.last_chunk(per_layer.make_method(spec, s), spec, chunk, s.seed + 1)
+           for spec in (selector, selector + "+resa")]
   timing.interleaved(cands, s.warmup, s.repeats, s.max_seconds_per_context)
   base, resa = cands[0].median_s, cands[1].median_s
   return [dict(section="resa", what="last prefill chunk + end_prefill (one layer)",

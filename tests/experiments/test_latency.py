@@ -102,3 +102,16 @@ def test_transformers_peer_holds_our_weights():
   for m, ref in zip(cases[:2], refs[:2]):
     assert np.abs(np.asarray(m.forward(ids)) - ref).max() <= 1e-4 * np.abs(ref).max()
   np.testing.assert_allclose(np.asarray(cases[2].forward(ids)), refs[2], rtol=1e-4, atol=1e-4)
+
+
+def test_profile_step_reads_op_times_from_a_trace(tmp_path):
+  from experiments import profile_step  # pylint: disable=g-import-not-at-top
+  f = jax.jit(lambda x: jax.numpy.tanh(x @ x).sum())
+  x = jax.numpy.ones((128, 128))
+  f(x).block_until_ready()
+  jax.profiler.start_trace(str(tmp_path))
+  f(x).block_until_ready()
+  jax.profiler.stop_trace()
+  ops = profile_step.op_times(str(tmp_path))
+  assert ops and all(ns >= 0 and n >= 1 for ns, n in ops.values())
+  assert not any(k.startswith("ThunkExecutor") for k in ops)
