@@ -13,6 +13,7 @@ never dropped.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 
@@ -52,19 +53,67 @@ def claim_rows(records: dict[str, list[dict]], root: str) -> list[dict]:
   return rows
 
 
-def timings(root: str) -> list[dict]:
-  """Last wall time per part from ``timings.jsonl`` (written by ``experiments.reproduce``)."""
+SESSION_GAP_S = 1800  # records further apart than this belong to separate runs
+
+
+def _seconds(stamp: str) -> float:
+  return datetime.datetime.fromisoformat(stamp).timestamp()
+
+
+def record_minutes(records) -> tuple[float, int]:
+  """``(minutes, runs)`` a workdir's records took: the spans of its runs (record times split at
+  gaps over ``SESSION_GAP_S``), each with the first batch's ``batch_seconds`` where recorded
+  (the work before a run's first record)."""
+  recs = sorted((r for r in records if r.get("time")), key=lambda r: r["time"])
+  total, runs, start, prev = 0.0, 0, None, None
+  for r in recs:
+    t = _seconds(r["time"])
+    if prev is None or t - prev > SESSION_GAP_S:
+      if start is not None:
+        total += prev - start
+      runs += 1
+      start = t - float(r.get("batch_seconds") or 0.0)
+    prev = t
+  if start is not None:
+    total += prev - start
+  return total / 60, runs
+
+
+def _reproduce_runs(root: str) -> dict[str, list[tuple[float, float]]]:
+  """part -> ``(finished, minutes)`` of each run ``experiments.reproduce`` logged in
+  ``timings.jsonl``."""
   path = os.path.join(root, "timings.jsonl")
-  if not os.path.exists(path):
-    return []
-  last = {}
-  with open(path, encoding="utf-8") as f:
-    for line in f:
-      if line.strip():
-        r = json.loads(line)
-        last[r["part"]] = dict(part=r["part"], minutes=round(r["seconds"] / 60, 1), rc=r["rc"],
-                               finished=r["finished"])
-  return list(last.values())
+  out = {}
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      for line in f:
+        if line.strip():
+          r = json.loads(line)
+          finished = datetime.datetime.fromisoformat(r["finished"]).replace(
+              tzinfo=datetime.timezone.utc).timestamp()
+          out.setdefault(r["part"].split(":")[0], []).append(
+              (finished, round(r["seconds"] / 60, 1)))
+  return out
+
+
+def timings(root: str) -> list[dict]:
+  """One row per workdir: minutes from its record times (every part, however it was run) and
+  from ``experiments.reproduce``'s log of the run that wrote its last record, if it ran it."""
+  logged = _reproduce_runs(root)
+  rows = []
+  for path in sorted(results.find_results(root)):
+    part = os.path.relpath(os.path.dirname(path), root)
+    recs = [r for r in results.read_records(path) if r.get("time")]
+    if not recs:
+      continue
+    minutes, runs = record_minutes(recs)
+    times = sorted(r["time"] for r in recs)
+    last = _seconds(times[-1])
+    log = [m for done, m in logged.get(part, ()) if 0 <= done - last <= SESSION_GAP_S]
+    rows.append(dict(part=part, minutes=round(minutes, 1) if round(minutes, 1) > 0 else "-", runs=runs,
+                     records=len(recs), first=times[0][:16], last=times[-1][:16],
+                     reproduce_log=log[-1] if log else "-"))
+  return rows
 
 
 def build(root: str) -> str:
@@ -85,9 +134,17 @@ def build(root: str) -> str:
     sections.append("## Leaderboard (RULER-style accuracy)\n\n" + board)
   t = timings(root)
   if t:
-    total = sum(r["minutes"] for r in t)
-    sections.append(f"## Wall time on this machine (2 CPU cores): {total:.0f} min in all\n\n"
-                    + render.markdown_table(t, ["part", "minutes", "rc", "finished"]))
+    total = sum(r["minutes"] for r in t if r["minutes"] != "-")
+    sections.append(
+        f"## Wall time: {total:.0f} min in all\n\nOn this machine (2 CPU cores; `latency_gpu`: "
+        "one H100). `minutes`: from the first to the last record of each run of the part (runs "
+        "split at gaps over 30 min), plus the first batch's time where the records hold it (`-`: "
+        "one record, no span); "
+        "parts that ran in parallel processes count once. `reproduce_log`: the minutes "
+        "`experiments.reproduce` logged for its last run of the part (process start to end, "
+        "model loading included), where it ran it.\n\n"
+        + render.markdown_table(t, ["part", "minutes", "runs", "records", "first", "last",
+                                    "reproduce_log"]))
   sections.append("Per-experiment tables and figures: each folder's markdown (e.g. "
                   "`svd_analysis/svd_analysis.md`) and `report.md` (`python -m experiments.report"
                   " --workdir=results`).")

@@ -37,8 +37,10 @@ def rectification_closes_gap(records, x=1024):
   gap = ps - pb
   closed = (ps - pr) / gap if gap > 0 else float("nan")
   verdict = ("reproduced" if closed >= 0.8 else "partly" if closed > 0 else "not reproduced")
-  n = sum(r["num_docs"] * r.get("eval_tokens", 32) for r in records
-          if (r.get("view"), r.get("method"), r.get("x")) == ("tail", "rectified", x))
+  # scored tokens per document batch, keyed by its first document: measured twice, counted once
+  tokens = {r["first_doc"]: r["num_docs"] * r.get("eval_tokens", 32) for r in records
+            if (r.get("view"), r.get("method"), r.get("x")) == ("tail", "rectified", x)}
+  n = sum(tokens[d] for d in docs)
   pd = f"dense {float(np.exp(np.mean([dense[k] for k in docs]))):.2f}, " if dense else ""
   return dict(ours=f"{100 * closed:.0f}% of the gap closed (ppl {pd}decode-only {pb:.2f}, "
                    f"sparse@{x} {ps:.2f}, rectified@{x} {pr:.2f})",

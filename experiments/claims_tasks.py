@@ -159,25 +159,40 @@ def ea_vs_baselines_niah(records):
   return ea_vs_baselines(records, heatmap=True)
 
 
+def benchmark(r) -> str:
+  """Which table an accuracy record belongs to: the needle grid (a ``heatmap`` config),
+  long-generation QA (``qa_multi``), or RULER (every other task)."""
+  if _heatmap(r):
+    return "needle grid"
+  return "long-gen QA" if r.get("task") == "qa_multi" else "RULER"
+
+
 def leaderboard(records) -> str:
-  """Every method x budget x length: mean accuracy with a 95% interval, dense on top."""
+  """Every benchmark x method x budget x length: mean accuracy with a 95% interval and the
+  number of tasks averaged, dense on top of each (benchmark, protocol, length) group."""
   if not records:
     return ""
   cells = collections.defaultdict(list)
+  tasks = collections.defaultdict(set)
   for r in records:
-    cells[(r.get("protocol", ""), r["method"], r.get("budget"), r.get("length"))].append(
-        float(r["score"]))
+    cell = (benchmark(r), r.get("protocol", ""), r["method"], r.get("budget"), r.get("length"))
+    cells[cell].append(float(r["score"]))
+    tasks[cell].add(r.get("task"))
   rows = []
-  for (proto, method, budget, length), xs in cells.items():
+  for cell, xs in cells.items():
+    bench, proto, method, budget, length = cell
     x = np.asarray(xs)
     if np.all(np.isin(x, (0.0, 1.0))):
       lo, hi = stats.wilson(int(x.sum()), len(x))
     else:
       _, lo, hi = stats.paired_bootstrap(x, np.zeros_like(x))
-    rows.append(dict(protocol=proto, method=method, budget="-" if budget is None else budget,
-                     length=length, accuracy=round(100 * x.mean(), 1),
-                     interval=f"[{100 * lo:.1f}, {100 * hi:.1f}]", n=len(x)))
-  rows.sort(key=lambda r: (r["protocol"], r["length"], r["method"] != "dense",
-                           -r["accuracy"]))
-  return render.markdown_table(rows, ["protocol", "length", "method", "budget", "accuracy",
-                                      "interval", "n"])
+    rows.append(dict(benchmark=bench, protocol=proto, method=method,
+                     budget="-" if budget is None else budget, length=length,
+                     accuracy=round(100 * x.mean(), 1),
+                     interval=f"[{100 * lo:.1f}, {100 * hi:.1f}]", tasks=len(tasks[cell]),
+                     n=len(x)))
+  order = {"RULER": 0, "needle grid": 1, "long-gen QA": 2}
+  rows.sort(key=lambda r: (order[r["benchmark"]], r["protocol"], r["length"],
+                           r["method"] != "dense", -r["accuracy"]))
+  return render.markdown_table(rows, ["benchmark", "protocol", "length", "method", "budget",
+                                      "accuracy", "interval", "tasks", "n"])

@@ -33,6 +33,7 @@ PARTS = (
     ("accuracy", "accuracy"),
     ("accuracy_compression", "accuracy"),
     ("niah_heatmap", "accuracy"),
+    ("needle_keep", "needle_keep"),
     ("long_generation_qa", "accuracy"),
     ("perplexity", "perplexity"),
     ("long_generation", "long_generation"),
@@ -43,7 +44,8 @@ PARTS = (
 EXPECTED_MINUTES = {
     "svd_analysis": 15, "attention_error": 20, "resa_lambda": 70, "budget_reduction": 60,
     "resa_calibrate": 20, "accuracy": 540, "accuracy_compression": 420, "niah_heatmap": 90,
-    "long_generation_qa": 110, "perplexity": 70, "long_generation": 60, "latency": 12,
+    "needle_keep": 10, "long_generation_qa": 110, "perplexity": 70, "long_generation": 60,
+    "latency": 12,
 }
 
 FLAGS = flags.FLAGS

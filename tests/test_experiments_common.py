@@ -173,6 +173,6 @@ def test_report_has_a_renderer_for_every_experiment():
   from experiments.tasks import report  # pylint: disable=g-import-not-at-top
   assert set(report.RENDERERS) == {
       "accuracy", "perplexity", "long_generation", "attention_error", "budget_reduction",
-      "resa_lambda", "resa_calibrate", "svd_analysis", "latency"}
+      "resa_lambda", "resa_calibrate", "svd_analysis", "latency", "needle_keep"}
   for module, fn, _ in report.RENDERERS.values():
     assert callable(getattr(importlib.import_module(module), fn)), (module, fn)

@@ -77,7 +77,8 @@ def _kept_per_head(cache) -> np.ndarray:
   return valid.sum(-1).mean(-1)
 
 
-def _pad(seqs) -> tuple[np.ndarray, np.ndarray]:
+def pad(seqs) -> tuple[np.ndarray, np.ndarray]:
+  """``[B, max len]`` int32 ids (zero-padded) and ``[B]`` lengths of a batch of id lists."""
   lengths = np.array([len(x) for x in seqs], np.int32)
   out = np.zeros((len(seqs), int(lengths.max())), np.int32)
   for i, x in enumerate(seqs):
@@ -129,11 +130,11 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
       split = [context_split(prompter, s) for s in batch]
       max_new = config.max_new_tokens or batch[0].max_new_tokens
       if protocol == "query_agnostic":
-        prompts, lengths = _pad([ids[:n] for ids, n in split])
-        suffix, suffix_lengths = _pad([ids[n:] for ids, n in split])
+        prompts, lengths = pad([ids[:n] for ids, n in split])
+        suffix, suffix_lengths = pad([ids[n:] for ids, n in split])
         total = int((lengths + suffix_lengths).max())
       else:
-        prompts, lengths = _pad([ids for ids, _ in split])
+        prompts, lengths = pad([ids for ids, _ in split])
         total = int(lengths.max())
       # Rounded up so batches of one target length share the compiled steps.
       capacity = -(-(total + max_new + 1) // CAPACITY_ROUND) * CAPACITY_ROUND

@@ -31,6 +31,7 @@ RENDERERS = {
                        "resa_calibrate.md"),
     "svd_analysis": ("experiments.analysis.svd_experiment", "render_all", "svd_analysis.md"),
     "latency": ("experiments.latency_lib.report", "write", "latency.md"),
+    "needle_keep": ("experiments.analysis.needle_experiment", "render_all", "needle_keep.md"),
 }
 
 

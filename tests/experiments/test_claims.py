@@ -62,15 +62,38 @@ def test_svd_claims_follow_their_rules():
 
 def test_report_lists_unrun_claims_and_timings(tmp_path):
   os.makedirs(tmp_path / "accuracy")
+  recs = _acc("dense", np.ones(5)) + _acc("quest", np.zeros(5))
+  # two runs a day apart: 2 min (the first record's batch took 60 s) + 1 min
+  stamps = ["2026-01-01T10:01:00+00:00", "2026-01-01T10:01:30+00:00", "2026-01-01T10:02:00",
+            "2026-01-02T08:00:00+00:00", "2026-01-02T08:01:00+00:00"] * 2
+  for i, (r, t) in enumerate(zip(recs, stamps)):
+    r.update(time=t if t.endswith("+00:00") else t + "+00:00")
+    if i == 0:
+      r["batch_seconds"] = 60.0
   with open(tmp_path / "accuracy" / "results.jsonl", "w", encoding="utf-8") as f:
-    for r in _acc("dense", np.ones(5)) + _acc("quest", np.zeros(5)):
+    for r in recs:
       f.write(json.dumps(r) + "\n")
-  with open(tmp_path / "timings.jsonl", "w", encoding="utf-8") as f:
-    f.write(json.dumps(dict(part="accuracy", seconds=120.0, rc=0, finished="t")) + "\n")
+  with open(tmp_path / "timings.jsonl", "w", encoding="utf-8") as f:  # only the second run
+    f.write(json.dumps(dict(part="accuracy", seconds=600.0, rc=0,
+                            finished="2025-12-30T00:00:00")) + "\n")
+    f.write(json.dumps(dict(part="accuracy", seconds=120.0, rc=0,
+                            finished="2026-01-02T08:02:00")) + "\n")
   text = open(claims.build(str(tmp_path)), encoding="utf-8").read()
   assert "| not run |" in text and "no `svd_analysis` records" in text
-  assert "Leaderboard" in text and "| dense |" in text
-  assert "2 min in all" in text or "| accuracy | 2.0 |" in text
+  assert "Leaderboard" in text and "| RULER | query_aware | 4096 | dense |" in text
+  assert "3 min in all" in text
+  assert "| accuracy | 3 | 2 | 10 | 2026-01-01T10:01 | 2026-01-02T08:01 | 2 |" in text
+
+
+def test_leaderboard_keeps_ruler_the_needle_grid_and_long_generation_qa_apart():
+  grid = [dict(r, config=dict(heatmap=True)) for r in _acc("dense", np.ones(4), length=1024,
+                                                          protocol="query_agnostic")]
+  qa = _acc("dense", np.zeros(3), length=2048, task="qa_multi")
+  ruler = _acc("dense", np.ones(2), length=1024, protocol="query_agnostic", task="vt")
+  board = claims_table.leaderboard(grid + qa + ruler)
+  lines = [l for l in board.splitlines() if l.startswith("| ") and "benchmark" not in l]
+  assert [l.split(" | ")[0] for l in lines] == ["| RULER", "| needle grid", "| long-gen QA"]
+  assert lines[1].endswith("| 1 | 4 |") and lines[0].endswith("| 1 | 2 |")
 
 
 def test_reproduce_plan_and_bad_names():

@@ -86,6 +86,9 @@ def test_rectification_gap_closed_is_measured_against_decode_only():
       _tail("rectified", 1024, 2.06, d))]
   got = claims_generation.rectification_closes_gap(recs)
   assert got["verdict"] == "reproduced" and got["n"] == 128
+  # a document measured again (another workdir of the experiment) is counted once
+  again = claims_generation.rectification_closes_gap(recs + recs[:4])
+  assert again["n"] == 128 and again["ours"] == got["ours"]
   worse = [dict(r, nll=2.6) if r["method"] == "rectified" else r for r in recs]
   assert claims_generation.rectification_closes_gap(worse)["verdict"] == "not reproduced"
 

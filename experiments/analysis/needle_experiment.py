@@ -1,0 +1,123 @@
+"""``experiments.needle_keep``: does a compression method keep the needle? (EA Fig. 3 diagnosis)
+
+For needle prompts (``experiments.tasks.ruler``) the context (everything before the question,
+as the query-agnostic protocol compresses it) is prefilled once for every compression method
+(``decoding.prefill_all``), each method evicts with its own ``end_prefill``, and the kept
+positions of every layer and kv head are compared with the needle's tokens
+(``needle_keep``). One record per (method, sample): the needle's kept share overall and per
+layer, and the kept share of each tenth of the context (where in the context a method keeps
+its budget). No answer is generated: this explains an accuracy, it does not measure one.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from experiments.analysis import needle_keep
+from experiments.common import cli, modelzoo, render
+from experiments.common.results import ResultWriter
+from experiments.tasks import accuracy, decoding, ruler, specs
+
+NAME = "needle_keep"
+KEYED = ("methods", "budgets", "depths")  # in every record's key (extending reuses rows)
+
+
+def _key(label, s) -> str:
+  return f"{label}|{s.task}|{s.target}|{s.seed}|{s.depth}"
+
+
+def run(config, workdir: str) -> list[dict]:
+  writer = ResultWriter(workdir, config, NAME, keyed=KEYED)
+  model = modelzoo.load_model(config.model)
+  prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
+  entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
+                         rope_inv_freq=modelzoo.rope_inv_freq(model))
+  bad = [e.label for e in entries if e.method.prefill_group != "compression"]
+  if bad:
+    raise ValueError(f"{bad} are not compression methods: only an eviction keeps a subset")
+  samples = ruler.dataset(config.tasks, config.lengths, config.num_samples, prompter,
+                          list(config.depths), config.seed, config.haystack)
+  progress = cli.Progress(len(samples) * len(entries), NAME)
+  for start in range(0, len(samples), config.batch_size):
+    batch = samples[start:start + config.batch_size]
+    todo = [e for e in entries if not all(writer.done(_key(e.label, s)) for s in batch)]
+    progress.update((len(entries) - len(todo)) * len(batch))
+    if not todo:
+      continue
+    split = [accuracy.context_split(prompter, s) for s in batch]
+    spans = [needle_keep.needle_token_span(prompter.ids, s.prompt, s.context,
+                                           s.needle_spans[0], n)
+             for s, (_, n) in zip(batch, split)]
+    prompts, lengths = accuracy.pad([ids[:n] for ids, n in split])
+    capacity = -(-int(lengths.max() + 1) // accuracy.CAPACITY_ROUND) * accuracy.CAPACITY_ROUND
+    for e, (_, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
+                                                     [e.method for e in todo], capacity)):
+      s_max = int(lengths.max())
+      kept = np.stack([needle_keep.kept_mask(c, s_max) for c in pre.caches], axis=1)  # [B, L..]
+      for i, s in enumerate(batch):
+        rec = dict(model=config.model, method=e.label, spec=e.spec, budget=e.budget,
+                   task=s.task, length=s.target, context_tokens=int(lengths[i]), depth=s.depth,
+                   seed=s.seed, needle_tokens=list(spans[i]),
+                   **needle_keep.keep_summary(kept[i], int(lengths[i]), spans[i]))
+        writer.write(rec, key=_key(e.label, s))
+      progress.update(len(batch), e.label)
+  return render_all(writer.records(), workdir)
+
+
+def table(records) -> list[dict]:
+  """Per method: mean needle recall (with its range over samples), heads keeping the needle,
+  the kept fraction, and the recall at shallow (< 0.5) vs deep (>= 0.5) needle depths."""
+  by = collections.defaultdict(list)
+  for r in records:
+    by[r["method"]].append(r)
+  rows = []
+  for method, rs in by.items():
+    recall = np.array([r["needle_recall"] for r in rs])
+    depth = np.array([r["depth"] for r in rs], float)
+    part = lambda m: f"{100 * recall[m].mean():.0f}" if m.any() else "-"
+    rows.append(dict(method=method, needle_recall=100 * recall.mean(),
+                     min_max=f"[{100 * recall.min():.0f}, {100 * recall.max():.0f}]",
+                     shallow=part(depth < 0.5), deep=part(depth >= 0.5),
+                     heads_with_needle=100 * np.mean([r["heads_with_needle"] for r in rs]),
+                     kept=100 * np.mean([r["kept_fraction"] for r in rs]), n=len(rs)))
+  rows.sort(key=lambda r: -r["needle_recall"])
+  return rows
+
+
+def render_all(records, workdir: str) -> list[dict]:
+  """Writes ``needle_keep.md`` and ``needle_keep.png`` (recall vs depth; the position profile)."""
+  rows = table(records)
+  if not rows:
+    return rows
+  fig, ax = render.new_figure(ncols=2, size=(5.0, 3.6))
+  by = collections.defaultdict(list)
+  for r in records:
+    by[r["method"]].append(r)
+  for method in (r["method"] for r in rows):
+    rs = by[method]
+    depths = sorted({r["depth"] for r in rs})
+    ax[0, 0].plot(depths, [100 * np.mean([r["needle_recall"] for r in rs if r["depth"] == d])
+                           for d in depths], "o-", label=method)
+    prof = np.nanmean([r["position_profile"] for r in rs], axis=0)
+    centres = (np.arange(len(prof)) + 0.5) / len(prof)
+    ax[0, 1].plot(centres, 100 * prof, ".-", label=method)
+  ax[0, 0].set(xlabel="needle depth", ylabel="needle tokens kept (%)",
+               title="needle kept (layers x kv heads)")
+  ax[0, 1].set(xlabel="position in the context (fraction)", ylabel="tokens kept (%)",
+               title="where the budget goes")
+  ax[0, 0].legend(fontsize=6)
+  render.save_figure(fig, workdir, "needle_keep.png")
+  cfg = records[0].get("config", {})
+  md = render.markdown_table(rows, ["method", "needle_recall", "min_max", "shallow", "deep",
+                                    "heads_with_needle", "kept", "n"], digits=3)
+  render.write_markdown(workdir, "needle_keep.md", "Which tokens compression keeps (needle)", [
+      f"Model `{cfg.get('model')}`, tasks {cfg.get('tasks')}, lengths {cfg.get('lengths')}, "
+      f"depths {cfg.get('depths')}: the context is prefilled and compressed as in the "
+      "query-agnostic protocol, and the kept positions of every layer and kv head are compared "
+      "with the needle's tokens. `needle_recall`: kept share of the needle's tokens over layers "
+      "x kv heads (%); `shallow` / `deep`: the same for needles at depth < 0.5 / >= 0.5; "
+      "`heads_with_needle`: layer x head pairs keeping at least half of the needle (%); `kept`: "
+      "share of the context kept.", md, "![needle_keep](needle_keep.png)"])
+  return rows
