@@ -4,9 +4,12 @@ For needle prompts (``experiments.tasks.ruler``) the context (everything before 
 as the query-agnostic protocol compresses it) is prefilled once for every compression method
 (``decoding.prefill_all``), each method evicts with its own ``end_prefill``, and the kept
 positions of every layer and kv head are compared with the needle's tokens
-(``needle_keep``). One record per (method, sample): the needle's kept share overall and per
-layer, and the kept share of each tenth of the context (where in the context a method keeps
-its budget). No answer is generated: this explains an accuracy, it does not measure one.
+(``needle_keep``). One record per (method, sample): the needle's kept share overall, per
+layer and per kv head, the kept share of each tenth of the context (where in the context a
+method keeps its budget), and the recall weighted by where the dense model looks: the share of
+its attention from the question's tokens that lands on the needle, per layer and kv head (one
+dense prefill of the whole prompt, ``capture``). No answer is generated: this explains an
+accuracy, it does not measure one.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import collections
 
 import numpy as np
 
+from experiments.analysis import capture as capture_lib
 from experiments.analysis import needle_keep
 from experiments.common import cli, modelzoo, render
 from experiments.common.results import ResultWriter
@@ -50,6 +54,7 @@ def run(config, workdir: str) -> list[dict]:
     spans = [needle_keep.needle_token_span(prompter.ids, s.prompt, s.context,
                                            s.needle_spans[0], n)
              for s, (_, n) in zip(batch, split)]
+    attention = [_question_attention(model, ids, n, span) for (ids, n), span in zip(split, spans)]
     prompts, lengths = accuracy.pad([ids[:n] for ids, n in split])
     capacity = -(-int(lengths.max() + 1) // accuracy.CAPACITY_ROUND) * accuracy.CAPACITY_ROUND
     for e, (_, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
@@ -57,32 +62,44 @@ def run(config, workdir: str) -> list[dict]:
       s_max = int(lengths.max())
       kept = np.stack([needle_keep.kept_mask(c, s_max) for c in pre.caches], axis=1)  # [B, L..]
       for i, s in enumerate(batch):
+        summary = needle_keep.keep_summary(kept[i], int(lengths[i]), spans[i])
         rec = dict(model=config.model, method=e.label, spec=e.spec, budget=e.budget,
                    task=s.task, length=s.target, context_tokens=int(lengths[i]), depth=s.depth,
-                   seed=s.seed, needle_tokens=list(spans[i]),
-                   **needle_keep.keep_summary(kept[i], int(lengths[i]), spans[i]))
+                   seed=s.seed, needle_tokens=list(spans[i]), **summary,
+                   question_attention=attention[i].round(5).tolist(),
+                   weighted_recall=needle_keep.weighted_recall(
+                       summary["needle_recall_per_head"], attention[i]))
         writer.write(rec, key=_key(e.label, s))
       progress.update(len(batch), e.label)
   return render_all(writer.records(), workdir)
 
 
+def _question_attention(model, ids, num_context, span):
+  """``[L, K]`` dense attention share of the question's tokens on the needle (one prefill)."""
+  cap = capture_lib.capture(model, np.asarray(ids, np.int32))
+  return needle_keep.question_attention(cap.q, cap.k, cap.scale, num_context, span)
+
+
 def table(records) -> list[dict]:
-  """Per method: mean needle recall (with its range over samples), heads keeping the needle,
-  the kept fraction, and the recall at shallow (< 0.5) vs deep (>= 0.5) needle depths."""
+  """Per method: mean needle recall (with its range over samples), the recall weighted by the
+  question's attention (overall, and for needles at depth < 0.5 / >= 0.5), the layer x head
+  pairs keeping the needle, and the kept fraction."""
   by = collections.defaultdict(list)
   for r in records:
     by[r["method"]].append(r)
   rows = []
   for method, rs in by.items():
     recall = np.array([r["needle_recall"] for r in rs])
+    weighted = np.array([r.get("weighted_recall", np.nan) for r in rs])
     depth = np.array([r["depth"] for r in rs], float)
-    part = lambda m: f"{100 * recall[m].mean():.0f}" if m.any() else "-"
+    part = lambda m: f"{100 * weighted[m].mean():.0f}" if m.any() else "-"
     rows.append(dict(method=method, needle_recall=100 * recall.mean(),
                      min_max=f"[{100 * recall.min():.0f}, {100 * recall.max():.0f}]",
-                     shallow=part(depth < 0.5), deep=part(depth >= 0.5),
+                     weighted_recall=100 * weighted.mean(), shallow=part(depth < 0.5),
+                     deep=part(depth >= 0.5),
                      heads_with_needle=100 * np.mean([r["heads_with_needle"] for r in rs]),
                      kept=100 * np.mean([r["kept_fraction"] for r in rs]), n=len(rs)))
-  rows.sort(key=lambda r: -r["needle_recall"])
+  rows.sort(key=lambda r: -r["weighted_recall"])
   return rows
 
 
@@ -98,26 +115,31 @@ def render_all(records, workdir: str) -> list[dict]:
   for method in (r["method"] for r in rows):
     rs = by[method]
     depths = sorted({r["depth"] for r in rs})
-    ax[0, 0].plot(depths, [100 * np.mean([r["needle_recall"] for r in rs if r["depth"] == d])
-                           for d in depths], "o-", label=method)
+    ax[0, 0].plot(depths, [100 * np.mean([r.get("weighted_recall", np.nan) for r in rs
+                                          if r["depth"] == d]) for d in depths], "o-",
+                  label=method)
     prof = np.nanmean([r["position_profile"] for r in rs], axis=0)
     centres = (np.arange(len(prof)) + 0.5) / len(prof)
     ax[0, 1].plot(centres, 100 * prof, ".-", label=method)
-  ax[0, 0].set(xlabel="needle depth", ylabel="needle tokens kept (%)",
-               title="needle kept (layers x kv heads)")
+  ax[0, 0].set(xlabel="needle depth", ylabel="needle kept (%, attention-weighted)",
+               title="needle kept where the question reads it")
   ax[0, 1].set(xlabel="position in the context (fraction)", ylabel="tokens kept (%)",
                title="where the budget goes")
   ax[0, 0].legend(fontsize=6)
   render.save_figure(fig, workdir, "needle_keep.png")
   cfg = records[0].get("config", {})
-  md = render.markdown_table(rows, ["method", "needle_recall", "min_max", "shallow", "deep",
-                                    "heads_with_needle", "kept", "n"], digits=3)
+  md = render.markdown_table(rows, ["method", "needle_recall", "min_max", "weighted_recall",
+                                    "shallow", "deep", "heads_with_needle", "kept", "n"],
+                             digits=3)
   render.write_markdown(workdir, "needle_keep.md", "Which tokens compression keeps (needle)", [
       f"Model `{cfg.get('model')}`, tasks {cfg.get('tasks')}, lengths {cfg.get('lengths')}, "
       f"depths {cfg.get('depths')}: the context is prefilled and compressed as in the "
       "query-agnostic protocol, and the kept positions of every layer and kv head are compared "
       "with the needle's tokens. `needle_recall`: kept share of the needle's tokens over layers "
-      "x kv heads (%); `shallow` / `deep`: the same for needles at depth < 0.5 / >= 0.5; "
+      "x kv heads (%); `weighted_recall`: the same, each layer x kv head weighted by the share "
+      "of the dense model's attention from the question's tokens on the needle there (where "
+      "the model reads it); `shallow` / `deep`: `weighted_recall` for needles at depth < 0.5 / "
+      ">= 0.5; "
       "`heads_with_needle`: layer x head pairs keeping at least half of the needle (%); `kept`: "
       "share of the context kept.", md, "![needle_keep](needle_keep.png)"])
   return rows

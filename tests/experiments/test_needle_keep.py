@@ -80,6 +80,26 @@ def test_keep_summary_numbers():
   assert out["position_profile"][4] == pytest.approx(3 / 4)  # position 4: 3 of 4 layer-heads
 
 
+def test_question_attention_matches_a_per_query_softmax():
+  rng = np.random.default_rng(1)
+  layers, n, kv, s, d = 2, 4, 2, 12, 8
+  q = rng.normal(size=(layers, n, s, d)).astype(np.float32)
+  k = rng.normal(size=(layers, kv, s, d)).astype(np.float32)
+  got = needle_keep.question_attention(q, k, 0.5, 9, (3, 5))
+  want = np.zeros((layers, kv))
+  for layer in range(layers):
+    for h in range(n):
+      masses = []
+      for t in range(9, s):
+        z = 0.5 * k[layer, h // (n // kv), :t + 1] @ q[layer, h, t]
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        masses.append(p[3:5].sum())
+      want[layer, h // (n // kv)] += np.mean(masses) / (n // kv)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  assert needle_keep.weighted_recall([[1.0, 0.0]], [[3.0, 1.0]]) == pytest.approx(0.75)
+
+
 def test_quick_run_streaming_llm_keeps_sinks_and_the_recent_half(tmp_path):
   c = nk_config.get_config(True)
   with c.unlocked():
@@ -92,6 +112,9 @@ def test_quick_run_streaming_llm_keeps_sinks_and_the_recent_half(tmp_path):
     assert 0.0 <= r["needle_recall"] <= 1.0 and 0.45 <= r["kept_fraction"] <= 0.56, r
     a, b = r["needle_tokens"]
     assert 0 <= a < b <= r["context_tokens"]
+    att = np.asarray(r["question_attention"])
+    assert att.shape == np.asarray(r["needle_recall_per_head"]).shape and att.ndim == 2
+    assert np.all((att >= 0) & (att <= 1)) and 0.0 <= r["weighted_recall"] <= 1.0
   for r in (r for r in recs if r["method"].startswith("streaming_llm")):
     prof = r["position_profile"]
     assert prof[-1] == 1.0 and prof[-2] == 1.0 and max(prof[1:4]) == 0.0, prof
