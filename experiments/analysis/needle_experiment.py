@@ -15,7 +15,9 @@ accuracy, it does not measure one.
 from __future__ import annotations
 
 import collections
+import os
 
+import matplotlib.pyplot as plt
 import numpy as np
 
 from experiments.analysis import capture as capture_lib
@@ -108,7 +110,7 @@ def render_all(records, workdir: str) -> list[dict]:
   rows = table(records)
   if not rows:
     return rows
-  fig, ax = render.new_figure(ncols=2, size=(5.0, 3.6))
+  fig, ax = render.new_figure(ncols=2, size=(5.0, 4.6))
   by = collections.defaultdict(list)
   for r in records:
     by[r["method"]].append(r)
@@ -125,8 +127,11 @@ def render_all(records, workdir: str) -> list[dict]:
                title="needle kept where the question reads it")
   ax[0, 1].set(xlabel="position in the context (fraction)", ylabel="tokens kept (%)",
                title="where the budget goes")
-  ax[0, 0].legend(fontsize=6)
-  render.save_figure(fig, workdir, "needle_keep.png")
+  handles, labels = ax[0, 0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+  fig.tight_layout(rect=(0, 0.02 + 0.045 * -(-len(labels) // 3), 1, 1))
+  fig.savefig(os.path.join(workdir, "needle_keep.png"), dpi=110)
+  plt.close(fig)
   cfg = records[0].get("config", {})
   md = render.markdown_table(rows, ["method", "needle_recall", "min_max", "weighted_recall",
                                     "shallow", "deep", "heads_with_needle", "kept", "n"],
