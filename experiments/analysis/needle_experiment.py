@@ -35,6 +35,7 @@ def _key(label, s) -> str:
 
 
 def run(config, workdir: str) -> list[dict]:
+  """Runs ``configs/needle_keep.py``'s methods on its needle prompts; returns the table rows."""
   writer = ResultWriter(workdir, config, NAME, keyed=KEYED)
   model = modelzoo.load_model(config.model)
   prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
@@ -62,7 +63,7 @@ def run(config, workdir: str) -> list[dict]:
     for e, (_, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
                                                      [e.method for e in todo], capacity)):
       s_max = int(lengths.max())
-      kept = np.stack([needle_keep.kept_mask(c, s_max) for c in pre.caches], axis=1)  # [B, L..]
+      kept = np.stack([needle_keep.kept_mask(c, s_max) for c in pre.caches], axis=1)  # [B,L,K,S]
       for i, s in enumerate(batch):
         summary = needle_keep.keep_summary(kept[i], int(lengths[i]), spans[i])
         rec = dict(model=config.model, method=e.label, spec=e.spec, budget=e.budget,
