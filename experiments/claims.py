@@ -116,6 +116,25 @@ def timings(root: str) -> list[dict]:
   return rows
 
 
+def needle_diagnosis(records) -> str:
+  """Why EA misses needles (EA Fig. 3 row): which methods keep the needle where the question
+  reads it, from ``experiments.needle_keep``'s records; "" without records."""
+  if not records:
+    return ""
+  from experiments.analysis import needle_experiment  # pylint: disable=g-import-not-at-top
+  rows = needle_experiment.table(records)
+  cfg = records[0].get("config", {})
+  return ("## Diagnosis: which tokens compression keeps (needle grid)\n\n"
+          f"`needle_keep` ({cfg.get('model')}, {cfg.get('tasks')}, {cfg.get('lengths')} tokens, "
+          "50% kept): the share of the needle's tokens each method keeps per layer and kv head, "
+          "weighted by the dense model's attention from the question on the needle there "
+          "(`weighted_recall`, %), for needles in the first half (`shallow`) and the second "
+          "half (`deep`) of the context. Figure: "
+          "[needle_keep.png](needle_keep/needle_keep.png).\n\n"
+          + render.markdown_table(rows, ["method", "weighted_recall", "shallow", "deep",
+                                         "needle_recall", "kept", "n"], digits=3))
+
+
 def build(root: str) -> str:
   """Writes ``root/REPORT.md``; returns its path."""
   records = load(root)
@@ -132,6 +151,9 @@ def build(root: str) -> str:
   board = claims_table.leaderboard(records.get("accuracy", []))
   if board:
     sections.append("## Leaderboard (RULER-style accuracy)\n\n" + board)
+  diag = needle_diagnosis(records.get("needle_keep", []))
+  if diag:
+    sections.append(diag)
   t = timings(root)
   if t:
     total = sum(r["minutes"] for r in t if r["minutes"] != "-")

@@ -143,3 +143,16 @@ def test_retro_longgen_gain_pairs_retro_with_its_quest_and_shows_dense():
   got = claims_tasks.retro_longgen_gain(recs)
   assert got["verdict"] == "reproduced" and got["n"] == 40
   assert "dense 100.0" in got["why"]
+
+
+def test_report_shows_the_needle_diagnosis_when_its_records_exist():
+  def rec(method, depth, w):
+    return dict(experiment="needle_keep", method=method, depth=depth, needle_recall=w,
+                weighted_recall=w, heads_with_needle=w, kept_fraction=0.5,
+                config=dict(model="m", tasks=["niah_single_2"], lengths=[2048]))
+  recs = [rec("keydiff@0.5", 0.2, 0.9), rec("keydiff@0.5", 0.8, 0.7),
+          rec("expected-attention@0.5", 0.2, 0.4), rec("expected-attention@0.5", 0.8, 0.8)]
+  text = claims.needle_diagnosis(recs)
+  assert "## Diagnosis" in text and "| keydiff@0.5 | 80 | 90 | 70 |" in text
+  assert text.index("keydiff") < text.index("expected-attention@0.5 | 60 | 40 | 80 |")
+  assert claims.needle_diagnosis([]) == ""
