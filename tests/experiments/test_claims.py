@@ -132,6 +132,11 @@ def test_ea_claims_read_ruler_and_the_needle_grid_apart():
   assert claims_tasks.ea_vs_baselines(grid + ruler)["verdict"] == "reproduced"
   niah = claims_tasks.ea_vs_baselines_niah(grid + ruler)
   assert niah["verdict"] == "not reproduced" and "keydiff 100.0" in niah["ours"]
+  # the other EA setting on the grid is a variant: shown, neither EA nor a baseline
+  default = [dict(r, config=dict(heatmap=True)) for r in
+             _acc("expected-attention@0.5", ones, 0.5, protocol="query_agnostic")]
+  both = claims_tasks.ea_vs_baselines_niah(grid + default + ruler)
+  assert both["ours"] == niah["ours"] and "variant expected-attention 100" in both["why"]
 
 
 def test_retro_longgen_gain_pairs_retro_with_its_quest_and_shows_dense():
