@@ -178,16 +178,17 @@ CLAIMS: list[Claim] = [
     Claim("Expected Attention at 50% halves the KV cache", "EA Fig. 5a / Sec. 4.3",
           "2x less KV memory", "latency", "latency.png", claims_speed.ea_memory),
     Claim("RULER gain of RESA over Quest at 2.5% / 8K", "RESA Table 1",
-          "+4.2 pts (Llama-3.1-8B), +9.0 (Llama-3.2-3B)", "accuracy", "",
+          "+4.2 pts (Llama-3.1-8B), +9.0 (Llama-3.2-3B)", "accuracy", "accuracy_vs_length.png",
           claims_tasks.resa_ruler_gain),
     Claim("Expected Attention beats the eviction baselines at 50% (RULER)", "EA Table 1",
-          "best of 7 methods", "accuracy", "", claims_tasks.ea_vs_baselines),
+          "best of 7 methods", "accuracy", "../accuracy_compression/accuracy_vs_length.png",
+          claims_tasks.ea_vs_baselines),
     Claim("Expected Attention beats the eviction baselines at 50% (NIAH grid)", "EA Fig. 3",
           "best of 7 methods", "accuracy", "../niah_heatmap/niah_heatmap.png",
           claims_tasks.ea_vs_baselines_niah),
     Claim("RetroAttention's long-generation accuracy gain over Quest (b=0.15, w=2)",
-          "Retro Table 1", "+5.6% avg, up to +21.9%", "accuracy", "",
-          claims_tasks.retro_longgen_gain),
+          "Retro Table 1", "+5.6% avg, up to +21.9%", "accuracy",
+          "../long_generation_qa/accuracy_vs_length.png", claims_tasks.retro_longgen_gain),
 ]
 
 leaderboard = claims_tasks.leaderboard
