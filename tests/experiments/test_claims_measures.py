@@ -89,6 +89,11 @@ def test_rectification_gap_closed_is_measured_against_decode_only():
   # a document measured again (another workdir of the experiment) is counted once
   again = claims_generation.rectification_closes_gap(recs + recs[:4])
   assert again["n"] == 128 and again["ours"] == got["ours"]
+  # sparse decoding that does not drift leaves no gap: said so, not a NaN share
+  flat = [dict(r, nll=2.04) if r["method"] == s and r["x"] == 1024 else r for r in recs]
+  none = claims_generation.rectification_closes_gap(flat)
+  assert none["verdict"] == "not reproduced" and none["ours"].startswith("no gap to close")
+  assert "nan" not in none["ours"] and "doc 3: decode-only 7.77" in none["why"]
   worse = [dict(r, nll=2.6) if r["method"] == "rectified" else r for r in recs]
   assert claims_generation.rectification_closes_gap(worse)["verdict"] == "not reproduced"
 
