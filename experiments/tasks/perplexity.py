@@ -16,6 +16,7 @@ lockstep); each batch is one resumable record per method, merged by ``merge`` fo
 from __future__ import annotations
 
 import collections
+import time
 
 import numpy as np
 
@@ -101,14 +102,17 @@ def run(config, workdir: str, mesh=None) -> list[dict]:
       run_map = {k: e.method for k, e in labels.items() if k in todo or k == "dense"}
       steps = length - prefill_len - 1  # lockstep's hook runs once per method per decode step
       job = cli.Progress(len(run_map) * steps, f"perplexity job {view} x={x} docs {c}+")
+      t0 = time.perf_counter()
       out = decoding.lockstep(model, batch, prefill_len, run_map, hook=lambda *_: job.update(),
                               mesh=mesh)
+      seconds = time.perf_counter() - t0  # the batch's decoding (the report's wall time)
       for label, e in todo.items():
         rec = dict(model=config.model, view=view, length=length, x=x, method=label,
                    spec=e.spec, budget=e.budget, sweeps=sweeps.get(label, ["reference"]),
                    rect_f=e.method.rect_interval, p=_p(e.method), first_doc=c,
                    num_docs=int(batch.shape[0]), memory_access=_memory(e.method, length),
-                   attended_tokens=_attended(e.method, length))
+                   attended_tokens=_attended(e.method, length),
+                   batch_seconds=seconds)
         rec.update(_statistics(out[label], view, config))
         writer.write(rec, key=key(label, c))
       progress.update(1, f"{view} x={x} docs {c}..{c + len(batch) - 1}")

@@ -132,6 +132,7 @@ def test_perplexity_quick(root):
   merged = perplexity.merge(tail)
   assert all(r["num_docs"] == cfg.num_docs for r in merged)
   assert all(_finite(r["nll"]) and _finite(r["kl"]) and r["kl"] >= 0 for r in recs)
+  assert all(r["batch_seconds"] > 0 for r in recs)  # the report's wall time reads it
   dense = [r for r in tail if r["method"] == "dense"][0]
   assert dense["kl"] == pytest.approx(0.0, abs=1e-5) and dense["agree"] == 1.0
   assert inter and all(len(r["nll_intervals"]) == (cfg.interval_length // 2) // cfg.interval
