@@ -26,11 +26,17 @@ FLAGS = flags.FLAGS
 COLUMNS = ("claim", "source", "paper", "ours", "n", "setting", "verdict", "why", "figure")
 
 
-def load(root: str) -> dict[str, list[dict]]:
-  """experiment name -> its records, from every ``results.jsonl`` under ``root``."""
+def read_files(root: str) -> dict[str, list[dict]]:
+  """``results.jsonl`` path -> its records, for every one under ``root`` (read once)."""
+  return {path: results.read_records(path) for path in sorted(results.find_results(root))}
+
+
+def load(root: str, files: dict[str, list[dict]] | None = None) -> dict[str, list[dict]]:
+  """experiment name -> its records, from every ``results.jsonl`` under ``root`` (or from
+  ``files``, ``read_files``'s answer)."""
   out: dict[str, list[dict]] = {}
-  for path in sorted(results.find_results(root)):
-    for r in results.read_records(path):
+  for recs in (read_files(root) if files is None else files).values():
+    for r in recs:
       out.setdefault(r.get("experiment", "unknown"), []).append(r)
   return out
 
@@ -96,14 +102,15 @@ def _reproduce_runs(root: str) -> dict[str, list[tuple[float, float]]]:
   return out
 
 
-def timings(root: str) -> list[dict]:
+def timings(root: str, files: dict[str, list[dict]] | None = None) -> list[dict]:
   """One row per workdir: minutes from its record times (every part, however it was run) and
-  from ``experiments.reproduce``'s log of the run that wrote its last record, if it ran it."""
+  from ``experiments.reproduce``'s log of the run that wrote its last record, if it ran it.
+  ``files``: ``read_files(root)``'s answer, if already read."""
   logged = _reproduce_runs(root)
   rows = []
-  for path in sorted(results.find_results(root)):
+  for path, recs in (read_files(root) if files is None else files).items():
     part = os.path.relpath(os.path.dirname(path), root)
-    recs = [r for r in results.read_records(path) if r.get("time")]
+    recs = [r for r in recs if r.get("time")]
     if not recs:
       continue
     minutes, runs = record_minutes(recs)
@@ -137,7 +144,8 @@ def needle_diagnosis(records) -> str:
 
 def build(root: str) -> str:
   """Writes ``root/REPORT.md``; returns its path."""
-  records = load(root)
+  files = read_files(root)
+  records = load(root, files)
   rows = claim_rows(records, root)
   verdicts = {v: sum(r["verdict"] == v for r in rows)
               for v in ("reproduced", "partly", "not reproduced", "not run")}
@@ -154,7 +162,7 @@ def build(root: str) -> str:
   diag = needle_diagnosis(records.get("needle_keep", []))
   if diag:
     sections.append(diag)
-  t = timings(root)
+  t = timings(root, files)
   if t:
     total = sum(r["minutes"] for r in t if r["minutes"] != "-")
     sections.append(

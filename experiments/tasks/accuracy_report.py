@@ -54,6 +54,17 @@ def _attended(rs) -> str:
   return f"{np.mean(kept):.0f} kept" if kept else ""
 
 
+def attended_share(rs) -> float | None:
+  """Mean share of the context a method reads per head: attended tokens at the first answer
+  token over the prompt (selection), or kept tokens over the context (compression); None for
+  dense rows (nothing recorded). Puts rows with their own budget rule (ReSA's sparsity,
+  RetroAttention's ``b``) beside the fixed-budget rows."""
+  shares = [r["attended_tokens"]["total"] / r["num_tokens"] if r.get("attended_tokens")
+            else r["kv_kept"] / r["context_tokens"]
+            for r in rs if r.get("attended_tokens") or r.get("kv_kept") is not None]
+  return float(np.mean(shares)) if shares else None
+
+
 def tables(records) -> list[str]:
   """Markdown sections: one table per (model, protocol, context length)."""
   by = collections.defaultdict(lambda: collections.defaultdict(list))

@@ -94,6 +94,18 @@ def test_leaderboard_keeps_ruler_the_needle_grid_and_long_generation_qa_apart():
   lines = [l for l in board.splitlines() if l.startswith("| ") and "benchmark" not in l]
   assert [l.split(" | ")[0] for l in lines] == ["| RULER", "| needle grid", "| long-gen QA"]
   assert lines[1].endswith("| 1 | 4 |") and lines[0].endswith("| 1 | 2 |")
+  assert lines[0].split(" | ")[5] == "-"  # dense reads everything, nothing recorded
+
+
+def test_leaderboard_shows_the_share_of_the_context_each_row_reads():
+  quest = [dict(r, attended_tokens=dict(total=t), num_tokens=1000)
+           for r, t in zip(_acc("quest@0.025", [1, 0]), (40, 60))]
+  snap = [dict(r, kv_kept=k, context_tokens=400, attended_tokens=None)
+          for r, k in zip(_acc("snapkv@0.5", [1, 1], 0.5, protocol="query_agnostic"),
+                          (200.0, 196.0))]
+  rows = {l.split(" | ")[3]: l.split(" | ")
+          for l in claims_table.leaderboard(quest + snap).splitlines()[2:]}
+  assert rows["quest@0.025"][5] == "5.0%" and rows["snapkv@0.5"][5] == "49.5%"
 
 
 def test_reproduce_plan_and_bad_names():
