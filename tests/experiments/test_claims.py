@@ -32,6 +32,11 @@ def test_resa_gain_is_paired_and_judged_by_its_interval():
   # the accuracy experiment labels rows spec@budget
   labelled = _acc("quest@0.025", base) + _acc("resa-quest@0.025", better)
   assert claims_tasks.resa_ruler_gain(labelled)["ours"] == got["ours"]
+  # the table's other selectors, on the same samples, join the why
+  both = recs + _acc("arkvale@0.025", better) + _acc("resa-arkvale@0.025", base)
+  why = claims_tasks.resa_ruler_gain(both)["why"]
+  assert f"ArkVale {100 * better.mean():.1f} -> {100 * base.mean():.1f}" in why
+  assert "n=60; paper +4.0, +4.5" in why and "top-k" not in why
 
 
 def test_ea_against_the_best_baseline():
