@@ -95,6 +95,22 @@ def gain_claim(records, new, base, budget, protocol=None, lengths=(8192, 4096, 2
   return None
 
 
+def task_differences(a: dict, b: dict) -> str:
+  """``"; differs on k of n tasks: task b -> a, ..."`` over the samples both hold (``scores``'
+  dicts, keyed by ``sample_key``): where a paired mean difference comes from."""
+  by = collections.defaultdict(lambda: ([], []))
+  for k in set(a) & set(b):
+    by[k[0]][0].append(a[k])
+    by[k[0]][1].append(b[k])
+  diff = {t: (np.mean(xb), np.mean(xa)) for t, (xa, xb) in sorted(by.items())
+          if not np.isclose(np.mean(xa), np.mean(xb))}
+  if not by:
+    return ""
+  return (f"; differs on {len(diff)} of {len(by)} tasks"
+          + "".join(f"{':' if i == 0 else ','} {t} {100 * mb:.0f} -> {100 * ma:.0f}"
+                    for i, (t, (mb, ma)) in enumerate(diff.items())))
+
+
 # RESA Table 1, mean over its seven RULER tasks (Llama-3.1-8B, Llama-3.2-3B): +RESA - base.
 RESA_TABLE1_OTHERS = {"arkvale": ("ArkVale", "+4.0, +4.5"), "topk": ("Ideal top-k", "+0.7, +3.7")}
 
@@ -108,6 +124,8 @@ def resa_ruler_gain(records):
   if got is None:
     return None
   length, _ = longest_pair(aware, "resa-quest", "quest", 0.025)
+  got["why"] += task_differences(scores(aware, "resa-quest", 0.025, length),
+                                 scores(aware, "quest", 0.025, length))
   for base, (name, paper) in RESA_TABLE1_OTHERS.items():
     other = paired(scores(aware, f"resa-{base}", 0.025, length),
                    scores(aware, base, 0.025, length))

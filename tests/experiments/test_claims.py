@@ -32,6 +32,10 @@ def test_resa_gain_is_paired_and_judged_by_its_interval():
   # the accuracy experiment labels rows spec@budget
   labelled = _acc("quest@0.025", base) + _acc("resa-quest@0.025", better)
   assert claims_tasks.resa_ruler_gain(labelled)["ours"] == got["ours"]
+  assert "differs on 1 of 1 tasks: niah " in got["why"]
+  assert claims_tasks.task_differences({("a", 1): 1.0, ("b", 1): 0.0, ("b", 2): 1.0},
+                                       {("a", 1): 1.0, ("b", 1): 1.0, ("b", 2): 1.0}) == (
+      "; differs on 1 of 2 tasks: b 100 -> 50")
   # the table's other selectors, on the same samples, join the why
   both = recs + _acc("arkvale@0.025", better) + _acc("resa-arkvale@0.025", base)
   why = claims_tasks.resa_ruler_gain(both)["why"]
