@@ -10,6 +10,10 @@ method keeps its budget), and the recall weighted by where the dense model looks
 its attention from the question's tokens that lands on the needle, per layer and kv head (one
 dense prefill of the whole prompt, ``capture``). No answer is generated: this explains an
 accuracy, it does not measure one.
+
+Each context is prefilled twice on purpose: the compression union must see the context alone
+(the query-agnostic protocol), while the question's attention needs a dense pass that reads
+the question after the whole, uncompressed context.
 """
 
 from __future__ import annotations
