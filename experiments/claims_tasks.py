@@ -117,23 +117,37 @@ RESA_TABLE1_OTHERS = {"arkvale": ("ArkVale", "+4.0, +4.5"), "topk": ("Ideal top-
 
 def resa_ruler_gain(records):
   """RESA Table 1: Quest+RESA beats Quest at 2.5% of an 8K context (Llama-3.1-8B: 83.2 ->
-  87.4, Llama-3.2-3B: 62.9 -> 71.9, mean over its seven tasks). The other selectors of the
-  table (ArkVale, ideal top-k), where they ran on the same samples, are added to the why."""
+  87.4, Llama-3.2-3B: 62.9 -> 71.9, mean over its seven tasks). The why adds dense, the tasks
+  where the pair differs, the other selectors of the table (ArkVale, ideal top-k) on the same
+  samples, and Quest's pair at the shorter lengths that ran (Fig. 5a: the gain grows with the
+  context)."""
   aware = [r for r in records if r.get("protocol") != "query_agnostic"]
   got = gain_claim(aware, "resa-quest", "quest", 0.025)
   if got is None:
     return None
   length, _ = longest_pair(aware, "resa-quest", "quest", 0.025)
+  pair = lambda new, base, at: paired(scores(aware, new, 0.025, at), scores(aware, base, 0.025, at))
+  dense = scores(aware, "dense", None, length)
+  if dense:
+    got["why"] += f"; dense {100 * np.mean(list(dense.values())):.1f}"
   got["why"] += task_differences(scores(aware, "resa-quest", 0.025, length),
                                  scores(aware, "quest", 0.025, length))
   for base, (name, paper) in RESA_TABLE1_OTHERS.items():
-    other = paired(scores(aware, f"resa-{base}", 0.025, length),
-                   scores(aware, base, 0.025, length))
+    other = pair(f"resa-{base}", base, length)
     if other:
-      ma, mb, d, lo, hi, n, _ = other
-      got["why"] += (f"; {name} {100 * mb:.1f} -> {100 * ma:.1f} ({pts(d)} pts "
-                     f"[{pts(lo)}, {pts(hi)}], n={n}; paper {paper})")
+      got["why"] += f"; {name} {_pair_text(other)}, n={other[5]}; paper {paper})"
+  for shorter in sorted({r.get("length") for r in aware if r.get("length", 0) < length},
+                        reverse=True):
+    other = pair("resa-quest", "quest", shorter)
+    if other:
+      got["why"] += f"; at {shorter} tokens {_pair_text(other)}, n={other[5]})"
   return got
+
+
+def _pair_text(got) -> str:
+  """``"b -> a (d pts [lo, hi]"`` of a ``paired`` answer (the caller closes the bracket)."""
+  ma, mb, d, lo, hi = got[:5]
+  return f"{100 * mb:.1f} -> {100 * ma:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}]"
 
 
 def retro_longgen_gain(records):

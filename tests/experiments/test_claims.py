@@ -41,6 +41,12 @@ def test_resa_gain_is_paired_and_judged_by_its_interval():
   why = claims_tasks.resa_ruler_gain(both)["why"]
   assert f"ArkVale {100 * better.mean():.1f} -> {100 * base.mean():.1f}" in why
   assert "n=60; paper +4.0, +4.5" in why and "top-k" not in why
+  # at 8k the row reads 8k; 4k's pair follows in its why (the gain's trend with length)
+  longer = [dict(r, length=8192) for r in _acc("quest", better) + _acc("resa-quest", base)]
+  at8k = claims_tasks.resa_ruler_gain(recs + longer)
+  assert "8192 tokens" in at8k["setting"] and at8k["verdict"] == "not reproduced"
+  trend = at8k["why"].split("; at 4096 tokens ")[1]
+  assert trend == got["ours"].split(", McNemar")[0] + ", n=60)"
 
 
 def test_ea_against_the_best_baseline():
