@@ -121,7 +121,8 @@ def resa_ruler_gain(records):
   where the pair differs, the other selectors of the table (ArkVale, ideal top-k) on the same
   samples, and Quest's pair at the shorter lengths that ran (Fig. 5a: the gain grows with the
   context)."""
-  aware = [r for r in records if r.get("protocol") != "query_agnostic"]
+  aware = [r for r in records
+           if r.get("protocol") != "query_agnostic" and benchmark(r) == "RULER"]
   got = gain_claim(aware, "resa-quest", "quest", 0.025)
   if got is None:
     return None
