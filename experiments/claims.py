@@ -5,7 +5,7 @@ r"""The reproduction report: each paper claim next to what this library measures
 Reads every ``WORKDIR/*/results.jsonl`` (the committed records), measures each claim of
 ``experiments.claims_table.CLAIMS`` on them, and writes ``WORKDIR/REPORT.md``: the claims table
 (paper's number, ours with an interval and the sample count, setting, verdict and why, the figure
-that shows it), the leaderboard (``experiments.claims_table.leaderboard``), the measured wall time
+that shows it), the leaderboard (``experiments.claims_leaderboard``), the measured wall time
 of every part (``WORKDIR/timings.jsonl``), and the per-experiment report
 (``experiments.report``). A claim whose experiment has no records yet is listed as "not run",
 never dropped.
@@ -19,7 +19,7 @@ import os
 
 from absl import app, flags
 
-from experiments import claims_table
+from experiments import claims_leaderboard, claims_table
 from experiments.common import render, results
 
 FLAGS = flags.FLAGS
@@ -156,9 +156,15 @@ def build(root: str) -> str:
       "Verdict rules are in `experiments/claims_table.py`, one per claim.",
       "Verdicts: " + ", ".join(f"{v} {n}" for v, n in verdicts.items()) + ".",
       "## Claims\n\n" + render.markdown_table(rows, COLUMNS)]
-  board = claims_table.leaderboard(records.get("accuracy", []))
-  if board:
-    sections.append("## Leaderboard (RULER-style accuracy)\n\n" + board)
+  accuracy = records.get("accuracy", [])
+  if accuracy:
+    fig = claims_leaderboard.figure(accuracy, root)
+    sections.append(
+        "## Leaderboard (RULER-style accuracy)\n\n`attended`: the share of the context each "
+        "row reads per head (selection: tokens attended at the first answer token, sinks and "
+        "local window included, over the prompt; compression: tokens kept over the context).\n\n"
+        + claims_leaderboard.markdown(accuracy)
+        + (f"\n\n![leaderboard]({os.path.basename(fig)})" if fig else ""))
   diag = needle_diagnosis(records.get("needle_keep", []))
   if diag:
     sections.append(diag)

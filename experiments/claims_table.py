@@ -190,5 +190,3 @@ CLAIMS: list[Claim] = [
           "Retro Table 1", "+5.6% avg, up to +21.9%", "accuracy",
           "../long_generation_qa/accuracy_vs_length.png", claims_tasks.retro_longgen_gain),
 ]
-
-leaderboard = claims_tasks.leaderboard

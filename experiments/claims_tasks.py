@@ -14,8 +14,7 @@ import collections
 
 import numpy as np
 
-from experiments.common import render, stats
-from experiments.tasks import accuracy_report
+from experiments.common import stats
 
 
 def sample_key(r) -> tuple:
@@ -235,35 +234,3 @@ def benchmark(r) -> str:
   if _heatmap(r):
     return "needle grid"
   return "long-gen QA" if r.get("task") == "qa_multi" else "RULER"
-
-
-def leaderboard(records) -> str:
-  """Every benchmark x method x budget x length: the share of the context read per head
-  (``accuracy_report.attended_share``), mean accuracy with a 95% interval and the number of
-  tasks averaged, dense on top of each (benchmark, protocol, length) group."""
-  if not records:
-    return ""
-  cells = collections.defaultdict(list)
-  for r in records:
-    cells[(benchmark(r), r.get("protocol", ""), r["method"], r.get("budget"),
-           r.get("length"))].append(r)
-  rows = []
-  for cell, rs in cells.items():
-    bench, proto, method, budget, length = cell
-    x = np.asarray([float(r["score"]) for r in rs])
-    share = accuracy_report.attended_share(rs)
-    if np.all(np.isin(x, (0.0, 1.0))):
-      lo, hi = stats.wilson(int(x.sum()), len(x))
-    else:
-      _, lo, hi = stats.paired_bootstrap(x, np.zeros_like(x))
-    rows.append(dict(benchmark=bench, protocol=proto, method=method,
-                     budget="-" if budget is None else budget, length=length,
-                     attended="-" if share is None else f"{100 * share:.1f}%",
-                     accuracy=round(100 * x.mean(), 1),
-                     interval=f"[{100 * lo:.1f}, {100 * hi:.1f}]",
-                     tasks=len({r.get("task") for r in rs}), n=len(x)))
-  order = {"RULER": 0, "needle grid": 1, "long-gen QA": 2}
-  rows.sort(key=lambda r: (order[r["benchmark"]], r["protocol"], r["length"],
-                           r["method"] != "dense", -r["accuracy"]))
-  return render.markdown_table(rows, ["benchmark", "protocol", "length", "method", "budget",
-                                      "attended", "accuracy", "interval", "tasks", "n"])

@@ -1,0 +1,94 @@
+"""The report's leaderboard (kvpress style): accuracy of every method row against the share of
+the context it reads, per benchmark, protocol and context length.
+
+``rows`` computes the cells from the ``accuracy`` experiment's records, ``markdown`` renders
+them as the report's table and ``figure`` as one panel per (benchmark, protocol, length):
+accuracy (with its 95% interval) against the share of the context read per head, dense as a
+line on top.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from experiments.claims_tasks import base_label, benchmark
+from experiments.common import render, stats
+from experiments.tasks import accuracy_report
+
+XLIM, XTICKS = (1.0, 100.0), (1, 2, 5, 10, 20, 50, 100)
+DODGE = 1.06  # sideways spread (a factor on the log axis) between the points of one panel
+ORDER = {"RULER": 0, "needle grid": 1, "long-gen QA": 2}
+COLUMNS = ("benchmark", "protocol", "length", "method", "budget", "attended", "accuracy",
+           "interval", "tasks", "n")
+
+
+def rows(records) -> list[dict]:
+  """One row per (benchmark, protocol, method, budget, length): ``share`` of the context read
+  per head (``accuracy_report.attended_share``; None for dense), mean accuracy (%) with a 95%
+  interval (Wilson for 0/1 scores, bootstrap otherwise), tasks averaged and samples; dense first
+  in each (benchmark, protocol, length) group, then by accuracy."""
+  cells = collections.defaultdict(list)
+  for r in records:
+    cells[(benchmark(r), r.get("protocol", ""), r["method"], r.get("budget"),
+           r.get("length"))].append(r)
+  out = []
+  for (bench, proto, method, budget, length), rs in cells.items():
+    x = np.asarray([float(r["score"]) for r in rs])
+    if np.all(np.isin(x, (0.0, 1.0))):
+      lo, hi = stats.wilson(int(x.sum()), len(x))
+    else:
+      _, lo, hi = stats.paired_bootstrap(x, np.zeros_like(x))
+    share = accuracy_report.attended_share(rs)
+    out.append(dict(benchmark=bench, protocol=proto, method=method,
+                    budget="-" if budget is None else budget, length=length, share=share,
+                    attended="-" if share is None else f"{100 * share:.1f}%",
+                    accuracy=round(100 * x.mean(), 1), lo=100 * lo, hi=100 * hi,
+                    interval=f"[{100 * lo:.1f}, {100 * hi:.1f}]",
+                    tasks=len({r.get("task") for r in rs}), n=len(x)))
+  out.sort(key=lambda r: (ORDER[r["benchmark"]], r["protocol"], r["length"],
+                          r["method"] != "dense", -r["accuracy"]))
+  return out
+
+
+def markdown(records) -> str:
+  """The leaderboard table ("" without records)."""
+  return render.markdown_table(rows(records), COLUMNS) if records else ""
+
+
+def figure(records, workdir: str, name: str = "leaderboard.png") -> str | None:
+  """Writes the leaderboard figure into ``workdir``; returns its path (None without rows)."""
+  got = rows(records)
+  groups = collections.defaultdict(list)
+  for r in got:
+    groups[(r["benchmark"], r["protocol"], r["length"])].append(r)
+  if not groups:
+    return None
+  fig, ax = render.new_figure(ncols=min(3, len(groups)), nrows=-(-len(groups) // 3),
+                              size=(4.6, 3.8))
+  for a in ax.flat[len(groups):]:
+    a.axis("off")
+  methods = sorted({base_label(r["method"]) for r in got if r["share"] is not None})
+  colour = {m: plt.get_cmap("tab20")(i % 20) for i, m in enumerate(methods)}
+  marker = {m: "osD^v"[i % 5] for i, m in enumerate(methods)}
+  for a, ((bench, proto, length), rs) in zip(ax.flat, sorted(
+      groups.items(), key=lambda kv: (ORDER[kv[0][0]], kv[0][1], kv[0][2]))):
+    sparse = [r for r in rs if r["share"] is not None]
+    for r in rs:
+      if r["share"] is None:
+        a.axhline(r["accuracy"], color="k", ls="--", lw=1, label=r["method"])
+    for i, r in enumerate(sparse):
+      m = base_label(r["method"])
+      # rows at one share (e.g. every eviction at 50%) are spread sideways to stay readable
+      x = 100 * r["share"] * DODGE ** (i - (len(sparse) - 1) / 2)
+      a.errorbar(x, r["accuracy"], yerr=[[r["accuracy"] - r["lo"]], [r["hi"] - r["accuracy"]]],
+                 fmt=marker[m], color=colour[m], ms=4, capsize=2, label=r["method"])
+    a.set(xscale="log", xlabel="context read per head (%)", ylabel="accuracy (%)",
+          title=f"{bench}, {proto}, {length} tokens", ylim=(-3, 103), xlim=XLIM)
+    a.set_xticks(XTICKS, [f"{t:g}" for t in XTICKS])
+    a.minorticks_off()
+    a.title.set_fontsize(8)
+    a.legend(fontsize=5, loc="best")
+  return render.save_figure(fig, workdir, name)
