@@ -21,15 +21,13 @@ reported on the same samples with a paired bootstrap interval and McNemar's test
 Samples: ``num_samples`` = 5 per (task, length) over 12 tasks, so every method x budget x length
 average (the headline cell) holds 60 samples (5 per task cell); needle depths sweep [0, 1].
 
-Cost on this machine (2 cores). Measured (main at 410de26, 4 prompts of 4096 tokens, load
-average 4-12 from other jobs): the shared dense prefill took 879 s wall (~220 s per prompt;
-~55 s per prompt on an idle machine, scaling by the CPU share), 16 greedy steps of the batch
-116 s (dense), 147 s (quest), 208 s (quest+resa), compilation included. Model for an idle
-machine: ~55 s (4k) / ~130 s (8k) of prefill per prompt, shared by all 23 rows, plus ~1 s per
-decode step of a 5-prompt batch per row (~32 steps per task on average) and ~30 s of
-compilation per row and length. Estimates: 4k ~3.5 h, 8k ~5.5 h for the whole grid; the first
-slice (dense, quest, resa-quest at 2.5%, 4k: 3 rows x 60 prompts) ~75 min. The progress line
-prints the measured rate and ETA within the first batch; run the grid in slices.
+Cost on this machine (2 cores), measured 2026-11-25 with two processes split by task, one core
+each: a batch of 5 prompts of 4096 tokens takes ~190-250 s of shared prefill, then ~5-35 s of
+greedy decoding per row (RetroAttention and the long-answer tasks cwe / vt / multivalue at the
+top); 7 rows x 60 samples took 38 min. The whole 4k grid (23 rows) is then ~1.2 h; 8k,
+estimated at ~2.5x the prefill and ~2x the decoding, ~3 h. The progress line prints the measured rate and ETA within
+the first batch; run the grid in slices (methods, budgets, tasks and lengths are keyed, so slices
+resume and extend one another).
 """
 
 from ml_collections import config_dict

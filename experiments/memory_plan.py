@@ -39,7 +39,7 @@ METHODS = {
     "quest+retro": lambda: methods.make("quest+retro", budget=0.1),
     "expected_attention 0.5": lambda: methods.make("expected_attention", ratio=0.5),
 }
-DIGESTS = ("kmin", "kmax", "kcen", "krad")
+DIGESTS = ("kmin", "kmax", "kcen", "krad", "kdev")
 GIB = 1024 ** 3
 H100_BYTES = 80 * 1000 ** 3
 

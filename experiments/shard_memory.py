@@ -55,7 +55,7 @@ def cache_bytes(model, method, mesh) -> tuple[int, int, int]:
     loop.step(lengths + i, jax.random.key(i))
   caches, states = loop.caches, loop.states
   # ``length [B]`` is replicated on every device (a few bytes); the rest is split.
-  slots = [{f: getattr(c, f) for f in ("k", "v", "pos", "kmin", "kmax", "kcen", "krad")}
+  slots = [{f: getattr(c, f) for f in ("k", "v", "pos", "kmin", "kmax", "kcen", "krad", "kdev")}
            for c in caches]
   per_cache = sharding.cache_bytes_per_device(slots)
   per_state = sharding.cache_bytes_per_device(states)

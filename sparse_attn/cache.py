@@ -10,11 +10,15 @@ re-embedding) are one operation, ``write``. Each slot also records the token pos
 Block digests, recomputed from the block's valid keys after every write that touches it:
   * ``kmin, kmax [B, K, NB, D]``: the per-channel bounding box (Quest, Tang et al. 2024, Sec. 3.2);
   * ``kcen [B, K, NB, D]``, ``krad [B, K, NB]``: the centroid and the bounding-sphere radius
-    ``max_j ||k_j - c||`` (ArkVale page digests, Chen et al. 2024, Sec. 4.2).
+    ``max_j ||k_j - c||`` (the ``"sphere"`` kind; ArkVale's sphere-max bound, Chen et al. 2024,
+    Sec. 5.2, Eq. 1-2, centred on the centroid);
+  * ``kdev [B, K, NB, D]``: the per-channel mean absolute deviation of the keys from the box
+    centre ``(kmin + kmax) / 2`` (the ``"mean_box"`` kind; ArkVale's cuboid-mean radius vector,
+    Eq. 4: the box ``centre +- kdev`` is its default page digest).
 Empty blocks have all-zero digests; selectors mask them by ``length``. A cache keeps only the
 digest kinds its method asks for (``init_cache(digests=...)``; methods keep the box, part of
-every cache's contract, and the sphere only for ArkVale); an absent kind is a zero-length ``NB``
-axis, so writes neither compute nor scatter it.
+every cache's contract, and ArkVale's kind only for ArkVale); an absent kind is a zero-length
+``NB`` axis, so writes neither compute nor scatter it.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class KVCache(SlotBuffer):
     length: ``[B]`` int32 number of slots in use (one past the highest written slot).
     kmin, kmax, kcen: ``[B, K, NB, D]`` block digests (cache dtype).
     krad: ``[B, K, NB]`` float32 bounding-sphere radius per block.
+    kdev: ``[B, K, NB, D]`` mean absolute deviation from the box centre (cache dtype).
     (A digest kind the method does not read has a zero-length ``NB`` axis: ``has_digests``.)
     block_size: static block (page) size.
   """
@@ -83,6 +88,7 @@ class KVCache(SlotBuffer):
   kmax: jax.Array
   kcen: jax.Array
   krad: jax.Array
+  kdev: jax.Array
   block_size: int = dataclasses.field(metadata=dict(static=True), default=16)
 
   @property
@@ -94,8 +100,9 @@ class KVCache(SlotBuffer):
     return self.capacity // self.block_size
 
   def has_digests(self, kind: str) -> bool:
-    """Whether the cache keeps the ``"box"`` (kmin, kmax) or ``"sphere"`` (kcen, krad) digests."""
-    arr = {"box": self.kmin, "sphere": self.kcen}[kind]
+    """Whether the cache keeps the ``"box"`` (kmin, kmax), ``"sphere"`` (kcen, krad) or
+    ``"mean_box"`` (kdev) digests."""
+    arr = {"box": self.kmin, "sphere": self.kcen, "mean_box": self.kdev}[kind]
     return arr.shape[2] > 0 or self.num_blocks == 0
 
   @property
@@ -104,7 +111,7 @@ class KVCache(SlotBuffer):
     return tuple(k for k in DIGEST_KINDS if self.has_digests(k))
 
 
-DIGEST_KINDS = ("box", "sphere")
+DIGEST_KINDS = ("box", "sphere", "mean_box")
 
 
 def _check_digests(digests):
@@ -116,7 +123,7 @@ def _check_digests(digests):
 def init_cache(batch: int, num_kv_heads: int, capacity: int, head_dim: int,
                block_size: int = 16, dtype=jnp.float32, digests=DIGEST_KINDS) -> KVCache:
   """An empty cache of ``capacity`` slots (a multiple of ``block_size``) keeping the block
-  ``digests`` kinds (``"box"``, ``"sphere"``; absent ones have zero blocks)."""
+  ``digests`` kinds (``DIGEST_KINDS``; absent ones have zero blocks)."""
   _check_digests(digests)
   if block_size <= 0:
     raise ValueError(f"block_size must be positive, got {block_size}")
@@ -127,12 +134,13 @@ def init_cache(batch: int, num_kv_heads: int, capacity: int, head_dim: int,
   shape = (batch, num_kv_heads, capacity, head_dim)
   box = (batch, num_kv_heads, nb if "box" in digests else 0, head_dim)
   sphere = (batch, num_kv_heads, nb if "sphere" in digests else 0, head_dim)
+  mean_box = (batch, num_kv_heads, nb if "mean_box" in digests else 0, head_dim)
   return KVCache(
       k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
       pos=jnp.full(shape[:3], -1, jnp.int32), length=jnp.zeros((batch,), jnp.int32),
       kmin=jnp.zeros(box, dtype), kmax=jnp.zeros(box, dtype),
       kcen=jnp.zeros(sphere, dtype), krad=jnp.zeros(sphere[:3], jnp.float32),
-      block_size=block_size)
+      kdev=jnp.zeros(mean_box, dtype), block_size=block_size)
 
 
 def keep_digests(cache: KVCache, digests) -> KVCache:
@@ -145,7 +153,8 @@ def keep_digests(cache: KVCache, digests) -> KVCache:
       cache, kmin=cache.kmin if box else empty(cache.kmin),
       kmax=cache.kmax if box else empty(cache.kmax),
       kcen=cache.kcen if sphere else empty(cache.kcen),
-      krad=cache.krad if sphere else empty(cache.krad))
+      krad=cache.krad if sphere else empty(cache.krad),
+      kdev=cache.kdev if "mean_box" in digests else empty(cache.kdev))
 
 
 def block_digests(k, valid, block_size):
@@ -157,8 +166,8 @@ def block_digests(k, valid, block_size):
     block_size: static.
 
   Returns:
-    ``kmin, kmax, kcen [..., NB, D]`` (dtype of k) and ``krad [..., NB]`` float32; zeros for
-    blocks with no valid key.
+    ``kmin, kmax, kcen [..., NB, D]`` (dtype of k), ``krad [..., NB]`` float32 and
+    ``kdev [..., NB, D]`` (dtype of k); zeros for blocks with no valid key.
   """
   *lead, t, d = k.shape
   nb = t // block_size
@@ -171,8 +180,11 @@ def block_digests(k, valid, block_size):
   kcen = jnp.sum(jnp.where(vb, kb, 0.0), axis=-2) / jnp.maximum(cnt, 1)
   dist = jnp.sqrt(jnp.sum(jnp.square(kb - kcen[..., None, :]), axis=-1))
   krad = jnp.max(jnp.where(vb[..., 0], dist, 0.0), axis=-1)
+  centre = 0.5 * (kmin + kmax)
+  kdev = jnp.sum(jnp.where(vb, jnp.abs(kb - centre[..., None, :]), 0.0), axis=-2) / jnp.maximum(
+      cnt, 1)
   dt = k.dtype
-  return kmin.astype(dt), kmax.astype(dt), kcen.astype(dt), krad
+  return kmin.astype(dt), kmax.astype(dt), kcen.astype(dt), krad, kdev.astype(dt)
 
 
 def _check_write(cache: KVCache, k_new, v_new, positions):
@@ -254,8 +266,8 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None) -> KVCa
 
 def _refresh_all_digests(cache: KVCache) -> KVCache:
   """Every block's digests, of the kinds ``cache`` keeps (XLA drops the others' computation)."""
-  kmin, kmax, kcen, krad = block_digests(cache.k, cache.valid, cache.block_size)
-  full = dataclasses.replace(cache, kmin=kmin, kmax=kmax, kcen=kcen, krad=krad)
+  kmin, kmax, kcen, krad, kdev = block_digests(cache.k, cache.valid, cache.block_size)
+  full = dataclasses.replace(cache, kmin=kmin, kmax=kmax, kcen=kcen, krad=krad, kdev=kdev)
   return keep_digests(full, cache.digest_kinds)
 
 
@@ -270,13 +282,14 @@ def _refresh_block_digests(cache: KVCache, blocks) -> KVCache:
   slots = jnp.broadcast_to(slots, (b, hkv, s, bs)).reshape(b, hkv, s * bs)
   kb = jnp.take_along_axis(cache.k, slots[..., None], axis=2)
   vb = jnp.take_along_axis(cache.valid, slots, axis=2)
-  kmin, kmax, kcen, krad = block_digests(kb, vb, bs)  # [B, K, M, D]
+  kmin, kmax, kcen, krad, kdev = block_digests(kb, vb, bs)  # [B, K, M, D]
   bi = jnp.arange(b)[:, None, None]
   hi = jnp.arange(hkv)[None, :, None]
   idx = jnp.where(blocks < nb, blocks, nb)[:, None, :]
   upd = lambda arr, val: scatter_set(arr, (bi, hi, idx), val) if arr.shape[2] else arr
   return dataclasses.replace(cache, kmin=upd(cache.kmin, kmin), kmax=upd(cache.kmax, kmax),
-                             kcen=upd(cache.kcen, kcen), krad=upd(cache.krad, krad))
+                             kcen=upd(cache.kcen, kcen), krad=upd(cache.krad, krad),
+                             kdev=upd(cache.kdev, kdev))
 
 
 def replace_storage(cache: KVCache, k, v, pos, length) -> KVCache:

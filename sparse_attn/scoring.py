@@ -54,28 +54,44 @@ def quest_scores(qs, kmin, kmax):
   return s.reshape(qs.shape[0], qs.shape[1], -1)
 
 
-ARKVALE_VARIANTS = ("sphere", "cuboid")
+# ArkVale's page digests (Chen et al. 2024, Sec. 5.2): ``cuboid-mean`` (the default: the best
+# estimator of their Fig. 7 and the one digest of the authors' released code), ``cuboid``
+# (cuboid-max, the box of Eq. 3: Quest's bound) and ``sphere`` (sphere-max, Eq. 1).
+ARKVALE_VARIANTS = ("cuboid-mean", "cuboid", "sphere")
+ARKVALE_DIGESTS = {"cuboid-mean": ("box", "mean_box"), "cuboid": ("box",),
+                   "sphere": ("box", "sphere")}
 
 
-def arkvale_scores(qs, kcen, krad, kmin, kmax, variant: str = "sphere"):
-  """ArkVale page-importance estimates from bounding volumes (Chen et al. 2024, Sec. 4.2).
+def arkvale_scores(qs, cache, variant: str = "cuboid-mean"):
+  """ArkVale page-importance estimates from bounding volumes (Chen et al. 2024, Sec. 5.2).
 
-  ``sphere``: the page's keys lie in a ball (centroid ``c``, radius ``r``), so
-  ``max_j q . k_j <= q . c + ||q|| r``. ``cuboid``: the keys lie in the box ``[kmin, kmax]`` and
-  the bound is the box maximum ``sum_d max(q_d kmax_d, q_d kmin_d)`` (the same bound as Quest).
+  Every variant estimates ``max_j q . k_j`` over a page from its digest:
+    ``cuboid-mean``: the box ``c +- r`` with ``c = (kmin + kmax) / 2`` the centre of the keys'
+      bounding box and ``r = mean_j |c - k_j|`` per channel (Eq. 4), scored by Eq. 3:
+      ``sum_d max(q_d (c_d + r_d), q_d (c_d - r_d)) = q . c + |q| . r``;
+    ``cuboid``: the bounding box itself (``r = max_j |c - k_j|``), Eq. 3 = Quest's bound;
+    ``sphere``: a ball of centre ``c`` (here the centroid) and radius ``max_j ||k_j - c||``,
+      Eq. 1: ``q . c + ||q|| r``.
 
   Args:
-    qs: ``[B, H, D]``; kcen, kmin, kmax: ``[B, K, NB, D]``; krad: ``[B, K, NB]``.
+    qs: ``[B, H, D]`` scoring queries (H a multiple of K).
+    cache: a ``KVCache`` keeping ``ARKVALE_DIGESTS[variant]``.
+    variant: one of ``ARKVALE_VARIANTS``.
 
   Returns:
     ``[B, H, NB]`` float32.
   """
-  if variant == "cuboid":
-    return quest_scores(qs, kmin, kmax)
-  if variant != "sphere":
+  if variant not in ARKVALE_VARIANTS:
     raise ValueError(f"ArkVale variant must be one of {ARKVALE_VARIANTS}, got {variant!r}")
-  qg = _per_kv_head(qs, kcen.shape[1])
-  qn = jnp.linalg.norm(qg, axis=-1)  # [B, K, r]
-  s = (jnp.einsum("bkrd,bknd->bkrn", qg, kcen.astype(jnp.float32))
-       + qn[..., None] * krad[:, :, None, :])
+  if variant == "cuboid":
+    return quest_scores(qs, cache.kmin, cache.kmax)
+  qg = _per_kv_head(qs, cache.num_kv_heads)  # [B, K, r, D]
+  f32 = dict(preferred_element_type=jnp.float32)
+  if variant == "cuboid-mean":
+    centre = 0.5 * (cache.kmin.astype(jnp.float32) + cache.kmax.astype(jnp.float32))
+    s = (jnp.einsum("bkrd,bknd->bkrn", qg, centre, **f32)
+         + jnp.einsum("bkrd,bknd->bkrn", jnp.abs(qg), cache.kdev.astype(jnp.float32), **f32))
+  else:
+    s = (jnp.einsum("bkrd,bknd->bkrn", qg, cache.kcen.astype(jnp.float32), **f32)
+         + jnp.linalg.norm(qg, axis=-1)[..., None] * cache.krad[:, :, None, :])
   return s.reshape(qs.shape[0], qs.shape[1], -1)

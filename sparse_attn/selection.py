@@ -132,10 +132,11 @@ def quest(q, cache: KVCache, budget: Budget, gqa: str = "head") -> Selection:
 
 
 def arkvale(q, cache: KVCache, budget: Budget, gqa: str = "head",
-            variant: str = "sphere") -> Selection:
-  """ArkVale page recall by bounding-volume digests (Chen et al. 2024, Sec. 4.2)."""
+            variant: str = "cuboid-mean") -> Selection:
+  """ArkVale page recall by bounding-volume digests (Chen et al. 2024, Sec. 5.2;
+  ``scoring.arkvale_scores``)."""
   qs = scoring.scoring_queries(q, cache.num_kv_heads, gqa)
-  s = scoring.arkvale_scores(qs, cache.kcen, cache.krad, cache.kmin, cache.kmax, variant)
+  s = scoring.arkvale_scores(qs, cache, variant)
   return select_blocks(s, cache, budget)
 
 

@@ -7,7 +7,8 @@ built and validated once by :meth:`Selector.from_options`; ``select`` then maps 
 queries ``q [B, Hq, D]`` and a cache to a ``selection.Selection``.
 
 * ``quest``: page digests (element-wise min/max keys), upper-bound scores (Tang et al. 2024,
-  Eq. 1); ``arkvale``: bounding-sphere / cuboid digests (Chen et al. 2024). Both choose blocks.
+  Eq. 1); ``arkvale``: bounding-volume page digests, cuboid-mean by default (Chen et al. 2024,
+  Sec. 5.2). Both choose blocks.
 * ``topk``: exact token scores, the oracle top-k; ``streaming``: sinks + recent tokens only
   (StreamingLLM, Xiao et al. 2024). Both choose single slots (granularity 1).
 """
@@ -39,7 +40,8 @@ class Selector:
     budget: how many entries are attended (forced sinks / local window plus chosen ones).
     block_size: cache block (page) size; the entry size of the block selectors.
     gqa: ``"head"`` (one selection per query head) or ``"group"`` (shared by the kv group).
-    variant: ArkVale bounding volume (``"sphere"`` or ``"cuboid"``).
+    variant: ArkVale bounding volume (``scoring.ARKVALE_VARIANTS``: ``"cuboid-mean"``,
+      ``"cuboid"``, ``"sphere"``).
     topp: adaptive top-p rule: the fewest blocks with estimated mass >= ``topp`` per head,
       capped by the budget (Twilight / PSA; ``sparse_attn.adaptive.topp``).
     adakv: Ada-KV head-adaptive allocation of the layer's block budget with this per-head
@@ -50,7 +52,7 @@ class Selector:
   budget: Budget
   block_size: int = 16
   gqa: Literal["head", "group"] = "head"
-  variant: Literal["sphere", "cuboid"] = "sphere"
+  variant: Literal["cuboid-mean", "cuboid", "sphere"] = "cuboid-mean"
   topp: float | None = None
   adakv: float | None = None
 
@@ -83,7 +85,7 @@ class Selector:
       kw["budget"] = None
       kw.setdefault("n_local", 1)  # ReSA's defaults (Sec. 3): n_min=16, n_local=1
     return cls(name=name, budget=Budget(**kw), block_size=block_size,
-               gqa=options.get("gqa", "head"), variant=options.get("variant", "sphere"),
+               gqa=options.get("gqa", "head"), variant=options.get("variant", "cuboid-mean"),
                topp=_fraction("topp", options.get("topp")),
                adakv=_fraction("adakv floor", options.get("adakv")))
 
@@ -95,10 +97,10 @@ class Selector:
   @property
   def digests(self) -> tuple[str, ...]:
     """The block digest kinds this selector reads (``cache.init_cache``): Quest's box,
-    ArkVale's box and sphere, none for the token selectors."""
+    ArkVale's variant's (``scoring.ARKVALE_DIGESTS``), none for the token selectors."""
     if self.name not in BLOCK_SELECTORS:
       return ()
-    return ("box",) if self.name == "quest" else ("box", "sphere")
+    return ("box",) if self.name == "quest" else scoring.ARKVALE_DIGESTS[self.variant]
 
   @property
   def group_shared(self) -> bool:
@@ -125,8 +127,7 @@ class Selector:
     qs = scoring.scoring_queries(q, cache.num_kv_heads, self.gqa)
     if self.name == "quest":
       return kernels.quest_scores(qs, cache, impl=impl, interpret=interpret)
-    return scoring.arkvale_scores(qs, cache.kcen, cache.krad, cache.kmin, cache.kmax,
-                                  self.variant)
+    return scoring.arkvale_scores(qs, cache, self.variant)
 
   def select(self, q, cache, scale=None, *, impl: str = "auto", interpret: bool = False,
              windowed: bool = False) -> selection.Selection:

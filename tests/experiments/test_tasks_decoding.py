@@ -40,7 +40,7 @@ def test_shared_prefill_equals_own_prefill():
                                    atol=1e-5, err_msg=m.spec)
   union = decoding._prefill_union([m for m in ms if isinstance(m, methods.Method)])
   assert union.resa and union.window == 2
-  assert union.cache_digests == ("box", "sphere")  # ArkVale's sphere kept for its copy only
+  assert union.cache_digests == ("box", "mean_box")  # ArkVale's kept for its copy only
   # typical_query=last and w=4 differ from the union and take their own prefill
   assert not decoding._shares_union(ms[5], union)
   assert not decoding._shares_union(ms[6], union)

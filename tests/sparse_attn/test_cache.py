@@ -107,7 +107,8 @@ def test_gather_blocks_per_head_reads_its_kv_head():
                                     c.k[0, h // 2, blk * 8:(blk + 1) * 8])
 
 
-@pytest.mark.parametrize("digests", [(), ("box",), ("sphere",), ("box", "sphere")])
+@pytest.mark.parametrize("digests", [(), ("box",), ("sphere",), ("box", "sphere"),
+                                     ("box", "mean_box"), ("mean_box",)])
 def test_a_cache_keeps_only_the_digest_kinds_asked_for(digests):
   """Absent kinds have zero blocks through writes (jit), long writes and re-storage; the kept
   ones equal a full cache's."""
@@ -123,7 +124,8 @@ def test_a_cache_keeps_only_the_digest_kinds_asked_for(digests):
   full, mine = one(full), one(mine)  # one slot: the per-block refresh
   store = lambda c: cache_lib.replace_storage(c, c.k, c.v, c.pos, c.length)
   for got, want in ((mine, full), (store(mine), store(full))):
-    for kind, names in (("box", ("kmin", "kmax")), ("sphere", ("kcen", "krad"))):
+    for kind, names in (("box", ("kmin", "kmax")), ("sphere", ("kcen", "krad")),
+                        ("mean_box", ("kdev",))):
       assert got.has_digests(kind) == (kind in digests)
       for name in names:
         arr = getattr(got, name)
@@ -137,11 +139,14 @@ def test_a_cache_keeps_only_the_digest_kinds_asked_for(digests):
 
 def test_methods_keep_the_digests_their_selector_reads():
   from sparse_attn import methods  # pylint: disable=g-import-not-at-top
-  kinds = lambda m: tuple(k for k in ("box", "sphere")
+  kinds = lambda m: tuple(k for k in cache_lib.DIGEST_KINDS
                           if m.init_cache(1, 2, 64, 8).has_digests(k))
   assert kinds(methods.make("dense", block_size=8)) == ("box",)  # DESIGN.md: every cache
   assert kinds(methods.make("quest+resa", budget=0.25, block_size=8)) == ("box",)
-  assert kinds(methods.make("arkvale", budget=0.25, block_size=8)) == ("box", "sphere")
+  assert kinds(methods.make("arkvale", budget=0.25, block_size=8)) == ("box", "mean_box")
+  assert kinds(methods.make("arkvale:variant=sphere", budget=0.25, block_size=8)) == (
+      "box", "sphere")
+  assert kinds(methods.make("arkvale:variant=cuboid", budget=0.25, block_size=8)) == ("box",)
   assert kinds(methods.make("topk", budget=0.25, block_size=8)) == ("box",)
   assert kinds(methods.make("snapkv", ratio=0.5, block_size=8)) == ("box",)
 
@@ -150,5 +155,5 @@ def test_a_selector_on_a_cache_without_its_digests_says_so():
   from sparse_attn import methods  # pylint: disable=g-import-not-at-top
   quest_cache = methods.make("quest", budget=0.25, block_size=8).init_cache(1, 2, 64, 8)
   q = jnp.ones((1, 4, 8), jnp.float32)
-  with pytest.raises(ValueError, match=r"arkvale reads the \['sphere'\] block digests"):
+  with pytest.raises(ValueError, match=r"arkvale reads the \['mean_box'\] block digests"):
     methods.make("arkvale", budget=0.25, block_size=8).select(q, quest_cache)

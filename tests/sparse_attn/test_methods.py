@@ -8,7 +8,7 @@ import pytest
 from sparse_attn import methods
 from tests.sparse_attn import helpers
 
-SELECTORS = ["quest", "quest:gqa=group", "arkvale", "arkvale:variant=cuboid", "topk",
+SELECTORS = ["quest", "quest:gqa=group", "arkvale", "arkvale:variant=sphere", "topk",
              "topk:gqa=group", "streaming"]
 
 

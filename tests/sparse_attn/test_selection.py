@@ -41,13 +41,14 @@ def test_quest_scores_match_bruteforce_eq1(seed, g, dtype):
 
 @given(seed=st.integers(0, 2**31 - 1))
 def test_quest_and_arkvale_scores_bound_every_key(seed):
-  """Both digests give an upper bound on q.k of every valid key in the block."""
+  """Quest's box and ArkVale's sphere and cuboid give an upper bound on q.k of every valid key
+  in the block (cuboid-mean, a shrunken box, need not)."""
   rng = np.random.default_rng(seed)
   c = helpers.filled_cache(rng, 1, 1, 64, 8, [50], block_size=16)
   q = helpers.normal(rng, (1, 1, 8))
   lg = np.asarray(c.k[0, 0] @ q[0, 0])
   for s in (scoring.quest_scores(q, c.kmin, c.kmax),
-            scoring.arkvale_scores(q, c.kcen, c.krad, c.kmin, c.kmax, "sphere")):
+            scoring.arkvale_scores(q, c, "sphere"), scoring.arkvale_scores(q, c, "cuboid")):
     for n in range(4):
       keys = lg[n * 16:min(50, (n + 1) * 16)]
       if len(keys):
@@ -58,7 +59,7 @@ def test_arkvale_sphere_matches_formula():
   rng = np.random.default_rng(0)
   c = helpers.filled_cache(rng, 1, 1, 32, 4, [30], block_size=16)
   q = helpers.normal(rng, (1, 2, 4))
-  got = scoring.arkvale_scores(q, c.kcen, c.krad, c.kmin, c.kmax, "sphere")
+  got = scoring.arkvale_scores(q, c, "sphere")
   k = np.asarray(c.k[0, 0])
   for n, (lo, hi) in enumerate(((0, 16), (16, 30))):
     cen = k[lo:hi].mean(0)
@@ -67,7 +68,30 @@ def test_arkvale_sphere_matches_formula():
       qh = np.asarray(q[0, h])
       np.testing.assert_allclose(got[0, h, n], qh @ cen + np.linalg.norm(qh) * rad, rtol=1e-5)
   with pytest.raises(ValueError, match="sphere"):
-    scoring.arkvale_scores(q, c.kcen, c.krad, c.kmin, c.kmax, "cone")
+    scoring.arkvale_scores(q, c, "cone")
+
+
+@given(seed=st.integers(0, 2**31 - 1), length=st.integers(1, 48), g=st.sampled_from([1, 3]))
+def test_arkvale_cuboid_mean_matches_eq3_on_the_mean_box(seed, length, g):
+  """ArkVale's default digest (Chen et al. 2024, Eq. 3-4): the box ``c +- r`` with ``c`` the
+  bounding box's centre and ``r`` the mean ``|c - k|`` per channel, brute force per block."""
+  rng = np.random.default_rng(seed)
+  c = helpers.filled_cache(rng, 1, 2, 48, 5, [length], block_size=16)
+  q = helpers.normal(rng, (1, 2 * g, 5))
+  got = np.asarray(scoring.arkvale_scores(q, c, "cuboid-mean"))
+  for h in range(2 * g):
+    k = np.asarray(c.k[0, h // g], np.float64)
+    qh = np.asarray(q[0, h], np.float64)
+    for n in range(-(-length // 16)):
+      keys = k[n * 16:min(length, (n + 1) * 16)]
+      centre = 0.5 * (keys.min(0) + keys.max(0))
+      r = np.abs(keys - centre).mean(0)
+      want = np.maximum(qh * (centre + r), qh * (centre - r)).sum()
+      np.testing.assert_allclose(got[0, h, n], want, rtol=1e-4, atol=1e-4)
+  # the default of the selector and of selection.arkvale
+  bud = budget_lib.Budget(budget=0.5)
+  np.testing.assert_array_equal(selection.arkvale(q, c, bud).idx,
+                                selection.arkvale(q, c, bud, variant="cuboid-mean").idx)
 
 
 def _np_count(bud, length, bs, n_forced):

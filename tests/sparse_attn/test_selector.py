@@ -40,6 +40,8 @@ def test_make_builds_the_selector_and_validates_through_it():
   m = methods.make("arkvale:variant=cuboid,gqa=group", budget=0.2, block_size=8, topp=0.8)
   assert m.selector == Selector("arkvale", Budget(budget=0.2), 8, "group", "cuboid", topp=0.8)
   assert (m.name, m.granularity, m.selection_heads(8, 2)) == ("arkvale", 8, 2)
+  assert methods.make("arkvale").selector.variant == "cuboid-mean"  # ArkVale's own default
+  assert methods.make("arkvale:variant=sphere").selector.digests == ("box", "sphere")
   assert methods.make("topk").granularity == 1
   assert methods.make("dense").selector is None and methods.make("dense").name == "dense"
   with pytest.raises(ValueError, match="topp must be a number"):

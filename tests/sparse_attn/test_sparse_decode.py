@@ -13,6 +13,7 @@ SELECT = {
     "quest_group": lambda q, c, b: selection.quest(q, c, b, gqa="group"),
     "arkvale": lambda q, c, b: selection.arkvale(q, c, b),
     "arkvale_cuboid": lambda q, c, b: selection.arkvale(q, c, b, variant="cuboid"),
+    "arkvale_sphere": lambda q, c, b: selection.arkvale(q, c, b, variant="sphere"),
     "topk": lambda q, c, b: selection.topk(q, c, b),
     "topk_group": lambda q, c, b: selection.topk(q, c, b, gqa="group"),
     "streaming": lambda q, c, b: selection.streaming(q, c, b),
