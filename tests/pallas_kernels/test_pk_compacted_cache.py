@@ -164,7 +164,7 @@ def test_without_pos_every_slot_below_length_counts():
   idx, n_valid, listed = _selection(rng, False)
   q = jnp.asarray(rng.standard_normal((B, HQ, D)), jnp.float32)
   full = cache_lib.KVCache(**{**{f: getattr(cache, f) for f in
-                                 ("k", "v", "length", "kmin", "kmax", "kcen", "krad")},
+                                 ("k", "v", "length", "kmin", "kmax", "kcen", "krad", "kdev")},
                               "pos": jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32),
                                                       cache.pos.shape)}, block_size=BS)
   want_o, want_l = _brute(q[:, :, None], full, listed)
