@@ -80,14 +80,16 @@ def longest_pair(records, new, base, budget, protocol=None, lengths=(8192, 4096,
   return None
 
 
-def gain_claim(records, new, base, budget, protocol=None, lengths=(8192, 4096, 2048)):
-  """``new`` vs ``base`` at ``budget``, at the longest of ``lengths`` where both ran."""
-  found = longest_pair(records, new, base, budget, protocol, lengths)
+def gain_claim(records, new, base, budget, protocol=None, lengths=(8192, 4096, 2048),
+               found=None):
+  """``new`` vs ``base`` at ``budget``, at the longest of ``lengths`` where both ran
+  (``found``: ``longest_pair``'s answer, if already computed)."""
+  found = found or longest_pair(records, new, base, budget, protocol, lengths)
   if found is not None:
-    length, (ma, mb, d, lo, hi, n, p) = found
+    length, got = found
+    d, lo, hi, n, p = got[2:]
     return dict(
-        ours=f"{100 * mb:.1f} -> {100 * ma:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}]"
-             + (f", McNemar p={p:.2g})" if np.isfinite(p) else ")"),
+        ours=_pair_text(got) + (f", McNemar p={p:.2g})" if np.isfinite(p) else ")"),
         n=n, setting=f"{model_of(records)}, {length} tokens, " + (
             f"budget {budget:g}" if budget is not None else f"{base} vs {new}"),
         verdict=gain_verdict(d, lo, hi), why=f"paired on {n} samples")
@@ -122,10 +124,11 @@ def resa_ruler_gain(records):
   context)."""
   aware = [r for r in records
            if r.get("protocol") != "query_agnostic" and benchmark(r) == "RULER"]
-  got = gain_claim(aware, "resa-quest", "quest", 0.025)
-  if got is None:
+  found = longest_pair(aware, "resa-quest", "quest", 0.025)
+  if found is None:
     return None
-  length, _ = longest_pair(aware, "resa-quest", "quest", 0.025)
+  length = found[0]
+  got = gain_claim(aware, "resa-quest", "quest", 0.025, found=found)
   pair = lambda new, base, at: paired(scores(aware, new, 0.025, at), scores(aware, base, 0.025, at))
   dense = scores(aware, "dense", None, length)
   if dense:
