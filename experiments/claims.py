@@ -158,12 +158,13 @@ def build(root: str) -> str:
       "## Claims\n\n" + render.markdown_table(rows, COLUMNS)]
   accuracy = records.get("accuracy", [])
   if accuracy:
-    fig = claims_leaderboard.figure(accuracy, root)
+    board = claims_leaderboard.rows(accuracy)
+    fig = claims_leaderboard.figure(board, root)
     sections.append(
         "## Leaderboard (RULER-style accuracy)\n\n`attended`: the share of the context each "
         "row reads per head (selection: tokens attended at the first answer token, sinks and "
         "local window included, over the prompt; compression: tokens kept over the context).\n\n"
-        + claims_leaderboard.markdown(accuracy)
+        + claims_leaderboard.markdown(board)
         + (f"\n\n![leaderboard]({os.path.basename(fig)})" if fig else ""))
   diag = needle_diagnosis(records.get("needle_keep", []))
   if diag:

@@ -1,8 +1,8 @@
 """The report's leaderboard (kvpress style): accuracy of every method row against the share of
 the context it reads, per benchmark, protocol and context length.
 
-``rows`` computes the cells from the ``accuracy`` experiment's records, ``markdown`` renders
-them as the report's table and ``figure`` as one panel per (benchmark, protocol, length):
+``rows`` computes the cells from the ``accuracy`` experiment's records (once: the bootstrap
+intervals are not free), ``markdown`` renders them as the report's table and ``figure`` as one panel per (benchmark, protocol, length):
 accuracy (with its 95% interval) against the share of the context read per head, dense as a
 line on top.
 """
@@ -53,14 +53,15 @@ def rows(records) -> list[dict]:
   return out
 
 
-def markdown(records) -> str:
-  """The leaderboard table ("" without records)."""
-  return render.markdown_table(rows(records), COLUMNS) if records else ""
+def markdown(board: list[dict]) -> str:
+  """The leaderboard table of ``rows``' answer ("" without rows)."""
+  return render.markdown_table(board, COLUMNS) if board else ""
 
 
-def figure(records, workdir: str, name: str = "leaderboard.png") -> str | None:
-  """Writes the leaderboard figure into ``workdir``; returns its path (None without rows)."""
-  got = rows(records)
+def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> str | None:
+  """Writes the figure of ``rows``' answer into ``workdir``; returns its path (None without
+  rows)."""
+  got = board
   groups = collections.defaultdict(list)
   for r in got:
     groups[(r["benchmark"], r["protocol"], r["length"])].append(r)

@@ -105,7 +105,7 @@ def test_leaderboard_keeps_ruler_the_needle_grid_and_long_generation_qa_apart():
                                                           protocol="query_agnostic")]
   qa = _acc("dense", np.zeros(3), length=2048, task="qa_multi")
   ruler = _acc("dense", np.ones(2), length=1024, protocol="query_agnostic", task="vt")
-  board = claims_leaderboard.markdown(grid + qa + ruler)
+  board = claims_leaderboard.markdown(claims_leaderboard.rows(grid + qa + ruler))
   lines = [l for l in board.splitlines() if l.startswith("| ") and "benchmark" not in l]
   assert [l.split(" | ")[0] for l in lines] == ["| RULER", "| needle grid", "| long-gen QA"]
   assert lines[1].endswith("| 1 | 4 |") and lines[0].endswith("| 1 | 2 |")
@@ -118,10 +118,11 @@ def test_leaderboard_shows_the_share_of_the_context_each_row_reads():
   snap = [dict(r, kv_kept=k, context_tokens=400, attended_tokens=None)
           for r, k in zip(_acc("snapkv@0.5", [1, 1], 0.5, protocol="query_agnostic"),
                           (200.0, 196.0))]
+  board = claims_leaderboard.rows(quest + snap)
   rows = {l.split(" | ")[3]: l.split(" | ")
-          for l in claims_leaderboard.markdown(quest + snap).splitlines()[2:]}
+          for l in claims_leaderboard.markdown(board).splitlines()[2:]}
   assert rows["quest@0.025"][5] == "5.0%" and rows["snapkv@0.5"][5] == "49.5%"
-  got = {r["method"]: r for r in claims_leaderboard.rows(quest + snap)}
+  got = {r["method"]: r for r in board}
   assert got["quest@0.025"]["share"] == pytest.approx(0.05)
   assert (got["quest@0.025"]["lo"], got["quest@0.025"]["hi"]) == pytest.approx(
       tuple(100 * x for x in claims_leaderboard.stats.wilson(1, 2)))
@@ -131,7 +132,7 @@ def test_leaderboard_figure_has_a_panel_per_benchmark_protocol_and_length(tmp_pa
   recs = (_acc("dense", [1, 1]) + [dict(r, attended_tokens=dict(total=50), num_tokens=1000)
                                    for r in _acc("quest@0.025", [1, 0])]
           + _acc("dense", [1, 0], length=8192))
-  path = claims_leaderboard.figure(recs, str(tmp_path))
+  path = claims_leaderboard.figure(claims_leaderboard.rows(recs), str(tmp_path))
   assert os.path.getsize(path) > 10_000
   assert claims_leaderboard.figure([], str(tmp_path)) is None
 
