@@ -15,6 +15,7 @@ import collections
 import numpy as np
 
 from experiments.common import stats
+from experiments.tasks import accuracy_report
 
 
 def sample_key(r) -> tuple:
@@ -120,8 +121,9 @@ def resa_ruler_gain(records):
   """RESA Table 1: Quest+RESA beats Quest at 2.5% of an 8K context (Llama-3.1-8B: 83.2 ->
   87.4, Llama-3.2-3B: 62.9 -> 71.9, mean over its seven tasks). The why adds dense, the tasks
   where the pair differs, the other selectors of the table (ArkVale, ideal top-k) on the same
-  samples, and Quest's pair at the shorter lengths that ran (Fig. 5a: the gain grows with the
-  context)."""
+  samples, the share of the context Quest reads (RESA's forced sinks and local window come on
+  top of the budget) and Quest's pair at the shorter lengths that ran (Fig. 5a: the gain grows
+  with the context)."""
   aware = [r for r in records
            if r.get("protocol") != "query_agnostic" and benchmark(r) == "RULER"]
   found = longest_pair(aware, "resa-quest", "quest", 0.025)
@@ -133,6 +135,11 @@ def resa_ruler_gain(records):
   dense = scores(aware, "dense", None, length)
   if dense:
     got["why"] += f"; dense {100 * np.mean(list(dense.values())):.1f}"
+  read = accuracy_report.attended_share(
+      [r for r in aware if base_label(r.get("method")) == "quest" and r.get("budget") == 0.025
+       and r.get("length") == length])
+  if read is not None:  # the forced sinks + local window come on top of the budget
+    got["why"] += f"; Quest reads {100 * read:.1f}% of the context per head"
   got["why"] += task_differences(scores(aware, "resa-quest", 0.025, length),
                                  scores(aware, "quest", 0.025, length))
   for base, (name, paper) in RESA_TABLE1_OTHERS.items():

@@ -47,6 +47,12 @@ def test_resa_gain_is_paired_and_judged_by_its_interval():
   assert "8192 tokens" in at8k["setting"] and at8k["verdict"] == "not reproduced"
   trend = at8k["why"].split("; at 4096 tokens ")[1]
   assert trend == got["ours"].split(", McNemar")[0] + ", n=60)"
+  # the share of the context Quest reads at the claim's length (budget + forced tokens)
+  assert "reads" not in got["why"]
+  read = [dict(r, attended_tokens=dict(total=t), num_tokens=8192)
+          for r, t in zip(longer[:60], np.r_[np.full(30, 300), np.full(30, 356)])]
+  assert "; Quest reads 4.0% of the context per head" in claims_tasks.resa_ruler_gain(
+      recs + read + longer[60:])["why"]
 
 
 def test_ea_against_the_best_baseline():
