@@ -1,12 +1,30 @@
-"""Shared test settings: hypothesis profile sized for a 2-core CI machine."""
+"""Shared test settings: XLA:CPU compile settings and a hypothesis profile for a 2-core CI
+machine."""
 
 import gc
 import os
 import sys
+import tempfile
 
-import hypothesis
-import jax
-import pytest
+# The suite's time goes mostly to XLA:CPU compiling hundreds of small programs, not to running
+# them. Set before JAX starts its backend (pytest workers and the suite's subprocesses inherit
+# them; a value already in the environment wins):
+# - LLVM at -O0 compiles faster; every test compares against a reference with a tolerance that
+#   holds at any optimisation level (the library itself runs at XLA's default).
+# - a persistent compilation cache shared by the xdist workers and subprocesses: the same
+#   programs recur across tests and modules (the module fixture below drops the in-memory
+#   caches). A size bound turns on JAX's file lock, so workers read and write it at once.
+if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                             + " --xla_backend_optimization_level=0").strip()
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), "sparse-attn-tests-jax-cache"))
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(2 << 30))
+
+import hypothesis  # pylint: disable=g-import-not-at-top,wrong-import-position
+import jax  # pylint: disable=g-import-not-at-top,wrong-import-position
+import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 jax.config.update("jax_numpy_rank_promotion", "allow")
 

@@ -52,9 +52,10 @@ def _run_sharded_cases(timeout: int):
   ``faulthandler_timeout`` has every thread's stack dumped to stderr (kept in the failure
   message), so a hang names its test and the op it waits in.
   """
-  flags = ("--xla_force_host_platform_device_count=8 "
-           "--xla_cpu_collective_timeout_seconds=900 "
-           "--xla_cpu_collective_call_terminate_timeout_seconds=900")
+  flags = (os.environ.get("XLA_FLAGS", "")  # tests/conftest.py's compile settings
+           + " --xla_force_host_platform_device_count=8"
+           " --xla_cpu_collective_timeout_seconds=900"
+           " --xla_cpu_collective_call_terminate_timeout_seconds=900")
   env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
   cmd = [sys.executable, "-X", "faulthandler", "-m", "pytest", "-v", "-x", "-p",
          "no:cacheprovider", "-o", f"faulthandler_timeout={timeout // 3}",
