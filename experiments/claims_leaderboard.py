@@ -2,9 +2,9 @@
 the context it reads, per benchmark, protocol and context length.
 
 ``rows`` computes the cells from the ``accuracy`` experiment's records (once: the bootstrap
-intervals are not free), ``markdown`` renders them as the report's table and ``figure`` as one panel per (benchmark, protocol, length):
-accuracy (with its 95% interval) against the share of the context read per head, dense as a
-line on top.
+intervals are not free), ``markdown`` renders them as the report's table and ``figure`` as one
+panel per (benchmark, protocol, length): accuracy (with its 95% interval) against the share of
+the context read per head, dense as a line on top.
 """
 
 from __future__ import annotations
@@ -61,9 +61,8 @@ def markdown(board: list[dict]) -> str:
 def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> str | None:
   """Writes the figure of ``rows``' answer into ``workdir``; returns its path (None without
   rows)."""
-  got = board
   groups = collections.defaultdict(list)
-  for r in got:
+  for r in board:
     groups[(r["benchmark"], r["protocol"], r["length"])].append(r)
   if not groups:
     return None
@@ -71,7 +70,7 @@ def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> st
                               size=(4.6, 3.8))
   for a in ax.flat[len(groups):]:
     a.axis("off")
-  methods = sorted({base_label(r["method"]) for r in got if r["share"] is not None})
+  methods = sorted({base_label(r["method"]) for r in board if r["share"] is not None})
   colour = {m: plt.get_cmap("tab20")(i % 20) for i, m in enumerate(methods)}
   marker = {m: "osD^v"[i % 5] for i, m in enumerate(methods)}
   for a, ((bench, proto, length), rs) in zip(ax.flat, sorted(
