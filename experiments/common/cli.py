@@ -13,7 +13,8 @@ Usage in ``experiments/NAME.py``::
   ``--config.FIELD`` flags win) and checks the model and method specs before anything heavy.
 * ``cli.run`` prints a user error (bad spec, budget, model, config value, a workdir of another
   config) as one line on stderr and exits 1; ``--traceback`` shows the traceback instead.
-  Library INFO logs (orbax, absl) are silenced unless ``--verbosity`` is given.
+  Library INFO logs (orbax, absl) are silenced unless ``--verbosity`` is given. Freed buffers
+  go back to the OS (``experiments.common.heap``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments.common import distributed, quick
+from experiments.common import distributed, heap, quick
 
 # Flags defined here become key flags of the entry point that calls define_flags (--help).
 flags.disclaim_key_flags()
@@ -123,6 +124,7 @@ def _parse_flags(argv):
 
 
 def run(main):
+  heap.return_freed_memory()  # a long run's resident memory follows its live buffers
   app.run(guarded(main), flags_parser=_parse_flags)
 
 
