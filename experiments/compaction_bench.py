@@ -51,14 +51,14 @@ def main(argv):
   method = methods.make(FLAGS.spec, ratio=FLAGS.ratio, head_budget=FLAGS.head_budget)
   capacity = method.round_capacity(FLAGS.context + FLAGS.decode_room)
 
-  # Prefill without end_prefill: the stacked caches and states that end_prefill receives.
+  # Prefill without end_prefill: the per-layer caches and states that end_prefill receives.
   real_end_prefill = decode.end_prefill
   decode.end_prefill = lambda c, s, **kw: (c, s)
   try:
     _, _, caches, states = decode.prefill(model, prompts, lengths, method, capacity)
   finally:
     decode.end_prefill = real_end_prefill
-  dense_bytes = _nbytes([jax.tree.map(lambda a: a[0], caches)]) * config.num_layers
+  dense_bytes = _nbytes(caches)
   for label in ("first (compiles)", "second"):
     copies = jax.tree.map(jnp.copy, (caches, states))
     jax.block_until_ready(copies)

@@ -42,7 +42,7 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
     ``(last_hidden [B, E], history [B, T], caches, states)``; ``last_hidden`` is the hidden
     state (pre final norm) of each row's last prompt token.
   """
-  config, params = model.config, model.params
+  config, params = model.config, model.decode_params
   b, s = prompts.shape
   if np.any(lengths < 1):
     raise ValueError("every prompt needs at least one token")

@@ -140,10 +140,10 @@ def run_layers(params: Params, config: ModelConfig, x, positions, attend, per_la
   """Applies every layer with ``attend`` as the attention; ``layout`` says how ``per_layer``
   (caches, method states) is held.
 
-  * ``"stacked"`` (prefill, full forward passes): leaves with a leading ``[L]`` axis; a
+  * ``"stacked"`` (full forward passes, analysis captures): leaves with a leading ``[L]`` axis; a
     ``lax.scan`` over the layers carries them and layer ``i`` updates its slice in place
     (``dynamic_update_index_in_dim``). One layer is compiled once.
-  * ``"per_layer"`` (decode, the layout ``steps.end_prefill`` returns): a tuple of per-layer
+  * ``"per_layer"`` (the decode loop's layout, ``models.steps``): a tuple of per-layer
     lists, one donated buffer per layer, and the layer loop is unrolled. A decode step writes
     one token per layer, and only separate buffers are written in place: a stacked cache in a
     scan carry has its layer slice copied out and back every step (the whole cache, twice, per

@@ -49,6 +49,12 @@ class Model:
     """The parameters in the decode layout (``llama.split_layers``), split once per model."""
     return llama.split_layers(self.params)
 
+  def in_decode_layout(self) -> "Model":
+    """This model with ``params`` in the decode layout only: one copy of the weights where
+    ``params`` and ``decode_params`` would hold two (a model used for decoding; ``forward``
+    then stacks the layers inside its jit, a temporary copy per call)."""
+    return dataclasses.replace(self, params=self.decode_params)
+
   def encode(self, text: str, chat: bool = False) -> list[int]:
     """Token ids of ``text``; ``chat=True`` wraps it as one user turn of the chat template."""
     if chat:

@@ -220,14 +220,9 @@ class ShardedMethod:
     return -(-cap // unit) * unit
 
   def init_caches(self, num_layers: int, init):
-    """Stacked ``[L]`` caches and states from ``init() -> (cache, state)``, created sharded."""
-    shapes = jax.eval_shape(init)
-    out = state_shardings(shapes, self.mesh, stacked=False)
-
-    def stacked():
-      return jax.tree.map(lambda x: jax.numpy.repeat(x[None], num_layers, axis=0), init())
-    lead = jax.tree.map(lambda s: NamedSharding(self.mesh, P(None, *s.spec)), out)
-    return jax.jit(stacked, out_shardings=lead)()
+    """``num_layers`` separate ``init() -> (cache, state)`` results, created sharded."""
+    make = jax.jit(init, out_shardings=state_shardings(jax.eval_shape(init), self.mesh))
+    return [make() for _ in range(num_layers)]
 
   def place_rows(self, x):
     """``x [B, ...]`` (e.g. the token history) with its rows over ``data``."""

@@ -1,10 +1,12 @@
 """Jitted per-step functions of the decode loop (prefill chunk, decode, rectify, end_prefill).
 
 Letters: B batch, S tokens in a step, W decode window, E hidden, V vocab, T capacity, L layers.
-Caches and method states are in layout ``"stacked"`` (a leading ``[L]`` axis) during prefill and
-``"per_layer"`` (lists) from ``end_prefill`` on (``llama.run_layers`` says why). A prefill chunk
-is one jitted scan over the layers; a decode or rectify step calls one jitted layer per layer
-(compiled once: see ``_layer``). Caches and states are donated to every call.
+Caches and method states are per-layer lists (layout ``"per_layer"`` of ``llama.run_layers``)
+from ``init_caches`` on, and every step (a prefill chunk, a decode or a rectify step) calls one
+jitted layer per layer (compiled once: see ``_layer``) with the weights in the decode layout
+(``Model.decode_params``). Each layer's cache and state are donated to its call. One layout
+from prefill to decode means no cache is ever copied between them, and only one copy of the
+weights is needed.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ from models import llama, sharding
 from models.sampling import sample
 
 def init_caches(config, method, batch: int, capacity: int):
-  """Per-layer caches and method states stacked on a leading ``[L]`` axis (created sharded
-  for a ``sharding.ShardedMethod``)."""
+  """``(caches, states)``: per-layer lists of empty caches and method states, one buffer per
+  layer (created sharded for a ``sharding.ShardedMethod``)."""
   dt = llama.compute_dtype(config)
 
   def init():
@@ -29,55 +31,37 @@ def init_caches(config, method, batch: int, capacity: int):
     return cache, state
 
   if isinstance(method, sharding.ShardedMethod):
-    return method.init_caches(config.num_layers, init)
-  stack = lambda x: jnp.repeat(jnp.asarray(x)[None], config.num_layers, axis=0)
-  return jax.tree.map(stack, init())
+    made = method.init_caches(config.num_layers, init)
+  else:
+    made = [init() for _ in range(config.num_layers)]
+  return [c for c, _ in made], [s for _, s in made]
 
 
-def _apply(params, config, tokens, positions, caches, states, layer_fn, layout):
-  """Runs all layers with ``layer_fn`` (a method's prefill) as attention, the caches and states
-  held in ``layout`` (``llama.run_layers``).
-
-  Returns ``(hidden [B, S, E] before the final norm, caches, states)``.
-  """
-  scale = llama.softmax_scale(config)
-
-  def attend(q, k, v, inp):
-    cache, state = inp
-    out, cache, state = layer_fn(q, k, v, cache, state, positions, scale=scale)
-    return out, (cache, state)
-
-  x = llama.embed(params, config, tokens)
-  h, (caches, states) = llama.run_layers(params, config, x, positions, attend, (caches, states),
-                                         layout=layout)
-  return h, caches, states
-
-
-_STATIC = ("config", "method")
-_DONATE = ("caches", "states")
-
-
-@functools.partial(jax.jit, static_argnames=_STATIC, donate_argnames=_DONATE)
 def prefill_step(params, tokens, positions, caches, states, *, config, method):
-  """One prompt chunk: ``tokens, positions [B, S]`` -> ``(hidden [B, S, E], caches, states)``."""
-  return _apply(params, config, tokens, positions, caches, states, method.prefill, "stacked")
+  """One prompt chunk through every layer (``method.prefill`` as attention).
+
+  Args:
+    params: the decode layout of the weights (``Model.decode_params``).
+    tokens, positions: ``[B, S]`` int32 (negative positions: padding, attends nothing).
+    caches, states: per-layer lists (donated layer by layer).
+
+  Returns:
+    ``(hidden [B, S, E] before the final norm, caches, states)``.
+  """
+  x = _embed(_head(params), jnp.asarray(tokens, jnp.int32), config=config)
+  return _layers(params, x, positions, caches, states, config=config, method=method,
+                 phase="prefill")
 
 
 def end_prefill(caches, states, *, config, method):
-  """Calls ``method.end_prefill`` layer by layer, eagerly (outside jit); returns per-layer lists.
+  """Calls ``method.end_prefill`` layer by layer, eagerly (outside jit), on per-layer lists.
 
   Eager on purpose: compression methods size their compacted cache from the concrete prompt
   lengths, so the returned cache may be smaller than the one passed in (decode steps are then
   compiled for that smaller capacity).
-
-  The result is in the decode layout ``"per_layer"`` of ``llama.run_layers`` (see there why):
-  ``([cache_0, ..., cache_{L-1}], [state_0, ...])``, one donated buffer per layer.
   """
   scale = llama.softmax_scale(config)
-  outs = []
-  for i in range(config.num_layers):
-    c, s = jax.tree.map(lambda a: a[i], (caches, states))
-    outs.append(method.end_prefill(c, s, scale=scale))
+  outs = [method.end_prefill(c, s, scale=scale) for c, s in zip(caches, states, strict=True)]
   return [c for c, _ in outs], [s for _, s in outs]
 
 
@@ -95,8 +79,9 @@ def _window_tokens(history, positions):
   return jnp.where(positions >= 0, tok, 0)
 
 
-# ---- decode and rectify: one jitted layer, called once per layer ----
-# A step is ``_embed_window``, then ``_layer`` for every layer (the same compiled executable:
+# ---- prefill, decode and rectify: one jitted layer, called once per layer ----
+# A step is an embedding (``_embed`` / ``_embed_window``), then ``_layer`` for every layer (the
+# same compiled executable:
 # the layers differ only in their weights), then ``_finish``. Compiling one layer instead of the
 # unrolled stack takes a decode step's compilation from seconds to a fraction of one; each layer
 # call donates that layer's cache and state, so they are still updated in place.
@@ -108,6 +93,11 @@ def _head(params):
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
+def _embed(head, tokens, *, config):
+  return llama.embed(head, config, tokens)
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
 def _embed_window(head, history, positions, *, config):
   return llama.embed(head, config, _window_tokens(history, positions))
 
@@ -115,7 +105,8 @@ def _embed_window(head, history, positions, *, config):
 @functools.partial(jax.jit, static_argnames=("config", "method", "phase"),
                    donate_argnames=("cache", "state"))
 def _layer(layer_params, x, positions, cache, state, *, config, method, phase):
-  """One decoder layer with ``method.decode`` or ``method.rectify`` (``phase``) as attention."""
+  """One decoder layer with ``method.prefill``, ``.decode`` or ``.rectify`` (``phase``) as
+  attention."""
   fn = getattr(method, phase)
   scale = llama.softmax_scale(config)
 

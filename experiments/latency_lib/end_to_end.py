@@ -58,18 +58,14 @@ def ours_prefill_s(model, ids, method, chunk: int, capacity: int) -> tuple[float
 
 
 @functools.partial(jax.jit, static_argnames=("context",), donate_argnums=(0,))
-def _fill(caches, key, *, context):
-  """Writes random K/V at slots ``0..context-1`` of every layer (generated inside the jit)."""
-  num = caches.k.shape[0]
-
-  def one(c, k):
-    b, hkv, _, d = c.k.shape
-    k1, k2 = jax.random.split(k)
-    shape = (b, hkv, context, d)
-    pos = jnp.broadcast_to(jnp.arange(context, dtype=jnp.int32), (b, context))
-    return write(c, jax.random.normal(k1, shape, c.k.dtype), jax.random.normal(k2, shape, c.k.dtype),
-                 pos)
-  return jax.vmap(one)(caches, jax.random.split(key, num))
+def _fill(cache, key, *, context):
+  """Writes random K/V at slots ``0..context-1`` of one layer's cache (generated in the jit)."""
+  b, hkv, _, d = cache.k.shape
+  k1, k2 = jax.random.split(key)
+  shape = (b, hkv, context, d)
+  pos = jnp.broadcast_to(jnp.arange(context, dtype=jnp.int32), (b, context))
+  return write(cache, jax.random.normal(k1, shape, cache.k.dtype),
+               jax.random.normal(k2, shape, cache.k.dtype), pos)
 
 
 def ours_decode_s(model, method, context: int, n_steps: int) -> tuple[float, list[float]]:
@@ -77,7 +73,8 @@ def ours_decode_s(model, method, context: int, n_steps: int) -> tuple[float, lis
   config = model.config
   capacity = method.round_capacity(context + n_steps + method.window + 1)
   caches, states = steps.init_caches(config, method, 1, capacity)
-  caches = _fill(caches, jax.random.key(0), context=context)
+  caches = [_fill(c, jax.random.fold_in(jax.random.key(0), i), context=context)
+            for i, c in enumerate(caches)]
   caches, states = steps.end_prefill(caches, states, config=config, method=method)
   loop = driver.Decoder(model, method, jnp.zeros((1, capacity), jnp.int32), caches, states)
   times = []

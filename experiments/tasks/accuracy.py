@@ -104,7 +104,7 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
     keyed: further config fields whose value is in every record's key (the sweep's axes).
     mesh: a device mesh to run on (``models.sharding``; the records are one device's).
   """
-  model = modelzoo.load_model(config.model, mesh)
+  model = modelzoo.load_model(config.model, mesh).in_decode_layout()  # one copy of the weights
   prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
   entries = entries(model) if callable(entries) else entries_of(config, model)
   protocol = config.get("protocol", "query_aware")

@@ -116,3 +116,13 @@ def test_stop_at_eos(model, dense_tokens):
 def test_window_positions():
   np.testing.assert_array_equal(driver.window_positions(np.array([1, 5]), 3),
                                 [[-1, 0, 1], [3, 4, 5]])
+
+
+def test_decode_layout_model_holds_one_copy_and_decodes_the_same(model, dense_tokens):
+  one = model.in_decode_layout()
+  assert isinstance(one.params["layers"], list) and one.decode_params is one.params
+  assert len(jax.tree.leaves(one.params)) == len(jax.tree.leaves(model.decode_params))
+  assert decode.generate(one, PROMPT, 8, DENSE, **KW).tokens == dense_tokens
+  tokens = _tokens(2, 24)
+  np.testing.assert_allclose(np.asarray(one.forward(tokens)), np.asarray(model.forward(tokens)),
+                             rtol=1e-5, atol=1e-5)
