@@ -25,12 +25,14 @@ Cost on this machine (2 cores), measured 2026-11-25 with two processes split by 
 each: a batch of 5 prompts of 4096 tokens takes ~190-250 s of shared prefill, then ~5-35 s of
 greedy decoding per row (RetroAttention and the long-answer tasks cwe / vt / multivalue at the
 top); 7 rows x 60 samples took 38 min. The whole 4k grid (23 rows) is then ~1.2 h; 8k,
-estimated at ~2.5x the prefill and ~2x the decoding, ~3 h. Memory at 8k: one process holding
-5 rows' caches for a batch of 5 reaches ~12 GB resident (each row keeps its own float32 cache),
-so two such processes exhaust 24 GiB (2026-11-25: both stalled, one was OOM-killed); at 8k run
-one process, or split the rows as well as the tasks. The progress line prints the measured rate and ETA within
-the first batch; run the grid in slices (methods, budgets, tasks and lengths are keyed, so slices
-resume and extend one another).
+estimated at ~2.5x the prefill and ~2x the decoding, ~3 h. Memory at 8k, one process holding
+5 rows x a batch of 5: 11.8 GB resident at first (2026-11-25: two such processes exhausted
+24 GiB, one was OOM-killed); 7.2 GB once the prefill kept the decode layout (no cache copy at
+its end) and freed buffers went back to the OS (``experiments.common.heap``); the run now also
+keeps one copy of the weights (``Model.in_decode_layout``: -1.4 GB for Qwen in float32; at 2k
+the five rows' steady resident memory went 5.9 -> 3.5 GB). Two 8k processes fit in 24 GiB.
+The progress line prints the measured rate and ETA within the first batch; run the grid in
+slices (methods, budgets, tasks and lengths are keyed, so slices resume and extend one another).
 """
 
 from ml_collections import config_dict
