@@ -159,31 +159,30 @@ def shard(model, mesh: Mesh):
   return dataclasses.replace(model, params=params)
 
 
-def state_logical(name: str | None, ndim: int, stacked: bool = False):
-  """Logical axes of a cache/state leaf called ``name`` (a leading ``[L]`` when stacked)."""
-  inner = ndim - int(stacked)
-  entry = STATE_AXES.get((name, inner), ("batch",) + (None,) * (inner - 1) if inner else ())
-  return (None,) * int(stacked) + tuple(entry)
+def state_logical(name: str | None, ndim: int):
+  """Logical axes of a cache/state leaf called ``name`` (one layer's: no ``[L]`` axis)."""
+  entry = STATE_AXES.get((name, ndim), ("batch",) + (None,) * (ndim - 1) if ndim else ())
+  return tuple(entry)
 
 
-def state_shardings(tree, mesh: Mesh, stacked: bool = False):
+def state_shardings(tree, mesh: Mesh):
   """NamedShardings for a cache/state pytree (batch over ``data``, heads over ``model``,
-  slots and blocks over ``seq``); ``stacked`` = leaves carry a leading ``[L]`` axis."""
+  slots and blocks over ``seq``)."""
   def one(path, x):
     names = _names(path)
-    logical = state_logical(names[-1] if names else None, x.ndim, stacked)
+    logical = state_logical(names[-1] if names else None, x.ndim)
     return NamedSharding(mesh, spec_for(logical, x.shape, mesh))
   return jax.tree_util.tree_map_with_path(one, tree)
 
 
-def constrain(tree, mesh: Mesh, stacked: bool = False):
+def constrain(tree, mesh: Mesh):
   """``with_sharding_constraint`` of every leaf to ``state_shardings`` (inside jit)."""
-  return jax.lax.with_sharding_constraint(tree, state_shardings(tree, mesh, stacked))
+  return jax.lax.with_sharding_constraint(tree, state_shardings(tree, mesh))
 
 
-def place(tree, mesh: Mesh, stacked: bool = False):
+def place(tree, mesh: Mesh):
   """``device_put`` of every leaf to ``state_shardings`` (eager)."""
-  return jax.device_put(tree, state_shardings(tree, mesh, stacked))
+  return jax.device_put(tree, state_shardings(tree, mesh))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,7 +280,7 @@ def _split(spec, sizes) -> int:
   return math.prod(sizes[a] for a in spec if a is not None)
 
 
-def planned_bytes(tree, sizes: dict, kind: str = "state", stacked: bool = False) -> int:
+def planned_bytes(tree, sizes: dict, kind: str = "state") -> int:
   """Bytes per device of ``tree`` (arrays or ``jax.ShapeDtypeStruct``) laid out by the tables
   on a mesh of axis ``sizes`` (``{"data": 2, ...}``); ``kind``: ``"state"`` or ``"param"``."""
   total = 0
@@ -290,7 +289,7 @@ def planned_bytes(tree, sizes: dict, kind: str = "state", stacked: bool = False)
     if kind == "param":
       logical = _param_logical(path, len(x.shape))
     else:
-      logical = state_logical(names[-1] if names else None, len(x.shape), stacked)
+      logical = state_logical(names[-1] if names else None, len(x.shape))
     spec = spec_for(logical, x.shape, sizes)
     total += math.prod(x.shape) * np.dtype(x.dtype).itemsize // _split(spec, sizes)
   return total

@@ -30,8 +30,6 @@ def test_parse_mesh():
 
 def test_logical_axes_of_cache_and_state_leaves():
   assert sharding.state_logical("k", 4) == ("batch", "kv_heads", "seq", None)
-  assert sharding.state_logical("k", 5, stacked=True) == (None, "batch", "kv_heads", "seq",
-                                                          None)
   assert sharding.state_logical("prior", 3) == ("batch", "heads", "seq")
   assert sharding.state_logical("since", 1) == ("batch",)  # unlisted: batch only
   assert sharding.state_logical("unknown", 3) == ("batch", None, None)
