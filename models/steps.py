@@ -81,10 +81,10 @@ def _window_tokens(history, positions):
 
 # ---- prefill, decode and rectify: one jitted layer, called once per layer ----
 # A step is an embedding (``_embed`` / ``_embed_window``), then ``_layer`` for every layer (the
-# same compiled executable:
-# the layers differ only in their weights), then ``_finish``. Compiling one layer instead of the
-# unrolled stack takes a decode step's compilation from seconds to a fraction of one; each layer
-# call donates that layer's cache and state, so they are still updated in place.
+# same compiled executable: the layers differ only in their weights), then (decode) ``_finish``.
+# Compiling one layer instead of the unrolled stack takes a decode step's compilation from
+# seconds to a fraction of one; each layer call donates that layer's cache and state, so they
+# are still updated in place.
 
 
 def _head(params):
