@@ -165,6 +165,7 @@ def build(root: str) -> str:
         "row reads per head (selection: tokens attended at the first answer token, sinks and "
         "local window included, over the prompt; compression: tokens kept over the context).\n\n"
         + claims_leaderboard.markdown(board)
+        + (f"\n\n{gaps}" if (gaps := claims_leaderboard.missing(board)) else "")
         + (f"\n\n![leaderboard]({os.path.basename(fig)})" if fig else ""))
   diag = needle_diagnosis(records.get("needle_keep", []))
   if diag:

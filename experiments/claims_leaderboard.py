@@ -2,7 +2,8 @@
 the context it reads, per benchmark, protocol and context length.
 
 ``rows`` computes the cells from the ``accuracy`` experiment's records (once: the bootstrap
-intervals are not free), ``markdown`` renders them as the report's table and ``figure`` as one
+intervals are not free), ``markdown`` renders them as the report's table, ``missing`` names the
+rows a length lacks that another length of the same benchmark has, and ``figure`` draws one
 panel per (benchmark, protocol, length): accuracy (with its 95% interval) against the share of
 the context read per head, dense as a line on top.
 """
@@ -56,6 +57,22 @@ def rows(records) -> list[dict]:
 def markdown(board: list[dict]) -> str:
   """The leaderboard table of ``rows``' answer ("" without rows)."""
   return render.markdown_table(board, COLUMNS) if board else ""
+
+
+def missing(board: list[dict]) -> str:
+  """Lines naming, per (benchmark, protocol), the rows that ran at some of its lengths but not
+  at the others ("" when every length has every row): the leaderboard's gaps, said in the open."""
+  ran = collections.defaultdict(lambda: collections.defaultdict(set))
+  for r in board:
+    ran[(r["benchmark"], r["protocol"])][r["length"]].add(r["method"])
+  lines = []
+  for (bench, proto), by_length in sorted(ran.items(), key=lambda kv: (ORDER[kv[0][0]], kv[0][1])):
+    every = set().union(*by_length.values())
+    for length in sorted(by_length):
+      gap = sorted(every - by_length[length])
+      if gap:
+        lines.append(f"- not run at {length} tokens ({bench}, {proto}): {', '.join(gap)}")
+  return "\n".join(lines)
 
 
 def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> str | None:

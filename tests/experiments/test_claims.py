@@ -208,3 +208,11 @@ def test_report_shows_the_needle_diagnosis_when_its_records_exist():
   assert "## Diagnosis" in text and "| keydiff@0.5 | 80 | 90 | 70 |" in text
   assert text.index("keydiff") < text.index("expected-attention@0.5 | 60 | 40 | 80 |")
   assert claims.needle_diagnosis([]) == ""
+
+
+def test_leaderboard_names_the_rows_a_length_has_not_run():
+  recs = (_acc("dense", [1, 1]) + _acc("quest@0.025", [1, 0]) + _acc("topk@0.025", [1, 1])
+          + _acc("dense", [1, 0], length=8192) + _acc("quest@0.025", [0, 0], length=8192))
+  gaps = claims_leaderboard.missing(claims_leaderboard.rows(recs))
+  assert gaps == "- not run at 8192 tokens (RULER, query_aware): topk@0.025"
+  assert claims_leaderboard.missing(claims_leaderboard.rows(recs[:6])) == ""
