@@ -27,14 +27,15 @@ COLUMNS = ("benchmark", "protocol", "length", "method", "budget", "attended", "a
 
 
 def rows(records) -> list[dict]:
-  """One row per (benchmark, protocol, method, budget, length): ``share`` of the context read
-  per head (``accuracy_report.attended_share``; None for dense), mean accuracy (%) with a 95%
+  """One row per (benchmark, protocol, method, budget, length) (the needle grid's lengths
+  pooled, ``"1024-4096"``): ``share`` of the context read per head (``accuracy_report.attended_share``; None for dense), mean accuracy (%) with a 95%
   interval (Wilson for 0/1 scores, bootstrap otherwise), tasks averaged and samples; dense first
   in each (benchmark, protocol, length) group, then by accuracy."""
   cells = collections.defaultdict(list)
   for r in records:
     cells[(benchmark(r), r.get("protocol", ""), r["method"], r.get("budget"),
            r.get("length"))].append(r)
+  cells = _pool_lengths(cells, "needle grid")
   out = []
   for (bench, proto, method, budget, length), rs in cells.items():
     x = np.asarray([float(r["score"]) for r in rs])
@@ -51,6 +52,23 @@ def rows(records) -> list[dict]:
                     tasks=len({r.get("task") for r in rs}), n=len(x)))
   out.sort(key=lambda r: (ORDER[r["benchmark"]], r["protocol"], r["length"],
                           r["method"] != "dense", -r["accuracy"]))
+  return out
+
+
+def _pool_lengths(cells, bench: str) -> dict:
+  """``cells`` with ``bench``'s lengths pooled into one cell per row, keyed ``"lo-hi"``: the
+  needle grid is one benchmark over its lengths (EA Fig. 3 averages its depth x length grid;
+  a length alone holds a few depths)."""
+  pooled, lengths = collections.defaultdict(list), set()
+  for key, rs in cells.items():
+    if key[0] == bench:
+      pooled[key[:4]] += rs
+      lengths.add(key[4])
+  if len(lengths) < 2:
+    return cells
+  span = f"{min(lengths)}-{max(lengths)}"
+  out = {key: rs for key, rs in cells.items() if key[0] != bench}
+  out.update({key + (span,): rs for key, rs in pooled.items()})
   return out
 
 

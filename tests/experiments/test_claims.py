@@ -216,3 +216,14 @@ def test_leaderboard_names_the_rows_a_length_has_not_run():
   gaps = claims_leaderboard.missing(claims_leaderboard.rows(recs))
   assert gaps == "- not run at 8192 tokens (RULER, query_aware): topk@0.025"
   assert claims_leaderboard.missing(claims_leaderboard.rows(recs[:6])) == ""
+
+
+def test_leaderboard_pools_the_needle_grid_over_its_lengths():
+  grid = [dict(r, config=dict(heatmap=True))
+          for n in (1024, 4096) for r in _acc("keydiff@0.5", [1, 0, 1], 0.5, length=n,
+                                               protocol="query_agnostic")]
+  board = claims_leaderboard.rows(grid + _acc("dense", [1, 1], length=1024))
+  got = {(r["benchmark"], r["length"]): r for r in board}
+  assert got[("needle grid", "1024-4096")]["n"] == 6
+  assert got[("needle grid", "1024-4096")]["accuracy"] == pytest.approx(100 * 4 / 6, abs=0.05)
+  assert got[("RULER", 1024)]["n"] == 2  # RULER keeps its lengths apart
