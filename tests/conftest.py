@@ -40,19 +40,6 @@ hypothesis.settings.register_profile(
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-# The slowest files (CI durations, 2026-11-25) start first: with ``--dist loadfile`` a long file
-# scheduled last runs on one worker while the other has nothing left.
-SLOW_FILES_FIRST = ("tests/models/test_sharding.py", "tests/test_notebooks.py",
-                    "tests/experiments/test_latency.py", "tests/models/test_gguf_smollm.py",
-                    "tests/experiments/test_tasks_scripts.py",
-                    "tests/sparse_attn/test_sparse_decode.py")
-
-
-def pytest_collection_modifyitems(items):
-  rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
-  items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))  # stable
-
-
 @pytest.fixture(autouse=True, scope="module")
 def _release_compiled_executables():
   """Drops JAX's compilation caches after every test module.
