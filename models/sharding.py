@@ -234,6 +234,9 @@ class ShardedMethod:
   def prefill(self, q, k, v, cache, state, positions, *, scale=None):
     return self._constrained(*self.inner.prefill(q, k, v, cache, state, positions, scale=scale))
 
+  def extend(self, q, k, v, cache, state, positions, *, scale=None):
+    return self._constrained(*self.inner.extend(q, k, v, cache, state, positions, scale=scale))
+
   def rectify(self, q, k, v, cache, state, positions, *, scale=None):
     return self._constrained(*self.inner.rectify(q, k, v, cache, state, positions, scale=scale))
 

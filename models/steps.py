@@ -48,9 +48,21 @@ def prefill_step(params, tokens, positions, caches, states, *, config, method):
   Returns:
     ``(hidden [B, S, E] before the final norm, caches, states)``.
   """
+  return _chunk_step(params, tokens, positions, caches, states, config=config, method=method,
+                     phase="prefill")
+
+
+def extend_step(params, tokens, positions, caches, states, *, config, method):
+  """A chunk read after ``end_prefill`` (``method.extend``: a query-agnostic question read
+  through a compressed cache); arguments and result as ``prefill_step``'s."""
+  return _chunk_step(params, tokens, positions, caches, states, config=config, method=method,
+                     phase="extend")
+
+
+def _chunk_step(params, tokens, positions, caches, states, *, config, method, phase):
   x = _embed(_head(params), jnp.asarray(tokens, jnp.int32), config=config)
   return _layers(params, x, positions, caches, states, config=config, method=method,
-                 phase="prefill")
+                 phase=phase)
 
 
 def end_prefill(caches, states, *, config, method):
@@ -105,8 +117,8 @@ def _embed_window(head, history, positions, *, config):
 @functools.partial(jax.jit, static_argnames=("config", "method", "phase"),
                    donate_argnames=("cache", "state"))
 def _layer(layer_params, x, positions, cache, state, *, config, method, phase):
-  """One decoder layer with ``method.prefill``, ``.decode`` or ``.rectify`` (``phase``) as
-  attention."""
+  """One decoder layer with ``method.prefill``, ``.extend``, ``.decode`` or ``.rectify``
+  (``phase``) as attention."""
   fn = getattr(method, phase)
   scale = llama.softmax_scale(config)
 

@@ -10,6 +10,7 @@ argument under ``jax.jit``). Per layer the model calls, with post-RoPE ``q [B, H
   cache, state = m.end_prefill(cache, state, scale=s)                         # after the prompt
   out, cache, state = m.decode(q, k, v, cache, state, positions, scale=s)    # S == m.window
   out, cache, state = m.rectify(q, k, v, cache, state, positions, scale=s)   # every rect_interval
+  out, cache, state = m.extend(q, k, v, cache, state, positions, scale=s)    # dense: a chunk
 
 ``make("dense")`` is exact attention, the reference every other method is tested against.
 
@@ -225,6 +226,19 @@ class Method:
     if q.shape[2] != self.window:
       raise ValueError(f"{self.spec} decodes {self.window} query per step, got {q.shape[2]}")
     return compose.decode(self, q, k, v, cache, state, positions, scale)
+
+  def extend(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
+    """Reads a chunk after ``end_prefill`` (a query-agnostic question): dense only.
+
+    Dense keeps slot = position, so this is ``prefill``'s write and causal attention. A
+    selector's state is fixed at ``end_prefill`` (RESA's prior, retro's ring) and would not
+    follow a chunk: those read tokens one ``decode`` step at a time.
+    """
+    if not self.is_dense:
+      raise NotImplementedError(
+          f"{self.spec!r}: only dense and compression methods read a chunk after the prompt "
+          "(extend); a selector reads it one decode step at a time")
+    return compose.prefill(self, q, k, v, cache, state, positions, scale)
 
   def select(self, q, cache: KVCache, scale=None) -> selection.Selection:
     """The selection of the current queries ``q [B, Hq, D]`` (``Selector.select``)."""

@@ -77,5 +77,10 @@ class AttentionMethod(Protocol):
   def decode(self, q, k, v, cache, state, positions, *, scale=None):
     """Appends the window's K/V and attends -> ``(out [B, Hq, W, D], cache, state)``."""
 
+  def extend(self, q, k, v, cache, state, positions, *, scale=None):
+    """Reads a chunk after ``end_prefill`` (a query-agnostic question) in one pass, as ``S``
+    decode steps would -> ``(out [B, Hq, S, D], cache, state)``; NotImplementedError where
+    the method's decode state cannot follow a chunk."""
+
   def rectify(self, q, k, v, cache, state, positions, *, scale=None):
     """Dense re-encoding of recent tokens (same contract as ``prefill``)."""

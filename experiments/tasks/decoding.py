@@ -8,8 +8,8 @@ this adds for experiments on a CPU:
   so one prefill of the methods' union serves them all (a copy each); compression methods share
   one prefill too (``experiments.tasks.compression_union``), each evicting on its own;
 * **query-agnostic compression** (``extend``): the context is prefilled (and compressed), and
-  the question is then read token by token through the method's decode path, as in Expected
-  Attention's protocol (the cache is compressed before the question is seen);
+  the question is then read in one chunk through the kept cache (``method.extend``), as in
+  Expected Attention's protocol (the cache is compressed before the question is seen);
 * **lockstep teacher forcing**: all methods read the same token stream step by step, and the
   per-token NLL and KL(reference || method) are reduced on device, so no ``[N, V]`` logits
   are kept (perplexity under sparse decoding, ReSA Sec. 3.2; KL along a trajectory, ReSA Fig. 1);
@@ -163,14 +163,20 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
     yield m, Prefilled(last, copy(history), copy(kept), copy(mine), lengths, key[2], mesh=mesh)
 
 
+# Chunk widths of ``extend`` are rounded up to this, so questions of similar lengths share
+# one compiled chunk step.
+EXTEND_ROUND = 32
+
+
 def extend(model, pre: Prefilled, method, suffix: np.ndarray,
            suffix_lengths: np.ndarray) -> Prefilled:
   """Reads ``suffix [B, M]`` (right-padded, ``suffix_lengths [B]``, each >= 1) after a prefill.
 
-  The tokens go one at a time through ``method``'s decode path (a compressed cache stays
-  compressed: the question is read after eviction, Expected Attention's query-agnostic
-  protocol); rows whose suffix is shorter wait (position -1). Returns the state after the
-  suffix with ``first`` = each row's greedy token after its last suffix token.
+  The tokens go through ``method.extend`` in one chunk: appended after what the cache holds
+  and attended causally, so a compressed cache stays compressed (the question is read after
+  eviction, Expected Attention's query-agnostic protocol); this equals reading them one
+  decode step at a time (``tests/experiments/test_tasks_decoding.py``). Returns the state
+  after the suffix with ``first`` = each row's greedy token after its last suffix token.
   """
   if method.rect_interval:
     raise ValueError(f"{method.spec!r} rectifies; extend reads the suffix "
@@ -184,24 +190,25 @@ def extend(model, pre: Prefilled, method, suffix: np.ndarray,
   if int(total.max()) >= pre.capacity:
     raise ValueError(f"prompt of {int(total.max())} tokens leaves no room in capacity "
                      f"{pre.capacity}")
-  rows = np.arange(b)[:, None]
-  cols = pre.lengths[:, None] + np.arange(suffix.shape[1])[None]
-  ok = np.arange(suffix.shape[1])[None] < suffix_lengths[:, None]
-  prompt = np.asarray(pre.history).copy()
-  prompt[rows.repeat(suffix.shape[1], 1)[ok], cols[ok]] = suffix[ok]
-  in_prompt = jnp.asarray(np.arange(pre.capacity)[None] < total[:, None])
-  prompt = jnp.asarray(prompt)
-  # pinned: writes inside the prompt are undone after every step
-  loop = driver.Decoder(model, sharding.wrap(method, pre.mesh), jnp.copy(prompt), pre.caches,
-                        pre.states, GREEDY, pinned=(in_prompt, prompt))
-  first = jnp.zeros((b,), jnp.int32)
-  for j in range(int(suffix_lengths.max())):
-    newest = np.where(j < suffix_lengths, pre.lengths + j, -1 - method.window).astype(np.int32)
-    nxt, _ = loop.step(newest, jax.random.key(0))
-    first = jnp.where(jnp.asarray(j == suffix_lengths - 1), nxt, first)
-  history, caches, states = loop.history, loop.caches, loop.states
+  width = -(-int(suffix_lengths.max()) // EXTEND_ROUND) * EXTEND_ROUND
+  cols = np.arange(width)[None]
+  ok = cols < suffix_lengths[:, None]
+  tokens = np.zeros((b, width), np.int32)
+  m = min(width, suffix.shape[1])
+  tokens[:, :m] = suffix[:, :m]
+  tokens = np.where(ok, tokens, 0)
+  positions = np.where(ok, pre.lengths[:, None] + cols, -1).astype(np.int32)
+  run = sharding.wrap(method, pre.mesh)
+  hidden, caches, states = steps.extend_step(
+      model.decode_params, jnp.asarray(tokens), jnp.asarray(positions), pre.caches, pre.states,
+      config=model.config, method=run)
+  last = hidden[jnp.arange(b), jnp.asarray(suffix_lengths - 1)]  # [B, E]
+  first, _ = steps.sample_from_hidden(model.params, last, jax.random.key(0),
+                                      config=model.config, sampling=GREEDY)
+  rows, at = np.nonzero(ok)
+  history = pre.history.at[rows, positions[rows, at]].set(tokens[rows, at])
   history = history.at[jnp.arange(b), jnp.asarray(total)].set(first)
-  return Prefilled(pre.last, history, caches, states, total, pre.capacity, first, pre.mesh)
+  return Prefilled(last, history, caches, states, total, pre.capacity, first, pre.mesh)
 
 
 def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: bool = True,

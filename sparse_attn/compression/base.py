@@ -20,7 +20,8 @@ Schedule:
     ``round_up(K * (kept per head) + K * headroom)`` slots, so its bytes are the kept tokens'
     (less than one block of padding per layer) and every layer has the same shape.
   * ``decode`` appends at slot ``length`` recording the token position it is given, attends the
-    whole (compacted) cache, and with phase ``decode`` | ``both`` compresses a row back to its
+    whole (compacted) cache (``extend`` does the same for a chunk of tokens read after the
+    prompt, e.g. a query-agnostic question), and with phase ``decode`` | ``both`` compresses a row back to its
     budget (``max_tokens``, default ``ceil((1 - ratio) L)``) once ``interval`` tokens were added
     since its last compression or its buffer is full. Shapes stay static under jit: the buffer is
     ``budget + interval`` slots and compression is an in-place compaction.
@@ -318,15 +319,44 @@ class CompressionMethod:
     """
     if q.shape[2] != 1:
       raise ValueError(f"{self.spec} decodes 1 query per step, got {q.shape[2]}")
+    return self._append_and_attend(q, k, v, cache, state, positions, scale)
+
+  def extend(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
+    """Reads a chunk after ``end_prefill`` (a query-agnostic question) through the kept cache.
+
+    The chunk's tokens are appended after the cache's slots in order (as ``S`` decode steps
+    would append them) and attend the cache and each other causally by token position; the
+    result equals reading them one ``decode`` step at a time, in one pass.
+
+    Args:
+      q: ``[B, N, S, D]`` post-RoPE queries; k, v: ``[B, K, S, D]``.
+      positions: ``[B, S]`` token positions (-1 = padding, nothing written).
+
+    Returns:
+      ``(out [B, N, S, D], cache, state)``.
+
+    Raises:
+      NotImplementedError: with decode-phase compression for ``S > 1`` (that compresses
+        between tokens; read those one ``decode`` step at a time).
+    """
+    if q.shape[2] > 1 and self.compresses_decode:
+      raise NotImplementedError(
+          f"{self.spec!r} compresses while decoding (every {self.interval} tokens); it reads a "
+          "chunk one decode step at a time")
+    return self._append_and_attend(q, k, v, cache, state, positions, scale)
+
+  def _append_and_attend(self, q, k, v, cache, state, positions, scale):
+    """``decode`` / ``extend``: append ``S`` tokens after the cache's slots, attend, count."""
     ok = positions >= 0
     if isinstance(cache, flat.FlatKVCache):
       cache = flat.append(cache, k, v, positions)
     else:
-      slots = jnp.where(ok, cache.length[:, None], -1)
+      rank = jnp.cumsum(ok, axis=-1, dtype=jnp.int32) - 1
+      slots = jnp.where(ok, cache.length[:, None] + rank, -1)
       cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), slots,
                     token_positions=positions)
     out, state = self._attend(q, cache, state, positions, scale)
-    state = dict(state, since=state["since"] + ok[:, 0].astype(jnp.int32))
+    state = dict(state, since=state["since"] + jnp.sum(ok, axis=-1, dtype=jnp.int32))
     if self.compresses_decode:
       cache, state = self._maybe_compress(cache, state, scale)
     return out, cache, state

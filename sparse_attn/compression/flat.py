@@ -144,23 +144,32 @@ def compact(cache: FlatKVCache, keep, capacity: int | None = None):
 
 
 def append(cache: FlatKVCache, k, v, positions) -> FlatKVCache:
-  """Appends one token per kv head at slots ``length .. length + K - 1``.
+  """Appends ``S`` tokens, one slot per kv head each, after the cache's slots.
+
+  Token ``s`` (the ``s``-th non-padding one of its row) of kv head ``h`` lands at slot
+  ``length + s K + h``: the layout ``S`` one-token appends leave.
 
   Args:
-    k, v: ``[B, K, 1, D]`` the new key (post-RoPE) and value of every kv head.
-    positions: ``[B, 1]`` token positions; rows with -1 write nothing.
+    k, v: ``[B, K, S, D]`` the new keys (post-RoPE) and values of every kv head.
+    positions: ``[B, S]`` token positions; -1 = padding (nothing written).
   """
-  b, kk = k.shape[:2]
-  ok = positions[:, 0] >= 0
-  slot = cache.length[:, None] + jnp.arange(kk, dtype=jnp.int32)[None]  # [B, K]
-  slot = jnp.where(ok[:, None] & (slot < cache.capacity), slot, cache.capacity)  # dropped
+  b, kk, s = k.shape[:3]
+  ok = positions >= 0  # [B, S]
+  rank = jnp.cumsum(ok, axis=-1, dtype=jnp.int32) - 1
+  slot = (cache.length[:, None, None] + rank[:, :, None] * kk
+          + jnp.arange(kk, dtype=jnp.int32)[None, None])  # [B, S, K]
+  slot = jnp.where(ok[:, :, None] & (slot < cache.capacity), slot, cache.capacity)  # dropped
+  slot = slot.reshape(b, s * kk)
   bi = jnp.arange(b)[:, None]
   put = lambda arr, val: scatter_set(arr, (bi, slot), val)
-  heads = jnp.broadcast_to(jnp.arange(kk), (b, kk))
+  # [B, K, S, D] -> [B, S * K, D] in slot order
+  rows = lambda x: jnp.swapaxes(x, 1, 2).reshape(b, s * kk, x.shape[-1])
+  heads = jnp.broadcast_to(jnp.arange(kk), (b, s, kk)).reshape(b, s * kk)
+  tok = jnp.broadcast_to(positions[:, :, None], (b, s, kk)).reshape(b, s * kk)
+  added = kk * jnp.sum(ok, axis=-1, dtype=jnp.int32)
   return dataclasses.replace(
-      cache, k=put(cache.k, k[:, :, 0]), v=put(cache.v, v[:, :, 0]),
-      pos=put(cache.pos, jnp.broadcast_to(positions, (b, kk))), head=put(cache.head, heads),
-      length=jnp.minimum(cache.length + kk * ok.astype(jnp.int32), cache.capacity))
+      cache, k=put(cache.k, rows(k)), v=put(cache.v, rows(v)), pos=put(cache.pos, tok),
+      head=put(cache.head, heads), length=jnp.minimum(cache.length + added, cache.capacity))
 
 
 def attend(q, cache: FlatKVCache, positions, scale=None):

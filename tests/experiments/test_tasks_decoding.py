@@ -1,13 +1,16 @@
 """``experiments.tasks.decoding``: the shared prefills equal each method's own prefill, and
 reading the question after the prefill (``extend``) equals prefilling it."""
 
+import dataclasses
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from experiments.common import modelzoo
 from experiments.tasks import compression_union, decoding
-from models import decode
+from models import decode, driver, steps
 from sparse_attn import methods
 
 SPECS = ["dense", "quest", "quest+resa", "quest+retro:w=2", "quest+resa+retro:w=2",
@@ -85,6 +88,52 @@ def test_extend_rows_equal_single_rows(spec):
     if spec == "dense":
       full = np.concatenate([ctx[i], qs[i]])[None]
       assert both[i] == _generate(model, full, np.array([full.shape[1]], np.int32), m, 6)[0]
+
+
+def _read_token_by_token(model, pre, m, suffix, suffix_lengths):
+  """``extend``'s reference: the question read one decode step at a time (``Decoder``)."""
+  b = len(pre.lengths)
+  history = np.asarray(pre.history).copy()
+  for i in range(b):
+    history[i, pre.lengths[i]:pre.lengths[i] + suffix_lengths[i]] = suffix[i, :suffix_lengths[i]]
+  loop = driver.Decoder(model, m, jnp.asarray(history), pre.caches, pre.states,
+                        decoding.GREEDY, pinned=(jnp.asarray(history != 0), jnp.asarray(history)))
+  first = [None] * b
+  for j in range(int(suffix_lengths.max())):
+    newest = np.where(j < suffix_lengths, pre.lengths + j, -2).astype(np.int32)
+    nxt, logits = loop.step(newest, jax.random.key(0))
+    for i in np.nonzero(j == suffix_lengths - 1)[0]:
+      first[i] = (int(nxt[i]), np.asarray(logits[i]))
+  return first, loop.caches
+
+
+@pytest.mark.parametrize("spec", ["expected-attention", "snapkv:ratio=0.5", "dense"])
+def test_extend_equals_reading_token_by_token(spec):
+  """The question read in one chunk (``method.extend``) gives each row the first answer token,
+  logits and cache that reading it one decode step at a time gives (Ada-KV's flat cache and a
+  uniform one; dense)."""
+  model = modelzoo.tiny_random()
+  m = methods.make(spec)
+  rng = np.random.default_rng(3)
+  lengths = np.array([70, 52], np.int32)
+  prompts = rng.integers(10, 1000, (2, 70)).astype(np.int32)
+  prompts[1, 52:] = 0
+  suffix = rng.integers(10, 1000, (2, 11)).astype(np.int32)
+  suffix_lengths = np.array([7, 11], np.int32)
+  suffix[0, 7:] = 0
+  ((_, pre),) = decoding.prefill_all(model, prompts, lengths, [m], 128)
+  fresh = lambda: dataclasses.replace(pre, caches=jax.tree.map(jnp.copy, pre.caches),
+                                      states=jax.tree.map(jnp.copy, pre.states))
+  got = decoding.extend(model, fresh(), m, suffix, suffix_lengths)
+  want, want_caches = _read_token_by_token(model, fresh(), m, suffix, suffix_lengths)
+  logits = steps.sample_from_hidden(model.params, got.last, jax.random.key(0),
+                                    config=model.config, sampling=decoding.GREEDY)[1]
+  for i in range(2):
+    assert int(got.first[i]) == want[i][0]
+    np.testing.assert_allclose(logits[i], want[i][1], atol=1e-4, rtol=1e-4)
+  for g, w in zip(jax.tree.leaves(got.caches), jax.tree.leaves(want_caches)):
+    np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+  np.testing.assert_array_equal(got.lengths, lengths + suffix_lengths)
 
 
 def test_extend_rejects_rectification_and_full_caches():

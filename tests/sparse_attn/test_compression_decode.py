@@ -1,5 +1,8 @@
-"""Decode-time compression keeps the cache at its budget; jit and vmap equal the plain call."""
+"""Decode-time compression keeps the cache at its budget; jit and vmap equal the plain call;
+a chunk read after the prompt (``extend``) equals decode steps."""
 
+import hypothesis
+import hypothesis.strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -141,3 +144,49 @@ def test_adakv_decode_compression_keeps_the_flat_cache_at_budget():
       kept = np.sort(np.asarray(view.pos)[b, h][np.asarray(view.valid)[b, h]])
       newest = list(range(L + steps - n + 4, L + steps))
       np.testing.assert_array_equal(kept, list(range(4)) + newest)
+
+
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), s=st.integers(1, 9), data=st.data())
+@hypothesis.settings(max_examples=6, deadline=None)
+@pytest.mark.parametrize("spec", ["snapkv:ratio=0.5", "expected_attention:ratio=0.5",
+                                  "keydiff:ratio=0.25,head_budget=adakv", "h2o:ratio=0.5"])
+def test_extend_equals_decode_steps(spec, seed, s, data):
+  """A chunk read after the prompt (``extend``) leaves the cache and outputs ``S`` decode steps
+  leave, padding (position -1) anywhere in the chunk included; uniform and flat layouts."""
+  hkv = 2
+  m = methods.make(spec)
+  key = jax.random.PRNGKey(seed)
+  x = lambda i, h, n: jax.random.normal(jax.random.fold_in(key, i), (B, h, n, D))
+  cache = m.init_cache(B, hkv, T, D)
+  state = m.init_state(B, HQ * hkv, hkv, D, T)
+  pos = jnp.tile(jnp.arange(L), (B, 1))
+  _, cache, state = m.prefill(x(0, HQ * hkv, L), x(1, hkv, L), x(2, hkv, L), cache, state, pos)
+  cache, state = m.end_prefill(cache, state)
+  ok = np.asarray(data.draw(st.lists(st.lists(st.booleans(), min_size=s, max_size=s),
+                                     min_size=B, max_size=B)))
+  positions = np.where(ok, L + np.cumsum(ok, axis=1) - 1, -1).astype(np.int32)
+  q, k, v = x(3, HQ * hkv, s), x(4, hkv, s), x(5, hkv, s)
+  out, got, _ = jax.jit(m.extend)(q, k, v, cache, state, jnp.asarray(positions))
+  want = cache
+  for j in range(s):
+    o, want, state = m.decode(q[:, :, j:j + 1], k[:, :, j:j + 1], v[:, :, j:j + 1], want, state,
+                              jnp.asarray(positions[:, j:j + 1]))
+    for b in range(B):
+      if ok[b, j]:
+        np.testing.assert_allclose(out[b, :, j], o[b, :, 0], atol=1e-5, rtol=1e-5)
+  for field in ("k", "v", "pos", "length") + (("head",) if isinstance(got, flat.FlatKVCache)
+                                                else ()):
+    np.testing.assert_array_equal(getattr(got, field), getattr(want, field), err_msg=field)
+
+
+def test_extend_refuses_chunks_with_decode_phase_compression():
+  m = methods.make("tova", phase="both", ratio=0.5)
+  cache = m.init_cache(B, HKV, T, D)
+  state = m.init_state(B, HQ, HKV, D, T)
+  q, k, v, pos = prompt(0)
+  _, cache, state = m.prefill(q, k, v, cache, state, pos)
+  cache, state = m.end_prefill(cache, state)
+  with pytest.raises(NotImplementedError, match="one decode step at a time"):
+    m.extend(q[:, :, :2], k[:, :, :2], v[:, :, :2], cache, state, pos[:, :2] + L)
+  with pytest.raises(NotImplementedError, match="only dense and compression"):
+    methods.make("quest", budget=0.25).extend(q, k, v, cache, state, pos)
