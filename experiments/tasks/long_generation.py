@@ -64,7 +64,7 @@ class StateProbe:
 
 def run(config, workdir: str, mesh=None) -> list[dict]:
   """Runs the long-generation comparison of ``config`` (on ``mesh`` if given)."""
-  model = modelzoo.load_model(config.model, mesh)
+  model = modelzoo.load_model(config.model, mesh).in_decode_layout()  # one copy of the weights
   writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
   entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
                          rope_inv_freq=modelzoo.rope_inv_freq(model))

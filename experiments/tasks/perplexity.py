@@ -62,7 +62,7 @@ def _sweep_entries(config, rope_inv_freq=None) -> list[tuple[str, specs.Entry]]:
 
 def run(config, workdir: str, mesh=None) -> list[dict]:
   """Runs the perplexity views of ``config`` (on ``mesh`` if given); returns the records."""
-  model = modelzoo.load_model(config.model, mesh)
+  model = modelzoo.load_model(config.model, mesh).in_decode_layout()  # one copy of the weights
   writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
   entries = _sweep_entries(config, modelzoo.rope_inv_freq(model))
   dense = specs.Entry("dense", "dense", None, specs.build("dense", block_size=config.block_size))

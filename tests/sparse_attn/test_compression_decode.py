@@ -147,7 +147,7 @@ def test_adakv_decode_compression_keeps_the_flat_cache_at_budget():
 
 
 @hypothesis.given(seed=st.integers(0, 2**31 - 1), s=st.integers(1, 9), data=st.data())
-@hypothesis.settings(max_examples=6, deadline=None)
+@hypothesis.settings(max_examples=4, deadline=None)
 @pytest.mark.parametrize("spec", ["snapkv:ratio=0.5", "expected_attention:ratio=0.5",
                                   "keydiff:ratio=0.25,head_budget=adakv", "h2o:ratio=0.5"])
 def test_extend_equals_decode_steps(spec, seed, s, data):
