@@ -8,8 +8,9 @@ this adds for experiments on a CPU:
   so one prefill of the methods' union serves them all (a copy each); compression methods share
   one prefill too (``experiments.tasks.compression_union``), each evicting on its own;
 * **query-agnostic compression** (``extend``): the context is prefilled (and compressed), and
-  the question is then read in one chunk through the kept cache (``method.extend``), as in
-  Expected Attention's protocol (the cache is compressed before the question is seen);
+  the question is then read in one chunk through the kept cache (``method.extend``; any method
+  one decode step per token: ``extend_stepwise``), as in Expected Attention's protocol (the
+  cache is compressed before the question is seen);
 * **lockstep teacher forcing**: all methods read the same token stream step by step, and the
   per-token NLL and KL(reference || method) are reduced on device, so no ``[N, V]`` logits
   are kept (perplexity under sparse decoding, ReSA Sec. 3.2; KL along a trajectory, ReSA Fig. 1);
@@ -174,22 +175,13 @@ def extend(model, pre: Prefilled, method, suffix: np.ndarray,
 
   The tokens go through ``method.extend`` in one chunk: appended after what the cache holds
   and attended causally, so a compressed cache stays compressed (the question is read after
-  eviction, Expected Attention's query-agnostic protocol); this equals reading them one
-  decode step at a time (``tests/experiments/test_tasks_decoding.py``). Returns the state
-  after the suffix with ``first`` = each row's greedy token after its last suffix token.
+  eviction, Expected Attention's query-agnostic protocol); this equals ``extend_stepwise``
+  (one decode step per token, ``tests/experiments/test_tasks_decoding.py``) in one pass over
+  the weights. Dense and compression methods (``method.extend``). Returns the state after the
+  suffix with ``first`` = each row's greedy token after its last suffix token.
   """
-  if method.rect_interval:
-    raise ValueError(f"{method.spec!r} rectifies; extend reads the suffix "
-                     "without rectification steps")
-  suffix = np.asarray(suffix, np.int32)
-  suffix_lengths = np.asarray(suffix_lengths, np.int32)
-  if np.any(suffix_lengths < 1) or suffix.shape[1] < suffix_lengths.max():
-    raise ValueError(f"suffix lengths {suffix_lengths.tolist()} must be in [1, {suffix.shape[1]}]")
+  suffix, suffix_lengths, total = _check_suffix(pre, method, suffix, suffix_lengths)
   b = len(pre.lengths)
-  total = pre.lengths + suffix_lengths
-  if int(total.max()) >= pre.capacity:
-    raise ValueError(f"prompt of {int(total.max())} tokens leaves no room in capacity "
-                     f"{pre.capacity}")
   width = -(-int(suffix_lengths.max()) // EXTEND_ROUND) * EXTEND_ROUND
   cols = np.arange(width)[None]
   ok = cols < suffix_lengths[:, None]
@@ -198,10 +190,9 @@ def extend(model, pre: Prefilled, method, suffix: np.ndarray,
   tokens[:, :m] = suffix[:, :m]
   tokens = np.where(ok, tokens, 0)
   positions = np.where(ok, pre.lengths[:, None] + cols, -1).astype(np.int32)
-  run = sharding.wrap(method, pre.mesh)
   hidden, caches, states = steps.extend_step(
       model.decode_params, jnp.asarray(tokens), jnp.asarray(positions), pre.caches, pre.states,
-      config=model.config, method=run)
+      config=model.config, method=sharding.wrap(method, pre.mesh))
   last = hidden[jnp.arange(b), jnp.asarray(suffix_lengths - 1)]  # [B, E]
   first, _ = steps.sample_from_hidden(model.params, last, jax.random.key(0),
                                       config=model.config, sampling=GREEDY)
@@ -209,6 +200,51 @@ def extend(model, pre: Prefilled, method, suffix: np.ndarray,
   history = pre.history.at[rows, positions[rows, at]].set(tokens[rows, at])
   history = history.at[jnp.arange(b), jnp.asarray(total)].set(first)
   return Prefilled(last, history, caches, states, total, pre.capacity, first, pre.mesh)
+
+
+def extend_stepwise(model, pre: Prefilled, method, suffix: np.ndarray,
+                    suffix_lengths: np.ndarray) -> Prefilled:
+  """``extend`` one decode step per token through ``method``'s decode path: any method
+  (selectors, decode-phase compression); rows whose suffix is shorter wait (position -1).
+
+  ``last`` is the prefill's (the steps keep no hidden state); ``first`` as ``extend``'s.
+  """
+  suffix, suffix_lengths, total = _check_suffix(pre, method, suffix, suffix_lengths)
+  b = len(pre.lengths)
+  rows = np.arange(b)[:, None]
+  cols = pre.lengths[:, None] + np.arange(suffix.shape[1])[None]
+  ok = np.arange(suffix.shape[1])[None] < suffix_lengths[:, None]
+  prompt = np.asarray(pre.history).copy()
+  prompt[rows.repeat(suffix.shape[1], 1)[ok], cols[ok]] = suffix[ok]
+  in_prompt = jnp.asarray(np.arange(pre.capacity)[None] < total[:, None])
+  prompt = jnp.asarray(prompt)
+  # pinned: writes inside the prompt are undone after every step
+  loop = driver.Decoder(model, sharding.wrap(method, pre.mesh), jnp.copy(prompt), pre.caches,
+                        pre.states, GREEDY, pinned=(in_prompt, prompt))
+  first = jnp.zeros((b,), jnp.int32)
+  for j in range(int(suffix_lengths.max())):
+    newest = np.where(j < suffix_lengths, pre.lengths + j, -1 - method.window).astype(np.int32)
+    nxt, _ = loop.step(newest, jax.random.key(0))
+    first = jnp.where(jnp.asarray(j == suffix_lengths - 1), nxt, first)
+  history = loop.history.at[jnp.arange(b), jnp.asarray(total)].set(first)
+  return Prefilled(pre.last, history, loop.caches, loop.states, total, pre.capacity, first,
+                   pre.mesh)
+
+
+def _check_suffix(pre: Prefilled, method, suffix, suffix_lengths):
+  """Validated ``(suffix, suffix_lengths, total [B])`` of an ``extend`` call."""
+  if method.rect_interval:
+    raise ValueError(f"{method.spec!r} rectifies; extend reads the suffix "
+                     "without rectification steps")
+  suffix = np.asarray(suffix, np.int32)
+  suffix_lengths = np.asarray(suffix_lengths, np.int32)
+  if np.any(suffix_lengths < 1) or suffix.shape[1] < suffix_lengths.max():
+    raise ValueError(f"suffix lengths {suffix_lengths.tolist()} must be in [1, {suffix.shape[1]}]")
+  total = pre.lengths + suffix_lengths
+  if int(total.max()) >= pre.capacity:
+    raise ValueError(f"prompt of {int(total.max())} tokens leaves no room in capacity "
+                     f"{pre.capacity}")
+  return suffix, suffix_lengths, total
 
 
 def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: bool = True,

@@ -10,7 +10,7 @@ import pytest
 
 from experiments.common import modelzoo
 from experiments.tasks import compression_union, decoding
-from models import decode, driver, steps
+from models import decode
 from sparse_attn import methods
 
 SPECS = ["dense", "quest", "quest+resa", "quest+retro:w=2", "quest+resa+retro:w=2",
@@ -90,28 +90,11 @@ def test_extend_rows_equal_single_rows(spec):
       assert both[i] == _generate(model, full, np.array([full.shape[1]], np.int32), m, 6)[0]
 
 
-def _read_token_by_token(model, pre, m, suffix, suffix_lengths):
-  """``extend``'s reference: the question read one decode step at a time (``Decoder``)."""
-  b = len(pre.lengths)
-  history = np.asarray(pre.history).copy()
-  for i in range(b):
-    history[i, pre.lengths[i]:pre.lengths[i] + suffix_lengths[i]] = suffix[i, :suffix_lengths[i]]
-  loop = driver.Decoder(model, m, jnp.asarray(history), pre.caches, pre.states,
-                        decoding.GREEDY, pinned=(jnp.asarray(history != 0), jnp.asarray(history)))
-  first = [None] * b
-  for j in range(int(suffix_lengths.max())):
-    newest = np.where(j < suffix_lengths, pre.lengths + j, -2).astype(np.int32)
-    nxt, logits = loop.step(newest, jax.random.key(0))
-    for i in np.nonzero(j == suffix_lengths - 1)[0]:
-      first[i] = (int(nxt[i]), np.asarray(logits[i]))
-  return first, loop.caches
-
-
 @pytest.mark.parametrize("spec", ["expected-attention", "snapkv:ratio=0.5", "dense"])
 def test_extend_equals_reading_token_by_token(spec):
-  """The question read in one chunk (``method.extend``) gives each row the first answer token,
-  logits and cache that reading it one decode step at a time gives (Ada-KV's flat cache and a
-  uniform one; dense)."""
+  """The question read in one chunk (``extend``) gives each row the first answer token, the
+  history, the cache and the continuation that reading it one decode step at a time gives
+  (``extend_stepwise``; Ada-KV's flat cache, a uniform one, dense)."""
   model = modelzoo.tiny_random()
   m = methods.make(spec)
   rng = np.random.default_rng(3)
@@ -125,14 +108,13 @@ def test_extend_equals_reading_token_by_token(spec):
   fresh = lambda: dataclasses.replace(pre, caches=jax.tree.map(jnp.copy, pre.caches),
                                       states=jax.tree.map(jnp.copy, pre.states))
   got = decoding.extend(model, fresh(), m, suffix, suffix_lengths)
-  want, want_caches = _read_token_by_token(model, fresh(), m, suffix, suffix_lengths)
-  logits = steps.sample_from_hidden(model.params, got.last, jax.random.key(0),
-                                    config=model.config, sampling=decoding.GREEDY)[1]
-  for i in range(2):
-    assert int(got.first[i]) == want[i][0]
-    np.testing.assert_allclose(logits[i], want[i][1], atol=1e-4, rtol=1e-4)
-  for g, w in zip(jax.tree.leaves(got.caches), jax.tree.leaves(want_caches)):
+  want = decoding.extend_stepwise(model, fresh(), m, suffix, suffix_lengths)
+  np.testing.assert_array_equal(got.first, want.first)
+  np.testing.assert_array_equal(got.history, want.history)
+  for g, w in zip(jax.tree.leaves(got.caches), jax.tree.leaves(want.caches)):
     np.testing.assert_allclose(g, w, atol=1e-5, rtol=1e-5)
+  after = decoding.greedy(model, got, m, 4, stop_at_eos=False)
+  assert after == decoding.greedy(model, want, m, 4, stop_at_eos=False)
   np.testing.assert_array_equal(got.lengths, lengths + suffix_lengths)
 
 
