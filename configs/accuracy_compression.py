@@ -9,7 +9,8 @@ r"""Expected Attention against six eviction baselines, query-agnostic, on Qwen (
 
 Protocol (Expected Attention Sec. 4, kvpress): the context is prefilled and compressed before
 the question is appended (``protocol=query_agnostic``; the question and the chat template's end
-are then read through the compressed cache), greedy answers, RULER string match. Budgets are
+are then read through the compressed cache in one chunk, ``method.extend``, which equals reading
+them one decode step at a time), greedy answers, RULER string match. Budgets are
 the kept fractions 0.75 / 0.5 / 0.25 / 0.1, i.e. compression ratios 0.25 / 0.5 / 0.75 / 0.9.
 ``expected-attention`` is the paper's preset (Ada-KV head budgets, 512 future positions,
 eps = 0.01, covariance and value norm); the baselines run with their own defaults. One prefill
@@ -18,11 +19,13 @@ the same cache. "EA vs each baseline" is paired on the same samples (paired boot
 
 Samples: 5 per (task, length) over the 12 tasks: 60 per method x ratio (the headline cell).
 
-Cost (2 cores, idle-machine estimate from the measurements in ``configs/accuracy.py``): one
-shared prefill per 5-prompt batch (~1.3x dense for H2O's accumulated scores: ~70 s per prompt),
-then per row the question (~60 tokens) and the answer (~32 tokens) read one token at a time
-(~0.7 s per step of the batch on a compressed cache): ~29 rows x ~92 steps per batch. The full
-grid ~7 h; ratio 0.5 alone (8 rows) ~3 h; EA, SnapKV and dense at 0.5 ~1.3 h.
+Cost (2 cores): one shared prefill per 5-prompt batch (~1.3x dense for H2O's accumulated
+scores), then per row the question in one chunk and the answer (~32 tokens) one step at a time.
+Rows up to 2026-11-25 read the question one decode step per token (~60 steps more per row):
+the 4k grid at ratio 0.5 (8 rows) was estimated at ~3 h that way. One chunk is 11x faster
+(``python -m experiments.compaction_bench --spec=expected_attention --context=1024
+--question_tokens=60``: 0.39 s vs 4.23 s, SmolLM2, one row), so a row now costs about its
+answer's steps.
 """
 
 from configs import accuracy
