@@ -144,7 +144,10 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
                                                          mesh=mesh)):
         kept = kv_kept(pre) if m.prefill_group == "compression" else None
         if protocol == "query_agnostic":
-          pre = decoding.extend(model, pre, m, suffix, suffix_lengths)
+          # one chunk where the method reads chunks (dense, compression); selectors step
+          read = (decoding.extend if m.is_dense or m.prefill_group == "compression"
+                  else decoding.extend_stepwise)
+          pre = read(model, pre, m, suffix, suffix_lengths)
         rows = decoding.greedy(model, pre, m, max_new)
         secs = time.perf_counter() - t0
         for i, (s, row) in enumerate(zip(batch, rows)):

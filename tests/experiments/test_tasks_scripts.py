@@ -63,13 +63,17 @@ def test_accuracy_quick_and_resume(root):
 
 def test_compression_query_agnostic_quick(root):
   """EA vs baselines: the context is compressed before the question; every method and ratio
-  keeps its share of the cache; the dense row reads the same shared prefill."""
+  keeps its share of the cache; the dense row reads the same shared prefill; a selector
+  (Quest) reads the question one decode step per token."""
   cfg = _quick("accuracy_compression")
+  with cfg.unlocked():
+    cfg.methods = tuple(cfg.methods) + ("quest",)
   recs = accuracy.run(cfg, os.path.join(root, "accuracy_compression"))
   assert len(recs) == len(cfg.methods) * len(cfg.tasks) * len(cfg.lengths) * cfg.num_samples
   for r in recs:
-    assert r["protocol"] == "query_agnostic" and r["attended_tokens"] is None
-    if r["method"] == "dense":
+    assert r["protocol"] == "query_agnostic"
+    assert (r["attended_tokens"] is None) == (r["method"] != "quest@0.5")
+    if r["method"] in ("dense", "quest@0.5"):
       assert r["kv_kept"] is None
     else:  # half the context kept per kv head (Ada-KV: on average over heads)
       assert abs(r["kv_kept"] - 0.5 * r["context_tokens"]) <= 1.0, r
