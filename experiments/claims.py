@@ -161,9 +161,10 @@ def build(root: str) -> str:
     board = claims_leaderboard.rows(accuracy)
     fig = claims_leaderboard.figure(board, root)
     sections.append(
-        "## Leaderboard (RULER-style accuracy)\n\n`attended`: the share of the context each "
-        "row reads per head (selection: tokens attended at the first answer token, sinks and "
-        "local window included, over the prompt; compression: tokens kept over the context).\n\n"
+        "## Leaderboard (RULER-style accuracy)\n\nOne row per method x budget, the context "
+        "lengths side by side. `read at N`: the share of the context the row reads per head at "
+        "N tokens (selection: tokens attended at the first answer token, sinks and local window "
+        "included, over the prompt; compression: tokens kept over the context).\n\n"
         + claims_leaderboard.markdown(board)
         + (f"\n\n{gaps}" if (gaps := claims_leaderboard.missing(board)) else "")
         + (f"\n\n![leaderboard]({os.path.basename(fig)})" if fig else ""))

@@ -2,7 +2,8 @@
 the context it reads, per benchmark, protocol and context length.
 
 ``rows`` computes the cells from the ``accuracy`` experiment's records (once: the bootstrap
-intervals are not free), ``markdown`` renders them as the report's table, ``missing`` names the
+intervals are not free), ``markdown`` renders them as the report's tables (one per benchmark
+and protocol, a row per method x budget, its lengths side by side), ``missing`` names the
 rows a length lacks that another length of the same benchmark has, and ``figure`` draws one
 panel per (benchmark, protocol, length): accuracy (with its 95% interval) against the share of
 the context read per head, dense as a line on top.
@@ -22,8 +23,7 @@ from experiments.tasks import accuracy_report
 XLIM, XTICKS = (1.0, 100.0), (1, 2, 5, 10, 20, 50, 100)
 DODGE = 1.06  # sideways spread (a factor on the log axis) between the points of one panel
 ORDER = {"RULER": 0, "needle grid": 1, "long-gen QA": 2}
-COLUMNS = ("benchmark", "protocol", "length", "method", "budget", "attended", "accuracy",
-           "interval", "tasks", "n")
+PROTOCOLS = {"query_aware": 0, "query_agnostic": 1}  # the papers' main protocol first
 
 
 def rows(records) -> list[dict]:
@@ -73,8 +73,46 @@ def _pool_lengths(cells, bench: str) -> dict:
 
 
 def markdown(board: list[dict]) -> str:
-  """The leaderboard table of ``rows``' answer ("" without rows)."""
-  return render.markdown_table(board, COLUMNS) if board else ""
+  """``rows``' answer as one table per (benchmark, protocol), its lengths side by side (the
+  issue's "every method x budget at 4k and 8k"): per length the accuracy, its interval and
+  samples, and the share of the context the row reads there; dense first, then by accuracy at
+  the longest length (rows it lacks after, by the next length). "" without rows."""
+  groups = collections.defaultdict(list)
+  for r in board:
+    groups[(r["benchmark"], r["protocol"])].append(r)
+  tables = []
+  for (bench, proto), rs in sorted(groups.items(), key=lambda kv: (
+      ORDER[kv[0][0]], PROTOCOLS.get(kv[0][1], len(PROTOCOLS)), kv[0][1])):
+    lengths = sorted({r["length"] for r in rs}, key=_length_order)
+    cells = collections.defaultdict(dict)
+    for r in rs:
+      cells[(r["method"], r["budget"])][r["length"]] = r
+    longest_first = lengths[::-1]
+
+    def order(item, longest_first=longest_first):
+      (method, _), by = item
+      accs = [-by[n]["accuracy"] if n in by else np.inf for n in longest_first]
+      return (method != "dense", *accs)
+
+    table = []
+    for (method, budget), by in sorted(cells.items(), key=order):
+      row = dict(method=method, budget=budget,
+                 tasks="/".join(sorted({str(c["tasks"]) for c in by.values()})))
+      for n in lengths:
+        c = by.get(n)
+        row[f"{n}"] = f"{c['accuracy']:g} {c['interval']} ({c['n']})" if c else "not run"
+        row[f"read at {n}"] = c["attended"] if c else ""
+      table.append(row)
+    columns = (["method", "budget"] + [f"{n}" for n in lengths]
+               + [f"read at {n}" for n in lengths] + ["tasks"])
+    tables.append(f"**{bench}, {proto}** (accuracy % [95% interval] (samples) per context "
+                  "length in tokens)\n\n" + render.markdown_table(table, columns))
+  return "\n\n".join(tables)
+
+
+def _length_order(length) -> int:
+  """Lengths in order; a pooled span ``"lo-hi"`` by its upper end."""
+  return int(str(length).split("-")[-1])
 
 
 def missing(board: list[dict]) -> str:

@@ -101,9 +101,21 @@ def test_report_lists_unrun_claims_and_timings(tmp_path):
                             finished="2026-01-02T08:02:00")) + "\n")
   text = open(claims.build(str(tmp_path)), encoding="utf-8").read()
   assert "| not run |" in text and "no `svd_analysis` records" in text
-  assert "Leaderboard" in text and "| RULER | query_aware | 4096 | dense |" in text
+  assert "Leaderboard" in text and "**RULER, query_aware**" in text and "| dense |" in text
   assert "3 min in all" in text
   assert "| accuracy | 3 | 2 | 10 | 2026-01-01T10:01 | 2026-01-02T08:01 | 2 |" in text
+
+
+def _tables(text: str) -> dict:
+  """``{title: [row cells]}`` of the leaderboard's markdown (one table per title line)."""
+  out, title = {}, None
+  for line in text.splitlines():
+    if line.startswith("**"):
+      title = line[2:line.index("**", 2)]
+      out[title] = []
+    elif line.startswith("| ") and not line.startswith("| method "):
+      out[title].append([c.strip() for c in line.strip("|").split("|")])
+  return out
 
 
 def test_leaderboard_keeps_ruler_the_needle_grid_and_long_generation_qa_apart():
@@ -111,11 +123,27 @@ def test_leaderboard_keeps_ruler_the_needle_grid_and_long_generation_qa_apart():
                                                           protocol="query_agnostic")]
   qa = _acc("dense", np.zeros(3), length=2048, task="qa_multi")
   ruler = _acc("dense", np.ones(2), length=1024, protocol="query_agnostic", task="vt")
-  board = claims_leaderboard.markdown(claims_leaderboard.rows(grid + qa + ruler))
-  lines = [l for l in board.splitlines() if l.startswith("| ") and "benchmark" not in l]
-  assert [l.split(" | ")[0] for l in lines] == ["| RULER", "| needle grid", "| long-gen QA"]
-  assert lines[1].endswith("| 1 | 4 |") and lines[0].endswith("| 1 | 2 |")
-  assert lines[0].split(" | ")[5] == "-"  # dense reads everything, nothing recorded
+  aware = _acc("dense", np.ones(2), length=1024)
+  tables = _tables(claims_leaderboard.markdown(claims_leaderboard.rows(grid + qa + ruler + aware)))
+  assert list(tables) == ["RULER, query_aware", "RULER, query_agnostic",
+                          "needle grid, query_agnostic", "long-gen QA, query_aware"]
+  dense = tables["needle grid, query_agnostic"][0]
+  assert dense[0] == "dense" and dense[2].endswith("(4)") and dense[-1] == "1"
+  assert tables["RULER, query_agnostic"][0][2].endswith("(2)")
+  assert dense[3] == "-"  # dense reads everything, nothing recorded
+
+
+def test_leaderboard_puts_the_lengths_side_by_side():
+  """One row per method x budget, a column per length; a row a length lacks says so, and rows
+  sort by the longest length's accuracy."""
+  recs = (_acc("dense", [1, 1]) + _acc("quest@0.025", [1, 0]) + _acc("topk@0.025", [1, 1])
+          + _acc("dense", [1, 0], length=8192) + _acc("quest@0.025", [0, 0], length=8192)
+          + _acc("resa-quest@0.025", [1, 0], length=8192))
+  (rows,) = _tables(claims_leaderboard.markdown(claims_leaderboard.rows(recs))).values()
+  assert [r[0] for r in rows] == ["dense", "resa-quest@0.025", "quest@0.025", "topk@0.025"]
+  quest = rows[2]
+  assert quest[2].startswith("50 [") and quest[2].endswith("(2)")
+  assert quest[3].startswith("0 [") and rows[1][2] == "not run" and rows[3][3] == "not run"
 
 
 def test_leaderboard_shows_the_share_of_the_context_each_row_reads():
@@ -125,9 +153,10 @@ def test_leaderboard_shows_the_share_of_the_context_each_row_reads():
           for r, k in zip(_acc("snapkv@0.5", [1, 1], 0.5, protocol="query_agnostic"),
                           (200.0, 196.0))]
   board = claims_leaderboard.rows(quest + snap)
-  rows = {l.split(" | ")[3]: l.split(" | ")
-          for l in claims_leaderboard.markdown(board).splitlines()[2:]}
-  assert rows["quest@0.025"][5] == "5.0%" and rows["snapkv@0.5"][5] == "49.5%"
+  tables = _tables(claims_leaderboard.markdown(board))
+  assert tables["RULER, query_aware"][0][:2] == ["quest@0.025", "0.025"]
+  assert tables["RULER, query_aware"][0][3] == "5.0%"
+  assert tables["RULER, query_agnostic"][0][3] == "49.5%"
   got = {r["method"]: r for r in board}
   assert got["quest@0.025"]["share"] == pytest.approx(0.05)
   assert (got["quest@0.025"]["lo"], got["quest@0.025"]["hi"]) == pytest.approx(
