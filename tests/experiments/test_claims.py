@@ -256,3 +256,11 @@ def test_leaderboard_pools_the_needle_grid_over_its_lengths():
   assert got[("needle grid", "1024-4096")]["n"] == 6
   assert got[("needle grid", "1024-4096")]["accuracy"] == pytest.approx(100 * 4 / 6, abs=0.05)
   assert got[("RULER", 1024)]["n"] == 2  # RULER keeps its lengths apart
+
+
+def test_resa_gain_names_the_other_budgets_at_its_length():
+  base = np.array([1, 0, 1, 0] * 5, float)
+  recs = (_acc("quest@0.025", base, 0.025) + _acc("resa-quest@0.025", base, 0.025)
+          + _acc("quest@0.1", base, 0.1) + _acc("resa-quest@0.1", np.ones(20), 0.1))
+  got = claims_tasks.resa_ruler_gain(recs)
+  assert "; at budget 0.1 50.0 -> 100.0 (+50.0 pts" in got["why"] and got["n"] == 20
