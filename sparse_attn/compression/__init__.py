@@ -18,11 +18,34 @@ Modules: ``base`` (the shared per-layer schedule), ``compact`` (compaction into 
 and Ada-KV allocation), ``observe`` (query buffers, partial attention), and one file per method.
 """
 
+import dataclasses
+
 from sparse_attn.compression import (expected_attention, h2o, keydiff, knorm, snapkv,
                                      streaming_llm, tova)
-from sparse_attn.compression.base import CompressionMethod, builder
+from sparse_attn.compression.base import CompressionMethod
 
-# name -> build(spec, parts, options): validates every option (``base.builder``)
+def builder(cls):
+  """``build(spec, parts, options)`` for ``compression.BUILDERS``: validates every option."""
+  common = tuple(f.name for f in dataclasses.fields(CompressionMethod) if f.name != "spec")
+  own = tuple(f.name for f in dataclasses.fields(cls) if f.name not in common + ("spec",))
+
+  def build(spec, parts, options):
+    (name, inline), rest = parts[0], parts[1:]
+    if rest:
+      raise ValueError(f"compression method {name!r} takes no enhancers, got "
+                       f"{[n for n, _ in rest]} in {spec!r}")
+    opts = {**inline, **options}
+    valid = sorted(common + own)
+    bad = sorted(set(opts) - set(valid))
+    if bad:
+      raise ValueError(f"unknown option(s) {bad} for {name!r}; valid options: {valid}")
+    return cls(spec=spec, **{**cls.DEFAULTS, **opts})
+
+  build.__doc__ = f"Builds {cls.__name__} from a spec and options (see its docstring)."
+  return build
+
+
+# name -> build(spec, parts, options): validates every option (``builder``)
 BUILDERS: dict = {cls.name: builder(cls) for cls in (
     expected_attention.ExpectedAttention, snapkv.SnapKV, tova.TOVA, keydiff.KeyDiff,
     knorm.KNorm, streaming_llm.StreamingLLM, h2o.H2O)}

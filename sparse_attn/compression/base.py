@@ -324,20 +324,16 @@ class CompressionMethod:
   def extend(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
     """Reads a chunk after ``end_prefill`` (a query-agnostic question) through the kept cache.
 
-    The chunk's tokens are appended after the cache's slots in order (as ``S`` decode steps
-    would append them) and attend the cache and each other causally by token position; the
-    result equals reading them one ``decode`` step at a time, in one pass.
+    The tokens are appended after the cache's slots in order and attend causally by position:
+    ``S`` decode steps in one pass.
 
     Args:
       q: ``[B, N, S, D]`` post-RoPE queries; k, v: ``[B, K, S, D]``.
       positions: ``[B, S]`` token positions (-1 = padding, nothing written).
 
-    Returns:
-      ``(out [B, N, S, D], cache, state)``.
-
-    Raises:
-      NotImplementedError: with decode-phase compression for ``S > 1`` (that compresses
-        between tokens; read those one ``decode`` step at a time).
+    Returns ``(out [B, N, S, D], cache, state)``. Raises NotImplementedError for ``S > 1``
+    with decode-phase compression (it compresses between tokens: such methods read one
+    ``decode`` step at a time).
     """
     if q.shape[2] > 1 and self.compresses_decode:
       raise NotImplementedError(
@@ -401,23 +397,3 @@ def _concrete_ints(*xs):
   except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
     return None
 
-
-def builder(cls):
-  """``build(spec, parts, options)`` for ``compression.BUILDERS``: validates every option."""
-  common = tuple(f.name for f in dataclasses.fields(CompressionMethod) if f.name != "spec")
-  own = tuple(f.name for f in dataclasses.fields(cls) if f.name not in common + ("spec",))
-
-  def build(spec, parts, options):
-    (name, inline), rest = parts[0], parts[1:]
-    if rest:
-      raise ValueError(f"compression method {name!r} takes no enhancers, got "
-                       f"{[n for n, _ in rest]} in {spec!r}")
-    opts = {**inline, **options}
-    valid = sorted(common + own)
-    bad = sorted(set(opts) - set(valid))
-    if bad:
-      raise ValueError(f"unknown option(s) {bad} for {name!r}; valid options: {valid}")
-    return cls(spec=spec, **{**cls.DEFAULTS, **opts})
-
-  build.__doc__ = f"Builds {cls.__name__} from a spec and options (see its docstring)."
-  return build
