@@ -20,10 +20,10 @@ Schedule:
     ``round_up(K * (kept per head) + K * headroom)`` slots, so its bytes are the kept tokens'
     (less than one block of padding per layer) and every layer has the same shape.
   * ``decode`` appends at slot ``length`` recording the token position it is given, attends the
-    whole (compacted) cache (``extend`` does the same for a chunk of tokens read after the
-    prompt, e.g. a query-agnostic question), and with phase ``decode`` | ``both`` compresses a row back to its
-    budget (``max_tokens``, default ``ceil((1 - ratio) L)``) once ``interval`` tokens were added
-    since its last compression or its buffer is full. Shapes stay static under jit: the buffer is
+    whole (compacted) cache (``extend``: the same for a chunk read after the prompt), and with
+    phase ``decode`` | ``both`` compresses a row back to its budget (``max_tokens``, default
+    ``ceil((1 - ratio) L)``) once ``interval`` tokens were added since its last compression or
+    its buffer is full. Shapes stay static under jit: the buffer is
     ``budget + interval`` slots and compression is an in-place compaction.
 
 ``end_prefill`` changes the cache shape, so it is called between the jitted prefill and decode.
