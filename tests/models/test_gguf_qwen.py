@@ -1,6 +1,9 @@
 """The optional Qwen2.5-Coder-0.5B GGUF (``[qwen]`` extra): skipped when not installed."""
 
+import concurrent.futures
+import hashlib
 import importlib.util
+import os
 
 import pytest
 
@@ -18,6 +21,23 @@ def test_sha_mismatch_is_refused(tmp_path, monkeypatch):
   with pytest.raises(ValueError, match="refusing"):
     sources.assemble_qwen(str(tmp_path))
   assert not any(tmp_path.iterdir())
+
+
+def test_concurrent_first_use_assembles_one_file(tmp_path, monkeypatch):
+  # Two processes starting together once raced on one shared ".partial" file.
+  parts = []
+  for i in range(3):
+    p = tmp_path / f"part{i}"
+    p.write_bytes(bytes([i]) * (6 << 20))  # > one 4 MiB read: writers interleave
+    parts.append(str(p))
+  whole = b"".join(open(p, "rb").read() for p in parts)
+  monkeypatch.setattr(sources, "qwen_part_paths", lambda: parts)
+  monkeypatch.setattr(sources, "QWEN_SHA256", hashlib.sha256(whole).hexdigest())
+  dest_dir = str(tmp_path / "cache")
+  with concurrent.futures.ThreadPoolExecutor(4) as pool:
+    paths = list(pool.map(lambda _: sources.assemble_qwen(dest_dir), range(8)))
+  assert len(set(paths)) == 1 and open(paths[0], "rb").read() == whole
+  assert not [n for n in os.listdir(dest_dir) if n.endswith(".partial")]
 
 
 @pytest.mark.slow
