@@ -67,6 +67,15 @@ def test_ea_against_the_best_baseline():
   assert claims_tasks.ea_vs_baselines(flipped)["verdict"] == "not reproduced"
   labelled = [dict(r, method=f"{r['method']}@0.5") for r in recs]
   assert claims_tasks.ea_vs_baselines(labelled)["ours"] == got["ours"]
+  assert "keep" not in got["why"]
+  # the other kept fractions follow in "why": EA's rank there and its best baseline
+  at_quarter = (_acc("expected-attention", half, 0.25, protocol="query_agnostic")
+                + _acc("snapkv", np.zeros(40), 0.25, protocol="query_agnostic")
+                + _acc("knorm", ones, 0.25, protocol="query_agnostic"))
+  why = claims_tasks.ea_vs_baselines(recs + at_quarter)["why"]
+  assert why.endswith("; keep 0.25: EA 50.0 (rank 2 of 3) vs knorm 100.0 (-50.0 pts "
+                      f"[{why.split('pts [')[1].split(']')[0]}], n=40)")
+  assert claims_tasks.ea_vs_baselines(recs + at_quarter)["ours"] == got["ours"]
 
 
 def test_svd_claims_follow_their_rules():
