@@ -27,19 +27,34 @@ def base_label(label) -> str:
   return str(label).split("@", 1)[0]
 
 
-def scores(records, method, budget=None, length=None, protocol=None) -> dict:
-  """sample -> score of one method row (``budget``/``length``/``protocol`` None = any).
-
-  ``method`` matches a row's label with or without its ``@budget`` suffix.
-  """
-  out = {}
+def _rows(records, method, budget=None, length=None, protocol=None):
+  """The records of one method row (``budget``/``length``/``protocol`` None = any);
+  ``method`` matches a row's label with or without its ``@budget`` suffix."""
   for r in records:
     label = r.get("method")
     if (method in (label, base_label(label)) and (budget is None or r.get("budget") == budget)
         and (length is None or r.get("length") == length)
         and (protocol is None or r.get("protocol") == protocol)):
-      out[sample_key(r)] = float(r["score"])
-  return out
+      yield r
+
+
+def scores(records, method, budget=None, length=None, protocol=None) -> dict:
+  """sample -> score of one method row (``_rows``' selection)."""
+  return {sample_key(r): float(r["score"])
+          for r in _rows(records, method, budget, length, protocol)}
+
+
+def predictions(records, method, budget=None, length=None, protocol=None) -> dict:
+  """sample -> the generated answer of one method row (``_rows``' selection; records
+  without one are left out)."""
+  return {sample_key(r): r["prediction"] for r in _rows(records, method, budget, length, protocol)
+          if r.get("prediction") is not None}
+
+
+def same_answers(a: dict, ref: dict) -> tuple[int, int]:
+  """``(k, n)``: on the n samples both ``predictions`` dicts hold, k answers are identical."""
+  keys = set(a) & set(ref)
+  return sum(a[k] == ref[k] for k in keys), len(keys)
 
 
 def paired(a: dict, b: dict):
@@ -122,7 +137,8 @@ def resa_ruler_gain(records):
   87.4, Llama-3.2-3B: 62.9 -> 71.9, mean over its seven tasks). The why adds dense, the tasks
   where the pair differs, the other selectors of the table (ArkVale, ideal top-k) on the same
   samples, the share of the context Quest reads (RESA's forced sinks and local window come on
-  top of the budget), Quest's pair at the shorter lengths that ran (Fig. 5a: the gain grows
+  top of the budget), how often each selector's answer equals dense's with and without RESA,
+  Quest's pair at the shorter lengths that ran (Fig. 5a: the gain grows
   with the context) and at the other budgets that ran at the headline length."""
   aware = [r for r in records
            if r.get("protocol") != "query_agnostic" and benchmark(r) == "RULER"]
@@ -146,6 +162,7 @@ def resa_ruler_gain(records):
     other = pair(f"resa-{base}", base, length)
     if other:
       got["why"] += f"; {name} {_pair_text(other)}, n={other[5]}; paper {paper})"
+  got["why"] += _closer_to_dense(aware, length)
   for shorter in sorted({r.get("length") for r in aware if r.get("length", 0) < length},
                         reverse=True):
     other = pair("resa-quest", "quest", shorter)
@@ -158,6 +175,20 @@ def resa_ruler_gain(records):
     if other:  # the gain against the budget (the paper reports other budgets in its appendix)
       got["why"] += f"; at budget {budget:g} {_pair_text(other)}, n={other[5]})"
   return got
+
+
+def _closer_to_dense(aware, length, budget=0.025) -> str:
+  """How often each selector's answer is dense's answer, without -> with RESA: RESA estimates
+  the unselected keys' share of dense attention, so it pulls generations toward dense (which
+  costs accuracy where the selector alone beats dense)."""
+  ref = predictions(aware, "dense", None, length)
+  parts = []
+  for base, name in (("quest", "Quest"), *((b, n) for b, (n, _) in RESA_TABLE1_OTHERS.items())):
+    (k0, n0), (k1, n1) = (same_answers(predictions(aware, m, budget, length), ref)
+                          for m in (base, f"resa-{base}"))
+    if n0 and n0 == n1:
+      parts.append(f"{name} {k0} -> {k1} of {n0}")
+  return "; answers identical to dense's without -> with RESA: " + ", ".join(parts) if parts else ""
 
 
 def _pair_text(got) -> str:

@@ -55,6 +55,20 @@ def test_resa_gain_is_paired_and_judged_by_its_interval():
       recs + read + longer[60:])["why"]
 
 
+def test_resa_gain_counts_answers_identical_to_dense():
+  base, ones = np.r_[np.ones(30), np.zeros(30)], np.ones(60)
+  said = lambda recs, words: [dict(r, prediction=w) for r, w in zip(recs, words)]
+  dense = said(_acc("dense", ones, None), ["a"] * 60)
+  topk = said(_acc("topk", ones), ["a"] * 20 + ["b"] * 40)
+  resa_topk = said(_acc("resa-topk", base), ["a"] * 50 + ["b"] * 10)
+  recs = _acc("quest", base) + _acc("resa-quest", base) + dense + topk + resa_topk
+  why = claims_tasks.resa_ruler_gain(recs)["why"]
+  # Quest's rows hold no answers: only top-k is counted
+  assert "; answers identical to dense's without -> with RESA: Ideal top-k 20 -> 50 of 60" in why
+  assert "Quest 0" not in why
+  assert "identical" not in claims_tasks.resa_ruler_gain(recs[:-60])["why"]
+
+
 def test_ea_against_the_best_baseline():
   ones, half = np.ones(40), np.r_[np.ones(20), np.zeros(20)]
   recs = (_acc("expected-attention", ones, 0.5, protocol="query_agnostic")
