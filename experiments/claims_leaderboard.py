@@ -6,7 +6,7 @@ intervals are not free), ``markdown`` renders them as the report's tables (one p
 and protocol, a row per method x budget, its lengths side by side), ``missing`` names the
 rows a length lacks that another length of the same benchmark has, and ``figure`` draws one
 panel per (benchmark, protocol, length): accuracy (with its 95% interval) against the share of
-the context read per head, dense as a line on top.
+the context read per head, a line per method through its budgets, dense as a line on top.
 """
 
 from __future__ import annotations
@@ -148,16 +148,22 @@ def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> st
   marker = {m: "osD^v"[i % 5] for i, m in enumerate(methods)}
   for a, ((bench, proto, length), rs) in zip(ax.flat, sorted(
       groups.items(), key=lambda kv: (ORDER[kv[0][0]], kv[0][1], kv[0][2]))):
-    sparse = [r for r in rs if r["share"] is not None]
     for r in rs:
       if r["share"] is None:
         a.axhline(r["accuracy"], color="k", ls="--", lw=1, label=r["method"])
-    for i, r in enumerate(sparse):
-      m = base_label(r["method"])
-      # rows at one share (e.g. every eviction at 50%) are spread sideways to stay readable
-      x = 100 * r["share"] * DODGE ** (i - (len(sparse) - 1) / 2)
-      a.errorbar(x, r["accuracy"], yerr=[[r["accuracy"] - r["lo"]], [r["hi"] - r["accuracy"]]],
-                 fmt=marker[m], color=colour[m], ms=4, capsize=2, label=r["method"])
+    families = collections.defaultdict(list)
+    for r in rs:
+      if r["share"] is not None:
+        families[base_label(r["method"])].append(r)
+    for i, (m, fam) in enumerate(sorted(families.items())):
+      # one line per method across its budgets (kvpress style); methods at one share (e.g.
+      # every eviction at 50%) are spread sideways to stay readable
+      fam = sorted(fam, key=lambda r: r["share"])
+      x = [100 * r["share"] * DODGE ** (i - (len(families) - 1) / 2) for r in fam]
+      y = [r["accuracy"] for r in fam]
+      a.errorbar(x, y, yerr=[[r["accuracy"] - r["lo"] for r in fam],
+                             [r["hi"] - r["accuracy"] for r in fam]],
+                 fmt=marker[m] + "-", color=colour[m], ms=4, lw=1, capsize=2, label=m)
     a.set(xscale="log", xlabel="context read per head (%)", ylabel="accuracy (%)",
           title=f"{bench}, {proto}, {length} tokens", ylim=(-3, 103), xlim=XLIM)
     a.set_xticks(XTICKS, [f"{t:g}" for t in XTICKS])
