@@ -20,12 +20,14 @@ the same cache. "EA vs each baseline" is paired on the same samples (paired boot
 Samples: 5 per (task, length) over the 12 tasks: 60 per method x ratio (the headline cell).
 
 Cost (2 cores): one shared prefill per 5-prompt batch (~1.3x dense for H2O's accumulated
-scores), then per row the question in one chunk and the answer (~32 tokens) one step at a time.
-Rows up to 2026-11-25 read the question one decode step per token (~60 steps more per row):
-the 4k grid at ratio 0.5 (8 rows) was estimated at ~3 h that way. One chunk is 11x faster
-(``python -m experiments.compaction_bench --spec=expected_attention --context=1024
---question_tokens=60``: 0.39 s vs 4.23 s, SmolLM2, one row), so a row now costs about its
-answer's steps.
+scores), then per row the question in one chunk (11x faster than one decode step per token:
+``python -m experiments.compaction_bench --spec=expected_attention --context=1024
+--question_tokens=60``) and the answer one step at a time. Measured 2026-11-25 with two
+processes split by task (one core each): at 4k, 21 rows (7 methods x kept fractions 0.75 /
+0.25 / 0.1) took 80 min for 6 tasks (630 records, ~13 min a batch: ~5-6 min of prefill, ~20 s
+a row); the 4k grid (29 rows + dense) is then ~3.5 h of one core. At 8k (prefill ~2.5x) the
+grid is estimated at ~7 h of one core: run it in slices (methods, budgets, tasks and lengths
+are keyed, so slices resume and extend one another), ratio 0.5 first.
 """
 
 from configs import accuracy
@@ -39,7 +41,7 @@ def get_config(quick: bool = False):
   c.methods = ("dense", "expected-attention") + BASELINES
   c.budgets = (0.75, 0.5, 0.25, 0.1)
   c.pairs = tuple(("expected-attention", b) for b in BASELINES)
-  c.lengths = (4096,)
+  c.lengths = (4096, 8192)
   if quick:
     c.methods = ("dense", "expected-attention", "snapkv", "h2o", "tova")
     c.budgets = (0.5,)

@@ -117,16 +117,23 @@ def _length_order(length) -> int:
 
 def missing(board: list[dict]) -> str:
   """Lines naming, per (benchmark, protocol), the rows that ran at some of its lengths but not
-  at the others ("" when every length has every row): the leaderboard's gaps, said in the open."""
+  at the others, and the lengths its benchmark ran under another protocol but this protocol not
+  at all ("" when every length has every row): the leaderboard's gaps, said in the open."""
   ran = collections.defaultdict(lambda: collections.defaultdict(set))
   for r in board:
     ran[(r["benchmark"], r["protocol"])][r["length"]].add(r["method"])
+  lengths = collections.defaultdict(set)  # benchmark -> every length any protocol ran
+  for (bench, _), by_length in ran.items():
+    lengths[bench].update(by_length)
   lines = []
   for (bench, proto), by_length in sorted(ran.items(), key=lambda kv: (ORDER[kv[0][0]], kv[0][1])):
     every = set().union(*by_length.values())
-    for length in sorted(by_length):
-      gap = sorted(every - by_length[length])
-      if gap:
+    for length in sorted(lengths[bench], key=_length_order):
+      gap = sorted(every - by_length.get(length, set()))
+      if length not in by_length:
+        lines.append(f"- not run at {length} tokens ({bench}, {proto}): no row "
+                     f"({len(gap)} rows ran at other lengths)")
+      elif gap:
         lines.append(f"- not run at {length} tokens ({bench}, {proto}): {', '.join(gap)}")
   return "\n".join(lines)
 

@@ -270,6 +270,15 @@ def test_leaderboard_names_the_rows_a_length_has_not_run():
   assert claims_leaderboard.missing(claims_leaderboard.rows(recs[:6])) == ""
 
 
+def test_leaderboard_names_a_length_one_protocol_has_not_run_at_all():
+  agnostic = _acc("dense", [1, 1], protocol="query_agnostic") + _acc(
+      "knorm@0.5", [0, 1], 0.5, protocol="query_agnostic")
+  aware = _acc("dense", [1, 1]) + _acc("dense", [1, 0], length=8192)
+  gaps = claims_leaderboard.missing(claims_leaderboard.rows(aware + agnostic))
+  assert gaps == ("- not run at 8192 tokens (RULER, query_agnostic): no row "
+                  "(2 rows ran at other lengths)")
+
+
 def test_leaderboard_pools_the_needle_grid_over_its_lengths():
   grid = [dict(r, config=dict(heatmap=True))
           for n in (1024, 4096) for r in _acc("keydiff@0.5", [1, 0, 1], 0.5, length=n,
