@@ -251,6 +251,22 @@ def _ea_against_best(by):
   return None if got is None else (means, rival, got)
 
 
+def _ea_per_length(recs, heatmap) -> str:
+  """EA against its best baseline at each context length of ``recs`` (one kept fraction),
+  when they span several lengths (RULER only: the needle grid's lengths are one grid axis)."""
+  lengths = sorted({r["length"] for r in recs})
+  if heatmap or len(lengths) < 2:
+    return ""
+  parts = []
+  for length in lengths:
+    found = _ea_against_best(_ea_rows([r for r in recs if r["length"] == length], heatmap)[0])
+    if found:
+      _, rival, (ma, mb, d, lo, hi, n, _) = found
+      parts.append(f"at {length} tokens: EA {100 * ma:.1f} vs {rival} {100 * mb:.1f} "
+                   f"({pts(d)} pts [{pts(lo)}, {pts(hi)}], n={n})")
+  return "".join(f"; {p}" for p in parts)
+
+
 def _ea_at_other_budgets(records, budget, heatmap) -> str:
   """EA against its best baseline at every other kept fraction of the records."""
   parts = []
@@ -273,7 +289,8 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
   grid: records of a ``heatmap=True`` config): at 50% compression EA keeps the most accuracy.
   EA is the paper's setting of each (``EA_SPEC``: eps = 0.01 on RULER, eps = 0 for needles);
   other EA variants in the records are shown in "why", never compared as baselines, and so is
-  EA against its best baseline at the other kept fractions that ran.
+  EA against its best baseline at each RULER length (samples are paired within a length, the
+  headline pools them) and at the other kept fractions that ran.
   Reproduced when EA has the best mean and its paired interval against the runner-up is above
   0; partly when EA's mean is best (or within the runner-up's interval); else not."""
   recs = [r for r in records if r.get("protocol") == "query_agnostic"
@@ -299,6 +316,7 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
                   + (f"; dense {100 * np.mean(dense):.0f}" if dense else "")
                   + "".join(f"; variant {v} {100 * np.mean(x):.0f}"
                             for v, x in sorted(variants.items()))
+                  + _ea_per_length(recs, heatmap)
                   + _ea_at_other_budgets(records, budget, heatmap))
 
 

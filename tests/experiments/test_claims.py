@@ -92,6 +92,20 @@ def test_ea_against_the_best_baseline():
   assert claims_tasks.ea_vs_baselines(recs + at_quarter)["ours"] == got["ours"]
 
 
+def test_ea_claim_pools_lengths_and_lists_each():
+  ones, half = np.ones(20), np.r_[np.ones(10), np.zeros(10)]
+  agnostic = dict(budget=0.5, protocol="query_agnostic")
+  recs = (_acc("expected-attention", ones, **agnostic) + _acc("keydiff", half, **agnostic)
+          + _acc("expected-attention", half, length=8192, **agnostic)
+          + _acc("keydiff", ones, length=8192, **agnostic))
+  got = claims_tasks.ea_vs_baselines(recs)
+  # 40 paired samples (a sample is its task, length, seed): the means tie over both lengths
+  assert got["n"] == 40 and "EA (expected-attention) 75.0 vs best baseline keydiff 75.0" in got["ours"]
+  assert "; at 4096 tokens: EA 100.0 vs keydiff 50.0 (+50.0 pts" in got["why"]
+  assert "; at 8192 tokens: EA 50.0 vs keydiff 100.0 (-50.0 pts" in got["why"]
+  assert "at 4096 tokens" not in claims_tasks.ea_vs_baselines(recs[:40])["why"]
+
+
 def test_svd_claims_follow_their_rules():
   lengths = (512, 1024, 2048)
   recs = [dict(experiment="svd_analysis", config=dict(model="m"), kind="spectrum", layer=l,
