@@ -316,6 +316,8 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
                   + (f"; dense {100 * np.mean(dense):.0f}" if dense else "")
                   + "".join(f"; variant {v} {100 * np.mean(x):.0f}"
                             for v, x in sorted(variants.items()))
+                  + ("" if heatmap else f"; per task {rival} -> EA, "
+                     + task_differences(by["expected-attention"], by[rival])[2:])
                   + _ea_per_length(recs, heatmap)
                   + _ea_at_other_budgets(records, budget, heatmap))
 

@@ -104,6 +104,10 @@ def test_ea_claim_pools_lengths_and_lists_each():
   assert "; at 4096 tokens: EA 100.0 vs keydiff 50.0 (+50.0 pts" in got["why"]
   assert "; at 8192 tokens: EA 50.0 vs keydiff 100.0 (-50.0 pts" in got["why"]
   assert "at 4096 tokens" not in claims_tasks.ea_vs_baselines(recs[:40])["why"]
+  # where the pooled tie comes from, task by task (best baseline -> EA)
+  split = [dict(r, task="cwe" if r["length"] == 4096 else "vt") for r in recs]
+  assert "; per task keydiff -> EA, differs on 2 of 2 tasks: cwe 50 -> 100, vt 100 -> 50;" in (
+      claims_tasks.ea_vs_baselines(split)["why"])
 
 
 def test_svd_claims_follow_their_rules():
