@@ -25,9 +25,11 @@ scores), then per row the question in one chunk (11x faster than one decode step
 --question_tokens=60``) and the answer one step at a time. Measured 2026-11-25 with two
 processes split by task (one core each): at 4k, 21 rows (7 methods x kept fractions 0.75 /
 0.25 / 0.1) took 80 min for 6 tasks (630 records, ~13 min a batch: ~5-6 min of prefill, ~20 s
-a row); the 4k grid (29 rows + dense) is then ~3.5 h of one core. At 8k (prefill ~2.5x) the
-grid is estimated at ~7 h of one core: run it in slices (methods, budgets, tasks and lengths
-are keyed, so slices resume and extend one another), ratio 0.5 first.
+a row); the 4k grid (29 rows + dense) is then ~3.5 h of one core. At 8k, measured the same
+way: ~24 min a batch for the prefill and dense's row, then ~35 s a compressed row (~50 s on cwe
+and fwe), so one batch of all 29 rows takes ~40 min and the 8k grid (12 batches) ~8 h of one
+core. Run it in slices (methods, budgets, tasks and lengths are keyed, so slices resume and
+extend one another), ratio 0.5 first.
 """
 
 from configs import accuracy
