@@ -251,6 +251,15 @@ def _ea_against_best(by):
   return None if got is None else (means, rival, got)
 
 
+def _ea_pair_text(found, rank=False) -> str:
+  """``"EA 65.4 [(rank 1 of 7)] vs keydiff 65.1 (+0.4 pts [lo, hi], n=60)"`` of
+  ``_ea_against_best``'s answer."""
+  means, rival, (ma, mb, d, lo, hi, n, _) = found
+  place = 1 + sum(v > ma for m, v in means.items() if m != "expected-attention")
+  return (f"EA {100 * ma:.1f}" + (f" (rank {place} of {len(means)})" if rank else "")
+          + f" vs {rival} {100 * mb:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}], n={n})")
+
+
 def _ea_per_length(recs, heatmap) -> str:
   """EA against its best baseline at each context length of ``recs`` (one kept fraction),
   when they span several lengths (RULER only: the needle grid's lengths are one grid axis)."""
@@ -261,9 +270,7 @@ def _ea_per_length(recs, heatmap) -> str:
   for length in lengths:
     found = _ea_against_best(_ea_rows([r for r in recs if r["length"] == length], heatmap)[0])
     if found:
-      _, rival, (ma, mb, d, lo, hi, n, _) = found
-      parts.append(f"at {length} tokens: EA {100 * ma:.1f} vs {rival} {100 * mb:.1f} "
-                   f"({pts(d)} pts [{pts(lo)}, {pts(hi)}], n={n})")
+      parts.append(f"at {length} tokens: {_ea_pair_text(found)}")
   return "".join(f"; {p}" for p in parts)
 
 
@@ -277,10 +284,7 @@ def _ea_at_other_budgets(records, budget, heatmap) -> str:
                                        "query_agnostic" and r.get("budget") == b
                                        and _heatmap(r) == heatmap], heatmap)[0])
     if found:
-      means, rival, (ma, mb, d, lo, hi, n, _) = found
-      rank = 1 + sum(v > ma for m, v in means.items() if m != "expected-attention")
-      parts.append(f"keep {b:g}: EA {100 * ma:.1f} (rank {rank} of {len(means)}) vs {rival} "
-                   f"{100 * mb:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}], n={n})")
+      parts.append(f"keep {b:g}: {_ea_pair_text(found, rank=True)}")
   return "".join(f"; {p}" for p in parts)
 
 
