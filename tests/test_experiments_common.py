@@ -89,6 +89,31 @@ def test_finished_rows_are_never_written_twice(tmp_path):
   assert again.records()[0]["fingerprint"] == again.fingerprint
 
 
+def test_run_config_is_stored_once_and_given_back_to_every_record(tmp_path):
+  w = results.ResultWriter(str(tmp_path), _config(), "demo")
+  for k in "abc":
+    w.write({"nll": 1.0}, key=k)
+  other = results.ResultWriter(str(tmp_path), _config(batch_size=8), "demo")  # same fingerprint
+  other.write({"nll": 2.0}, key="d")
+  stored = [json.loads(line) for line in open(w.path)]
+  assert ["config" in r for r in stored] == [True, False, False, True]
+  assert len({r["run"] for r in stored}) == 2
+  recs = results.read_records(w.path)
+  assert [r["config"]["batch_size"] for r in recs] == [_config()["batch_size"]] * 3 + [8]
+  assert all(r["machine"] == recs[0]["machine"] for r in recs)
+  # Compacting a file of full records (as written before run headers) keeps every record whole,
+  # and a reordered subset still finds its header.
+  legacy = [dict(r) for r in recs]
+  for r in legacy:
+    del r["run"]
+  results.write_records(w.path, legacy)
+  assert results.read_records(w.path) == [dict(r, run=s["run"]) for r, s in zip(legacy, stored)]
+  assert sum("config" in json.loads(line) for line in open(w.path)) == 2
+  results.write_records(w.path, results.read_records(w.path)[::-1][:2])
+  assert [r["key"] for r in results.read_records(w.path)] == ["d", "c"]
+  assert results.read_records(w.path)[1]["config"] == recs[2]["config"]
+
+
 # ------------------------------------------------------------ quick: explicit fields win
 
 

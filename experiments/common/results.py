@@ -1,7 +1,9 @@
 """Results as JSON lines: one record per measurement, appended, resumable.
 
-Every record carries the full config, the git revision and the machine, so a results file is
-self-describing. ``ResultWriter.done(key)`` lets a long run resume: callers give each
+Every record carries the git revision and a ``run`` id; the run's full config and machine are
+stored once, on the file's first record of that run, and ``read_records`` gives them back to every
+record of the run, so a results file stays self-describing without repeating its config on
+every line (``write_records`` compacts any list of records the same way). ``ResultWriter.done(key)`` lets a long run resume: callers give each
 measurement a stable key (e.g. method/budget/sample) and skip keys already written.
 
 Resumption is only trusted within one config: the writer fingerprints the config fields that
@@ -123,8 +125,10 @@ class ResultWriter:
             f"{workdir} holds {experiment} records of another config "
             f"({_differences(theirs, self.fields)}); give another --workdir, or the same values "
             "to resume")
-    self.meta = dict(experiment=experiment, config=config_dict(config), git=git_revision(),
-                     machine=machine(), fingerprint=self.fingerprint)
+    self.header = dict(config=config_dict(config), machine=machine())
+    self.run = run_id(self.header)
+    self.meta = dict(git=git_revision(), fingerprint=self.fingerprint, run=self.run)
+    self._header_written = self.run in _runs_with_header(_read_lines(self.path))
     self._done = {(self.fingerprint, r["key"]) for r in mine if "key" in r}
 
   def done(self, key: str) -> bool:
@@ -137,7 +141,9 @@ class ResultWriter:
       logging.warning("%s: record %r is already in %s; not written again", self.experiment,
                       key, self.path)
       return None
-    rec = dict(self.meta, time=datetime.datetime.now(datetime.timezone.utc).isoformat(),
+    header = {} if self._header_written else self.header
+    rec = dict(experiment=self.experiment, **header, **self.meta,
+               time=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                **_jsonable(record))
     if key is not None:
       rec["key"] = key
@@ -150,14 +156,21 @@ class ResultWriter:
       else:
         lead = b""
       f.write(lead + (json.dumps(rec) + "\n").encode("utf-8"))
-    return rec
+    self._header_written = True
+    return dict(rec, **self.header)
 
   def records(self) -> list[dict]:
     return [r for r in read_records(self.path) if r.get("experiment") == self.experiment]
 
 
-def read_records(path: str) -> list[dict]:
-  """All records of a JSONL file (a truncated last line from a killed run is skipped)."""
+def run_id(header: dict) -> str:
+  """A short stable hash of a run's ``{config, machine}`` header."""
+  return hashlib.sha1(json.dumps(header, sort_keys=True).encode("utf-8")).hexdigest()[:12]
+
+
+def _read_lines(path: str) -> list[dict]:
+  """The records of a JSONL file as stored (a truncated last line from a killed run is
+  skipped)."""
   if not os.path.exists(path):
     return []
   out = []
@@ -170,6 +183,42 @@ def read_records(path: str) -> list[dict]:
         except json.JSONDecodeError:
           continue
   return out
+
+
+def _runs_with_header(stored: list[dict]) -> dict[str, dict]:
+  """run id -> its ``{config, machine}`` header, from the records that carry one."""
+  return {r["run"]: {k: r[k] for k in _HEADER if k in r}
+          for r in stored if "run" in r and "config" in r}
+
+
+_HEADER = ("config", "machine")
+
+
+def read_records(path: str) -> list[dict]:
+  """All records of a JSONL file, each with its run's config and machine (records written
+  before run headers existed carry their own)."""
+  stored = _read_lines(path)
+  headers = _runs_with_header(stored)
+  return [dict(r, **headers.get(r.get("run"), {})) if "config" not in r else r for r in stored]
+
+
+def write_records(path: str, records: Iterable[dict]) -> None:
+  """Writes ``records`` (as ``read_records`` gives them) to ``path``, replacing it, each run's
+  config and machine stored once: on the first record of the run."""
+  seen = set()
+  with open(path, "w", encoding="utf-8") as f:
+    for r in records:
+      header = {k: r[k] for k in _HEADER if k in r}
+      rid = r.get("run") or (run_id(header) if "config" in r else None)
+      rec = {k: v for k, v in r.items() if k not in _HEADER}
+      if rid is not None:
+        rec["run"] = rid
+        if rid not in seen:
+          seen.add(rid)
+          rec = {k: rec[k] for k in ("experiment",) if k in rec} | header | rec
+      else:
+        rec = r
+      f.write(json.dumps(rec) + "\n")
 
 
 def find_results(root: str) -> Iterable[str]:

@@ -167,8 +167,7 @@ def _drop_records(workdir, keep):
   """Rewrites results.jsonl without the records ``keep`` rejects (a run killed early)."""
   path = os.path.join(workdir, results.RESULTS_FILE)
   recs = results.read_records(path)
-  with open(path, "w", encoding="utf-8") as f:
-    f.writelines(json.dumps(r) + "\n" for r in recs if keep(r))
+  results.write_records(path, [r for r in recs if keep(r)])
   return [r for r in recs if not keep(r)]
 
 
