@@ -114,6 +114,46 @@ def test_run_config_is_stored_once_and_given_back_to_every_record(tmp_path):
   assert results.read_records(w.path)[1]["config"] == recs[2]["config"]
 
 
+def test_merge_adds_only_new_rows_of_the_same_config(tmp_path):
+  def run(name, cfg, keys):
+    w = results.ResultWriter(str(tmp_path / name), cfg, "demo", keyed=("budgets",))
+    for k in keys:
+      w.write({"nll": float(len(k))}, key=k)
+    return w.records()
+
+  target = run("target", _config(), ["a", "b"])
+  parallel = run("parallel", _config(budgets=[0.2]), ["b", "c"])  # another sweep axis value
+  again = run("again", _config(), ["c", "d"])
+  merged, added = results.merge_records(target, {"parallel": parallel, "again": again})
+  assert [r["key"] for r in merged] == ["a", "b", "c", "d"]
+  assert added == {"parallel": 1, "again": 1}
+  assert results.merge_records(merged, {"again": again})[1] == {"again": 0}
+  other = run("other", _config(steps=8), ["e"])
+  with pytest.raises(results.ConfigMismatch, match="other holds demo records"):
+    results.merge_records(target, {"other": other})
+
+
+def test_merge_cli_rewrites_the_target_and_refuses_another_config(tmp_path):
+  for name, cfg, keys in [("into", _config(), "ab"), ("src", _config(), "bc"),
+                          ("bad", _config(steps=8), "e")]:
+    w = results.ResultWriter(str(tmp_path / name), cfg, "demo")
+    for k in keys:
+      w.write({"nll": 1.0}, key=k)
+  cmd = [sys.executable, "-m", "experiments.merge", f"--into={tmp_path / 'into'}"]
+  ok = subprocess.run(cmd + [str(tmp_path / "src")], cwd=ROOT, capture_output=True, text=True,
+                      timeout=300, check=False)
+  assert ok.returncode == 0, ok.stderr[-2000:]
+  assert "1 records added" in ok.stdout and "3 records" in ok.stdout
+  path = tmp_path / "into" / results.RESULTS_FILE
+  assert [r["key"] for r in results.read_records(str(path))] == ["a", "b", "c"]
+  assert sum("config" in json.loads(line) for line in open(path)) == 1  # one run header
+  bad = subprocess.run(cmd + [str(tmp_path / "bad")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, check=False)
+  assert bad.returncode == 1 and "only runs of the same config" in bad.stderr
+  assert len(bad.stderr.strip().splitlines()) == 1
+  assert len(results.read_records(str(path))) == 3
+
+
 # ------------------------------------------------------------ quick: explicit fields win
 
 

@@ -203,10 +203,11 @@ def read_records(path: str) -> list[dict]:
 
 
 def write_records(path: str, records: Iterable[dict]) -> None:
-  """Writes ``records`` (as ``read_records`` gives them) to ``path``, replacing it, each run's
-  config and machine stored once: on the first record of the run."""
+  """Writes ``records`` (as ``read_records`` gives them) to ``path``, replacing it atomically,
+  each run's config and machine stored once: on the first record of the run."""
   seen = set()
-  with open(path, "w", encoding="utf-8") as f:
+  tmp = path + ".tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
     for r in records:
       header = {k: r[k] for k in _HEADER if k in r}
       rid = r.get("run") or (run_id(header) if "config" in r else None)
@@ -219,6 +220,50 @@ def write_records(path: str, records: Iterable[dict]) -> None:
       else:
         rec = r
       f.write(json.dumps(rec) + "\n")
+  os.replace(tmp, path)
+
+
+def _identity(r: dict) -> tuple:
+  """What makes a record the same measurement: its experiment, config fingerprint and key (the
+  whole record where it has no key)."""
+  if "key" in r:
+    return r.get("experiment"), r.get("fingerprint"), r["key"]
+  return (r.get("experiment"), json.dumps({k: v for k, v in r.items() if k not in _HEADER},
+                                          sort_keys=True))
+
+
+def merge_records(target: list[dict], sources: dict[str, list[dict]]) -> tuple[list[dict], dict]:
+  """``target`` followed by every source record not already in it (nor in an earlier source).
+
+  Args:
+    target: the records of the workdir merged into (``read_records``).
+    sources: source name -> its records (a parallel run of the same config, e.g. other tasks).
+
+  Returns:
+    ``(merged, added)``: the merged records and source name -> how many of its records were new.
+
+  Raises:
+    ConfigMismatch: a source holds an experiment under another config fingerprint than the
+      target (or an earlier source): its rows would not be comparable.
+  """
+  merged = list(target)
+  have = {_identity(r) for r in merged}
+  prints = {r.get("experiment"): (r.get("fingerprint"), "the target") for r in merged}
+  added = {}
+  for name, recs in sources.items():
+    added[name] = 0
+    for r in recs:
+      exp = r.get("experiment")
+      theirs, where = prints.setdefault(exp, (r.get("fingerprint"), name))
+      if r.get("fingerprint") != theirs:
+        raise ConfigMismatch(
+            f"{name} holds {exp} records of config {r.get('fingerprint')}, {where} of {theirs}; "
+            "only runs of the same config (up to their sweep axes) merge")
+      if _identity(r) not in have:
+        have.add(_identity(r))
+        merged.append(r)
+        added[name] += 1
+  return merged, added
 
 
 def find_results(root: str) -> Iterable[str]:
