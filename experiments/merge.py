@@ -40,7 +40,7 @@ def merge(into: str, sources: list[str]) -> dict[str, int]:
   from experiments.tasks import report  # pylint: disable=g-import-not-at-top (imports jax)
   for exp in sorted({r.get("experiment") for r in merged}):
     if exp in report.RENDERERS:
-      report.render(exp, [r for r in merged if r.get("experiment") == exp], into)
+      report.render_experiment(exp, [r for r in merged if r.get("experiment") == exp], into)
   return added
 
 

@@ -63,7 +63,7 @@ def _embed(markdown: str, section_dir: str, out_dir: str) -> tuple[str, str]:
   return title, re.sub(r"!\[([^\]]*)\]\(([^)]+)\)", rebase, body)
 
 
-def render(experiment: str, records: list[dict], out_dir: str) -> str:
+def render_experiment(experiment: str, records: list[dict], out_dir: str) -> str:
   """Writes the experiment's own markdown and figures of ``records`` into ``out_dir`` (as its
   run does); returns the markdown's file name."""
   module, fn, md_name = RENDERERS[experiment]
@@ -74,7 +74,7 @@ def render(experiment: str, records: list[dict], out_dir: str) -> str:
 
 def render_group(experiment: str, records: list[dict], section_dir: str, out_dir: str) -> str:
   """The markdown section of one experiment's records (its renderer writes into section_dir)."""
-  md_name = render(experiment, records, section_dir)
+  md_name = render_experiment(experiment, records, section_dir)
   md_path = os.path.join(section_dir, md_name)
   text = open(md_path, encoding="utf-8").read() if os.path.exists(md_path) else ""
   title, body = _embed(text, section_dir, out_dir)

@@ -16,6 +16,7 @@ import numpy as np
 from configs import budget_reduction as br_config
 from configs import resa_lambda as rl_config
 from experiments.analysis import budget_experiment, lambda_experiment
+from experiments import merge
 from experiments.common import results
 from experiments.common import quick
 from experiments.tasks import accuracy, long_generation, perplexity, report
@@ -186,6 +187,24 @@ def test_resume_recomputes_only_missing_rows(root, name, module):
   assert dropped
   recs = module.run(_quick(name), wd)
   assert sorted(_unique_keys(wd)) == sorted(before) and len(recs) == len(before)
+
+
+def test_merge_of_a_split_run_renders_the_whole(root, tmp_path):
+  wd = os.path.join(root, "accuracy")
+  recs = results.read_records(os.path.join(wd, results.RESULTS_FILE))
+  tasks = sorted({r["task"] for r in recs})
+  halves = [[r for r in recs if (r["task"] == tasks[0]) == first] for first in (True, False)]
+  assert all(halves)
+  for i, half in enumerate(halves):
+    os.makedirs(tmp_path / f"half{i}")
+    results.write_records(str(tmp_path / f"half{i}" / results.RESULTS_FILE), half)
+  into = str(tmp_path / "merged")
+  added = merge.merge(into, [str(tmp_path / "half0"), str(tmp_path / "half1")])
+  assert list(added.values()) == [len(halves[0]), len(halves[1])]
+  assert list(merge.merge(into, [str(tmp_path / "half0")]).values()) == [0]
+  assert len(results.read_records(os.path.join(into, results.RESULTS_FILE))) == len(recs)
+  md = open(os.path.join(into, "accuracy.md"), encoding="utf-8").read()
+  assert all(t in md for t in tasks)
 
 
 def test_changed_config_never_returns_stale_records(root):
