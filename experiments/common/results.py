@@ -1,10 +1,12 @@
 """Results as JSON lines: one record per measurement, appended, resumable.
 
 Every record carries the git revision and a ``run`` id; the run's full config and machine are
-stored once, on the file's first record of that run, and ``read_records`` gives them back to every
-record of the run, so a results file stays self-describing without repeating its config on
-every line (``write_records`` compacts any list of records the same way). ``ResultWriter.done(key)`` lets a long run resume: callers give each
-measurement a stable key (e.g. method/budget/sample) and skip keys already written.
+stored once, on the file's first record of that run, and ``read_records`` gives them back to
+every record of the run, so a results file stays self-describing without repeating its config
+on every line (``write_records`` compacts any list of records the same way; ``merge_records``
+joins runs of one config split across processes). ``ResultWriter.done(key)`` lets a long run
+resume: callers give each measurement a stable key (e.g. method/budget/sample) and skip keys
+already written.
 
 Resumption is only trusted within one config: the writer fingerprints the config fields that
 change a result (all but ``NON_RESULT_FIELDS``, the experiment's ``ignore`` and its ``keyed``
@@ -185,13 +187,13 @@ def _read_lines(path: str) -> list[dict]:
   return out
 
 
+_HEADER = ("config", "machine")  # stored once per run
+
+
 def _runs_with_header(stored: list[dict]) -> dict[str, dict]:
   """run id -> its ``{config, machine}`` header, from the records that carry one."""
   return {r["run"]: {k: r[k] for k in _HEADER if k in r}
           for r in stored if "run" in r and "config" in r}
-
-
-_HEADER = ("config", "machine")
 
 
 def read_records(path: str) -> list[dict]:
