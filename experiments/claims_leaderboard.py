@@ -94,13 +94,16 @@ def markdown(board: list[dict]) -> str:
       accs = [-by[n]["accuracy"] if n in by else np.inf for n in longest_first]
       return (method != "dense", *accs)
 
+    full = {n: c["tasks"] for (method, _), by in cells.items() if method == "dense"
+            for n, c in by.items()}
     table = []
     for (method, budget), by in sorted(cells.items(), key=order):
       row = dict(method=method, budget=budget,
                  tasks="/".join(sorted({str(c["tasks"]) for c in by.values()})))
       for n in lengths:
         c = by.get(n)
-        row[f"{n}"] = f"{c['accuracy']:g} {c['interval']} ({c['n']})" if c else "not run"
+        row[f"{n}"] = (f"{c['accuracy']:g} {c['interval']} ({c['n']}{_fewer(c, full.get(n))})"
+                       if c else "not run")
         row[f"read at {n}"] = c["attended"] if c else ""
       table.append(row)
     columns = (["method", "budget"] + [f"{n}" for n in lengths]
@@ -110,22 +113,41 @@ def markdown(board: list[dict]) -> str:
   return "\n\n".join(tables)
 
 
+def _fewer(cell: dict, dense_tasks: int | None) -> str:
+  """``", k of N tasks"`` where a cell averages fewer tasks than dense at its length (its mean
+  is not comparable to the full rows'), else ""."""
+  if dense_tasks is None or cell["tasks"] >= dense_tasks:
+    return ""
+  return f", {cell['tasks']} of {dense_tasks} tasks"
+
+
 def _length_order(length) -> int:
   """Lengths in order; a pooled span ``"lo-hi"`` by its upper end."""
   return int(str(length).split("-")[-1])
 
 
 def missing(board: list[dict]) -> str:
-  """Lines naming, per (benchmark, protocol), the rows that ran at some of its lengths but not
-  at the others, and the lengths its benchmark ran under another protocol but this protocol not
-  at all ("" when every length has every row): the leaderboard's gaps, said in the open."""
+  """Lines naming the rows that averaged fewer tasks than dense at a length; per (benchmark,
+  protocol), the rows that ran at some of its lengths but not at the others; and the lengths its
+  benchmark ran under another protocol but this protocol not at all ("" when every length has
+  every row on every task): the leaderboard's gaps, said in the open."""
   ran = collections.defaultdict(lambda: collections.defaultdict(set))
   for r in board:
     ran[(r["benchmark"], r["protocol"])][r["length"]].add(r["method"])
   lengths = collections.defaultdict(set)  # benchmark -> every length any protocol ran
   for (bench, _), by_length in ran.items():
     lengths[bench].update(by_length)
+  fewer = collections.defaultdict(list)  # (benchmark, protocol, length) -> partial rows
+  dense = {(r["benchmark"], r["protocol"], r["length"]): r["tasks"] for r in board
+           if r["method"] == "dense"}
+  for r in board:
+    got = _fewer(r, dense.get((r["benchmark"], r["protocol"], r["length"])))
+    if got:
+      fewer[(r["benchmark"], r["protocol"], r["length"])].append(f"{r['method']} ({got[2:]})")
   lines = []
+  for (bench, proto, length), rows_ in fewer.items():
+    lines.append(f"- fewer tasks than dense at {length} tokens ({bench}, {proto}): "
+                 + ", ".join(rows_))
   for (bench, proto), by_length in sorted(ran.items(), key=lambda kv: (ORDER[kv[0][0]], kv[0][1])):
     every = set().union(*by_length.values())
     for length in sorted(lengths[bench], key=_length_order):

@@ -288,6 +288,18 @@ def test_leaderboard_names_the_rows_a_length_has_not_run():
   assert claims_leaderboard.missing(claims_leaderboard.rows(recs[:6])) == ""
 
 
+def test_leaderboard_flags_a_row_on_fewer_tasks_than_dense():
+  recs = (_acc("dense", [1, 1], task="a") + _acc("dense", [1, 0], task="b")
+          + _acc("quest@0.025", [1, 1], task="a") + _acc("quest@0.025", [1, 0], task="b")
+          + _acc("topk@0.025", [1, 1], task="a"))
+  board = claims_leaderboard.rows(recs)
+  (rows,) = _tables(claims_leaderboard.markdown(board)).values()
+  cell = {r[0]: r[2] for r in rows}
+  assert cell["topk@0.025"].endswith("(2, 1 of 2 tasks)") and cell["quest@0.025"].endswith("(4)")
+  assert claims_leaderboard.missing(board) == (
+      "- fewer tasks than dense at 4096 tokens (RULER, query_aware): topk@0.025 (1 of 2 tasks)")
+
+
 def test_leaderboard_names_a_length_one_protocol_has_not_run_at_all():
   agnostic = _acc("dense", [1, 1], protocol="query_agnostic") + _acc(
       "knorm@0.5", [0, 1], 0.5, protocol="query_agnostic")
