@@ -80,6 +80,7 @@ def markdown(board: list[dict]) -> str:
   groups = collections.defaultdict(list)
   for r in board:
     groups[(r["benchmark"], r["protocol"])].append(r)
+  full = _dense_tasks(board)
   tables = []
   for (bench, proto), rs in sorted(groups.items(), key=lambda kv: (
       ORDER[kv[0][0]], PROTOCOLS.get(kv[0][1], len(PROTOCOLS)), kv[0][1])):
@@ -94,15 +95,13 @@ def markdown(board: list[dict]) -> str:
       accs = [-by[n]["accuracy"] if n in by else np.inf for n in longest_first]
       return (method != "dense", *accs)
 
-    full = {n: c["tasks"] for (method, _), by in cells.items() if method == "dense"
-            for n, c in by.items()}
     table = []
     for (method, budget), by in sorted(cells.items(), key=order):
       row = dict(method=method, budget=budget,
                  tasks="/".join(sorted({str(c["tasks"]) for c in by.values()})))
       for n in lengths:
         c = by.get(n)
-        row[f"{n}"] = (f"{c['accuracy']:g} {c['interval']} ({c['n']}{_fewer(c, full.get(n))})"
+        row[f"{n}"] = (f"{c['accuracy']:g} {c['interval']} ({c['n']}{_fewer(c, full)})"
                        if c else "not run")
         row[f"read at {n}"] = c["attended"] if c else ""
       table.append(row)
@@ -113,12 +112,19 @@ def markdown(board: list[dict]) -> str:
   return "\n\n".join(tables)
 
 
-def _fewer(cell: dict, dense_tasks: int | None) -> str:
+def _dense_tasks(board: list[dict]) -> dict:
+  """``(benchmark, protocol, length) -> tasks`` of dense's cells."""
+  return {(r["benchmark"], r["protocol"], r["length"]): r["tasks"] for r in board
+          if r["method"] == "dense"}
+
+
+def _fewer(cell: dict, dense_tasks: dict) -> str:
   """``", k of N tasks"`` where a cell averages fewer tasks than dense at its length (its mean
   is not comparable to the full rows'), else ""."""
-  if dense_tasks is None or cell["tasks"] >= dense_tasks:
+  n = dense_tasks.get((cell["benchmark"], cell["protocol"], cell["length"]))
+  if n is None or cell["tasks"] >= n:
     return ""
-  return f", {cell['tasks']} of {dense_tasks} tasks"
+  return f", {cell['tasks']} of {n} tasks"
 
 
 def _length_order(length) -> int:
@@ -138,10 +144,9 @@ def missing(board: list[dict]) -> str:
   for (bench, _), by_length in ran.items():
     lengths[bench].update(by_length)
   fewer = collections.defaultdict(list)  # (benchmark, protocol, length) -> partial rows
-  dense = {(r["benchmark"], r["protocol"], r["length"]): r["tasks"] for r in board
-           if r["method"] == "dense"}
+  dense = _dense_tasks(board)
   for r in board:
-    got = _fewer(r, dense.get((r["benchmark"], r["protocol"], r["length"])))
+    got = _fewer(r, dense)
     if got:
       fewer[(r["benchmark"], r["protocol"], r["length"])].append(f"{r['method']} ({got[2:]})")
   lines = []
