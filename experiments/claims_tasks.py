@@ -228,17 +228,28 @@ def _heatmap(r) -> bool:
 
 
 def _ea_rows(recs, heatmap):
-  """``(scores by family, EA variants' scores)`` of query-agnostic records: per family a
-  ``{sample: score}``; EA variants other than the paper's setting kept apart."""
+  """``(scores by family, EA variants' scores)`` of query-agnostic records: per family (and
+  per EA variant other than the paper's setting, kept apart) a ``{sample: score}``."""
   by: dict[str, dict] = {}
-  variants: dict[str, list] = {}
+  variants: dict[str, dict] = {}
   for r in recs:
     family, label = _family(r["method"]), base_label(r["method"])
-    if family == "expected-attention" and label != EA_SPEC[heatmap]:
-      variants.setdefault(label, []).append(float(r["score"]))
-      continue
-    by.setdefault(family, {})[sample_key(r)] = float(r["score"])
+    scores = (variants.setdefault(label, {}) if family == "expected-attention"
+              and label != EA_SPEC[heatmap] else by.setdefault(family, {}))
+    scores[sample_key(r)] = float(r["score"])
   return by, variants
+
+
+def _variants_text(by, variants) -> str:
+  """``"; variant V 60.0 vs EA 65.0 (-5.0 pts [lo, hi], n=60)"`` per EA variant, paired with
+  the paper's EA on the samples both ran (an ablation such as ``head_budget=uniform``)."""
+  parts = []
+  for v, scores in sorted(variants.items()):
+    got = paired(scores, by.get("expected-attention", {}))
+    parts.append(f"; variant {v} {100 * np.mean(list(scores.values())):.1f}" if got is None else
+                 f"; variant {v} {100 * got[0]:.1f} vs EA {100 * got[1]:.1f} ({pts(got[2])} pts "
+                 f"[{pts(got[3])}, {pts(got[4])}], n={got[5]})")
+  return "".join(parts)
 
 
 def _ea_against_best(by):
@@ -280,11 +291,12 @@ def _ea_at_other_budgets(records, budget, heatmap) -> str:
   others = {r.get("budget") for r in records if r.get("protocol") == "query_agnostic"
             and _heatmap(r) == heatmap and r.get("budget") not in (None, budget)}
   for b in sorted(others, reverse=True):
-    found = _ea_against_best(_ea_rows([r for r in records if r.get("protocol") ==
-                                       "query_agnostic" and r.get("budget") == b
-                                       and _heatmap(r) == heatmap], heatmap)[0])
+    by, variants = _ea_rows([r for r in records if r.get("protocol") == "query_agnostic"
+                             and r.get("budget") == b and _heatmap(r) == heatmap], heatmap)
+    found = _ea_against_best(by)
     if found:
-      parts.append(f"keep {b:g}: {_ea_pair_text(found, rank=True)}")
+      parts.append(f"keep {b:g}: {_ea_pair_text(found, rank=True)}"
+                   + _variants_text(by, variants).replace("; variant", ", variant"))
   return "".join(f"; {p}" for p in parts)
 
 
@@ -318,8 +330,7 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
               why="; ".join(f"{m} {100 * means[m]:.0f}" for m in sorted(means, key=means.get,
                                                                           reverse=True))
                   + (f"; dense {100 * np.mean(dense):.0f}" if dense else "")
-                  + "".join(f"; variant {v} {100 * np.mean(x):.0f}"
-                            for v, x in sorted(variants.items()))
+                  + _variants_text(by, variants)
                   + ("" if heatmap else f"; per task {rival} -> EA, "
                      + task_differences(by["expected-attention"], by[rival])[2:])
                   + _ea_per_length(recs, heatmap)

@@ -253,7 +253,22 @@ def test_ea_claims_read_ruler_and_the_needle_grid_apart():
   default = [dict(r, config=dict(heatmap=True)) for r in
              _acc("expected-attention@0.5", ones, 0.5, protocol="query_agnostic")]
   both = claims_tasks.ea_vs_baselines_niah(grid + default + ruler)
-  assert both["ours"] == niah["ours"] and "variant expected-attention 100" in both["why"]
+  assert both["ours"] == niah["ours"] and "variant expected-attention 100.0 vs EA 0.0 (+100.0 pts" in both["why"]
+
+
+def test_ea_variants_are_paired_with_ea_at_every_kept_fraction():
+  ones, half = np.ones(40), np.r_[np.ones(20), np.zeros(20)]
+  recs = []
+  for b in (0.5, 0.1):
+    recs += (_acc(f"expected-attention@{b}", ones, b, protocol="query_agnostic")
+             + _acc(f"keydiff@{b}", half, b, protocol="query_agnostic")
+             + _acc(f"expected-attention:head_budget=uniform@{b}", half[:30], b,
+                    protocol="query_agnostic"))  # an ablation on a subset of the samples
+  why = claims_tasks.ea_vs_baselines(recs)["why"]
+  uniform = "expected-attention:head_budget=uniform"
+  assert f"; variant {uniform} 66.7 vs EA 100.0 (-33.3 pts" in why and "n=30)" in why
+  assert f"keep 0.1: EA 100.0 (rank 1 of 2) vs keydiff 50.0" in why
+  assert f", variant {uniform} 66.7 vs EA 100.0" in why.split("keep 0.1:")[1]
 
 
 def test_retro_longgen_gain_pairs_retro_with_its_quest_and_shows_dense():
