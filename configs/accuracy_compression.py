@@ -28,8 +28,11 @@ processes split by task (one core each): at 4k, 21 rows (7 methods x kept fracti
 a row); the 4k grid (29 rows + dense) is then ~3.5 h of one core. At 8k, measured the same
 way: ~24 min a batch for the prefill and dense's row, then ~35 s a compressed row (~50 s on cwe
 and fwe), so one batch of all 29 rows takes ~40 min and the 8k grid (12 batches) ~8 h of one
-core. Run it in slices (methods, budgets, tasks and lengths are keyed, so slices resume and
-extend one another), ratio 0.5 first.
+core. One process alone (both cores) is the faster way at 8k: ~13 min a batch for the prefill
+and dense's row, then ~5 min for 21 compressed rows, 18 min a batch (fwe and qa, 2026-11-26);
+two processes side by side took ~40 min a batch each. Run it in slices (methods, budgets, tasks
+and lengths are keyed, so slices resume and extend one another), ratio 0.5 first, and join
+slices run in other workdirs with ``python -m experiments.merge``.
 """
 
 from configs import accuracy
