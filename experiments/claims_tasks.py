@@ -210,7 +210,26 @@ def retro_longgen_gain(records):
   dense = [float(r["score"]) for r in qa if r.get("method") == "dense"]
   if got and dense:  # the headroom a gain over Quest could use
     got["why"] += f"; dense {100 * np.mean(dense):.1f} on the same prompts"
+  if got:
+    got["why"] += _other_pairs(qa, ("retro", base))
   return got
+
+
+def _other_pairs(records, main) -> str:
+  """``"; new vs base: b -> a (d pts [lo, hi], n=k)"`` for every other ``(new, base)`` pair of
+  the records' configs (``config.pairs``, e.g. RetroAttention's w = 4 and its lower budget)
+  that both ran, paired on their samples."""
+  pairs = []
+  for r in records:
+    for pair in (r.get("config") or {}).get("pairs", ()):
+      if tuple(pair) != main and tuple(pair) not in pairs:
+        pairs.append(tuple(pair))
+  parts = []
+  for new, base in pairs:
+    got = paired(scores(records, new), scores(records, base))
+    if got is not None:
+      parts.append(f"; {new} vs {base}: {_pair_text(got)}, n={got[5]})")
+  return "".join(parts)
 
 
 EA_SPEC = {False: "expected-attention", True: "expected-attention:eps=0"}  # by heatmap

@@ -280,6 +280,15 @@ def test_retro_longgen_gain_pairs_retro_with_its_quest_and_shows_dense():
   got = claims_tasks.retro_longgen_gain(recs)
   assert got["verdict"] == "reproduced" and got["n"] == 40
   assert "dense 100.0" in got["why"]
+  # the config's other pairs (w = 4, a lower budget) are shown, paired, where both rows ran
+  q05, r05 = "quest:budget=0.05,min_tokens=64", "retro:budget=0.05,min_tokens=64"
+  pairs = [("retro", q), ("retro:w=4", q), (r05, q05)]
+  more = [dict(r, config=dict(pairs=pairs)) for r in
+          recs + _acc(q05, np.zeros(40), None, task="qa_multi")
+          + _acc(r05, half, None, task="qa_multi")]
+  why = claims_tasks.retro_longgen_gain(more)["why"]
+  assert f"; {r05} vs {q05}: 0.0 -> 50.0 (+50.0 pts [" in why and why.endswith("n=40)")
+  assert "retro:w=4" not in why  # not run: not shown
 
 
 def test_report_shows_the_needle_diagnosis_when_its_records_exist():
