@@ -20,6 +20,8 @@ Samples: 55 prompts x ``questions`` = 8 answers (440 scored answers per method).
 Cost (2 cores, idle-machine estimate, see ``configs/accuracy.py``): ~25 s of shared prefill per
 2k prompt (~25 min), plus 6 rows x up to 192 greedy steps per 5-prompt batch at ~0.5 s
 (~10 min per batch, ~1.8 h for 11 batches); ``"--config.methods=('dense','retro',QUEST)"`` first (QUEST spelled out).
+Measured 2026-11-26, one process alone, the 55 prompts' prefill included: the two b = 0.05 rows
+in 31 min, ``retro:w=4`` alone in 28 min (dense's finished rows are skipped, not re-decoded).
 """
 
 from configs import accuracy
