@@ -253,9 +253,9 @@ def _ea_rows(recs, heatmap):
   variants: dict[str, dict] = {}
   for r in recs:
     family, label = _family(r["method"]), base_label(r["method"])
-    scores = (variants.setdefault(label, {}) if family == "expected-attention"
-              and label != EA_SPEC[heatmap] else by.setdefault(family, {}))
-    scores[sample_key(r)] = float(r["score"])
+    row = (variants.setdefault(label, {}) if family == "expected-attention"
+           and label != EA_SPEC[heatmap] else by.setdefault(family, {}))
+    row[sample_key(r)] = float(r["score"])
   return by, variants
 
 
@@ -263,9 +263,9 @@ def _variants_text(by, variants) -> str:
   """``"; variant V 60.0 vs EA 65.0 (-5.0 pts [lo, hi], n=60)"`` per EA variant, paired with
   the paper's EA on the samples both ran (an ablation such as ``head_budget=uniform``)."""
   parts = []
-  for v, scores in sorted(variants.items()):
-    got = paired(scores, by.get("expected-attention", {}))
-    parts.append(f"; variant {v} {100 * np.mean(list(scores.values())):.1f}" if got is None else
+  for v, row in sorted(variants.items()):
+    got = paired(row, by.get("expected-attention", {}))
+    parts.append(f"; variant {v} {100 * np.mean(list(row.values())):.1f}" if got is None else
                  f"; variant {v} {100 * got[0]:.1f} vs EA {100 * got[1]:.1f} ({pts(got[2])} pts "
                  f"[{pts(got[3])}, {pts(got[4])}], n={got[5]})")
   return "".join(parts)
