@@ -16,7 +16,7 @@ def main(argv):
   mesh = cli.mesh()  # first: --distributed initialises before anything touches a device
   config, workdir = cli.parsed()
   from experiments.tasks import accuracy  # pylint: disable=g-import-not-at-top
-  accuracy.run(config, workdir, mesh=mesh)
+  accuracy.run(config, workdir, mesh=mesh, allow_long_context=cli.ALLOW_LONG_CONTEXT.value)
   print(open(f"{workdir}/accuracy.md", encoding="utf-8").read())
 
 

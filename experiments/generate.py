@@ -35,6 +35,7 @@ flags.DEFINE_integer("prefill_chunk", 512, "Prompt chunk length.")
 flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "Params/compute dtype.")
 flags.DEFINE_integer("width", 60, "Column width of the side-by-side view.")
 flags.declare_key_flag("traceback")  # cli.run: user errors as one line unless --traceback
+flags.declare_key_flag("allow_long_context")  # prompt + new tokens past the model's positions
 
 
 def run_one(model, ids, method, sampling, max_new_tokens, prefill_chunk, mesh=None):
@@ -75,6 +76,8 @@ def main(argv):
   specs.build(FLAGS.method, FLAGS.budget, block_size=FLAGS.block_size)
   model = models.load(FLAGS.model, dtype=FLAGS.dtype)
   ids = model.encode(prompt, chat=FLAGS.chat)
+  checks.check_positions(len(ids), FLAGS.max_new_tokens, model.config.max_position_embeddings,
+                         allow=cli.ALLOW_LONG_CONTEXT.value)
   sampling = models.Sampling(FLAGS.temperature, FLAGS.top_p, FLAGS.seed)
   dense = methods.make("dense", block_size=FLAGS.block_size)
   # specs.build: a budget means the kept fraction for every family (compression: ratio =

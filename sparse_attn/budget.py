@@ -29,6 +29,35 @@ import numpy as np
 FORCED_ACCOUNTING = ("extra", "inside")
 
 
+def check_budget_value(b) -> None:
+  """Raises the one ``ValueError`` every entry point gives for a bad ``budget`` value.
+
+  Valid: a float fraction in (0, 1] or an int token count >= 1 (``parse_budget`` turns a
+  user's number into one of these first).
+  """
+  if isinstance(b, bool) or not isinstance(b, (int, float)):
+    raise ValueError(f"budget must be a float fraction or an int token count, got {b!r}")
+  if isinstance(b, float) and not 0.0 < b <= 1.0:
+    raise ValueError(f"a fractional budget must be in (0, 1], got {b}")
+  if isinstance(b, int) and b < 1:
+    raise ValueError(f"a token budget must be >= 1, got {b}")
+
+
+def parse_budget(value) -> float | int:
+  """A user's budget number (a flag, a config field) -> a fraction or a token count.
+
+  A whole number above 1 is a token count even when it arrives as a float (``--budget=256``
+  from a float flag); anything else keeps its type, so ``1.5`` is refused as a fraction
+  outside (0, 1] instead of being truncated to 1 token. Raises ``check_budget_value``'s error.
+  """
+  if isinstance(value, (np.integer, np.floating)):
+    value = value.item()
+  if isinstance(value, float) and value > 1.0 and value.is_integer():
+    value = int(value)
+  check_budget_value(value)
+  return value
+
+
 @dataclasses.dataclass(frozen=True)
 class Budget:
   """Static budget configuration (hashable, a jit static argument).
@@ -64,14 +93,8 @@ class Budget:
     b = self.budget
     if b is None and self.p is None:
       raise ValueError("give a budget (fraction or token count) or ReSA's p")
-    if isinstance(b, bool):
-      raise ValueError(f"budget must be a number, got {b!r}")
-    if isinstance(b, float) and not 0.0 < b <= 1.0:
-      raise ValueError(f"a fractional budget must be in (0, 1], got {b}")
-    if isinstance(b, int) and b < 1:
-      raise ValueError(f"a token budget must be >= 1, got {b}")
-    if b is not None and not isinstance(b, (int, float)):
-      raise ValueError(f"budget must be a float fraction or an int token count, got {b!r}")
+    if b is not None:
+      check_budget_value(b)
     if self.p is not None and not 0.0 < self.p <= 1.0:
       raise ValueError(f"p must be in (0, 1], got {self.p}")
     for name in ("n_min", "n_sink", "local_window", "min_tokens"):

@@ -46,11 +46,15 @@ def check_model(name: str, tiny: bool = True) -> None:
 
 
 def check_budget(budget, field: str = "budget") -> None:
+  """``budget`` passes ``sparse_attn.budget.parse_budget`` (the one validation ``methods.make``
+  and ``specs.build`` use); its error is prefixed with ``field=value``."""
   if budget is None:
     return
-  if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not budget > 0:
-    raise ValueError(f"{field}={budget!r} is not a budget: give a fraction of the context in "
-                     "(0, 1] or a token count > 1")
+  from sparse_attn import budget as budget_lib  # pylint: disable=g-import-not-at-top
+  try:
+    budget_lib.parse_budget(budget)
+  except ValueError as e:
+    raise ValueError(f"{field}={budget!r} is not a budget: {e}") from None
 
 
 def check_specs(spec_list, budgets, *, block_size: int = 16) -> None:
@@ -80,3 +84,23 @@ def check_config(config) -> None:
                   block_size=config.get("block_size", 16))
     except (ValueError, TypeError) as e:
       raise ValueError(f"--config.{spec_field}: {e}") from e
+
+
+def check_positions(prompt_tokens: int, new_tokens: int, max_positions: int, *,
+                    allow: bool = False, flag: str = "--allow_long_context") -> None:
+  """Refuses a run whose positions exceed the model's ``max_position_embeddings``.
+
+  A prompt past the trained context runs (RoPE extrapolates) but silently and for minutes; a
+  model whose RoPE scaling allows it is run with ``flag`` (``allow``).
+
+  Args:
+    prompt_tokens: the longest prompt, in tokens.
+    new_tokens: tokens to generate after it.
+    max_positions: the model config's ``max_position_embeddings``.
+  """
+  need = int(prompt_tokens) + int(new_tokens)
+  if need > max_positions and not allow:
+    raise ValueError(f"prompt {prompt_tokens} + {new_tokens} new tokens = {need} positions "
+                     f"exceed the model's max_position_embeddings {max_positions}; pass {flag} "
+                     "to run anyway (RoPE scaling may allow it)")
+

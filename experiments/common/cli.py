@@ -36,6 +36,10 @@ _CONFIGS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "configs")
 _TRACEBACK = flags.DEFINE_bool("traceback", False,
                                "Show the full traceback of a user error instead of one line.")
+ALLOW_LONG_CONTEXT = flags.DEFINE_bool(
+    "allow_long_context", False,
+    "Run prompts whose positions (prompt + new tokens) exceed the model's "
+    "max_position_embeddings (refused otherwise; RoPE scaling may allow them).")
 USER_ERRORS = (app.UsageError, ValueError, OSError)  # OSError: missing model or config file
 _STATE = {}
 
@@ -70,18 +74,29 @@ def define_flags(name: str, mesh: bool = False):
                       "Output directory (results.jsonl, markdown, figures); a rerun resumes "
                       "there if its config is the same.")
   flags.declare_key_flag("traceback")
+  flags.declare_key_flag("allow_long_context")
 
 
 def parsed():
   """``(config, workdir)``: quick values resolved, model and method specs checked."""
   name = _STATE["name"]
   holder = FLAGS["config"]
+  _check_config_file(config_flags.get_config_filename(holder))
   explicit = config_flags.get_override_values(holder).keys()
   get_config = quick.module_get_config(name, config_flags.get_config_filename(holder))
   config = quick.resolve(FLAGS.config, get_config, explicit)
   from experiments.common import checks  # pylint: disable=g-import-not-at-top (imports jax)
   checks.check_config(config)
   return config, FLAGS.workdir
+
+
+def _check_config_file(path: str) -> None:
+  """A missing ``--config`` file is one line naming the configs there are."""
+  path = path.split(":")[0]  # ml_collections' "file.py:param" form
+  if path and not os.path.isfile(path):
+    names = sorted(f for f in os.listdir(_CONFIGS_DIR) if f.endswith(".py") and f[0] != "_")
+    raise FileNotFoundError(f"--config={path}: no such config file; the configs are "
+                            f"configs/{{{','.join(n[:-3] for n in names)}}}.py")
 
 
 def mesh():

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from experiments.common import cli, modelzoo, results
+from experiments.common import checks, cli, modelzoo, results
 from experiments.tasks import accuracy_report, decoding, ruler, scoring, specs
 
 EXPERIMENT = "accuracy"
@@ -92,7 +92,8 @@ def entries_of(config, model) -> list[specs.Entry]:
 
 
 def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
-        fields=None, write=True, keyed=(), mesh=None) -> list[dict]:
+        fields=None, write=True, keyed=(), mesh=None,
+        allow_long_context: bool = False) -> list[dict]:
   """Runs the accuracy sweep of ``config`` (see ``configs/accuracy.py``); returns the records.
 
   Args:
@@ -103,8 +104,13 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
     write: render ``accuracy.md`` into the workdir at the end.
     keyed: further config fields whose value is in every record's key (the sweep's axes).
     mesh: a device mesh to run on (``models.sharding``; the records are one device's).
+    allow_long_context: run lengths beyond the model's ``max_position_embeddings`` (refused
+      otherwise, before any sample is generated).
   """
   model = modelzoo.load_model(config.model, mesh).in_decode_layout()  # one copy of the weights
+  checks.check_positions(max(config.lengths), _max_new_tokens(config),
+                         model.config.max_position_embeddings, allow=allow_long_context,
+                         flag="--allow_long_context")
   prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
   entries = entries(model) if callable(entries) else entries_of(config, model)
   protocol = config.get("protocol", "query_aware")
@@ -170,6 +176,11 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
   if write:
     accuracy_report.write_outputs(records, workdir)
   return records
+
+
+def _max_new_tokens(config) -> int:
+  """The most tokens a sample of ``config`` generates (its tasks' own when 0)."""
+  return config.max_new_tokens or max(ruler.MAX_NEW_TOKENS.get(t, 0) for t in config.tasks)
 
 
 def _task_options(config) -> dict:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from sparse_attn import budget as budget_lib
 from sparse_attn import compression, methods
 from sparse_attn.spec import parse_spec
 
@@ -74,6 +75,9 @@ def _split_wrappers(spec: str):
 def build(spec: str, budget: float | None = None, *, rope_inv_freq=None, **options):
   """The method of ``spec`` at ``budget`` (fraction kept; None = the spec's own/default).
 
+  ``budget`` goes through ``sparse_attn.budget.parse_budget``, the validation of
+  ``methods.make``: a whole number > 1 is a token count, ``1.5`` raises its ValueError.
+
   ``rope_inv_freq`` (the model's ``[D/2]`` RoPE frequencies) is given to methods that model
   RoPE (Expected Attention's pre-RoPE query statistics) unless the spec sets their own.
   """
@@ -82,10 +86,14 @@ def build(spec: str, budget: float | None = None, *, rope_inv_freq=None, **optio
   preset = _preset(base_spec)
   opts = dict(preset[1] if preset else {}, **options)
   if budget is not None and name != "dense":
+    b = budget_lib.parse_budget(budget)  # the ValueError methods.make gives (1.5 is refused)
     if name in compression.BUILDERS:
-      opts["ratio"] = round(1.0 - float(budget), 6)
+      if isinstance(b, int):
+        raise ValueError(f"{name} keeps a fraction of the context: give a budget in (0, 1], "
+                         f"got the token count {b}")
+      opts["ratio"] = round(1.0 - b, 6)
     else:
-      opts["budget"] = budget if budget <= 1 else int(budget)
+      opts["budget"] = b
   m = methods.make(preset[0] if preset else base_spec, **opts)
   if rope_inv_freq is not None:
     m = m.with_rope(rope_inv_freq)

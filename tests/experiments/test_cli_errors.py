@@ -1,7 +1,8 @@
 """Every CLI answers a user error with one line on stderr and a non-zero exit, no traceback.
 
 The scripts run as real subprocesses (absl flag parsing, ``cli.run``), all at once. Each fails
-in its checks before a model loads; bad budgets and models fail before JAX is even imported.
+in its checks before a model loads (a too-long run right after the model loads, before any
+sample is built); bad models fail before JAX is even imported.
 """
 
 import os
@@ -16,6 +17,8 @@ CASES = [
     ("generate", ["--budget=0"], "--budget=0.0 is not a budget"),
     ("generate", ["--model=/nonexistent"], "model '/nonexistent' is neither a known name"),
     ("generate", ["--max_new_tokens=many"], "--max_new_tokens=many"),
+    ("generate", ["--budget=1.5"],
+     "--budget=1.5 is not a budget: a fractional budget must be in (0, 1], got 1.5"),
 ]
 for _script, _specs, _budgets in (("accuracy", "methods", "budgets"),
                                   ("perplexity", "methods", "budgets"),
@@ -29,6 +32,11 @@ CASES += [
     ("accuracy", ["--config.num_samples=abc"], "--config.num_samples=abc"),
     ("resa_lambda", ["--config.method=quest:bogus=1"], "unknown option(s) ['bogus']"),
     ("accuracy", ["--config=/nonexistent.py"], "/nonexistent.py"),
+    ("accuracy", ["--config=configs/nope.py"], "--config=configs/nope.py: no such config file"),
+    ("accuracy", ["--config.budgets=1.5"], "a fractional budget must be in (0, 1], got 1.5"),
+    ("accuracy", ["--config.quick=True", "--config.lengths=100000"],
+     "prompt 100000 + 6 new tokens = 100006 positions exceed the model's "
+     "max_position_embeddings 2048; pass --allow_long_context"),
     ("perplexity", ["--mesh=rows:2"], "bad mesh entry 'rows:2'"),
     ("long_generation", ["--mesh=data:64"], "needs 64 devices, 1 available"),
 ]

@@ -42,3 +42,20 @@ def test_presets_take_budgets_unless_their_rule_is_their_own():
   assert specs.base_name("resa-arkvale") == "arkvale"
   with pytest.raises(ValueError, match="no enhancers"):
     specs.build("resa-quest+retro", 0.1)
+
+
+@pytest.mark.parametrize("spec", ["quest", "snapkv"])
+def test_a_bad_budget_raises_what_methods_make_raises(spec):
+  from sparse_attn import methods
+  with pytest.raises(ValueError) as made:
+    methods.make("quest", budget=1.5)
+  with pytest.raises(ValueError) as built:
+    specs.build(spec, 1.5)  # once truncated to a 1-token budget
+  assert str(built.value) == str(made.value) == "a fractional budget must be in (0, 1], got 1.5"
+
+
+def test_a_whole_float_budget_is_a_token_count():
+  assert specs.build("quest", 256.0).selector.budget.budget == 256
+  assert specs.build("quest", 0.25).selector.budget.budget == 0.25
+  with pytest.raises(ValueError, match="keeps a fraction of the context"):
+    specs.build("snapkv", 256.0)
