@@ -10,7 +10,8 @@ Usage in ``experiments/NAME.py``::
 * ``--config`` (``configs/NAME.py``; ``--help`` lists its fields and defaults), ``--workdir``;
   ``define_flags(NAME, mesh=True)`` adds ``--mesh`` / ``--distributed`` (read by ``cli.mesh()``).
 * ``cli.parsed()`` applies ``--config.quick=True`` (``experiments.common.quick``: explicit
-  ``--config.FIELD`` flags win) and checks the model and method specs before anything heavy.
+  ``--config.FIELD`` flags win; a tiny random model, default workdir ``results_quick/NAME``)
+  and checks the model and method specs before anything heavy.
 * ``cli.run`` prints a user error (bad spec, budget, model, config value, a workdir of another
   config) as one line on stderr and exits 1; ``--traceback`` shows the traceback instead.
   Library INFO logs (orbax, absl) are silenced unless ``--verbosity`` is given. Freed buffers
@@ -40,6 +41,7 @@ ALLOW_LONG_CONTEXT = flags.DEFINE_bool(
     "allow_long_context", False,
     "Run prompts whose positions (prompt + new tokens) exceed the model's "
     "max_position_embeddings (refused otherwise; RoPE scaling may allow them).")
+QUICK_ROOT = "results_quick"  # quick runs' default workdirs (git-ignored)
 USER_ERRORS = (app.UsageError, ValueError, OSError)  # OSError: missing model or config file
 _STATE = {}
 
@@ -51,8 +53,10 @@ def fields_help(name: str) -> str:
   except (ImportError, AttributeError, TypeError) as e:  # help must not fail
     return f"(fields of configs/{name}.py unavailable: {e})"
   lines = [f"  --config.{k}={_show(v)}" for k, v in config.items()]
-  return ("Fields and defaults (override with --config.FIELD=VALUE; --config.quick=True takes "
-          "the CI sizes, explicit fields win):\n" + "\n".join(lines))
+  return ("Fields and defaults (override with --config.FIELD=VALUE). --config.quick=True takes "
+          "the CI sizes on a tiny random model (scores meaningless by design: it checks that "
+          f"the code runs), explicit fields win, and writes to {QUICK_ROOT}/{name} unless "
+          "--workdir is given:\n" + "\n".join(lines))
 
 
 def _show(value) -> str:
@@ -72,13 +76,23 @@ def define_flags(name: str, mesh: bool = False):
       f"ml_collections config file for {name}.\n{fields_help(name)}", lock_config=True)
   flags.DEFINE_string("workdir", os.path.join("results", name),
                       "Output directory (results.jsonl, markdown, figures); a rerun resumes "
-                      "there if its config is the same.")
+                      "there if its config is the same. Quick runs (--config.quick=True) "
+                      f"default to {QUICK_ROOT}/{name}.")
   flags.declare_key_flag("traceback")
   flags.declare_key_flag("allow_long_context")
 
 
+def quick_workdir(name: str) -> str:
+  """Where a ``--config.quick=True`` run writes unless ``--workdir`` is given: its own folder,
+  so a quick run never meets the committed records of ``results/NAME`` (another config)."""
+  return os.path.join(QUICK_ROOT, name)
+
+
 def parsed():
-  """``(config, workdir)``: quick values resolved, model and method specs checked."""
+  """``(config, workdir)``: quick values resolved, model and method specs checked.
+
+  A quick run without ``--workdir`` writes to ``quick_workdir(NAME)`` and says so on stderr.
+  """
   name = _STATE["name"]
   holder = FLAGS["config"]
   _check_config_file(config_flags.get_config_filename(holder))
@@ -87,7 +101,13 @@ def parsed():
   config = quick.resolve(FLAGS.config, get_config, explicit)
   from experiments.common import checks  # pylint: disable=g-import-not-at-top (imports jax)
   checks.check_config(config)
-  return config, FLAGS.workdir
+  workdir = FLAGS.workdir
+  if config.get("quick", False):
+    if not FLAGS["workdir"].present:
+      workdir = quick_workdir(name)
+    print(f"{name}: quick mode: CI sizes on a tiny random model (its scores are meaningless by "
+          f"design); writing to {workdir}", file=sys.stderr, flush=True)
+  return config, workdir
 
 
 def _check_config_file(path: str) -> None:
