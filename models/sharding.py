@@ -8,6 +8,7 @@ mesh runs every model and still gives one device's numbers.
 
   mesh = sharding.make_mesh(data=2, model=2, seq=2)
   model = sharding.shard(model, mesh)                       # tensor-parallel parameters
+  # jax.make_mesh((2, 2, 2), ("data", "model", "seq")) works too: axes made Auto (auto_mesh)
   models.generate(model, prompt, 32, method, mesh=mesh)      # sharded caches and states
 
 Inside the decode loop a method is wrapped in :class:`ShardedMethod`: every per-layer function
@@ -88,6 +89,22 @@ def make_mesh(data: int = 1, model: int = 1, seq: int = 1, devices=None) -> Mesh
   return Mesh(grid, AXES, axis_types=(AxisType.Auto,) * 3)
 
 
+def auto_mesh(mesh: Mesh) -> Mesh:
+  """``mesh`` with ``AxisType.Auto`` axes (the same devices and names), or a one-line refusal.
+
+  The tables here place arrays by NamedSharding and let GSPMD propagate the rest, which needs
+  Auto axes; ``jax.make_mesh`` builds Explicit ones by default, so any mesh whose axes are
+  exactly ``data``, ``model`` and ``seq`` (in any order) is taken with its axis types made Auto.
+  """
+  if not isinstance(mesh, Mesh) or sorted(mesh.axis_names) != sorted(AXES):
+    names = getattr(mesh, "axis_names", type(mesh).__name__)
+    raise ValueError(f"a mesh needs the axes {AXES}, got {names}: build one with "
+                     "models.make_mesh(data=, model=, seq=)")
+  if all(t == AxisType.Auto for t in mesh.axis_types):
+    return mesh
+  return Mesh(mesh.devices, mesh.axis_names, axis_types=(AxisType.Auto,) * len(AXES))
+
+
 def parse_mesh(text: str) -> dict[str, int]:
   """``"data:2,model:2,seq:2"`` -> ``{"data": 2, "model": 2, "seq": 2}`` (missing axes = 1)."""
   sizes = dict.fromkeys(AXES, 1)
@@ -154,7 +171,10 @@ def param_shardings(params, mesh: Mesh):
 
 
 def shard(model, mesh: Mesh):
-  """``model`` with its parameters placed on ``mesh`` by ``PARAM_AXES`` (tensor parallel)."""
+  """``model`` with its parameters placed on ``mesh`` by ``PARAM_AXES`` (tensor parallel).
+
+  ``mesh``: any mesh with axes ``data``, ``model``, ``seq`` (``auto_mesh``)."""
+  mesh = auto_mesh(mesh)
   params = jax.device_put(model.params, param_shardings(model.params, mesh))
   return dataclasses.replace(model, params=params)
 
@@ -268,7 +288,7 @@ def wrap(method, mesh: Mesh | None):
   already wrapped)."""
   if mesh is None or isinstance(method, ShardedMethod):
     return method
-  return ShardedMethod(method, mesh)
+  return ShardedMethod(method, auto_mesh(mesh))
 
 
 def prepare(model, method, mesh: Mesh | None):
@@ -276,6 +296,7 @@ def prepare(model, method, mesh: Mesh | None):
   ``mesh=None``). Idempotent: an already wrapped method or placed model is kept."""
   if mesh is None:
     return model, method
+  mesh = auto_mesh(mesh)
   return shard(model, mesh), wrap(method, mesh)
 
 
@@ -307,7 +328,7 @@ def cache_bytes_per_device(tree) -> dict:
   return out
 
 
-__all__ = ["AXES", "RULES", "PARAM_AXES", "STATE_AXES", "make_mesh", "parse_mesh",
+__all__ = ["AXES", "RULES", "PARAM_AXES", "STATE_AXES", "make_mesh", "auto_mesh", "parse_mesh",
            "mesh_from_text", "spec_for", "param_shardings", "shard", "state_shardings",
            "constrain", "place", "ShardedMethod", "wrap", "prepare",
            "cache_bytes_per_device"]

@@ -28,6 +28,16 @@ def test_parse_mesh():
     sharding.make_mesh(data=len(jax.devices()) + 1)
 
 
+def test_any_mesh_with_the_three_axes_is_taken_as_auto():
+  explicit = (jax.sharding.AxisType.Explicit,) * 3
+  mesh = jax.make_mesh((1, 1, 1), ("seq", "data", "model"), axis_types=explicit)
+  auto = sharding.auto_mesh(mesh)
+  assert auto.axis_names == mesh.axis_names and set(auto.axis_types) == {jax.sharding.AxisType.Auto}
+  assert sharding.auto_mesh(auto) is auto
+  with pytest.raises(ValueError, match=r"got \('x', 'y'\): build one with models.make_mesh"):
+    sharding.auto_mesh(jax.make_mesh((1, 1), ("x", "y")))
+
+
 def test_logical_axes_of_cache_and_state_leaves():
   assert sharding.state_logical("k", 4) == ("batch", "kv_heads", "seq", None)
   assert sharding.state_logical("prior", 3) == ("batch", "heads", "seq")
