@@ -26,7 +26,8 @@ and the sums ``Z``, ``Z O_est``, ``sum k`` reduced across shards (``resa.form_pr
 
 Supported: ``quest`` and ``arkvale`` with a fixed budget (``gqa`` head or group), with or without
 RESA and rectification (whose dense pass runs under GSPMD). Adaptive budgets (``topp``, ``adakv``),
-retro windows and token-level selectors decode under GSPMD on the sharded arrays instead.
+retro windows, token-level selectors and ``Method`` subclasses with their own ``select`` (or
+``attend``, ``decode``, ``end_prefill``) decode under GSPMD on the sharded arrays instead.
 """
 
 from __future__ import annotations
@@ -50,11 +51,29 @@ SEQ = "seq"
 _RESA_SHARED = ("pmax", "zsum", "osum", "ksum", "kcount")  # replicated running statistics
 
 
+# The Method steps this module re-implements from the selector's block scores; a subclass that
+# replaces one of them (a custom selector overriding ``select``) is not decoded here.
+_REIMPLEMENTED = ("select", "attend", "decode", "end_prefill")
+
+
+def own_pipeline(m) -> tuple[str, ...]:
+  """The steps of ``_REIMPLEMENTED`` that ``type(m)`` overrides (``methods.Method``'s)."""
+  from sparse_attn.methods import Method  # pylint: disable=g-import-not-at-top (no cycle)
+  if not isinstance(m, Method):
+    return ()
+  return tuple(f for f in _REIMPLEMENTED if getattr(type(m), f) is not getattr(Method, f))
+
+
 def supports(m) -> bool:
-  """Whether ``m`` (a ``methods.Method``) decodes context-parallel here."""
+  """Whether ``m`` (a ``methods.Method``) decodes context-parallel here.
+
+  A subclass overriding ``select`` (``notebooks/custom_selector.ipynb``), ``attend``,
+  ``decode`` or ``end_prefill`` is not: scoring it with its selector's ``block_scores`` would
+  silently be Quest, so it decodes under GSPMD on the sharded arrays, with its own selection.
+  """
   sel = m.selector if m.prefill_group == "dense" else None
   return (sel is not None and sel.name in BLOCK_SELECTORS and m.window == 1
-          and sel.topp is None and sel.adakv is None)
+          and sel.topp is None and sel.adakv is None and not own_pipeline(m))
 
 
 def usable(m, cache_spec, mesh) -> bool:

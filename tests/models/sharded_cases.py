@@ -17,7 +17,7 @@ import pytest
 import models
 from models import decode, driver, llama, sharding
 from models.config import ModelConfig, RopeConfig
-from sparse_attn import methods
+from sparse_attn import methods, selection
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (virtual) devices")
 
@@ -173,3 +173,30 @@ def test_greedy_and_query_agnostic_reading_on_a_mesh(model):
 
   mesh = sharding.make_mesh(2, 2, 2)
   assert tokens(sharding.shard(model, mesh), mesh) == tokens(model, None)
+
+
+def test_explicit_axes_mesh_of_jax_make_mesh(model):
+  """``jax.make_mesh``'s Explicit axes (JAX's default) are taken as Auto (``auto_mesh``)."""
+  explicit = (jax.sharding.AxisType.Explicit,) * 3
+  mesh = jax.make_mesh((2, 2, 2), sharding.AXES, axis_types=explicit)
+  got = _teacher_forced(model, METHODS["quest"](), mesh)
+  assert _rel(got, _reference(model, "quest")) <= 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class _AntiQuest(methods.Method):
+  """A selector written as a ``Method`` subclass (``notebooks/custom_selector.ipynb``): the
+  blocks Quest ranks lowest, so a seq mesh that scored it as Quest would show."""
+
+  def select(self, q, cache, scale=None):
+    scores = self.selector.block_scores(q, cache, impl=self.impl, interpret=self.interpret)
+    return selection.select_blocks(-scores, cache, self.budget)
+
+
+def test_custom_selector_subclass_keeps_its_selection_on_a_seq_mesh(model):
+  anti = _AntiQuest(**vars(METHODS["quest"]()))
+  one = _teacher_forced(model, anti)
+  assert _rel(one, _reference(model, "quest")) > 1e-3  # it selects otherwise than Quest
+  got = _teacher_forced(model, anti, sharding.make_mesh(1, 2, 4))
+  assert _rel(got, one) <= 1e-5
+
