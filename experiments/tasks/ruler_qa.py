@@ -36,6 +36,8 @@ def _paragraphs() -> tuple[list[str], dict[str, list[str]]]:
 def qa(rng, target, depth, **_) -> ruler.Built:
   squad = data.squad()
   item = squad[int(rng.integers(len(squad)))]
+  while len(item["context"]) + len(item["question"]) > 2 * target:  # the gold must fit
+    item = squad[int(rng.integers(len(squad)))]
   paragraphs, by_article = _paragraphs()
   same = [p for p in by_article[item["article"]] if p != item["context"]]
   rest = sorted(set(paragraphs) - set(by_article[item["article"]]))

@@ -52,7 +52,9 @@ def test_accuracy_quick_and_resume(root):
       assert att["forced"] + att["chosen"] == att["total"] and att["chosen"] > 0
     assert r["protocol"] == "query_aware" and 0 < r["context_tokens"] < r["num_tokens"]
   assert all(0.0 <= r["score"] <= 1.0 and r["model"] == "tiny-random" for r in recs)
-  assert all(abs(r["num_tokens"] - r["length"]) <= 0.02 * r["length"] for r in recs)
+  # within one haystack unit of the target: a noise line, or a QA document
+  assert all(0 <= r["length"] - r["num_tokens"] <= (300 if r["task"] == "qa" else 40)
+             for r in recs)
   assert all(r["new_tokens"] <= cfg.max_new_tokens and "git" in r for r in recs)
   md = open(os.path.join(wd, "accuracy.md"), encoding="utf-8").read()
   assert "tiny-random" in md and md.index("| dense |") < md.index("| quest")
