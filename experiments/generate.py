@@ -1,13 +1,23 @@
-r"""Generate with a sparse-attention method next to dense attention, with tokens/s.
+r"""The main job: a sparse method next to dense attention on a long prompt, with what it reads.
 
+  python -m experiments.generate --method=quest --budget=0.1
   python -m experiments.generate --prompt="Explain sparse attention." --method=quest --budget=0.1
+
+By default the prompt is chapter 1 of *Pride and Prejudice* (bundled, ~1,200 tokens) and a
+question answered near its start (``experiments.common.passage``). Prints both answers side by
+side, then per method the share of the prompt it attends per head (forced sinks and local
+window + blocks chosen by score; ``experiments.common.sparsity``), prefill and decode tokens/s,
+and a warning when a method attends the whole prompt (a prompt shorter than its forced entries
+makes it dense). Progress lines (loading, compiling, prefill chunk i of N, decoding) go to
+stderr. A prompt plus new tokens beyond the model's ``max_position_embeddings`` is refused
+unless ``--allow_long_context``.
 
 ``--mesh=data:2,model:2,seq:2`` runs both on a device mesh (``--distributed`` first calls
 ``jax.distributed.initialize()``, see ``experiments/common/distributed.py``).
 
 Flags pick the model (default: the embedded SmolLM2-135M-Instruct), the method spec (any string
 ``sparse_attn.methods.make`` accepts) and its budget. Timings exclude compilation: each run is
-preceded by a short warm-up with the same shapes.
+preceded by a warm-up with the same shapes.
 """
 
 from __future__ import annotations
@@ -21,7 +31,8 @@ from experiments.common import cli, distributed
 FLAGS = flags.FLAGS
 distributed.define_flags()  # --mesh=data:2,model:2,seq:2, --distributed
 flags.DEFINE_string("model", "smollm2-135m-instruct", "Model name or HF directory.")
-flags.DEFINE_string("prompt", "Explain in a few sentences why the sky is blue.", "Prompt text.")
+flags.DEFINE_string("prompt", None, "Prompt text (default: a bundled Austen chapter and a "
+                    "question, ~1,200 tokens).")
 flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
 flags.DEFINE_bool("chat", True, "Wrap the prompt in the model's chat template.")
 flags.DEFINE_string("method", "quest", "Method spec, e.g. quest, arkvale, topk, streaming.")
@@ -38,15 +49,25 @@ flags.declare_key_flag("traceback")  # cli.run: user errors as one line unless -
 flags.declare_key_flag("allow_long_context")  # prompt + new tokens past the model's positions
 
 
-def run_one(model, ids, method, sampling, max_new_tokens, prefill_chunk, mesh=None):
-  """Warm-up (compiles the same shapes), then the timed generation (on ``mesh`` if given)."""
+def run_one(model, ids, method, sampling, max_new_tokens, prefill_chunk, mesh=None,
+            stages=None, label=""):
+  """Warm-up (compiles the same shapes), then the timed generation (on ``mesh`` if given).
+
+  ``stages``: an ``experiments.common.stages.Stages`` for progress lines, or None.
+  """
   from models import decode, sharding
 
   model, method = sharding.prepare(model, method, mesh)
   capacity = method.round_capacity(len(ids) + max_new_tokens)
   kw = dict(prefill_chunk=prefill_chunk, capacity=capacity, mesh=mesh)
-  decode.generate(model, ids, 3, method, sampling, stop_at_eos=False, **kw)
-  return decode.generate(model, ids, max_new_tokens, method, sampling, **kw)
+  if stages:
+    stages.start(f"{label}: compiling (an untimed warm-up on the same shapes)")
+  decode.generate(model, ids, 3, method, sampling, stop_at_eos=False,
+                  progress=stages.callback(f"{label} warm-up") if stages else None, **kw)
+  if stages:
+    stages.start(f"{label}: timed run")
+  return decode.generate(model, ids, max_new_tokens, method, sampling,
+                         progress=stages.callback(label) if stages else None, **kw)
 
 
 def side_by_side(left_title, left, right_title, right, width) -> str:
@@ -65,15 +86,19 @@ def main(argv):
   checks.check_budget(FLAGS.budget, "--budget")
   checks.check_model(FLAGS.model, tiny=False)
   mesh = distributed.mesh_from_flags()
-  prompt = FLAGS.prompt
-  if FLAGS.prompt_file:
-    with open(FLAGS.prompt_file, encoding="utf-8") as f:
-      prompt = f.read()
-  from experiments.common import modelzoo  # pylint: disable=g-import-not-at-top
+  from experiments.common import modelzoo, passage, sparsity, stages as stages_lib  # pylint: disable=g-import-not-at-top
   from experiments.tasks import specs  # pylint: disable=g-import-not-at-top
   from sparse_attn import methods  # pylint: disable=g-import-not-at-top
   import models  # pylint: disable=g-import-not-at-top
+  source, prompt = "--prompt", FLAGS.prompt
+  if FLAGS.prompt_file:
+    with open(FLAGS.prompt_file, encoding="utf-8") as f:
+      source, prompt = FLAGS.prompt_file, f.read()
+  elif prompt is None:
+    source, prompt = f"{passage.SOURCE} + a question", passage.default_prompt()
   specs.build(FLAGS.method, FLAGS.budget, block_size=FLAGS.block_size)
+  stages = stages_lib.Stages("generate")
+  stages.start(f"loading {FLAGS.model}")
   model = models.load(FLAGS.model, dtype=FLAGS.dtype)
   ids = model.encode(prompt, chat=FLAGS.chat)
   checks.check_positions(len(ids), FLAGS.max_new_tokens, model.config.max_position_embeddings,
@@ -84,19 +109,41 @@ def main(argv):
   # 1 - budget), and methods that model RoPE get the model's frequencies.
   method = specs.build(FLAGS.method, FLAGS.budget, block_size=FLAGS.block_size,
                        rope_inv_freq=modelzoo.rope_inv_freq(model))
+  label = FLAGS.method if FLAGS.budget is None else f"{FLAGS.method}@{FLAGS.budget:g}"
   results = {}
-  for label, m in (("dense", dense), (method.spec, method)):
-    results[label] = run_one(model, ids, m, sampling, FLAGS.max_new_tokens, FLAGS.prefill_chunk,
-                             mesh)
-  print(f"model {FLAGS.model}, prompt {len(ids)} tokens, budget {FLAGS.budget}\n")
-  (l_name, l_gen), (r_name, r_gen) = results.items()
-  print(side_by_side(l_name, model.decode(l_gen.tokens[0]), r_name,
-                     model.decode(r_gen.tokens[0]), FLAGS.width))
+  for name, m in (("dense", dense), (label, method)):
+    results[name] = run_one(model, ids, m, sampling, FLAGS.max_new_tokens, FLAGS.prefill_chunk,
+                            mesh, stages, name)
+  print(f"model {FLAGS.model}, prompt {len(ids)} tokens ({source})")
+  if FLAGS.prompt is None and not FLAGS.prompt_file:
+    print(f"question: {passage.QUESTION}")
   print()
-  print(f"{'method':<16}{'prefill tok/s':>15}{'decode tok/s':>15}{'new tokens':>12}")
+  texts = {name: model.decode(g.tokens[0]) for name, g in results.items()}
+  (l_name, l_text), (r_name, r_text) = texts.items()
+  print(side_by_side(l_name, l_text, r_name, r_text, FLAGS.width))
+  print()
+  print(report(results, {"dense": dense, label: method}, len(ids)))
+  print(f"\n{label} {'gives the same text as' if l_text == r_text else 'differs from'} dense.")
+
+
+def report(results, built, context: int) -> str:
+  """Per method: the share of the prompt it attends, tokens/s, new tokens; then warnings.
+
+  Args:
+    results: ``name -> models.Generation``.
+    built: ``name -> Method`` (the same names).
+    context: the prompt's tokens.
+  """
+  from experiments.common import sparsity  # pylint: disable=g-import-not-at-top
+  lines = [f"{'method':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'new tokens':>12}  "
+           "attends per head (share of the prompt)"]
+  warnings = []
   for name, g in results.items():
-    print(f"{name:<16}{g.prefill_tokens_per_second:>15.1f}{g.decode_tokens_per_second:>15.2f}"
-          f"{len(g.tokens[0]):>12}")
+    att = sparsity.attended(built[name], context)
+    lines.append(f"{name:<16}{g.prefill_tokens_per_second:>14.1f}"
+                 f"{g.decode_tokens_per_second:>14.2f}{len(g.tokens[0]):>12}  {att.describe()}")
+    warnings.append(sparsity.dense_warning(name, att))
+  return "\n".join(lines + [w for w in warnings if w])
 
 
 if __name__ == "__main__":

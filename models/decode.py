@@ -35,8 +35,11 @@ def chunk_size_for(max_len: int, prefill_chunk: int) -> int:
 
 
 def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: int,
-            prefill_chunk: int = 512):
+            prefill_chunk: int = 512, progress=None):
   """Prefills right-padded ``prompts [B, S]`` in chunks.
+
+  ``progress``: None, or ``progress("prefill", i, n)`` called after chunk ``i`` of ``n`` has
+  run (the chunk is waited for, so a long prompt shows its pace).
 
   Returns:
     ``(last_hidden [B, E], history [B, T], caches, states)``; ``last_hidden`` is the hidden
@@ -62,6 +65,7 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
   c = min(chunk_size_for(int(lengths.max()), prefill_chunk), capacity)
   last = jnp.zeros((b, config.hidden_size), llama.compute_dtype(config))
   rows = jnp.arange(b)
+  n_chunks = -(-int(lengths.max()) // c)
   for start in range(0, int(lengths.max()), c):
     idx = np.arange(start, start + c)
     pos = np.where(idx[None] < lengths[:, None], idx[None], -1).astype(np.int32)
@@ -71,6 +75,9 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
     here = (lengths - 1 >= start) & (lengths - 1 < start + c)
     picked = h[rows, jnp.asarray(np.clip(lengths - 1 - start, 0, c - 1))]
     last = jnp.where(jnp.asarray(here)[:, None], picked, last)
+    if progress is not None:
+      last.block_until_ready()
+      progress("prefill", start // c + 1, n_chunks)
   caches, states = end_prefill(caches, states, config=config, method=method)
   history = jnp.asarray(history)
   if isinstance(method, sharding.ShardedMethod):  # rows as the decode steps return them
@@ -129,7 +136,7 @@ class Generation:
 
 def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampling = Sampling(),
              *, prefill_chunk: int = 512, capacity: int | None = None,
-             stop_at_eos: bool = True, mesh=None) -> Generation:
+             stop_at_eos: bool = True, mesh=None, progress=None) -> Generation:
   """Generates up to ``max_new_tokens`` per prompt with ``method`` as the attention.
 
   Args:
@@ -143,6 +150,8 @@ def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampli
     stop_at_eos: stop a row after an EOS id (and the whole loop once all rows stopped).
     mesh: a ``(data, model, seq)`` device mesh (``models.sharding.make_mesh``): parameters,
       caches and method states sharded on it (see ``models.sharding``); None = one device.
+    progress: None, or ``progress(stage, i, n)``, called after prefill chunk ``i`` of ``n``
+      (``stage="prefill"``) and after new token ``i`` of ``n`` (``stage="decode"``).
   """
   model, method = sharding.prepare(model, method, mesh)
   config = model.config
@@ -155,7 +164,7 @@ def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampli
   key = jax.random.key(sampling.seed)
   t0 = time.perf_counter()
   last, history, caches, states = prefill(model, prompts, lengths, method, capacity,
-                                          prefill_chunk)
+                                          prefill_chunk, progress)
   nxt, _ = sample_from_hidden(model.params, last, jax.random.fold_in(key, 0), config=config,
                               sampling=sampling)
   history = history.at[jnp.arange(len(lengths)), jnp.asarray(lengths)].set(nxt, mode="drop")
@@ -174,6 +183,8 @@ def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampli
     out.append(np.asarray(nxt))
     if stop_at_eos:
       done |= np.isin(out[-1], list(eos))
+    if progress is not None:
+      progress("decode", i + 1, max_new_tokens)
   t2 = time.perf_counter()
   toks = np.stack(out, axis=1)
   rows = []

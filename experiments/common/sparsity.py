@@ -1,0 +1,59 @@
+"""How much of the context a method reads, in words a reader can check against the budget.
+
+``attended(method, context)`` is the share of the prompt one decode step attends per head at
+the first answer token (selection: forced sinks + local window + blocks chosen by score,
+``Method.attended_tokens``; compression: the kept fraction ``1 - ratio``; dense: everything).
+``dense_warning`` says when a sparse method attends the whole prompt: a prompt shorter than
+its forced entries makes it dense, and its text then equals dense's by construction.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Attended:
+  """Tokens of a ``context``-token prompt one decode step reads per head.
+
+  Attributes:
+    tokens: tokens attended (kept, for compression) per head.
+    context: the prompt's tokens.
+    detail: how the count is made (``"68 forced + 144 chosen"``, ``"kept 1 - ratio 0.5"``).
+  """
+
+  tokens: int
+  context: int
+  detail: str
+
+  @property
+  def share(self) -> float:
+    return self.tokens / max(self.context, 1)
+
+  def describe(self) -> str:
+    return f"{self.tokens}/{self.context} tokens ({100 * self.share:.1f}%)" + (
+        f": {self.detail}" if self.detail else "")
+
+
+def attended(method, context: int) -> Attended:
+  """The ``Attended`` of ``method`` at a ``context``-token prompt."""
+  if method.is_dense:
+    return Attended(context, context, "dense")
+  acc = method.attended_tokens(context)
+  if acc is not None:
+    return Attended(int(acc["total"]), context,
+                    f"{acc['forced']} forced (sinks, local window) + {acc['chosen']} chosen")
+  ratio = getattr(method, "ratio", None)
+  if ratio is not None:
+    kept = min(context, round((1.0 - ratio) * context))
+    return Attended(kept, context, f"kept after compression (ratio {ratio:g})")
+  return Attended(context, context, "unknown: counted as dense")
+
+
+def dense_warning(name: str, att: Attended) -> str | None:
+  """A warning line when a non-dense ``name`` attends every token of the prompt, else None."""
+  if att.detail == "dense" or att.tokens < att.context:
+    return None
+  return (f"warning: {name} attends all {att.context} tokens of this prompt ({att.detail}): it "
+          "is dense at this length, so its text equals dense's; give a longer prompt (the "
+          "default passage has ~1,200 tokens)")
