@@ -165,7 +165,8 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
               score=scoring.score(pred, s.answers, s.metric), metric=s.metric,
               answers=list(s.answers), prediction=pred[:300], new_tokens=len(row),
               attended_tokens=attended_tokens(m, s.num_tokens),
-              kv_kept=kept[i] if kept else None, batch_seconds=secs, batch_size=len(batch))
+              kv_kept=kept[i] if kept else None, batch_seconds=secs, batch_size=len(batch),
+              generator=ruler.GENERATOR)
           if s.metric == "each":
             rec["question_scores"] = scoring.per_question(pred, s.answers)
           rec.update(fields(e) if fields else {})

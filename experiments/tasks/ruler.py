@@ -58,6 +58,9 @@ MAX_NEW_TOKENS = dict({t: tpl.TOKENS_TO_GENERATE["niah"] for t in NIAH_TASKS}, p
 TOKENS_PER_ANSWER = 24  # qa_multi: generated tokens per question ("Answer i: ..." + a line)
 DEFAULT_QUESTIONS = 8
 VT_EXAMPLE_TOKENS = 500  # RULER's vt one-shot example fills 500 tokens
+# Stored in every accuracy record: records without it came from this library's earlier RULER
+# variant (fixed depths, its own prompts and word counts), which the claims keep apart.
+GENERATOR = "nvidia-ruler"
 
 
 @dataclasses.dataclass(frozen=True)
