@@ -34,8 +34,9 @@ CASES += [
     ("accuracy", ["--config=/nonexistent.py"], "/nonexistent.py"),
     ("accuracy", ["--config=configs/nope.py"], "--config=configs/nope.py: no such config file"),
     ("accuracy", ["--config.budgets=1.5"], "a fractional budget must be in (0, 1], got 1.5"),
-    ("accuracy", ["--config.quick=True", "--config.lengths=100000"],
-     "prompt 100000 + 6 new tokens = 100006 positions exceed the model's "
+    ("accuracy", ["--config.model=tiny-random", "--config.lengths=100000",
+                  "--config.max_new_tokens=64"],
+     "prompt 100000 + 64 new tokens = 100064 positions exceed the model's "
      "max_position_embeddings 2048; pass --allow_long_context"),
     ("perplexity", ["--mesh=rows:2"], "bad mesh entry 'rows:2'"),
     ("long_generation", ["--mesh=data:64"], "needs 64 devices, 1 available"),
