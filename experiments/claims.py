@@ -19,7 +19,7 @@ import os
 
 from absl import app, flags
 
-from experiments import claims_leaderboard, claims_table
+from experiments import claims_leaderboard, claims_table, claims_verdicts
 from experiments.common import render, results
 
 FLAGS = flags.FLAGS
@@ -52,6 +52,9 @@ def claim_rows(records: dict[str, list[dict]], root: str) -> list[dict]:
              else f"no `{c.experiment}` records under `{root}` yet")
       row.update(ours="-", n=0, setting="-", verdict="not run", why=why, figure="")
     else:
+      dirty = claims_verdicts.dirty_note(recs)
+      if dirty:  # such records cannot be tied to code: the row says so
+        got = dict(got, setting=f"{got['setting']}; ⚠ {dirty}")
       fig = os.path.normpath(os.path.join(c.experiment, c.figure)) if c.figure else ""
       row.update(got, figure=f"[{os.path.basename(fig)}]({fig})" if fig and os.path.exists(
           os.path.join(root, fig)) else "")
@@ -148,7 +151,7 @@ def build(root: str) -> str:
   records = load(root, files)
   rows = claim_rows(records, root)
   verdicts = {v: sum(r["verdict"] == v for r in rows)
-              for v in ("reproduced", "partly", "not reproduced", "not run")}
+              for v in claims_verdicts.VERDICTS}
   sections = [
       "Every number below is computed from the committed `*/results.jsonl` by "
       "`python -m experiments.claims --workdir=results`; intervals are 95% bootstrap intervals "

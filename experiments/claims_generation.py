@@ -25,7 +25,8 @@ def rectification_closes_gap(records, x=1024):
   distance ``x`` from the last dense encoding close to its upper bound, sparse decoding of only
   the last 32 tokens ("Decode Only"). Ours: the fraction of the gap closed,
   ``(ppl_sparse(x) - ppl_rect(x)) / (ppl_sparse(x) - ppl_sparse(32))`` on the same documents;
-  reproduced when >= 80%, partly when > 0."""
+  reproduced when >= 80%, partly when > 0; inconclusive when there is no gap to close (sparse
+  decoding does not drift above decode-only)."""
   sparse, rect, bound = (_tail_nll(records, m, xx) for m, xx in
                          ((SPARSE, x), ("rectified", x), (SPARSE, 32)))
   dense = _tail_nll(records, "dense", x)
@@ -36,7 +37,8 @@ def rectification_closes_gap(records, x=1024):
   ps, pr, pb = ppl(sparse), ppl(rect), ppl(bound)
   gap = ps - pb
   closed = (ps - pr) / gap if gap > 0 else float("nan")
-  verdict = ("reproduced" if closed >= 0.8 else "partly" if closed > 0 else "not reproduced")
+  verdict = ("inconclusive" if not gap > 0 else "reproduced" if closed >= 0.8 else
+             "partly" if closed > 0 else "not reproduced")
   per_doc = "; ".join(f"doc {k}: decode-only {np.exp(bound[k]):.2f}, sparse {np.exp(sparse[k]):.2f}"
                       f", rectified {np.exp(rect[k]):.2f}" for k in docs)
   # scored tokens per document batch, keyed by its first document: measured twice, counted once
@@ -55,11 +57,15 @@ def rectification_closes_gap(records, x=1024):
               verdict=verdict, why=f"{drift}; {per_doc}")
 
 
+MIN_PROMPTS = 20  # independent prompts a Fig. 2c verdict needs
+
+
 def retro_effective_budget(records):
   """Retro Fig. 2c: retrospective updates expose each query to 1.17x (n = 1 future query,
   w = 2) up to 1.60x (n = 7, w = 8) the nominal budget. Ours: the mean factor over the decode
   steps per window; reproduced when each measured window lies within 25% of the paper's value,
-  partly when every factor is > 1."""
+  partly when every factor is > 1; inconclusive with fewer than ``MIN_PROMPTS`` prompts (the
+  steps of one prompt are not independent samples). ``n`` counts prompts."""
   rows = {r["retro_w"]: r for r in records if r.get("retro_w", 1) > 1
           and r.get("effective_budget_factor")}
   if not rows:
@@ -77,10 +83,15 @@ def retro_effective_budget(records):
     if w in PAPER_FACTOR:
       ok.append(abs(m - PAPER_FACTOR[w]) <= 0.25 * PAPER_FACTOR[w])
   factors = [rows[w]["effective_budget_factor"] for w in rows]
-  verdict = ("reproduced" if ok and all(ok) else
+  prompts = min(sum(r.get("retro_w") == w and bool(r.get("effective_budget_factor"))
+                    for r in records) for w in rows)
+  verdict = ("inconclusive" if prompts < MIN_PROMPTS else "reproduced" if ok and all(ok) else
              "partly" if all(f > 1 for f in factors) else "not reproduced")
+  if prompts < MIN_PROMPTS:
+    parts.append(f"{prompts} prompt(s), {n} decode steps: intervals over the steps of one "
+                 f"prompt; a verdict needs >= {MIN_PROMPTS} prompts")
   r0 = next(iter(rows.values()))
-  return dict(ours="; ".join(parts), n=n,
+  return dict(ours="; ".join(parts), n=prompts,
               setting=f"{r0.get('model')}, prompt {r0.get('prompt_length')}, "
                       f"{r0.get('new_tokens')} generated, Quest b=0.15",
               verdict=verdict, why="keys a query saw once it left the window / its nominal "

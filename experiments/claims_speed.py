@@ -92,19 +92,30 @@ def resa_decode_overhead_gpu(records):
 def retro_throughput_loss(records):
   """Retro Sec. 5 / Table 6: decode throughput falls by <= 7.3% (w = 8, the worst case).
   Ours: the per-layer attention step with w = 8 against the plain selector (our step
-  includes re-embedding the window's K/V, not the linear layers the paper also counts);
-  reproduced when <= 7.3%, partly when <= 14.6%."""
-  return _overhead_claim(records, f"{QUEST}+retro:w=8", 0.073,
-                         "attention of 8 queries per step instead of 1")
+  includes re-embedding the window's K/V, not the linear layers the paper also counts). The
+  paper times a whole model at batch 8 (2.8-5.1% at batch 1); one attention layer is an upper
+  bound of that, so the verdict is "not comparable" until an end-to-end row exists."""
+  return _not_comparable(_overhead_claim(records, f"{QUEST}+retro:w=8", 0.073,
+                                         "attention of 8 queries per step instead of 1"))
+
+
+def _not_comparable(got):
+  """A Retro Table 6 row: the measured loss stays, the verdict waits for an end-to-end row."""
+  if got is not None:
+    got["why"] += ("; the paper's loss is of a whole model's step at batch 8, ours of one "
+                   "attention layer (an upper bound): not comparable until an end-to-end row")
+    got["verdict"] = "not comparable"
+  return got
 
 
 def retro_throughput_loss_gpu(records):
   """Retro Table 6 on a GPU (bfloat16, Pallas kernels); verdict as ``retro_throughput_loss``.
   The paper's loss is of a whole model's step (linear layers included), ours of the attention
   layer alone, so ours is an upper bound of the end-to-end loss."""
-  return _overhead_claim(records, f"{QUEST}+retro:w=8", 0.073,
-                         "attention of 8 queries per step instead of 1 (attention alone)",
-                         where="gpu", dtype="bfloat16")
+  return _not_comparable(_overhead_claim(
+      records, f"{QUEST}+retro:w=8", 0.073,
+      "attention of 8 queries per step instead of 1 (attention alone)", where="gpu",
+      dtype="bfloat16"))
 
 
 def resa_prefill_overhead(records, where="cpu"):

@@ -13,6 +13,9 @@ change a result (all but ``NON_RESULT_FIELDS``, the experiment's ``ignore`` and 
 fields, whose value is part of every record's key, e.g. the methods or lengths of a sweep, so
 extending them reuses the finished rows). A workdir holding records of another fingerprint is
 refused (``ConfigMismatch`` names the differing fields), and a key is never written twice.
+
+Records under the repository's ``results/`` must be tied to code: a checkout with uncommitted
+changes (``+dirty``) is refused there (``DirtyTree``) unless ``--allow_dirty`` is given.
 """
 
 from __future__ import annotations
@@ -25,8 +28,12 @@ import platform
 import subprocess
 from typing import Any, Iterable, Sequence
 
-from absl import logging
+from absl import flags, logging
 import numpy as np
+
+_ALLOW_DIRTY = flags.DEFINE_bool(
+    "allow_dirty", False, "Write records under the repository's results/ from a checkout with "
+    "uncommitted changes (such records cannot be tied to code).")
 
 RESULTS_FILE = "results.jsonl"
 # Config fields that never change a measurement (where outputs go, how progress is shown, how
@@ -71,6 +78,28 @@ def _jsonable(x: Any):
 def config_dict(config) -> dict:
   """A plain dict of an ml_collections ConfigDict (or a dict)."""
   return _jsonable(config.to_dict() if hasattr(config, "to_dict") else dict(config))
+
+
+class DirtyTree(ValueError):
+  """Records would go under ``results/`` from a checkout with uncommitted changes."""
+
+
+REPO_RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "results")
+
+
+def check_tied_to_code(workdir: str, revision: str, allow: bool,
+                       results_root: str = REPO_RESULTS) -> None:
+  """Raises ``DirtyTree`` when ``workdir`` lies under ``results_root`` and ``revision`` is a
+  modified checkout (``+dirty``), unless ``allow``."""
+  inside = os.path.commonpath([os.path.abspath(workdir), os.path.abspath(results_root)])
+  if revision.endswith("+dirty") and inside == os.path.abspath(results_root) and not allow:
+    raise DirtyTree(f"{workdir} is under results/ but the checkout has uncommitted changes: "
+                    "commit first so the records are tied to code, or pass --allow_dirty")
+
+
+def _allow_dirty() -> bool:
+  return bool(flags.FLAGS["allow_dirty"].value)
 
 
 class ConfigMismatch(ValueError):
@@ -130,6 +159,7 @@ class ResultWriter:
     self.header = dict(config=config_dict(config), machine=machine())
     self.run = run_id(self.header)
     self.meta = dict(git=git_revision(), fingerprint=self.fingerprint, run=self.run)
+    check_tied_to_code(workdir, self.meta["git"], _allow_dirty())
     self._header_written = self.run in _runs_with_header(_read_lines(self.path))
     self._done = {(self.fingerprint, r["key"]) for r in mine if "key" in r}
 

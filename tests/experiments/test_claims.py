@@ -10,7 +10,8 @@ from absl import app
 from experiments import claims, claims_leaderboard, claims_table, claims_tasks, reproduce
 
 
-def _acc(method, scores, budget=0.025, length=4096, protocol="query_aware", task="niah"):
+def _acc(method, scores, budget=0.025, length=4096, protocol="query_aware",
+         task="niah_single_2"):
   return [dict(experiment="accuracy", model="m", method=method, budget=budget, length=length,
                protocol=protocol, task=task, seed=i, depth=0.5, score=float(s))
           for i, s in enumerate(scores)]
@@ -32,7 +33,7 @@ def test_resa_gain_is_paired_and_judged_by_its_interval():
   # the accuracy experiment labels rows spec@budget
   labelled = _acc("quest@0.025", base) + _acc("resa-quest@0.025", better)
   assert claims_tasks.resa_ruler_gain(labelled)["ours"] == got["ours"]
-  assert "differs on 1 of 1 tasks: niah " in got["why"]
+  assert "differs on 1 of 1 tasks: niah_single_2 " in got["why"]
   assert claims_tasks.task_differences({("a", 1): 1.0, ("b", 1): 0.0, ("b", 2): 1.0},
                                        {("a", 1): 1.0, ("b", 1): 1.0, ("b", 2): 1.0}) == (
       "; differs on 1 of 2 tasks: b 100 -> 50")
@@ -113,10 +114,14 @@ def test_ea_claim_pools_lengths_and_lists_each():
 def test_svd_claims_follow_their_rules():
   lengths = (512, 1024, 2048)
   recs = [dict(experiment="svd_analysis", config=dict(model="m"), kind="spectrum", layer=l,
-               length=s, share=[0.45, 0.42], cosine=[0.95, -0.97],
+               length=s, share=[0.45, 0.42], key_cosine=[0.95, 0.97], cosine=[0.2, -0.3],
                s=[[s * 0.01 + l, 1.0], [s * 0.02, 1.0]]) for l in range(2) for s in lengths]
   assert claims_table.principal_share(recs)["verdict"] == "reproduced"
-  assert claims_table.rank1_cosine(recs)["verdict"] == "reproduced"  # |cos|: the sign is free
+  # the paper's row-wise |cos| (key_cosine), not the Frobenius cosine (low here)
+  assert claims_table.rank1_cosine(recs)["verdict"] == "reproduced"
+  assert "key_cosine" in claims_table.rank1_cosine(recs)["setting"]
+  rows = [dict(r, row_cosine=[-0.95, 0.5]) for r in recs]  # signed rows: |cos| is judged
+  assert claims_table.rank1_cosine(rows)["ours"].startswith("median abs cos 0.725")
   assert claims_table.sigma1_linear(recs)["verdict"] == "reproduced"
   low = [dict(r, share=[0.2, 0.25]) for r in recs]
   assert claims_table.principal_share(low)["verdict"] == "not reproduced"

@@ -1,0 +1,50 @@
+"""Verdict rules shared by the claims, and the record filters every verdict depends on.
+
+Verdicts (``VERDICTS``):
+  reproduced      the effect has the paper's sign and at least half its size, and our interval
+                  excludes no effect (or our number falls in the paper's range);
+  partly          the sign and at least half the size, but the interval still includes 0;
+  inconclusive    the experiment cannot decide: the interval holds both no effect and the
+                  paper's effect, or the setting leaves no room for the effect (no headroom,
+                  no gap to close, no knob reaching the target), or the comparison was picked
+                  after seeing the data;
+  not reproduced  less than half the paper's effect, with the paper's effect outside our
+                  interval;
+  not comparable  ours measures something else than the paper's number (e.g. one layer
+                  against a whole model), so no verdict is given;
+  not run         no records yet.
+"""
+
+from __future__ import annotations
+
+VERDICTS = ("reproduced", "partly", "inconclusive", "not reproduced", "not comparable",
+            "not run")
+RULER_GENERATOR = "nvidia-ruler"  # experiments.tasks.ruler.GENERATOR (no jax import here)
+
+
+def effect_verdict(d: float, lo: float, hi: float, paper: float) -> str:
+  """The verdict of a paired effect ``d [lo, hi]`` against the paper's effect ``paper``
+  (same units, positive: the paper's direction)."""
+  if paper <= 0:
+    raise ValueError(f"the paper's effect must be positive, got {paper}")
+  if d >= paper / 2:
+    return "reproduced" if lo > 0 else "partly"
+  if hi >= paper:  # our interval still holds the paper's effect: too few samples to reject it
+    return "inconclusive"
+  return "not reproduced"
+
+
+def ruler_records(records: list[dict]) -> tuple[list[dict], str]:
+  """The RULER records of NVIDIA/RULER's generator when there are any, else all of them with
+  a note that they come from this library's earlier RULER variant."""
+  aligned = [r for r in records if r.get("generator") == RULER_GENERATOR]
+  if aligned:
+    return aligned, ""
+  return records, "earlier RULER variant (fixed depths, own prompts): rerun pending"
+
+
+def dirty_note(records: list[dict]) -> str:
+  """``"k of n records from a modified tree"`` when any record's git revision is ``+dirty``
+  (such a record cannot be tied to code), else ``""``."""
+  dirty = sum(str(r.get("git", "")).endswith("+dirty") for r in records)
+  return f"{dirty} of {len(records)} records from a modified tree" if dirty else ""

@@ -1,0 +1,98 @@
+"""The verdict rules on synthetic records: effect sizes, "inconclusive", RULER's generator,
+RESA Table 1's seven tasks, and records that cannot be tied to code."""
+
+import numpy as np
+import pytest
+
+from experiments import claims, claims_sweeps, claims_tasks, claims_verdicts
+from experiments.common import results
+
+SEVEN = claims_tasks.RESA_TABLE1_TASKS
+
+
+def _acc(method, scores, task, length=8192, budget=0.025, **extra):
+  return [dict(experiment="accuracy", model="m", method=method, budget=budget, length=length,
+               protocol="query_aware", task=task, seed=i, depth=0.5, score=float(s), **extra)
+          for i, s in enumerate(scores)]
+
+
+@pytest.mark.parametrize("d,lo,hi,want", [
+    (0.05, 0.01, 0.09, "reproduced"),       # half the paper's gain or more, interval above 0
+    (0.03, -0.01, 0.07, "partly"),          # half or more, interval holds 0
+    (0.0, -0.064, 0.079, "inconclusive"),   # holds both 0 and the paper's +4.2
+    (0.0, -0.03, 0.03, "not reproduced"),   # the paper's gain lies outside the interval
+    (-0.05, -0.09, -0.01, "not reproduced"),
+])
+def test_effect_verdict(d, lo, hi, want):
+  assert claims_verdicts.effect_verdict(d, lo, hi, 0.042) == want
+  with pytest.raises(ValueError):
+    claims_verdicts.effect_verdict(d, lo, hi, 0.0)
+
+
+def test_resa_table1_averages_the_papers_seven_tasks_with_the_effect_rule():
+  rng = np.random.default_rng(0)
+  recs = []
+  for task in SEVEN:  # RESA ahead by 10 points on each of the seven tasks
+    base = (rng.random(20) < 0.5).astype(float)
+    recs += _acc("quest", base, task) + _acc("resa-quest", np.maximum(base, np.arange(20) < 2),
+                                             task)
+  flat = _acc("quest", np.ones(20), "cwe") + _acc("resa-quest", np.zeros(20), "cwe")
+  got = claims_tasks.resa_ruler_gain(recs + flat)  # cwe is not a Table 1 column: left out
+  assert got["n"] == 140 and "RESA Table 1's 7 tasks" in got["setting"]
+  assert "cwe" not in got["why"]
+  d, lo, hi = claims_tasks.paired(claims_tasks.scores(recs, "resa-quest"),
+                                  claims_tasks.scores(recs, "quest"))[2:5]
+  assert got["verdict"] == claims_verdicts.effect_verdict(d, lo, hi, 0.042)
+  small = [r for r in recs if r["seed"] < 5]  # 35 samples, +0: the interval decides nothing
+  flip = lambda r: (r["seed"] + (r["method"] == "quest") + SEVEN.index(r["task"])) % 2
+  same = [dict(r, score=float(flip(r))) for r in small]
+  assert claims_tasks.resa_ruler_gain(same)["verdict"] == "inconclusive"
+
+
+def test_ruler_claims_prefer_records_of_rulers_generator():
+  old = _acc("quest", np.zeros(20), "qa") + _acc("resa-quest", np.ones(20), "qa")
+  got = claims_tasks.resa_ruler_gain(old)
+  assert "earlier RULER variant" in got["setting"] and got["verdict"] == "reproduced"
+  new = [dict(r, seed=r["seed"] + 100, generator="nvidia-ruler", score=1.0 - r["score"])
+         for r in old]
+  got = claims_tasks.resa_ruler_gain(old + new)  # the aligned records alone decide
+  assert got["n"] == 20 and got["verdict"] == "not reproduced"
+  assert "earlier RULER variant" not in got["setting"]
+
+
+def test_retro_longgen_gain_without_headroom_is_inconclusive():
+  q = "quest:budget=0.15,min_tokens=256"
+  half = np.r_[np.ones(20), np.zeros(20)]
+  room = ([dict(r, spec=q) for r in _acc(q, half, "qa_multi", budget=None)]
+          + _acc("retro", half, "qa_multi", budget=None))
+  full = room + _acc("dense", np.ones(40), "qa_multi", budget=None)
+  assert claims_tasks.retro_longgen_gain(full)["verdict"] == "not reproduced"  # +0 with room
+  tight = room + _acc("dense", np.r_[np.ones(20), np.zeros(19), [1.0]], "qa_multi",
+                      budget=None)  # Quest is 2.5 points from dense: less than the +2.6
+  got = claims_tasks.retro_longgen_gain(tight)
+  assert got["verdict"] == "inconclusive" and "no headroom" in got["why"]
+
+
+def test_budget_reduction_without_a_knob_in_tolerance_is_inconclusive():
+  recs = [dict(experiment="budget_reduction", config=dict(model="m", tolerance=0.02,
+                                                          tasks=["niah"]),
+               family=f, knob=k, resa=resa, measured_budget=k, task="niah", length=2048,
+               seed=i, depth=0.5, score=float(i < acc * 50))
+          for f, k, resa, acc in (("dense", 0.0, False, 0.9), ("quest", 0.1, False, 0.5),
+                                  ("quest", 0.1, True, 0.5)) for i in range(50)]
+  got = claims_sweeps.budget_reduction(recs)
+  assert got["verdict"] == "inconclusive" and "no knob within tolerance" in got["why"]
+
+
+def test_records_from_a_modified_tree_are_refused_under_results_and_marked(tmp_path):
+  root = tmp_path / "results"
+  with pytest.raises(results.DirtyTree, match="commit first"):
+    results.check_tied_to_code(str(root / "accuracy"), "abc+dirty", False, str(root))
+  results.check_tied_to_code(str(root / "accuracy"), "abc+dirty", True, str(root))  # told
+  results.check_tied_to_code(str(root / "accuracy"), "abc", False, str(root))  # clean
+  results.check_tied_to_code(str(tmp_path / "elsewhere"), "abc+dirty", False, str(root))
+  recs = _acc("quest", np.zeros(20), "qa") + _acc("resa-quest", np.ones(20), "qa")
+  recs = [dict(r, git="abc+dirty" if r["seed"] < 3 else "abc") for r in recs]
+  (row,) = [r for r in claims.claim_rows({"accuracy": recs}, str(root))
+            if r["source"] == "RESA Table 1"]
+  assert row["setting"].endswith("6 of 40 records from a modified tree")
