@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from experiments.claims_tasks import base_label, benchmark
-from experiments.common import render, stats
+from experiments.common import method_style, render, stats
 from experiments.tasks import accuracy_report
 
 XLIM, XTICKS = (1.0, 100.0), (1, 2, 5, 10, 20, 50, 100)
@@ -177,9 +177,11 @@ def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> st
                               size=(4.6, 3.8))
   for a in ax.flat[len(groups):]:
     a.axis("off")
-  methods = sorted({base_label(r["method"]) for r in board if r["share"] is not None})
-  colour = {m: plt.get_cmap("tab20")(i % 20) for i, m in enumerate(methods)}
-  marker = {m: "osD^v"[i % 5] for i, m in enumerate(methods)}
+  # one colour and marker per method in every panel, distinct within a panel
+  style = method_style.assign([{base_label(r["method"]) for r in rs if r["share"] is not None}
+                               for rs in groups.values()])
+  colour = {m: st.colour for m, st in style.items()}
+  marker = {m: st.marker for m, st in style.items()}
   for a, ((bench, proto, length), rs) in zip(ax.flat, sorted(
       groups.items(), key=lambda kv: (ORDER[kv[0][0]], kv[0][1], kv[0][2]))):
     for r in rs:
