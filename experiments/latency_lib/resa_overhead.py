@@ -27,4 +27,7 @@ def run_context(s, context: int, selector: str = "quest:gqa=group") -> list[dict
   return [dict(section="resa", what="last prefill chunk + end_prefill (one layer)",
                dtype=str(dtype), context=context, chunk=chunk, selector=selector,
                selector_ms=base * 1e3, resa_ms=resa * 1e3,
-               overhead_pct=100.0 * (resa / base - 1.0))]
+               overhead_pct=100.0 * (resa / base - 1.0),
+               # the interleaved rounds: round i of both ran under the same load (paired)
+               selector_times_ms=[t * 1e3 for t in cands[0].times],
+               resa_times_ms=[t * 1e3 for t in cands[1].times])]

@@ -132,3 +132,21 @@ def test_gpu_records_are_read_apart_from_cpu_ones():
   assert got["verdict"] == "reproduced" and "H100" in got["setting"]
   assert claims_speed.resa_prefill_overhead_gpu(recs)["verdict"] == "reproduced"
   assert claims_speed.resa_prefill_overhead_gpu(cpu) is None
+
+
+def test_resa_overheads_give_an_interval_per_context_over_its_rounds():
+  base = np.array([10.0, 20.0, 10.0, 20.0, 10.0, 20.0, 10.0])
+  recs = [_layer("quest:gqa=group", c, base) for c in (8192, 32768)]
+  recs += [_layer("quest:gqa=group+resa", c, base * f) for c, f in ((8192, 1.02), (32768, 1.2))]
+  got = claims_speed.resa_decode_overhead(recs)
+  assert got["n"] == 7 and got["verdict"] == "not reproduced"  # rounds of one context
+  assert "8k +2.0% [+2.0, +2.0]; 32k +20.0% [+20.0, +20.0]" == got["ours"]
+  pre = [dict(section="resa", context=c, chunk=512, dtype="float32", selector="quest:gqa=group",
+              overhead_pct=100 * (f - 1), selector_times_ms=list(base),
+              resa_times_ms=list(base * f)) for c, f in ((8192, 1.05), (32768, 1.1))]
+  got = claims_speed.resa_prefill_overhead(pre)
+  assert got["ours"] == "8k +5.0% [+5.0, +5.0]; 32k +10.0% [+10.0, +10.0]"
+  assert got["n"] == 7 and got["verdict"] == "partly"
+  old = [{k: v for k, v in r.items() if not k.endswith("times_ms")} for r in pre]
+  got = claims_speed.resa_prefill_overhead(old)  # records without rounds: no interval
+  assert got["ours"] == "8k +5.0%; 32k +10.0%" and "no interval" in got["why"]
