@@ -8,7 +8,17 @@ Every layer gets the dense model's own q/k/v of a real text ("oracle inputs",
 ``experiments/analysis/errors.py``): the method prefills ``prefill_len`` tokens and decodes the
 next ``steps`` through its public per-layer functions; each step is compared with exact
 attention. ``selectors x budgets`` run with and without ``+resa``; ``extra`` specs run at
-``extra_budgets``.
+``extra_budgets``. Every ``+resa`` record also splits RESA's output error into its two estimates
+(``experiments/analysis/resa_decomposition.py``): the true unselected mass with RESA's residual
+value, RESA's mass with the true residual value, and the estimated / true unselected mass
+(median and correlation per head). Records written before that split render without it; to get
+it, run into a fresh workdir, e.g. SmolLM2 and Qwen2.5-Coder-0.5B side by side:
+
+  python -m experiments.attention_error --config=configs/attention_error.py \
+      "--config.extra=()" --workdir=/tmp/attention_error_smollm2
+  python -m experiments.attention_error --config=configs/attention_error.py \
+      "--config.extra=()" --config.model=qwen2.5-coder-0.5b-instruct \
+      --workdir=/tmp/attention_error_qwen
 """
 
 import ml_collections

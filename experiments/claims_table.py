@@ -119,8 +119,11 @@ def score_error_reduction(records, budget=0.05, selector="quest"):
   """Fig. 6a: RESA reduces the attention-score error of sparse attention by 55-77% (5%).
   Ours: the paper's per-head statistic (``error_experiment.head_reduction_quantiles``: each
   head's score_l1 averaged over layers, reduction 1 - resa / base), median and quartiles over
-  heads. Reproduced when the median is >= 55%, partly when >= 27.5%."""
+  heads. Reproduced when the median is >= 55%, partly when >= 27.5%. The "why" also names the
+  estimate (unselected mass or residual value) RESA's output error comes from
+  (``resa_decomposition``), when the records hold that split."""
   from experiments.analysis import error_experiment  # pylint: disable=g-import-not-at-top
+  from experiments.analysis import resa_decomposition  # pylint: disable=g-import-not-at-top
   _, red = error_experiment.summary(records)
   row = next((r for r in red if r["selector"] == selector and r["budget"] == budget), None)
   if row is None or "head_reduction_median" not in row:
@@ -135,7 +138,7 @@ def score_error_reduction(records, budget=0.05, selector="quest"):
               verdict=_verdict(med, 0.55, 1.0, 0.275, 1.0),
               why=f"{100 * row['heads_reduced']:.0f}% of heads reduced; relative L2 score error "
                   f"-{100 * row['score_rel_l2_reduction']:.0f}%, output error "
-                  f"{-100 * row['out_rel_l2_reduction']:+.0f}%")
+                  f"{-100 * row['out_rel_l2_reduction']:+.0f}%" + resa_decomposition.why(row))
 
 
 CLAIMS: list[Claim] = [

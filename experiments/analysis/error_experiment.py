@@ -2,8 +2,9 @@
 
 One record per (method spec, budget): ``[L, N]`` arrays (means over the decode steps) of
 ``out_rel_l2``, ``score_l1``, ``score_rel_l2``, ``attended`` (and ``out_rel_l2_retired`` for
-RetroAttention). The summary pairs every selector with its ``+resa`` twin and reports the error
-reduction ``1 - err(+resa) / err(selector)``.
+RetroAttention); ``+resa`` records also hold RESA's error split into its mass and value estimates
+(``resa_decomposition.HEAD_FIELDS``). The summary pairs every selector with its ``+resa`` twin and
+reports the error reduction ``1 - err(+resa) / err(selector)`` and that split.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.analysis import capture as capture_lib
-from experiments.analysis import errors
+from experiments.analysis import errors, resa_decomposition
 from experiments.common import cli, modelzoo, render
 from experiments.common.results import ResultWriter
 from sparse_attn import methods
@@ -43,14 +44,16 @@ def run(config, workdir: str) -> list[dict]:
     prog = cli.Progress(len(todo), "methods", every=1.0)
     for spec, budget in todo:
       m = methods.make(spec, budget=budget, block_size=config.block_size)
-      res = errors.simulate(m, cap.q, cap.k, cap.v, cap.scale, config.prefill_len, config.steps,
-                            chunk=config.chunk)
+      decomp, res = resa_decomposition.split(
+          errors.simulate(m, cap.q, cap.k, cap.v, cap.scale, config.prefill_len, config.steps,
+                          chunk=config.chunk))
       rec = dict(spec=spec, budget=budget, selector=m.name, resa=bool(m.resa),
                  lam=m.resa.lam if m.resa else None, retro_w=m.window,
                  rect_f=m.rect_interval, prefill_len=config.prefill_len,
                  steps=config.steps)
       rec.update({k: np.nanmean(v, axis=1) if np.isfinite(v).any() else np.full(
           v.shape[::2], np.nan) for k, v in res.items()})
+      rec.update(decomp)  # [L, N] per head (RESA specs whose output is a merge)
       writer.write(rec, key=f"{spec}@{budget}")
       prog.update(note=f"{spec}@{budget}")
   return render_all(writer.records(), workdir)
@@ -107,6 +110,7 @@ def summary(records) -> tuple[list[dict], list[dict]]:
         row[f"{m}_reduction"] = 1.0 - t[m] / r[m] if r[m] > 0 else float("nan")
       row.update(head_reduction_quantiles(raw[spec, r["budget"]]["score_l1"],
                                           raw[t["spec"], r["budget"]]["score_l1"]))
+      row.update(resa_decomposition.summarise(raw[t["spec"], r["budget"]]))
       red.append(row)
   return rows, red
 
@@ -134,6 +138,10 @@ def render_all(records, workdir: str) -> list[dict]:
                                              "head_reduction_median", "head_reduction_q75",
                                              "heads_reduced"]
                                        + [f"{m}_reduction" for m in METRICS])]
+  decomp = [r for r in red if "source" in r]
+  if decomp:
+    sections += [resa_decomposition.TABLE_NOTE,
+                 render.markdown_table(decomp, list(resa_decomposition.TABLE_COLUMNS))]
   render.write_markdown(workdir, f"{NAME}.md", "Attention error (RESA Sec. 5.3, Fig. 6a)",
                         sections)
   return red

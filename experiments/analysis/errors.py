@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.analysis import resa_decomposition as decomposition
 from sparse_attn import reference
 from sparse_attn.enhancers import resa as resa_lib
 
@@ -97,8 +98,9 @@ def step_metrics(method, q, out, cache, state, positions, scale):
   [0, 2]), ``score_rel_l2`` (``||a - a*|| / ||a*||``), ``attended`` (fraction of the context
   the selector attends exactly), ``score_out_gap`` (``||a V - out|| / ||out||``: ~0 when the
   score model describes the method); score entries are NaN when ``scores_available`` is False.
-  With RESA on, also the residual summary (``o_sel, lse_sel, o_res, lse_res0, bias``) and the
-  dense target ``o_dense``.
+  With RESA on, also the residual summary (``o_sel, lse_sel, o_res, lse_res0, bias``), the
+  dense target ``o_dense`` and (when RESA's output is a merge: the renormalised lam form, or
+  lam = 1) the split of its error into mass and value (``resa_decomposition.STEP_FIELDS``).
   """
   b, n, d = q.shape
   g = n // cache.num_kv_heads
@@ -116,11 +118,17 @@ def step_metrics(method, q, out, cache, state, positions, scale):
     bias = resa_lib.bias(st, q, scale)  # [B, N]
     unsel = vis & ~sel & jnp.isfinite(st["prior"])
     prior_u = jnp.where(unsel, st["prior"], NEG_INF)
-    if method.resa.lam > 0:
-      est = jnp.where(unsel, prior_u + bias[..., None] + jnp.log(method.resa.lam), est)
+    lam = method.resa.lam
+    if lam > 0:
+      est = jnp.where(unsel, prior_u + bias[..., None] + jnp.log(lam), est)
     res.update(o_sel=_weighted_v(jnp.where(sel, s, NEG_INF), cache.v, g),
                lse_sel=_lse(jnp.where(sel, s, NEG_INF)), o_res=_weighted_v(prior_u, cache.v, g),
                lse_res0=_lse(prior_u), bias=bias)
+    if method.resa.lam_form == "renormalised" or lam == 1.0:  # RESA's output is then a merge
+      rest = jnp.where(vis & ~sel, s, NEG_INF)  # the truth: dense over the unselected keys
+      lse_est = res["lse_res0"] + bias + (jnp.log(lam) if lam > 0 else NEG_INF)
+      res.update(decomposition.decompose(res["o_sel"], res["lse_sel"], res["o_res"], lse_est,
+                                         _weighted_v(rest, cache.v, g), _lse(rest), o_true))
   a = _softmax(est)
   res["score_l1"] = jnp.sum(jnp.abs(a - a_true), -1)
   res["score_rel_l2"] = jnp.linalg.norm(a - a_true, axis=-1) / jnp.maximum(
@@ -189,7 +197,7 @@ def _rectify(q, k, v, cache, state, positions, scale, *, method):
 
 
 SUMMARY = ("out_rel_l2", "score_l1", "score_rel_l2", "attended", "score_out_gap",
-           "out_rel_l2_retired")
+           "out_rel_l2_retired") + decomposition.STEP_FIELDS
 RESIDUAL = ("o_sel", "lse_sel", "o_res", "lse_res0", "bias", "o_dense")
 
 

@@ -11,6 +11,10 @@ attends the selected set ``I`` exactly and replaces every unselected logit by a 
     ``out = [lam e^b (Z O_est - sum_I e^{P_j} v_j) + sum_I e^{s_j} v_j]
            / [lam e^b (Z - sum_I e^{P_j}) + sum_I e^{s_j}]``,
     in log space with max shifts and the unselected mass clamped at 0. Cost O(|I|).
+    The printed Eq. 3-5 write the unselected logit as the prior ``P_j`` alone; we implement them
+    with the prior logit plus the bias of Eq. 2, ``P_j + b``, as Sec. 4.2 and Appendix A.1
+    (point 2) use it: the bias aligns the prior's mean logit with the true one "when merging with
+    sparse attention", adjusted online through the query.
 
 Letters: B batch, K kv heads, G query heads per kv head, N = K*G query heads, H selection heads,
 R = N // H rows per selection head, S queries per head, T slots, L gathered slots, D head dim.
