@@ -134,6 +134,11 @@ class Generation:
     return len(self.tokens) * self.decode_steps / max(self.decode_seconds, 1e-9)
 
 
+# Decode steps between token read-backs: the tokens stay on the device in between (no host
+# sync per token); a finished batch stops at most READBACK - 1 steps late (cut at its EOS).
+READBACK = 16
+
+
 def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampling = Sampling(),
              *, prefill_chunk: int = 512, capacity: int | None = None,
              stop_at_eos: bool = True, mesh=None, progress=None) -> Generation:
@@ -173,18 +178,25 @@ def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampli
   eos = set(config.eos_token_ids)
   if getattr(model, "tokenizer", None) is not None:
     eos |= set(model.tokenizer.eos_ids)
-  out = [np.asarray(nxt)]
-  done = np.isin(out[0], list(eos)) if stop_at_eos else np.zeros(len(lengths), bool)
+  out: list[np.ndarray] = []  # [B] per step, read back from the device
+  pending = [nxt]  # sampled on the device, not read yet: a read is a host sync
+
+  def read():
+    if pending:
+      out.extend(np.asarray(jnp.stack(pending, axis=1)).T)
+      pending.clear()
+
   loop = Decoder(model, method, history, caches, states, sampling)
   for i in range(1, max_new_tokens):
-    if stop_at_eos and done.all():
-      break
+    if stop_at_eos and len(pending) >= READBACK:  # stop on EOS, checked every READBACK steps
+      read()
+      if np.isin(np.stack(out, axis=1), list(eos)).any(axis=1).all():
+        break
     nxt, _ = loop.step(lengths + i - 1, jax.random.fold_in(key, i))  # feeds position len+i-1
-    out.append(np.asarray(nxt))
-    if stop_at_eos:
-      done |= np.isin(out[-1], list(eos))
+    pending.append(nxt)
     if progress is not None:
       progress("decode", i + 1, max_new_tokens)
+  read()
   t2 = time.perf_counter()
   toks = np.stack(out, axis=1)
   rows = []

@@ -44,6 +44,7 @@ class Decoder:
     pinned: ``(mask [B|1, T] bool, tokens [B, T])``: history entries restored after every step
       (teacher forcing; a prompt read token by token), or None.
     steps: decode steps taken so far (rectification runs after every ``rect_interval``-th).
+    fused: a step as one device program (``steps.decode_step``; None: by backend).
   """
 
   model: Any
@@ -54,6 +55,7 @@ class Decoder:
   sampling: Sampling = Sampling()
   pinned: tuple[jax.Array, jax.Array] | None = None
   steps: int = 0
+  fused: bool | None = None
 
   def step(self, newest: np.ndarray, key) -> tuple[jax.Array, jax.Array]:
     """Decodes the window ending at positions ``newest [B]`` (the token fed in this step).
@@ -64,7 +66,7 @@ class Decoder:
     pos = jnp.asarray(window_positions(newest, method.window))
     nxt, logits, self.history, self.caches, self.states = steps.decode_step(
         params, self.history, pos, self.caches, self.states, key, config=config,
-        method=method, sampling=self.sampling)
+        method=method, sampling=self.sampling, fused=self.fused)
     if self.pinned is not None:
       mask, tokens = self.pinned
       self.history = jnp.where(mask, tokens, self.history)

@@ -126,3 +126,47 @@ def test_decode_layout_model_holds_one_copy_and_decodes_the_same(model, dense_to
   tokens = _tokens(2, 24)
   np.testing.assert_allclose(np.asarray(one.forward(tokens)), np.asarray(model.forward(tokens)),
                              rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec", ["dense", "quest+resa", "quest+rect:f=4", "quest+retro:w=2"])
+def test_one_program_step_equals_the_per_layer_step(model, spec, monkeypatch):
+  """The GPU path (embedding, every layer and sampling in one jit) gives the per-layer path's
+  tokens and logits; it is what ``fused_by_default`` picks on a GPU."""
+  m = methods.make(spec, block_size=8, **({} if spec == "dense" else dict(budget=16)))
+  tokens = _tokens(1, 48, seed=3)
+  ref = decode.teacher_forced(model, tokens, 32, m, prefill_chunk=16)
+  per_layer = decode.generate(model, PROMPT, 8, m, **KW).tokens
+  monkeypatch.setattr(models.steps, "fused_by_default", lambda: True)
+  np.testing.assert_allclose(decode.teacher_forced(model, tokens, 32, m, prefill_chunk=16), ref,
+                             rtol=1e-5, atol=1e-5)
+  assert decode.generate(model, PROMPT, 8, m, **KW).tokens == per_layer
+
+
+def test_tokens_are_read_back_in_batches_and_stop_at_eos(model, dense_tokens):
+  kw = {**KW, "capacity": 128}
+  long = decode.generate(model, PROMPT, 3 * decode.READBACK, DENSE, **kw)
+  eos = long.tokens[0][decode.READBACK + 2]  # first emitted after the first read-back
+  first = long.tokens[0].index(eos)
+  m2 = models.Model(CFG.replace(eos_token_ids=(eos,)), model.params, None)
+  cut = decode.generate(m2, PROMPT, 3 * decode.READBACK, DENSE, **{**kw, "stop_at_eos": True})
+  assert cut.tokens[0] == long.tokens[0][:first + 1]
+  assert cut.decode_steps < 3 * decode.READBACK - 1  # stopped at the next read-back
+
+
+def test_one_program_step_lowers_for_cuda_with_the_pallas_kernels(model):
+  """The GPU decode step, Quest + RESA on the Pallas kernels, exports for CUDA as one program
+  (only the Triton custom call's compatibility check is disabled)."""
+  from models import steps  # pylint: disable=g-import-not-at-top
+  from tests.pallas_kernels.test_pk_lowering import TRITON_CALL, export_cuda
+  m = methods.make("quest+resa", block_size=16, budget=32, impl="pallas")
+  caches, states = steps.init_caches(CFG, m, 1, 128)
+  spec = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), t)
+
+  def step(params, history, positions, caches, states):
+    return steps._decode_program(params, history, positions, caches, states, jax.random.key(0),
+                                 config=CFG, method=m, sampling=models.Sampling())
+
+  hist = jax.ShapeDtypeStruct((1, 128), np.int32)
+  pos = jax.ShapeDtypeStruct((1, 1), np.int32)
+  text = export_cuda(step, spec(model.decode_params), hist, pos, spec(caches), spec(states))
+  assert TRITON_CALL in text and text.count("func.func public @main") == 1
