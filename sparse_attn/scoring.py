@@ -2,13 +2,20 @@
 
 Letters: B batch, K kv heads, H scoring heads (K for group-shared selection, Hq per head),
 NB blocks, D head dim. Scores are float32 and unscaled (``q . k`` units).
+
+The dots run at ``HIGHEST`` precision: on a GPU XLA's default for float32 is TF32 (10-bit
+inputs), whose rounding reorders near-tied blocks at the selection boundary, while the Pallas
+``block_score`` kernel scores float32 exactly; both paths must pick the same blocks.
 """
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 
 GQA_MODES = ("head", "group")
+# float32 products and sums, never TF32 (see the module docstring)
+EXACT = dict(preferred_element_type=jnp.float32, precision=jax.lax.Precision.HIGHEST)
 
 
 def scoring_queries(q, num_kv_heads: int, gqa: str):
@@ -47,10 +54,9 @@ def quest_scores(qs, kmin, kmax):
     ``[B, H, NB]`` float32.
   """
   qg = _per_kv_head(qs, kmin.shape[1])  # [B, K, r, D]
-  f32 = dict(preferred_element_type=jnp.float32)
   # [B, K, r, NB]
-  s = (jnp.einsum("bkrd,bknd->bkrn", jnp.maximum(qg, 0.0), kmax.astype(jnp.float32), **f32)
-       + jnp.einsum("bkrd,bknd->bkrn", jnp.minimum(qg, 0.0), kmin.astype(jnp.float32), **f32))
+  s = (jnp.einsum("bkrd,bknd->bkrn", jnp.maximum(qg, 0.0), kmax.astype(jnp.float32), **EXACT)
+       + jnp.einsum("bkrd,bknd->bkrn", jnp.minimum(qg, 0.0), kmin.astype(jnp.float32), **EXACT))
   return s.reshape(qs.shape[0], qs.shape[1], -1)
 
 
@@ -86,12 +92,11 @@ def arkvale_scores(qs, cache, variant: str = "cuboid-mean"):
   if variant == "cuboid":
     return quest_scores(qs, cache.kmin, cache.kmax)
   qg = _per_kv_head(qs, cache.num_kv_heads)  # [B, K, r, D]
-  f32 = dict(preferred_element_type=jnp.float32)
   if variant == "cuboid-mean":
     centre = 0.5 * (cache.kmin.astype(jnp.float32) + cache.kmax.astype(jnp.float32))
-    s = (jnp.einsum("bkrd,bknd->bkrn", qg, centre, **f32)
-         + jnp.einsum("bkrd,bknd->bkrn", jnp.abs(qg), cache.kdev.astype(jnp.float32), **f32))
+    s = (jnp.einsum("bkrd,bknd->bkrn", qg, centre, **EXACT)
+         + jnp.einsum("bkrd,bknd->bkrn", jnp.abs(qg), cache.kdev.astype(jnp.float32), **EXACT))
   else:
-    s = (jnp.einsum("bkrd,bknd->bkrn", qg, cache.kcen.astype(jnp.float32), **f32)
+    s = (jnp.einsum("bkrd,bknd->bkrn", qg, cache.kcen.astype(jnp.float32), **EXACT)
          + jnp.linalg.norm(qg, axis=-1)[..., None] * cache.krad[:, :, None, :])
   return s.reshape(qs.shape[0], qs.shape[1], -1)

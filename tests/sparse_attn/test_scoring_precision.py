@@ -1,0 +1,48 @@
+"""The jnp scoring path picks the Pallas path's blocks on a GPU: float32 dots, never TF32.
+
+On a GPU XLA runs float32 dots as TF32 by default; Quest's bounds of near-tied blocks then
+reorder at the selection boundary and the two ``impl`` paths attend different blocks. The CPU
+check reads the exported CUDA program; the compiled comparison needs a GPU.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparse_attn import methods, scoring
+
+
+def test_scoring_dots_export_for_cuda_at_highest_precision():
+  q = jax.ShapeDtypeStruct((1, 32, 128), jnp.float32)
+  box = jax.ShapeDtypeStruct((1, 8, 512, 128), jnp.bfloat16)
+  text = jax.export.export(jax.jit(scoring.quest_scores), platforms=["cuda"])(
+      q, box, box).mlir_module()
+  dots = [line for line in text.splitlines() if "= stablehlo.dot_general" in line]
+  assert len(dots) == 2 and all("HIGHEST" in d for d in dots), dots
+
+
+def _decode(spec, impl, dtype, t=8192, hq=32, hk=8, d=128):
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((1, h, t + 1, d)), dtype) for h in (hq, hk, hk))
+  m = methods.make(spec, impl=impl)
+  cache, state = m.init_cache(1, hk, t + 64, d, dtype), m.init_state(1, hq, hk, d, t + 64, dtype)
+  pos = jnp.arange(t)[None]
+  for s in range(0, t, 4096):
+    _, cache, state = jax.jit(m.prefill)(q[:, :, s:s + 4096], k[:, :, s:s + 4096],
+                                         v[:, :, s:s + 4096], cache, state, pos[:, s:s + 4096])
+  cache, state = m.end_prefill(cache, state)
+  sel = jax.jit(m.select)(q[:, :, t], cache)
+  out, _, _ = jax.jit(m.decode)(q[:, :, t:], k[:, :, t:], v[:, :, t:], cache, state,
+                                jnp.array([[t]]))
+  return np.asarray(sel.ids), np.asarray(out, np.float32)
+
+
+@pytest.mark.skipif(jax.default_backend() != "gpu", reason="compiled GPU paths")
+@pytest.mark.parametrize("spec,dtype", [("quest:gqa=group,p=0.1", jnp.bfloat16),
+                                        ("quest:budget=0.1", jnp.float32)])
+def test_compiled_paths_pick_the_same_blocks_at_8k(spec, dtype):
+  (ids_x, out_x), (ids_p, out_p) = (_decode(spec, impl, dtype) for impl in ("xla", "pallas"))
+  np.testing.assert_array_equal(np.sort(ids_x, -1), np.sort(ids_p, -1))
+  err = np.abs(out_x - out_p).max(axis=(0, 2, 3)) / np.abs(out_x).max()
+  assert err.max() < 0.02, err
