@@ -96,21 +96,24 @@ def sigma1_linear(records):
 
 def rank1_cosine(records):
   """Fig. 4b: cos(sigma_1 u_1 v_1^T, mu_Q K^T) close to 1, the paper's row-wise statistic:
-  row i of the rank-1 part against the prior's row, ``sign(u_1i) (v_1 . w) / ||w||``. Its
-  absolute value is the same for every row, ``key_cosine = |v_1 . w| / ||w||``, which older
-  records hold instead of ``row_cosine`` (never the Frobenius cosine, a different statistic).
-  Reproduced when the median |cos| is >= 0.9, partly when >= 0.7 (the SVD sign is arbitrary)."""
+  row i of the rank-1 part against the prior's row, ``|cos| = |v_1 . w| / ||w||``, the same for
+  every row (``key_cosine``; never the Frobenius cosine, a different statistic). Reproduced when
+  the median |cos| is >= 0.9, partly when >= 0.7 (the SVD sign is arbitrary). The why adds the
+  signed row mean (``row_cosine``: rows where ``u_1i < 0`` count against) where recorded."""
   length, rs = _spectra(records)
   if not rs:
     return None
-  field = "row_cosine" if "row_cosine" in rs[0] else "key_cosine"
+  field = "key_cosine"
   cos = np.abs(np.concatenate([np.asarray(r[field], np.float64).ravel() for r in rs]))
   m, lo, hi = _mean_ci(cos)
   med = float(np.median(cos))
   return dict(ours=f"median abs cos {med:.3f}; mean {_fmt_ci(m, lo, hi)}", n=len(cos),
               setting=f"{_model(records)}, {length} tokens, {field}",
               verdict=_verdict(med, 0.9, 1.0, 0.7, 1.0),
-              why=f"{100 * np.mean(cos < 0.5):.0f}% of heads below 0.5")
+              why=f"{100 * np.mean(cos < 0.5):.0f}% of heads below 0.5" + (
+                  "; signed row mean (rows with u_1i < 0 count against): median "
+                  f"{np.median(np.concatenate([r['row_cosine'] for r in rs])):.3f}"
+                  if "row_cosine" in rs[0] else ""))
 
 
 # ---------------------------------------------------------------- RESA Fig. 6a (attention_error)

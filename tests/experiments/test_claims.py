@@ -120,8 +120,9 @@ def test_svd_claims_follow_their_rules():
   # the paper's row-wise |cos| (key_cosine), not the Frobenius cosine (low here)
   assert claims_table.rank1_cosine(recs)["verdict"] == "reproduced"
   assert "key_cosine" in claims_table.rank1_cosine(recs)["setting"]
-  rows = [dict(r, row_cosine=[-0.95, 0.5]) for r in recs]  # signed rows: |cos| is judged
-  assert claims_table.rank1_cosine(rows)["ours"].startswith("median abs cos 0.725")
+  rows = [dict(r, row_cosine=[-0.95, 0.5]) for r in recs]  # the signed row mean: shown only
+  got = claims_table.rank1_cosine(rows)
+  assert got["ours"].startswith("median abs cos 0.960") and "signed row mean" in got["why"]
   assert claims_table.sigma1_linear(recs)["verdict"] == "reproduced"
   low = [dict(r, share=[0.2, 0.25]) for r in recs]
   assert claims_table.principal_share(low)["verdict"] == "not reproduced"
