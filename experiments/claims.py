@@ -159,11 +159,40 @@ def ruler_section(accuracy: list[dict]) -> str:
           + "\n".join(f"- {d}" for d in ruler.DIFFERENCES))
 
 
-def build(root: str) -> str:
-  """Writes ``root/REPORT.md``; returns its path."""
+HEAD_START = "<!-- claims head: written by python -m experiments.claims -->"
+HEAD_END = "<!-- end of claims head -->"
+
+
+def head_table(rows: list[dict]) -> str:
+  """The README's head of the report: each claim, the paper's number, our verdict."""
+  return render.markdown_table(
+      [dict(claim=f"{r['source']}: {r['claim']}", paper=r["paper"], verdict=r["verdict"])
+       for r in rows], ["claim", "paper", "verdict"])
+
+
+def update_head(path: str, rows: list[dict]) -> bool:
+  """Rewrites the block between ``HEAD_START`` and ``HEAD_END`` of ``path`` (the README) with
+  ``head_table(rows)``; False when the file or its markers are missing."""
+  if not os.path.isfile(path):
+    return False
+  text = open(path, encoding="utf-8").read()
+  if HEAD_START not in text or HEAD_END not in text:
+    return False
+  before, rest = text.split(HEAD_START, 1)
+  after = rest.split(HEAD_END, 1)[1]
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(f"{before}{HEAD_START}\n{head_table(rows)}\n{HEAD_END}{after}")
+  return True
+
+
+def build(root: str, readme: str | None = None) -> str:
+  """Writes ``root/REPORT.md`` (and the head table into ``readme``, if given); returns the
+  report's path."""
   files = read_files(root)
   records = load(root, files)
   rows = claim_rows(records, root)
+  if readme:
+    update_head(readme, rows)
   verdicts = {v: sum(r["verdict"] == v for r in rows)
               for v in claims_verdicts.VERDICTS}
   sections = [
@@ -213,9 +242,11 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments {argv[1:]}")
   if not os.path.isdir(FLAGS.workdir):
     raise app.UsageError(f"--workdir={FLAGS.workdir} is not a directory")
-  print(open(build(FLAGS.workdir), encoding="utf-8").read())
+  print(open(build(FLAGS.workdir, FLAGS.readme), encoding="utf-8").read())
 
 
 if __name__ == "__main__":
   flags.DEFINE_string("workdir", "results", "Root holding one folder per experiment.")
+  flags.DEFINE_string("readme", "README.md", "A file whose claims-head block is rewritten "
+                      "with the head of the report (nothing if it has no such block; '' off).")
   app.run(main)

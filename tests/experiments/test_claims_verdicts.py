@@ -103,3 +103,14 @@ def test_report_names_rulers_differences_and_the_aligned_share():
   text = claims.ruler_section(recs + _acc("quest", np.ones(2), "vt"))
   assert "3 of 5 accuracy records come from that generator" in text
   assert "qa_2 (HotpotQA) is not generated" in text
+
+
+def test_readme_head_block_is_rewritten_from_the_claim_rows(tmp_path):
+  readme = tmp_path / "README.md"
+  readme.write_text(f"intro\n{claims.HEAD_START}\nold table\n{claims.HEAD_END}\nrest\n")
+  rows = [dict(source="RESA Table 1", claim="gain", paper="+4.2", verdict="inconclusive")]
+  assert claims.update_head(str(readme), rows)
+  text = readme.read_text()
+  assert "old table" not in text and text.startswith("intro\n") and text.endswith("rest\n")
+  assert "| RESA Table 1: gain | +4.2 | inconclusive |" in text
+  assert not claims.update_head(str(tmp_path / "none.md"), rows)
