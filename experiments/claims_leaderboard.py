@@ -17,12 +17,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from experiments.claims_tasks import base_label, benchmark
+from experiments.claims_verdicts import RULER_GENERATOR
 from experiments.common import method_style, render, stats
 from experiments.tasks import accuracy_report
 
 XLIM, XTICKS = (1.0, 100.0), (1, 2, 5, 10, 20, 50, 100)
 DODGE = 1.06  # sideways spread (a factor on the log axis) between the points of one panel
-ORDER = {"RULER": 0, "needle grid": 1, "long-gen QA": 2}
+ALIGNED = "RULER (NVIDIA generator)"  # records of experiments.tasks.ruler.GENERATOR
+ORDER = {ALIGNED: 0, "RULER": 1, "needle grid": 2, "long-gen QA": 3}
 PROTOCOLS = {"query_aware": 0, "query_agnostic": 1}  # the papers' main protocol first
 
 
@@ -33,7 +35,7 @@ def rows(records) -> list[dict]:
   in each (benchmark, protocol, length) group, then by accuracy."""
   cells = collections.defaultdict(list)
   for r in records:
-    cells[(benchmark(r), r.get("protocol", ""), r["method"], r.get("budget"),
+    cells[(_benchmark(r), r.get("protocol", ""), r["method"], r.get("budget"),
            r.get("length"))].append(r)
   cells = _pool_lengths(cells, "needle grid")
   out = []
@@ -53,6 +55,13 @@ def rows(records) -> list[dict]:
   out.sort(key=lambda r: (ORDER[r["benchmark"]], r["protocol"], r["length"],
                           r["method"] != "dense", -r["accuracy"]))
   return out
+
+
+def _benchmark(r) -> str:
+  """``benchmark(r)``, with RULER records of NVIDIA/RULER's generator apart from those of the
+  earlier variant (different prompts and needle positions: never one cell)."""
+  b = benchmark(r)
+  return ALIGNED if b == "RULER" and r.get("generator") == RULER_GENERATOR else b
 
 
 def _pool_lengths(cells, bench: str) -> dict:

@@ -114,3 +114,12 @@ def test_readme_head_block_is_rewritten_from_the_claim_rows(tmp_path):
   assert "old table" not in text and text.startswith("intro\n") and text.endswith("rest\n")
   assert "| RESA Table 1: gain | +4.2 | inconclusive |" in text
   assert not claims.update_head(str(tmp_path / "none.md"), rows)
+
+
+def test_leaderboard_keeps_rulers_generator_apart_from_the_earlier_variant():
+  from experiments import claims_leaderboard  # pylint: disable=g-import-not-at-top
+  old = _acc("dense", np.ones(4), "qa", budget=None)
+  new = [dict(r, generator="nvidia-ruler", score=0.0) for r in old]
+  board = claims_leaderboard.rows(old + new)
+  assert {(r["benchmark"], r["accuracy"]) for r in board} == {
+      ("RULER", 100.0), ("RULER (NVIDIA generator)", 0.0)}
