@@ -5,7 +5,7 @@ sort-free top-k select, sparse decode, RESA's partials, retro's window partials)
 Pallas (Triton) kernel when ``impl`` resolves to ``"pallas"`` (``"auto"``: on a GPU backend) and
 the selection is block-level, and its jnp path otherwise; the jnp paths
 (``cache_attention.dense_over_cache``, ``sparse.attend_selection``, ``scoring.quest_scores``,
-``enhancers.resa.masked_partials``) are the references the kernels are tested against.
+``prior_partials.masked_partials``) are the references the kernels are tested against.
 
 Letters: B batch, K kv heads, N query heads, H selection heads, S queries per head, D head dim.
 """
@@ -19,7 +19,7 @@ from pallas_kernels import resolve_impl
 from sparse_attn import scoring, selection, sparse
 from sparse_attn.cache import KVCache
 from sparse_attn.cache_attention import dense_over_cache
-from sparse_attn.enhancers import resa
+from sparse_attn import prior_partials
 from sparse_attn.selection import Selection
 
 
@@ -95,10 +95,10 @@ def resa_partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: str 
     attended).
   """
   kg, vg, ok, _ = sparse.gather_selection(cache, sel)
-  pg = resa.gather_prior(prior, sel)  # [B, H, R, L]
+  pg = prior_partials.gather_prior(prior, sel)  # [B, H, R, L]
   if not use_pallas(impl, sel, cache):
-    true, prior_part, seen, _ = resa.masked_partials(q[:, :, None], kg, vg, ok[:, :, None], pg,
-                                                     scale)
+    true, prior_part, seen, _ = prior_partials.masked_partials(q[:, :, None], kg, vg,
+                                                              ok[:, :, None], pg, scale)
     squeeze = lambda pair: (pair[0][:, :, 0], pair[1][:, :, 0])
     return squeeze(true), squeeze(prior_part), seen[:, :, 0]
   out, lse, pout, plse = pallas_kernels.sparse_decode_resa(
@@ -127,9 +127,9 @@ def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, sc
   # [B, H, w, L]: listed, unseen by the query, and at or before it (the causal limit)
   ok_all = (ok[:, :, None] & jnp.repeat(use, g, axis=-1)
             & (pos_g[:, :, None, :] <= positions[:, None, :, None]))
-  pg = None if prior is None else resa.gather_prior(prior, sel)  # [B, H, R, L]
+  pg = None if prior is None else prior_partials.gather_prior(prior, sel)  # [B, H, R, L]
   if not use_pallas(impl, sel, cache):
-    return resa.masked_partials(q, kg, vg, ok_all, pg, scale)
+    return prior_partials.masked_partials(q, kg, vg, ok_all, pg, scale)
   outs = pallas_kernels.sparse_decode_multiquery(
       q, cache.k, cache.v, sel.idx, sel.n_valid, use, positions, cache.length,
       block_size=g, scale=scale, impl="pallas", interpret=interpret, pos=cache.pos, prior=prior)
