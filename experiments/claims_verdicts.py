@@ -47,4 +47,5 @@ def dirty_note(records: list[dict]) -> str:
   """``"k of n records from a modified tree"`` when any record's git revision is ``+dirty``
   (such a record cannot be tied to code), else ``""``."""
   dirty = sum(str(r.get("git", "")).endswith("+dirty") for r in records)
-  return f"{dirty} of {len(records)} records from a modified tree" if dirty else ""
+  return (f"{dirty} of the experiment's {len(records)} records from a modified tree" if dirty
+          else "")
