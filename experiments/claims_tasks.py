@@ -156,7 +156,11 @@ def resa_ruler_gain(records):
   length = found[0]
   got = gain_claim(aware, "resa-quest", "quest", 0.025, found=found)
   got["verdict"] = claims_verdicts.effect_verdict(*found[1][2:5], RESA_TABLE1_GAIN)
-  got["setting"] += ", RESA Table 1's 7 tasks" + (f" ({note})" if note else "")
+  ran = len({k[0] for k in set(scores(aware, "resa-quest", 0.025, length))
+              & set(scores(aware, "quest", 0.025, length))})
+  got["setting"] += (", RESA Table 1's 7 tasks" + ("" if ran == len(RESA_TABLE1_TASKS) else
+                     f" ({ran} of {len(RESA_TABLE1_TASKS)} ran so far)")
+                     + (f" ({note})" if note else ""))
   pair = lambda new, base, at: paired(scores(aware, new, 0.025, at), scores(aware, base, 0.025, at))
   dense = scores(aware, "dense", None, length)
   if dense:

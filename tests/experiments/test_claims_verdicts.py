@@ -53,6 +53,7 @@ def test_ruler_claims_prefer_records_of_rulers_generator():
   old = _acc("quest", np.zeros(20), "qa") + _acc("resa-quest", np.ones(20), "qa")
   got = claims_tasks.resa_ruler_gain(old)
   assert "earlier RULER variant" in got["setting"] and got["verdict"] == "reproduced"
+  assert "(1 of 7 ran so far)" in got["setting"]  # a partial task mix is named
   new = [dict(r, seed=r["seed"] + 100, generator="nvidia-ruler", score=1.0 - r["score"])
          for r in old]
   got = claims_tasks.resa_ruler_gain(old + new)  # the aligned records alone decide
