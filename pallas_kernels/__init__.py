@@ -1,26 +1,33 @@
 """Pallas (Triton) GPU kernels for sparse decoding, each beside its plain-jnp reference.
 
-Every op takes ``impl="auto" | "pallas" | "xla"`` (``auto``: Pallas on a GPU backend, the jnp
-reference elsewhere) and ``interpret`` (run the kernel in Pallas interpret mode, e.g. on CPU).
-This package never imports ``sparse_attn``; ``sparse_attn`` dispatches to it.
+Every op takes ``impl: Impl = "auto" | "pallas" | "xla"`` (``auto``: Pallas on a GPU backend,
+the jnp reference elsewhere; resolved by ``resolve_impl`` alone) and ``interpret`` (run the
+kernel in Pallas interpret mode, e.g. on CPU). Each op's ``*_reference`` is the one jnp
+implementation of it: the path ``impl="xla"`` runs and the one ``sparse_attn`` runs on a CPU.
+This package never imports ``sparse_attn``; ``sparse_attn`` adapts its cache and selections to
+these ops.
 """
 
-from pallas_kernels._common import (IMPLS, TileConfig, choose_num_splits, gather_blocks,
+from pallas_kernels._common import (IMPLS, Impl, TileConfig, choose_num_splits, gather_blocks,
                                     listed_slots_ok, resolve_impl)
 from pallas_kernels.block_score import (block_score, block_score_pooled,
                                         block_score_pooled_reference, block_score_reference)
 from pallas_kernels.block_select import block_select, block_select_reference
 from pallas_kernels.chunk_attention import chunk_attention, chunk_attention_reference
-from pallas_kernels.softmax import default_scale, lse_combine, softmax_sum
+from pallas_kernels.softmax import (default_scale, grouped_attention, lse_combine,
+                                    scaled_logits, softmax_sum)
 from pallas_kernels.split_combine import split_combine
-from pallas_kernels.sparse_decode import sparse_decode, sparse_decode_reference
+from pallas_kernels.sparse_decode import (gather_listed, gather_prior, sparse_decode,
+                                          sparse_decode_reference)
 from pallas_kernels.sparse_decode_multiquery import (sparse_decode_multiquery,
-                                                     sparse_decode_multiquery_reference)
+                                                     sparse_decode_multiquery_reference,
+                                                     window_slots_ok)
 from pallas_kernels.sparse_decode_resa import sparse_decode_resa, sparse_decode_resa_reference
 
 __all__ = [
-    "IMPLS", "TileConfig", "choose_num_splits", "resolve_impl", "gather_blocks", "listed_slots_ok",
-    "default_scale", "lse_combine", "softmax_sum",
+    "IMPLS", "Impl", "TileConfig", "choose_num_splits", "resolve_impl", "gather_blocks",
+    "listed_slots_ok", "gather_listed", "gather_prior", "window_slots_ok",
+    "default_scale", "grouped_attention", "lse_combine", "scaled_logits", "softmax_sum",
     "block_score", "block_score_pooled", "block_score_reference", "block_score_pooled_reference",
     "block_select", "block_select_reference",
     "chunk_attention", "chunk_attention_reference", "split_combine",

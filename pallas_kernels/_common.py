@@ -8,11 +8,15 @@ S splits, T cache slots, D head dim.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal, get_args
 
 import jax
 import jax.numpy as jnp
 
-IMPLS = ("auto", "pallas", "xla")
+# Which path an op runs: its Pallas kernel, its jnp reference, or "auto" (Pallas on a GPU
+# backend, the reference elsewhere). The closed set, checked in one place (``resolve_impl``).
+Impl = Literal["auto", "pallas", "xla"]
+IMPLS: tuple[str, ...] = get_args(Impl)
 
 # Triton's tl.dot needs every operand dimension >= 16.
 MIN_DOT_ROWS = 16
@@ -28,8 +32,14 @@ KV_RING_BYTES = 112 * 1024
 MAX_TOKENS_PER_ITER = 128
 
 
-def resolve_impl(impl: str) -> str:
-  """``"auto"`` -> ``"pallas"`` on a GPU backend, ``"xla"`` elsewhere; checks the name."""
+def resolve_impl(impl: Impl) -> Literal["pallas", "xla"]:
+  """The one dispatcher: ``"auto"`` -> ``"pallas"`` on a GPU backend, ``"xla"`` elsewhere.
+
+  Every op resolves its ``impl`` here and nowhere else (``sparse_attn`` passes it through).
+
+  Raises:
+    ValueError: ``impl`` is not one of ``IMPLS``.
+  """
   if impl not in IMPLS:
     raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
   if impl == "auto":
@@ -127,6 +137,8 @@ def gather_blocks(x, block_idx, block_size: int):
   """
   b, k, t = x.shape[:3]
   p, n = block_idx.shape[1:]
+  if t % block_size:
+    raise ValueError(f"capacity {t} is not a multiple of block_size {block_size}")
   if p % k:
     raise ValueError(f"selection has {p} heads, not a multiple of {k} kv heads")
   nb = t // block_size

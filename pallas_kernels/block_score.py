@@ -6,8 +6,9 @@ Quest (Tang et al. 2024, Eq. 1) bounds the logit of any key in block ``j`` by
 
 from the block's per-channel bounding box. When ``kmin <= kmax`` (true of every digest the cache
 keeps; empty blocks hold zeros) the max picks ``kmax`` where ``q_d >= 0`` and ``kmin`` elsewhere,
-so ``u = relu(q) . kmax + min(q, 0) . kmin``: two tensor-core matmuls per tile. The reference
-evaluates Eq. 1 literally. Scores are unscaled; blocks starting at or past ``length`` get ``-inf``.
+so ``u = relu(q) . kmax + min(q, 0) . kmin``: two matmuls per tile, on tensor cores in the kernel
+and in float32 (never TF32) in the reference, so that both paths pick the same blocks at a
+near-tie. Scores are unscaled; blocks starting at or past ``length`` get ``-inf``.
 
 Letters: B batch, K kv heads, G query heads per kv head, NB blocks, D head dim.
 """
@@ -28,18 +29,19 @@ NEG_INF = float("-inf")
 
 
 def block_score_reference(q, kmin, kmax, length, *, block_size: int):
-  """Quest Eq. 1 in float32, literally.
+  """Quest Eq. 1 as ``relu(q) . kmax + min(q, 0) . kmin`` in float32: the jnp path
+  (``impl="xla"``).
 
   Args: as ``block_score``.
 
   Returns:
     ``[B, K, G, NB]`` float32.
   """
-  q = q.astype(jnp.float32)[:, :, :, None, :]
-  lo = kmin.astype(jnp.float32)[:, :, None]
-  hi = kmax.astype(jnp.float32)[:, :, None]
+  q = q.astype(jnp.float32)
+  exact = dict(preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
   # [B, K, G, NB]
-  score = jnp.sum(jnp.maximum(q * hi, q * lo), axis=-1)
+  score = (jnp.einsum("bkgd,bknd->bkgn", jnp.maximum(q, 0.0), kmax.astype(jnp.float32), **exact)
+           + jnp.einsum("bkgd,bknd->bkgn", jnp.minimum(q, 0.0), kmin.astype(jnp.float32), **exact))
   starts = jnp.arange(kmin.shape[2]) * block_size
   live = starts[None, :] < length[:, None]
   return jnp.where(live[:, None, None, :], score, NEG_INF)
@@ -117,7 +119,7 @@ def _block_score_pallas(q, kmin, kmax, length, *, block_size: int, tiles: _commo
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "impl", "interpret", "block_nb"))
-def block_score(q, kmin, kmax, length, *, block_size: int, impl: str = "auto",
+def block_score(q, kmin, kmax, length, *, block_size: int, impl: _common.Impl = "auto",
                 interpret: bool = False, block_nb: int = 64):
   """Quest upper-bound scores of every block for every query head (Quest Eq. 1, unscaled).
 
@@ -147,7 +149,7 @@ def block_score_pooled_reference(q, kmin, kmax, length, *, block_size: int):
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "impl", "interpret", "block_nb"))
-def block_score_pooled(q, kmin, kmax, length, *, block_size: int, impl: str = "auto",
+def block_score_pooled(q, kmin, kmax, length, *, block_size: int, impl: _common.Impl = "auto",
                        interpret: bool = False, block_nb: int = 64):
   """Quest scores for the group mean-pooled query (ReSA's group-shared block selection).
 

@@ -14,6 +14,7 @@ The kernel finds it with a radix select in one program per row, the row held in 
 
 No sort, one read of the scores, one write of the list. The order inside the chosen set is by
 id, not by score: every consumer of a ``Selection`` treats its first ``n_valid`` ids as a set.
+The reference (the ``impl="xla"`` path) is ``lax.top_k``: the same set, listed best first.
 
 Letters: R rows (batch x selection heads), NB entries per row, n list length.
 """
@@ -41,15 +42,22 @@ def order_keys(scores):
 
 
 def block_select_reference(scores, count, *, n: int):
-  """The ``count [R]`` best of ``scores [R, NB]`` by ``lax.top_k`` (ties: lower id first),
-  listed in ascending id order, then the other ids ascending -> ``[R, n]`` int32."""
-  r, nb = scores.shape
-  _, order = lax.top_k(order_keys(scores), nb)  # a full sort: the reference, not the kernel
-  rank = jnp.zeros((r, nb), jnp.int32).at[jnp.arange(r)[:, None], order].set(
-      jnp.arange(nb, dtype=jnp.int32)[None])
-  chosen = rank < count[:, None]
-  ids = jnp.arange(nb, dtype=jnp.int32)[None]
-  return jnp.sort(jnp.where(chosen, ids, ids + nb), axis=-1)[:, :n] % nb
+  """The ``n`` best ids of each row by ``lax.top_k`` (ties: lower id first), best first: the
+  jnp path (``impl="xla"``; a sort on GPUs).
+
+  Its first ``count`` ids are the kernel's chosen set (the kernel lists them in ascending id
+  order, then the other ids); every id of a row is distinct.
+
+  Args:
+    scores: ``[..., NB]`` float32 ranking (``[R, NB]`` for ``block_select``).
+    count: ``[...]`` entries to choose; a full top-``n`` does not need it.
+    n: static list length (``<= NB``).
+
+  Returns:
+    ``[..., n]`` int32 ids.
+  """
+  del count
+  return lax.top_k(scores, n)[1].astype(jnp.int32)
 
 
 def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: int, n: int):
@@ -87,8 +95,8 @@ def default_warps(padded: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("n", "impl", "interpret", "num_warps"))
-def block_select(scores, count, *, n: int, impl: str = "auto", interpret: bool = False,
-                 num_warps: int | None = None):
+def block_select(scores, count, *, n: int, impl: _common.Impl = "auto",
+                 interpret: bool = False, num_warps: int | None = None):
   """The ``count`` best entries of each row, without sorting.
 
   Args:
@@ -102,7 +110,8 @@ def block_select(scores, count, *, n: int, impl: str = "auto", interpret: bool =
     num_warps: Triton launch parameter (default ``default_warps``).
 
   Returns:
-    ``[R, n]`` int32: the chosen ids in ascending order, then the other ids ascending.
+    ``[R, n]`` int32, the first ``count`` the chosen ids: the kernel lists them in ascending
+    order, then the other ids ascending; the reference lists the ``n`` best, best first.
   """
   r, nb = scores.shape
   if not 0 < n <= nb:

@@ -17,6 +17,14 @@ any slot order and bounded by the filled length), and ``num_stages >= 3`` keeps 
 flight. A small grid (a decode step: one query tile per kv head) also splits each query tile's
 visible key tiles over ``key_splits`` programs (flash-decoding), merged by ``split_combine``.
 
+Reference (the ``impl="xla"`` path, fast on CPU): the same schedule as XLA loops. A ``scan`` over
+query tiles of ``query_tile`` rows keeps one tile's logits in cache through the matmul, the
+softmax and the second matmul (2x faster than one big call on a 2-core CPU); per query tile a
+``while_loop`` over key tiles of ``key_tile`` slots stops after the last tile holding a key the
+tile can see (over the whole batch: one loop bound), combining the tiles online. A single query
+(a decode step, where the loops cost more than they skip) or ``key_tile=None`` attends all ``T``
+slots in one masked softmax.
+
 Letters: B batch, N query heads, K kv heads, G = N // K, S queries, T slots, D head dim,
 Q query tiles, NT key tiles, R rows of a program (query_tile x G padded).
 """
@@ -33,10 +41,13 @@ import jax.numpy as jnp
 
 from pallas_kernels import _common
 from pallas_kernels._decode_kernel import NEG_INF, _finish, _online_update
-from pallas_kernels.softmax import default_scale, softmax_sum
+from pallas_kernels.softmax import default_scale, grouped_attention
 from pallas_kernels.split_combine import split_combine
 
 _NEVER = jnp.iinfo(jnp.int32).max
+# The reference's tiles (XLA:CPU): ~0.6 MB of logits per query tile at G = 3.
+REF_KEY_TILE = 256
+REF_QUERY_TILE = 128
 
 
 def visibility(q_pos, k_pos, length, window: int | None = None):
@@ -52,17 +63,111 @@ def visibility(q_pos, k_pos, length, window: int | None = None):
 
 
 def chunk_attention_reference(q, k, v, q_pos, k_pos, length, *, scale: float | None = None,
-                              window: int | None = None):
-  """Plain-jnp masked attention over every slot (float32 softmax). Args as ``chunk_attention``."""
+                              window: int | None = None, key_tile: int | None = REF_KEY_TILE,
+                              query_tile: int = REF_QUERY_TILE):
+  """Plain-jnp causal attention by position (the ``impl="xla"`` path), tiled as the module
+  docstring says; equals one masked softmax over every slot for any tile sizes.
+
+  Args:
+    q, k, v, q_pos, k_pos, length, scale, window: as ``chunk_attention``.
+    key_tile: slots per key tile (``None``: one masked softmax over all ``T`` slots).
+    query_tile: queries per query tile.
+
+  Returns:
+    ``out [B, N, S, D]`` in ``q.dtype`` and ``lse [B, N, S]`` float32.
+  """
+  if key_tile is not None and key_tile <= 0:
+    raise ValueError(f"key_tile must be positive or None, got {key_tile}")
+  if query_tile <= 0:
+    raise ValueError(f"query_tile must be positive, got {query_tile}")
   b, n, s, d = q.shape
-  kh = k.shape[1]
-  qg = q.reshape(b, kh, (n // kh) * s, d).astype(jnp.float32)
-  logits = jnp.einsum("bkrd,bktd->bkrt", qg, k.astype(jnp.float32),
-                      precision=lax.Precision.HIGHEST) * default_scale(d, scale)
-  logits = logits.reshape(b, kh, n // kh, s, -1)
-  ok = visibility(q_pos, k_pos, length, window)[:, :, None]  # [B, K, 1, S, T]
-  out, lse = softmax_sum(logits, v, ok=ok)
-  return out.reshape(b, n, s, d).astype(q.dtype), lse.reshape(b, n, s)
+  kh, t = k.shape[1], k.shape[2]
+  if key_tile is None or s == 1:
+    ok = visibility(q_pos, k_pos, length, window)[:, :, None]  # [B, K, 1, S, T]
+    out, lse = grouped_attention(q.reshape(b, kh, n // kh, s, d), k, v, ok, scale)
+    return out.reshape(b, n, s, d), lse.reshape(b, n, s)
+  key_tile = min(key_tile, t)
+  # [B, K, T]: an unreachable position for slots that hold nothing to attend
+  key_pos = jnp.where((k_pos >= 0) & (jnp.arange(t)[None, None, :] < length[:, None, None]),
+                      k_pos, _NEVER)
+  nt = -(-t // key_tile)
+  padded = jnp.pad(key_pos, ((0, 0), (0, 0), (0, nt * key_tile - t)), constant_values=_NEVER)
+  first_pos = jnp.min(padded.reshape(-1, nt, key_tile), axis=(0, 2))  # [NT] over batch, heads
+  qt = min(query_tile, s)
+  nq = -(-s // qt)
+  pad = nq * qt - s
+  if pad:  # padded rows have position -1: they attend nothing and are cut off below
+    q = jnp.pad(q, ((0, 0), (0, 0), (0, pad), (0, 0)))
+    q_pos = jnp.pad(q_pos, ((0, 0), (0, pad)), constant_values=-1)
+  # [Q, B, N, qt, D], [Q, B, qt]
+  q_tiles = q.reshape(b, n, nq, qt, d).transpose(2, 0, 1, 3, 4)
+  pos_tiles = q_pos.reshape(b, nq, qt).transpose(1, 0, 2)
+
+  def one_query_tile(_, xs):
+    qi, pi = xs
+    return None, _attend_key_tiles(qi, pi, k, v, key_pos, first_pos, key_tile, scale, window)
+
+  _, (out, lse) = lax.scan(one_query_tile, None, (q_tiles, pos_tiles))
+  out = out.transpose(1, 2, 0, 3, 4).reshape(b, n, nq * qt, d)[:, :, :s]
+  lse = lse.transpose(1, 2, 0, 3).reshape(b, n, nq * qt)[:, :, :s]
+  return out, lse
+
+
+def _attend_key_tiles(q, q_pos, k, v, key_pos, first_pos, key_tile: int, scale, window):
+  """One query tile ``q [B, N, qt, D]`` at ``q_pos [B, qt]`` over the key tiles it can see.
+
+  Flash attention's online softmax (Dao et al. 2022, Alg. 1): a running row max ``m``, sum
+  ``l`` and unnormalised output, rescaled by ``exp(m_old - m_new)`` per key tile.
+
+  Args:
+    k, v: ``[B, K, T, D]``; key_pos: ``[B, K, T]`` slot positions (``_NEVER``: not
+      attendable); first_pos: ``[NT]`` smallest position of each key tile.
+
+  Returns:
+    ``out [B, N, qt, D]`` in ``q.dtype`` and ``lse [B, N, qt]`` float32.
+  """
+  b, n, qt, d = q.shape
+  kh, t = k.shape[1], k.shape[2]
+  g = n // kh
+  scale = default_scale(d, scale)
+  newest = jnp.max(q_pos)
+  # Tiles past the last one holding a visible key contribute nothing: stop before them.
+  tile_ids = jnp.arange(first_pos.shape[0], dtype=jnp.int32)
+  num_tiles = jnp.max(jnp.where(first_pos <= newest, tile_ids + 1, 0))
+  qp = jnp.where(q_pos >= 0, q_pos, -1)[:, None, None, :, None]  # [B, 1, 1, qt, 1]
+  qg = (q.astype(jnp.float32) * scale).reshape(b, kh, g * qt, d)  # [B, K, G*qt, D]
+  offsets = jnp.arange(key_tile, dtype=jnp.int32)
+  exact = dict(preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
+
+  def tile(i, carry):
+    acc, m, l = carry
+    # The last tile is clamped to end at T; slots an earlier tile covered are masked out.
+    start = jnp.minimum(i * key_tile, t - key_tile)
+    take = lambda x: lax.dynamic_slice_in_dim(x, start, key_tile, axis=2)
+    kp = jnp.where(start + offsets >= i * key_tile, take(key_pos), _NEVER)
+    see = kp[:, :, None, None, :] <= qp  # [B, K, 1, qt, kt]
+    if window is not None:
+      see &= kp[:, :, None, None, :] > qp - window
+    # [B, K, G, qt, kt]
+    logits = jnp.einsum("bkmd,bktd->bkmt", qg, take(k), **exact).reshape(b, kh, g, qt, key_tile)
+    logits = jnp.where(see, logits, NEG_INF)
+    m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
+    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    p = jnp.exp(logits - m_safe[..., None])
+    rescale = jnp.exp(m - m_safe)  # 0 while m = -inf
+    l = l * rescale + jnp.sum(p, axis=-1)
+    pv = jnp.einsum("bkmt,bktd->bkmd", p.reshape(b, kh, g * qt, key_tile),
+                    take(v).astype(jnp.float32), precision=lax.Precision.HIGHEST)
+    return acc * rescale[..., None] + pv.reshape(b, kh, g, qt, d), m_new, l
+
+  init = (jnp.zeros((b, kh, g, qt, d), jnp.float32),
+          jnp.full((b, kh, g, qt), NEG_INF, jnp.float32), jnp.zeros((b, kh, g, qt), jnp.float32))
+  acc, m, l = lax.fori_loop(0, num_tiles, tile, init)
+  seen = l > 0
+  safe_l = jnp.where(seen, l, 1.0)
+  out = jnp.where(seen[..., None], acc / safe_l[..., None], 0.0)
+  lse = jnp.where(seen, m + jnp.log(safe_l), NEG_INF)
+  return out.reshape(b, n, qt, d).astype(q.dtype), lse.reshape(b, n, qt)
 
 
 def visible_tiles(q_pos, k_pos, length, *, query_tile: int, key_tile: int):
@@ -150,9 +255,9 @@ def default_key_splits(programs: int, key_tiles: int) -> int:
                                              "num_stages"))
 def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None,
                     window: int | None = None, query_tile: int | None = None,
-                    key_tile: int = 64, key_splits: int | None = None, impl: str = "auto",
-                    interpret: bool = False,
-                    num_warps: int = 4, num_stages: int = 3):
+                    key_tile: int = 64, key_splits: int | None = None,
+                    impl: _common.Impl = "auto", interpret: bool = False, num_warps: int = 4,
+                    num_stages: int = 3):
   """Exact causal attention of a query chunk over a cache, by token position.
 
   Args:
@@ -173,6 +278,9 @@ def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None
     impl: ``"pallas"``, ``"xla"`` (``chunk_attention_reference``) or ``"auto"``.
     interpret: run the Pallas kernel in interpret mode (CPU).
     num_warps, num_stages: Triton launch parameters.
+
+  The tile arguments are the kernel's; the reference runs with its own (``REF_KEY_TILE``,
+  ``REF_QUERY_TILE``).
 
   Returns:
     ``out [B, N, S, D]`` in ``q.dtype`` and ``lse [B, N, S]`` float32 (``0`` and ``-inf`` for a

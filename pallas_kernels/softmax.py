@@ -1,9 +1,14 @@
 """Safe-softmax numerics shared by every jnp path (the kernels' references and ``sparse_attn``).
 
-``softmax_sum`` attends masked logits exactly and returns ``(out, lse)``; ``lse_combine`` merges
-partials over disjoint key sets (the flash-decoding combine). Empty rows and all-empty parts give
-``out = 0, lse = -inf`` (DESIGN invariant 7). The Pallas kernels run the same recurrences on
-chip; this module is their reference and is written once.
+``scaled_logits`` is the one ``q . k`` product of the jnp paths, ``softmax_sum`` attends masked
+logits exactly and returns ``(out, lse)``, ``grouped_attention`` is the two together for GQA
+query groups, and ``lse_combine`` merges partials over disjoint key sets (the flash-decoding
+combine). Empty rows and all-empty parts give ``out = 0, lse = -inf`` (DESIGN invariant 7). The
+Pallas kernels run the same recurrences on chip; this module is their reference and is written
+once.
+
+Letters: B batch, P program heads (kv or selection heads), R query rows of a head, L keys,
+K kv heads, G query heads per kv head, S queries, T keys, D head dim.
 """
 
 from __future__ import annotations
@@ -17,6 +22,37 @@ import jax.numpy as jnp
 def default_scale(head_dim: int, scale: float | None = None) -> float:
   """The softmax scale: ``1/sqrt(D)`` unless given."""
   return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def scaled_logits(q, k, scale: float):
+  """``scale * q . k`` of ``q [B, P, R, D]`` and ``k [B, P, L, D]`` -> ``[B, P, R, L]`` float32.
+
+  The operands keep their dtype (bf16 x bf16 products are exact in float32) and accumulate in
+  float32; ``HIGHEST`` keeps XLA:GPU off TF32 for float32 inputs (XLA:CPU computes float32 dots
+  exactly either way). The query rows of a head are one axis: XLA:CPU runs a (B P)-batched
+  matmul ~5x faster than an einsum with several free row axes.
+  """
+  return jnp.einsum("bprd,bpld->bprl", q, k, preferred_element_type=jnp.float32,
+                    precision=jax.lax.Precision.HIGHEST) * scale
+
+
+def grouped_attention(q, k, v, mask=None, scale=None):
+  """Masked attention with the query heads grouped by kv head.
+
+  Args:
+    q: ``[B, K, G, S, D]`` queries.
+    k, v: ``[B, K, T, D]`` keys and values.
+    mask: optional bool broadcastable to ``[B, K, G, S, T]``; True = attend.
+    scale: softmax scale, default ``1/sqrt(D)``.
+
+  Returns:
+    ``out [B, K, G, S, D]`` in ``q.dtype`` and ``lse [B, K, G, S]`` float32.
+  """
+  b, kh, g, s, d = q.shape
+  # [B, K, G, S, T]
+  logits = scaled_logits(q.reshape(b, kh, g * s, d), k, default_scale(d, scale))
+  out, lse = softmax_sum(logits.reshape(b, kh, g, s, -1), v, ok=mask)
+  return out.astype(q.dtype), lse
 
 
 def softmax_sum(logits, v, ok=None):

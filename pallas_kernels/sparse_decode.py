@@ -6,8 +6,14 @@ compacted cache's holes). The Pallas path runs one program per (batch, kv head, 
 head's list (the union of its query heads' lists for per-head selection) and merges the splits by
 log-sum-exp (flash-decoding).
 
+The reference (the ``impl="xla"`` path) gathers the listed blocks and attends them with one
+masked float32 softmax, ``gathered_partials``: the core the references of the RESA and the
+multi-query variants share (one softmax over true and prior logits stacked, so the prior costs
+no second pass over the values).
+
 Letters: B batch, N query heads (Hq), K kv heads (Hkv), G = N // K, H selection heads (K or N),
-n list length, T cache slots, D head dim.
+R = N // H query heads per list, S queries per head, n list length, L = n * block_size gathered
+slots, T cache slots, D head dim.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-from pallas_kernels.softmax import default_scale, softmax_sum
+from pallas_kernels.softmax import default_scale, scaled_logits, softmax_sum
+
+NEG_INF = float("-inf")
 
 
 def selection_rows(hq: int, hkv: int, hs: int) -> int:
@@ -43,39 +51,96 @@ def kv_head_lists(block_idx, n_valid, hq: int, hkv: int, num_blocks: int, payloa
   return _union.union_lists(block_idx, n_valid, hq // hkv, num_blocks, payload)
 
 
+def gather_prior(prior, block_idx, block_size: int):
+  """RESA's prior logits of the listed slots: ``[B, N, T]`` -> ``[B, H, R, L]`` float32.
+
+  Args:
+    prior: ``[B, N, T]`` prior logit of every slot for every query head.
+    block_idx: ``[B, H, n]`` list of each selection head (query head ``h`` uses list
+      ``h // R``); block_size: tokens per listed entry.
+  """
+  b, hq, t = prior.shape
+  hs = block_idx.shape[1]
+  # [B, H, T, R]: slots first so blocks gather like keys.
+  pr = jnp.swapaxes(prior.astype(jnp.float32).reshape(b, hs, hq // hs, t), 2, 3)
+  return jnp.swapaxes(_common.gather_blocks(pr, block_idx, block_size), 2, 3)
+
+
+def gather_listed(k, v, block_idx, n_valid, length, block_size: int, pos=None):
+  """Keys, values and the attend mask of the listed blocks (``_common.listed_slots_ok``).
+
+  Returns:
+    ``kg, vg [B, H, L, D]``, ``ok [B, H, L]`` bool and the slots' token positions
+    ``[B, H, L]`` int32.
+  """
+  kg = _common.gather_blocks(k, block_idx, block_size)
+  vg = _common.gather_blocks(v, block_idx, block_size)
+  ok, pos_g = _common.listed_slots_ok(block_idx, n_valid, length, block_size, pos)
+  return kg, vg, ok, pos_g
+
+
+def gathered_partials(q, kg, vg, ok, prior=None, *, scale: float):
+  """Exact softmax partials of ``S`` queries per head over gathered slots (the decode
+  references' core).
+
+  Args:
+    q: ``[B, N, S, D]`` queries (N a multiple of H).
+    kg, vg: ``[B, H, L, D]`` gathered keys and values of each list.
+    ok: ``[B, H, S, L]`` bool, query ``s`` of the list's heads may attend slot ``l``.
+    prior: optional ``[B, H, R, L]`` prior logits of the gathered slots (``gather_prior``;
+      ``-inf``: not a prior member).
+    scale: softmax scale.
+
+  Returns:
+    ``(out [B, N, S, D] f32, lse [B, N, S] f32)`` and, with ``prior``, the prior's softmax over
+    the attended slots applied to ``vg``, ``(prior_out, prior_lse)`` of the same shapes (else
+    None). Empty rows: ``0`` and ``-inf``.
+  """
+  b, n, s, d = q.shape
+  h = kg.shape[1]
+  r = n // h
+  # [B, H, R, S, L]
+  lg = scaled_logits(q.reshape(b, h, r * s, d), kg, scale).reshape(b, h, r, s, -1)
+  okb = jnp.broadcast_to(ok[:, :, None], lg.shape)
+  lg = jnp.where(okb, lg, NEG_INF)
+  rows = lambda x: x.reshape(b, n, s, *x.shape[4:])  # [B, H, R, S, ...] -> [B, N, S, ...]
+  if prior is None:
+    out, lse = softmax_sum(lg, vg)
+    return (rows(out), rows(lse)), None
+  # [B, H, R, S, L]: the prior over the same slots
+  plg = jnp.where(okb & jnp.isfinite(prior)[:, :, :, None, :], prior[:, :, :, None, :], NEG_INF)
+  # True and prior logits stacked on the row axis: one pass over the gathered values.
+  # [B, H, 2R, S, D], [B, H, 2R, S]
+  out, lse = softmax_sum(jnp.concatenate([lg, plg], axis=2), vg)
+  return ((rows(out[:, :, :r]), rows(lse[:, :, :r])),
+          (rows(out[:, :, r:]), rows(lse[:, :, r:])))
+
+
 def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: int,
                             scale: float | None = None, pos=None):
-  """Plain-jnp sparse decode: gather the listed blocks, masked softmax in float32.
+  """Plain-jnp sparse decode (the ``impl="xla"`` path): gather the listed blocks, masked
+  float32 softmax (``gathered_partials``). Any ``block_size`` dividing ``T`` (1: token lists).
 
   Args: as ``sparse_decode``.
 
   Returns:
     ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32.
   """
-  b, hq, d = q.shape
-  hs = block_idx.shape[1]
-  rows = selection_rows(hq, k.shape[1], hs)
-  scale = default_scale(d, scale)
-  # [B, H, L, D] with L = n * block_size
-  kg = _common.gather_blocks(k, block_idx, block_size)
-  vg = _common.gather_blocks(v, block_idx, block_size)
-  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size, pos)
-  # [B, H, R, D]
-  qr = q.reshape(b, hs, rows, d)
-  # [B, H, R, L]
-  logits = jnp.einsum("bhrd,bhld->bhrl", qr.astype(jnp.float32), kg.astype(jnp.float32),
-                      precision=jax.lax.Precision.HIGHEST) * scale
-  out, lse = softmax_sum(logits, vg, ok=ok[:, :, None, :])
-  return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)
+  _, hq, d = q.shape
+  selection_rows(hq, k.shape[1], block_idx.shape[1])
+  kg, vg, ok, _ = gather_listed(k, v, block_idx, n_valid, length, block_size, pos)
+  (out, lse), _ = gathered_partials(q[:, :, None], kg, vg, ok[:, :, None],
+                                    scale=default_scale(d, scale))
+  return out[:, :, 0].astype(q.dtype), lse[:, :, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
                                              "blocks_per_iter"))
 def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
-                  scale: float | None = None, num_splits: int | None = None, impl: str = "auto",
-                  interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
-                  blocks_per_iter: int | None = None, pos=None):
+                  scale: float | None = None, num_splits: int | None = None,
+                  impl: _common.Impl = "auto", interpret: bool = False, num_warps: int = 4,
+                  num_stages: int = 3, blocks_per_iter: int | None = None, pos=None):
   """Exact attention of one query per head over the listed KV blocks.
 
   Args:
@@ -89,7 +154,8 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
     pos: optional ``[B, K, T]`` int32 token position held by each slot (``KVCache.pos``; -1 =
       empty, never attended: a compacted cache has such holes below ``length``). None: every
       slot below ``length`` holds a token.
-    block_size: tokens per block (static; a power of 2 >= 16).
+    block_size: tokens per block (static; the kernel needs a power of 2 >= 16, the reference
+      any divisor of ``T``).
     scale: softmax scale (static), default ``1/sqrt(D)``.
     num_splits: most split-K slices (static), default from the problem size; fewer are used
       when ``n_valid`` is short.
@@ -105,10 +171,10 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
     ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32 (``0`` and ``-inf`` for a row
     that attends nothing).
   """
-  _common.check_block_size(block_size, k.shape[2])
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
                                    scale=scale, pos=pos)
+  _common.check_block_size(block_size, k.shape[2])
   b, hq, d = q.shape
   hkv, n = k.shape[1], block_idx.shape[2]
   selection_rows(hq, hkv, block_idx.shape[1])

@@ -7,7 +7,7 @@ slots' token positions ``pos``: the slot index when ``pos`` is not given). All W
 all G heads of a group share one block list, so the kernel loads each listed block once for
 G x W query rows. With RESA's ``prior`` the same pass also accumulates the prior statistics of
 every query over the positions it attends (``sparse_decode_resa``'s fusion, for
-``quest+resa+retro``).
+``quest+resa+retro``). Its outputs are partials that retro merges, all float32.
 
 Letters: B batch, N query heads, K kv heads, H selection heads, W window queries, n list length,
 T slots, D head dim.
@@ -23,48 +23,45 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-from pallas_kernels.softmax import default_scale, softmax_sum
-from pallas_kernels.sparse_decode import kv_head_lists, selection_rows
+from pallas_kernels.softmax import default_scale
+from pallas_kernels.sparse_decode import (gather_listed, gather_prior, gathered_partials,
+                                          kv_head_lists, selection_rows)
+
+
+def window_slots_ok(ok, pos_g, block_mask, q_limit, block_size: int):
+  """Which gathered slots each window query attends: listed and valid (``ok``), in a block the
+  query may use (``block_mask``) and at or before its position (``q_limit``).
+
+  Args:
+    ok: ``[B, H, L]`` bool and pos_g: ``[B, H, L]`` int32 (``sparse_decode.gather_listed``).
+    block_mask: ``[B, H, W, n]``; q_limit: ``[B, W]``; block_size: tokens per listed entry.
+
+  Returns:
+    ``[B, H, W, L]`` bool.
+  """
+  use = jnp.repeat(block_mask.astype(bool), block_size, axis=-1)
+  return ok[:, :, None] & use & (pos_g[:, :, None, :] <= q_limit[:, None, :, None])
 
 
 def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
                                        *, block_size: int, scale: float | None = None,
                                        pos=None, prior=None):
-  """Plain-jnp multi-query sparse decode: gather the listed blocks, masked f32 softmax.
+  """Plain-jnp multi-query sparse decode (the ``impl="xla"`` path): gather the listed blocks,
+  one masked float32 softmax (``gathered_partials``). Any ``block_size`` dividing ``T``.
 
   Args: as ``sparse_decode_multiquery``.
 
   Returns:
-    ``out [B, N, W, D]`` in ``q.dtype`` and ``lse [B, N, W]`` float32; with ``prior`` also
-    ``prior_out [B, N, W, D]`` and ``prior_lse [B, N, W]`` float32.
+    ``out [B, N, W, D]`` and ``lse [B, N, W]``; with ``prior`` also ``prior_out [B, N, W, D]``
+    and ``prior_lse [B, N, W]``; all float32.
   """
-  b, hq, w, d = q.shape
-  hs = block_idx.shape[1]
-  g = selection_rows(hq, k.shape[1], hs)
-  scale = default_scale(d, scale)
-  # [B, H, L, D]
-  kg = _common.gather_blocks(k, block_idx, block_size)
-  vg = _common.gather_blocks(v, block_idx, block_size)
-  ok, pos_g = _common.listed_slots_ok(block_idx, n_valid, length, block_size, pos)
-  # [B, H, W, L]: query w may use the block holding slot l, and only up to its own position.
-  use = jnp.repeat(block_mask.astype(bool), block_size, axis=-1)
-  use &= pos_g[:, :, None, :] <= q_limit[:, None, :, None]
-  ok = ok[:, :, None, :] & use
-  # [B, H, G, W, L]
-  logits = jnp.einsum("bhgwd,bhld->bhgwl", q.reshape(b, hs, g, w, d).astype(jnp.float32),
-                      kg.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST) * scale
-  ok = jnp.broadcast_to(ok[:, :, None], logits.shape)
-  out, lse = softmax_sum(logits.reshape(b, hs, g * w, -1), vg,
-                          ok=ok.reshape(b, hs, g * w, -1))
-  result = (out.reshape(b, hq, w, d).astype(q.dtype), lse.reshape(b, hq, w))
-  if prior is None:
-    return result
-  # [B, H, T, G] -> gathered [B, H, G, L], then every window query of a head: [B, H, G, W, L]
-  pr = jnp.swapaxes(prior.astype(jnp.float32).reshape(b, hs, g, -1), 2, 3)
-  pg = jnp.swapaxes(_common.gather_blocks(pr, block_idx, block_size), 2, 3)
-  pg = jnp.broadcast_to(pg[:, :, :, None, :], logits.shape)
-  p_out, p_lse = softmax_sum(pg.reshape(b, hs, g * w, -1), vg, ok=ok.reshape(b, hs, g * w, -1))
-  return result + (p_out.reshape(b, hq, w, d), p_lse.reshape(b, hq, w))
+  _, hq, _, d = q.shape
+  selection_rows(hq, k.shape[1], block_idx.shape[1])
+  kg, vg, ok, pos_g = gather_listed(k, v, block_idx, n_valid, length, block_size, pos)
+  ok = window_slots_ok(ok, pos_g, block_mask, q_limit, block_size)
+  pg = None if prior is None else gather_prior(prior, block_idx, block_size)
+  true, prior_part = gathered_partials(q, kg, vg, ok, pg, scale=default_scale(d, scale))
+  return true if prior is None else true + prior_part
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
@@ -72,7 +69,7 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
                                              "blocks_per_iter"))
 def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length, *,
                              block_size: int, scale: float | None = None,
-                             num_splits: int | None = None, impl: str = "auto",
+                             num_splits: int | None = None, impl: _common.Impl = "auto",
                              interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
                              blocks_per_iter: int | None = None, pos=None, prior=None):
   """Sparse decode of W queries per head over one shared block list.
@@ -95,23 +92,23 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
       ``sparse_decode`` (W <= 32).
 
   Returns:
-    ``out [B, N, W, D]`` in ``q.dtype`` and ``lse [B, N, W]`` float32 (``0`` / ``-inf`` for a
-    query that attends nothing); with ``prior`` also ``prior_out [B, N, W, D]`` and
-    ``prior_lse [B, N, W]`` float32: the softmax of ``P_j`` over the positions each query
-    attends, applied to ``v``.
+    ``out [B, N, W, D]`` and ``lse [B, N, W]`` (``0`` / ``-inf`` for a query that attends
+    nothing); with ``prior`` also ``prior_out [B, N, W, D]`` and ``prior_lse [B, N, W]``: the
+    softmax of ``P_j`` over the positions each query attends, applied to ``v``. All float32
+    (partials, merged by the caller).
   """
-  _common.check_block_size(block_size, k.shape[2])
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
                                               length, block_size=block_size, scale=scale,
                                               pos=pos, prior=prior)
+  _common.check_block_size(block_size, k.shape[2])
   b, hq, w, d = q.shape
   hkv, n = k.shape[1], block_idx.shape[2]
   g = hq // hkv
   selection_rows(hq, hkv, block_idx.shape[1])
   if n == 0:
-    empty = (jnp.zeros_like(q), jnp.full((b, hq, w), -jnp.inf, jnp.float32))
-    return empty if prior is None else empty + (empty[0].astype(jnp.float32), empty[1])
+    empty = (jnp.zeros(q.shape, jnp.float32), jnp.full((b, hq, w), -jnp.inf, jnp.float32))
+    return empty if prior is None else empty + empty
   # Row r = g * W + w of kv head k is query head k * G + g at window step w; it may use entry e
   # iff bit w of word min(r // W, A - 1) of entry e is set.
   steps = _union.step_words(block_mask)  # [B, H, n]
@@ -128,7 +125,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
       scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
       prior=None if prior is None else prior.reshape(b, hkv, g, -1), rows_per_prior=w)
   (out, lse), rest = pairs[0], pairs[1:]
-  result = (out.reshape(b, hq, w, d).astype(q.dtype), lse.reshape(b, hq, w))
+  result = (out.reshape(b, hq, w, d), lse.reshape(b, hq, w))
   for p_out, p_lse in rest:
     result += (p_out.reshape(b, hq, w, d), p_lse.reshape(b, hq, w))
   return result

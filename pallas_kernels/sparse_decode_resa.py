@@ -8,7 +8,8 @@ same selected set ``I``, the prior's own softmax statistics
   ``prior_lse = log sum_{j in I} e^{P_j}``,  ``prior_out = sum_{j in I} e^{P_j} v_j / e^{prior_lse}``.
 
 The kernel accumulates them in the same pass as the attention itself (same blocks, same V loads),
-online and max-shifted, split-K combined like the main path.
+online and max-shifted, split-K combined like the main path. Its outputs are partials that RESA
+merges, all float32.
 
 Letters: B batch, N query heads, K kv heads, H selection heads, n list length, T slots, D head dim.
 """
@@ -23,33 +24,29 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-from pallas_kernels.softmax import default_scale, softmax_sum
-from pallas_kernels.sparse_decode import (kv_head_lists, selection_rows,
-                                          sparse_decode_reference)
+from pallas_kernels.softmax import default_scale
+from pallas_kernels.sparse_decode import (gather_listed, gather_prior, gathered_partials,
+                                          kv_head_lists, selection_rows)
 
 
 def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
                                  scale: float | None = None, pos=None):
-  """Plain-jnp RESA-fused sparse decode (gather the listed blocks and priors, f32 softmax).
+  """Plain-jnp RESA-fused sparse decode (the ``impl="xla"`` path): gather the listed blocks and
+  priors, one float32 softmax over the true and prior logits (``gathered_partials``). Any
+  ``block_size`` dividing ``T`` (1: token lists).
 
   Args: as ``sparse_decode_resa``.
 
   Returns:
-    ``(out [B, N, D] q.dtype, lse [B, N] f32, prior_out [B, N, D] f32, prior_lse [B, N] f32)``.
+    ``(out [B, N, D], lse [B, N], prior_out [B, N, D], prior_lse [B, N])``, float32.
   """
-  b, hq, d = q.shape
-  hs = block_idx.shape[1]
-  rows = selection_rows(hq, k.shape[1], hs)
-  out, lse = sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
-                                     scale=scale, pos=pos)
-  # [B, H, T, R]: the prior of each row, slots first so blocks gather like keys.
-  pr = jnp.swapaxes(prior.astype(jnp.float32).reshape(b, hs, rows, -1), 2, 3)
-  # [B, H, R, L]
-  pg = jnp.swapaxes(_common.gather_blocks(pr, block_idx, block_size), 2, 3)
-  vg = _common.gather_blocks(v, block_idx, block_size)
-  ok, _ = _common.listed_slots_ok(block_idx, n_valid, length, block_size, pos)
-  p_out, p_lse = softmax_sum(pg, vg, ok=ok[:, :, None, :])
-  return out, lse, p_out.reshape(b, hq, d), p_lse.reshape(b, hq)
+  _, hq, d = q.shape
+  selection_rows(hq, k.shape[1], block_idx.shape[1])
+  kg, vg, ok, _ = gather_listed(k, v, block_idx, n_valid, length, block_size, pos)
+  (out, lse), (p_out, p_lse) = gathered_partials(
+      q[:, :, None], kg, vg, ok[:, :, None], gather_prior(prior, block_idx, block_size),
+      scale=default_scale(d, scale))
+  return out[:, :, 0], lse[:, :, 0], p_out[:, :, 0], p_lse[:, :, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
@@ -57,7 +54,7 @@ def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, 
                                              "blocks_per_iter"))
 def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
                        scale: float | None = None, num_splits: int | None = None,
-                       impl: str = "auto", interpret: bool = False, num_warps: int = 4,
+                       impl: _common.Impl = "auto", interpret: bool = False, num_warps: int = 4,
                        num_stages: int = 3, blocks_per_iter: int | None = None, pos=None):
   """``sparse_decode`` plus RESA's prior statistics over the same selected positions.
 
@@ -74,20 +71,20 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
       ``sparse_decode``.
 
   Returns:
-    ``(out [B, N, D], lse [B, N])`` exactly as ``sparse_decode`` (out in ``q.dtype``), and
-    ``prior_out [B, N, D]`` float32, ``prior_lse [B, N]`` float32: the softmax of ``P_j`` over the
-    attended positions applied to ``v`` and its log-sum-exp (``0`` / ``-inf`` when empty).
+    ``(out [B, N, D], lse [B, N])`` as ``sparse_decode`` (out in float32: a partial), and
+    ``prior_out [B, N, D]``, ``prior_lse [B, N]``: the softmax of ``P_j`` over the attended
+    positions applied to ``v`` and its log-sum-exp (``0`` / ``-inf`` when empty); all float32.
   """
-  _common.check_block_size(block_size, k.shape[2])
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
                                         block_size=block_size, scale=scale, pos=pos)
+  _common.check_block_size(block_size, k.shape[2])
   b, hq, d = q.shape
   hkv, n = k.shape[1], block_idx.shape[2]
   selection_rows(hq, hkv, block_idx.shape[1])
   if n == 0:
     zeros, empty = jnp.zeros((b, hq, d), jnp.float32), jnp.full((b, hq), -jnp.inf, jnp.float32)
-    return zeros.astype(q.dtype), empty, zeros, empty
+    return zeros, empty, zeros, empty
   idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
@@ -97,5 +94,5 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
       prior=prior.reshape(b, hkv, g, -1),
       row_bits=None if words is None else _union.head_bits(words), bits_per_word=g,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
-  return (out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq),
-          p_out.reshape(b, hq, d), p_lse.reshape(b, hq))
+  return (out.reshape(b, hq, d), lse.reshape(b, hq), p_out.reshape(b, hq, d),
+          p_lse.reshape(b, hq))

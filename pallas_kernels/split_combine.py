@@ -49,7 +49,8 @@ def _combine_kernel(out_ref, lse_ref, o_ref, l_ref, *, splits: int, rows: int, h
 
 
 @functools.partial(jax.jit, static_argnames=("impl", "interpret", "num_warps"))
-def split_combine(out, lse, *, impl: str = "auto", interpret: bool = False, num_warps: int = 4):
+def split_combine(out, lse, *, impl: _common.Impl = "auto", interpret: bool = False,
+                  num_warps: int = 4):
   """Merges split partials ``out [B, P, S, R, D]``, ``lse [B, P, S, R]`` (f32) over ``S``.
 
   Returns:

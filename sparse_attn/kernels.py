@@ -1,13 +1,16 @@
-"""Kernel dispatch: the one place where an op chooses its Pallas kernel or its jnp path.
+"""The ops with a Pallas kernel, over a ``KVCache`` and a ``Selection``.
 
-One function per op that has a kernel (dense causal attention over the cache, block scores, the
-sort-free top-k select, sparse decode, RESA's partials, retro's window partials). Each runs the
-Pallas (Triton) kernel when ``impl`` resolves to ``"pallas"`` (``"auto"``: on a GPU backend) and
-the selection is block-level, and its jnp path otherwise; the jnp paths
-(``cache_attention.dense_over_cache``, ``sparse.attend_selection``, ``scoring.quest_scores``,
-``prior_partials.masked_partials``) are the references the kernels are tested against.
+One function per op (dense causal attention over the cache, block scores, the top-k select,
+sparse decode, RESA's partials, retro's window partials). Each adapts the cache and selection
+arrays to its ``pallas_kernels`` op and passes ``impl`` through: the op resolves it
+(``pallas_kernels.resolve_impl``, the one dispatcher) and runs its Triton kernel or its jnp
+``*_reference``, the one jnp implementation of the op. A token selection (``granularity`` 1, not
+the cache's block size) has no kernel: its path is the reference at that granularity, whatever
+``impl`` says. What the RESA and retro steps count besides the attention (prior members and
+keys attended) is computed here from the same masks the references use.
 
-Letters: B batch, K kv heads, N query heads, H selection heads, S queries per head, D head dim.
+Letters: B batch, K kv heads, N query heads, H selection heads, R = N // H, S queries per head
+(the retro window ``w``), L gathered slots, NB blocks, D head dim.
 """
 
 from __future__ import annotations
@@ -15,77 +18,68 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 import pallas_kernels
-from pallas_kernels import resolve_impl
-from sparse_attn import scoring, selection, sparse
+from pallas_kernels import Impl, resolve_impl  # pylint: disable=unused-import (re-exported)
 from sparse_attn.cache import KVCache
-from sparse_attn.cache_attention import dense_over_cache
-from sparse_attn import prior_partials
 from sparse_attn.selection import Selection
 
 
-def use_pallas(impl: str, sel: Selection | None, cache: KVCache) -> bool:
-  """True when ``impl`` resolves to Pallas and ``sel`` lists whole cache blocks."""
-  if resolve_impl(impl) != "pallas":
-    return False
-  return sel is None or sel.granularity == cache.block_size
-
-
 def dense_attention(q, cache: KVCache, positions, scale=None, *, window: int | None = None,
-                    impl: str = "xla", interpret: bool = False):
+                    impl: Impl = "xla", interpret: bool = False):
   """Exact causal attention of ``q [B, N, S, D]`` at ``positions [B, S]`` over the cache ->
-  ``(out [B, N, S, D], lse [B, N, S])``: prefill chunks, rectification, dense decode.
-
-  ``"pallas"``: ``pallas_kernels.chunk_attention`` (flash attention by token position, key
-  tiles bounded by what the chunk can see); otherwise ``cache_attention.dense_over_cache``.
-  """
-  if resolve_impl(impl) != "pallas":
-    return dense_over_cache(q, cache, positions, scale, window=window)
+  ``(out [B, N, S, D], lse [B, N, S])``: prefill chunks, rectification, dense decode
+  (``pallas_kernels.chunk_attention``)."""
   return pallas_kernels.chunk_attention(q, cache.k, cache.v, positions, cache.pos, cache.length,
-                                        scale=scale, window=window, impl="pallas",
+                                        scale=scale, window=window, impl=impl,
                                         interpret=interpret)
 
 
-def quest_scores(qs, cache: KVCache, *, impl: str = "xla", interpret: bool = False):
-  """Quest's digest upper bounds of ``qs [B, H, D]`` for every block -> ``[B, H, N]``."""
-  if not use_pallas(impl, None, cache):
-    return scoring.quest_scores(qs, cache.kmin, cache.kmax)
+def quest_scores(qs, cache: KVCache, *, impl: Impl = "xla", interpret: bool = False):
+  """Quest's digest upper bounds of ``qs [B, H, D]`` for every block -> ``[B, H, NB]`` float32
+  (``pallas_kernels.block_score``; blocks past the context ``-inf``)."""
   b, h, d = qs.shape
   qg = qs.reshape(b, cache.num_kv_heads, h // cache.num_kv_heads, d)
   s = pallas_kernels.block_score(qg, cache.kmin, cache.kmax, cache.length,
-                                 block_size=cache.block_size, impl="pallas", interpret=interpret)
+                                 block_size=cache.block_size, impl=impl, interpret=interpret)
   return s.reshape(b, h, -1)
 
 
-def top_ids(ranked, count, n_max: int, *, impl: str = "xla", interpret: bool = False):
+def top_ids(ranked, count, n_max: int, *, impl: Impl = "xla", interpret: bool = False):
   """Ids ``[B, H, n_max]`` whose first ``count [B]`` are the best of ``ranked [B, H, NB]``
-  (``selection.rank_scores``): ``lax.top_k`` (a sort on GPUs) or the Pallas radix select."""
-  if resolve_impl(impl) != "pallas":
-    return selection.top_k_ids(ranked, count, n_max)
+  (``selection.rank_scores``; ``pallas_kernels.block_select``: ``lax.top_k`` or the sort-free
+  radix select)."""
   b, h, nb = ranked.shape
   rows = jnp.broadcast_to(count[:, None], (b, h)).reshape(b * h)
-  ids = pallas_kernels.block_select(ranked.reshape(b * h, nb), rows, n=n_max, impl="pallas",
+  ids = pallas_kernels.block_select(ranked.reshape(b * h, nb), rows, n=n_max, impl=impl,
                                     interpret=interpret)
   return ids.reshape(b, h, n_max)
 
 
-def sparse_decode(q, cache: KVCache, sel: Selection, scale=None, *, impl: str = "xla",
+def _listed(cache: KVCache, sel: Selection):
+  """The selection's lists as op arguments: ``(k, v, idx, n_valid, length)``."""
+  return cache.k, cache.v, sel.idx, sel.n_valid, cache.length
+
+
+def _run(op, reference, cache: KVCache, sel: Selection, impl: Impl, interpret: bool, *args,
+         **kw):
+  """``op`` over the selection's blocks, or its ``reference`` for a token selection."""
+  if sel.granularity != cache.block_size:  # no kernel lists single slots
+    return reference(*args, block_size=sel.granularity, pos=cache.pos, **kw)
+  return op(*args, block_size=cache.block_size, pos=cache.pos, impl=impl, interpret=interpret,
+            **kw)
+
+
+def sparse_decode(q, cache: KVCache, sel: Selection, scale=None, *, impl: Impl = "xla",
                   interpret: bool = False):
-  """Exact attention of ``q [B, N, D]`` over the selected entries -> ``(out [B, N, D], lse)``.
-
-  ``impl``: ``"xla"`` (``sparse.attend_selection``), ``"pallas"`` (the Triton kernel; block
-  selections only, token selections take the jnp path) or ``"auto"``; ``interpret`` runs the
-  kernel in Pallas interpret mode.
-  """
-  if not use_pallas(impl, sel, cache):
-    return sparse.attend_selection(q, cache, sel, scale)
-  return pallas_kernels.sparse_decode(q, cache.k, cache.v, sel.idx, sel.n_valid, cache.length,
-                                      block_size=cache.block_size, scale=scale, impl="pallas",
-                                      interpret=interpret, pos=cache.pos)
+  """Exact attention of ``q [B, N, D]`` over the selected entries -> ``(out [B, N, D] q.dtype,
+  lse [B, N] f32)`` (``pallas_kernels.sparse_decode``)."""
+  return _run(pallas_kernels.sparse_decode, pallas_kernels.sparse_decode_reference, cache, sel,
+              impl, interpret, q, *_listed(cache, sel), scale=scale)
 
 
-def resa_partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: str = "xla",
+def resa_partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: Impl = "xla",
                   interpret: bool = False):
-  """RESA's true and prior partials of one query per head over the selection (RESA Eq. 3-5).
+  """RESA's true and prior partials of one query per head over the selection (RESA Eq. 3-5;
+  ``pallas_kernels.sparse_decode_resa``).
 
   Args:
     q: ``[B, N, D]``; prior: ``[B, N, T]`` prior logits (``-inf`` = not in the prior set).
@@ -94,24 +88,21 @@ def resa_partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: str 
     ``(out [B,N,D] f32, lse [B,N]), (prior_out, prior_lse), seen [B,N] int32`` (prior members
     attended).
   """
-  kg, vg, ok, _ = sparse.gather_selection(cache, sel)
-  pg = prior_partials.gather_prior(prior, sel)  # [B, H, R, L]
-  if not use_pallas(impl, sel, cache):
-    true, prior_part, seen, _ = prior_partials.masked_partials(q[:, :, None], kg, vg,
-                                                              ok[:, :, None], pg, scale)
-    squeeze = lambda pair: (pair[0][:, :, 0], pair[1][:, :, 0])
-    return squeeze(true), squeeze(prior_part), seen[:, :, 0]
-  out, lse, pout, plse = pallas_kernels.sparse_decode_resa(
-      q, cache.k, cache.v, prior, sel.idx, sel.n_valid, cache.length,
-      block_size=cache.block_size, scale=scale, impl="pallas", interpret=interpret,
-      pos=cache.pos)
+  k, v, idx, n_valid, length = _listed(cache, sel)
+  out, lse, pout, plse = _run(pallas_kernels.sparse_decode_resa,
+                              pallas_kernels.sparse_decode_resa_reference, cache, sel, impl,
+                              interpret, q, k, v, prior, idx, n_valid, length, scale=scale)
+  g = sel.granularity
+  ok, _ = pallas_kernels.listed_slots_ok(idx, n_valid, length, g, cache.pos)  # [B, H, L]
+  pg = pallas_kernels.gather_prior(prior, idx, g)  # [B, H, R, L]
   seen = jnp.sum(ok[:, :, None] & jnp.isfinite(pg), -1).reshape(q.shape[:2])
-  return (out.astype(jnp.float32), lse), (pout, plse), seen.astype(jnp.int32)
+  return (out, lse), (pout, plse), seen.astype(jnp.int32)
 
 
 def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, scale, *,
-                    impl: str = "xla", interpret: bool = False):
-  """RetroAttention's partials of a window of queries over the newest query's selection.
+                    impl: Impl = "xla", interpret: bool = False):
+  """RetroAttention's partials of a window of queries over the newest query's selection
+  (``pallas_kernels.sparse_decode_multiquery``).
 
   Args:
     q: ``[B, N, w, D]``; use: ``[B, H, w, n]`` which listed entries each query still lacks;
@@ -122,23 +113,18 @@ def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, sc
     ``(out [B,N,w,D] f32, lse [B,N,w])``, the prior pair (None without a prior), ``seen`` and
     ``exposed`` ``[B,N,w]`` int32 (prior members / keys attended).
   """
-  kg, vg, ok, pos_g = sparse.gather_selection(cache, sel)  # [B, H, L, ...]
-  g = sel.granularity
-  # [B, H, w, L]: listed, unseen by the query, and at or before it (the causal limit)
-  ok_all = (ok[:, :, None] & jnp.repeat(use, g, axis=-1)
-            & (pos_g[:, :, None, :] <= positions[:, None, :, None]))
-  pg = None if prior is None else prior_partials.gather_prior(prior, sel)  # [B, H, R, L]
-  if not use_pallas(impl, sel, cache):
-    return prior_partials.masked_partials(q, kg, vg, ok_all, pg, scale)
-  outs = pallas_kernels.sparse_decode_multiquery(
-      q, cache.k, cache.v, sel.idx, sel.n_valid, use, positions, cache.length,
-      block_size=g, scale=scale, impl="pallas", interpret=interpret, pos=cache.pos, prior=prior)
+  k, v, idx, n_valid, length = _listed(cache, sel)
+  outs = _run(pallas_kernels.sparse_decode_multiquery,
+              pallas_kernels.sparse_decode_multiquery_reference, cache, sel, impl, interpret,
+              q, k, v, idx, n_valid, use, positions, length, scale=scale, prior=prior)
   b, n, w, _ = q.shape
-  h = sel.idx.shape[1]
-  exposed = jnp.repeat(jnp.sum(ok_all, -1), n // h, axis=1).astype(jnp.int32)
-  true = (outs[0].astype(jnp.float32), outs[1])
+  h, g = idx.shape[1], sel.granularity
+  ok, pos_g = pallas_kernels.listed_slots_ok(idx, n_valid, length, g, cache.pos)
+  ok = pallas_kernels.window_slots_ok(ok, pos_g, use, positions, g)  # [B, H, w, L]
+  exposed = jnp.repeat(jnp.sum(ok, -1), n // h, axis=1).astype(jnp.int32)
   if prior is None:
-    return true, None, jnp.zeros((b, n, w), jnp.int32), exposed
+    return outs, None, jnp.zeros((b, n, w), jnp.int32), exposed
+  pg = pallas_kernels.gather_prior(prior, idx, g)  # [B, H, R, L]
   # [B, H, R, w]: prior members each query attended
-  seen = jnp.sum(ok_all[:, :, None] & jnp.isfinite(pg)[:, :, :, None, :], -1)
-  return true, outs[2:], seen.reshape(b, n, w).astype(jnp.int32), exposed
+  seen = jnp.sum(ok[:, :, None] & jnp.isfinite(pg)[:, :, :, None, :], -1)
+  return outs[:2], outs[2:], seen.reshape(b, n, w).astype(jnp.int32), exposed

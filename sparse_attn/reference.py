@@ -12,36 +12,12 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from pallas_kernels.softmax import default_scale, softmax_sum  # pylint: disable=unused-import
+# The masked-attention core of every jnp path (the kernels' references use it too), re-exported
+# as the library's dense reference.
+from pallas_kernels.softmax import (  # pylint: disable=unused-import
+    default_scale, grouped_attention, softmax_sum)
 
 NEG_INF = float("-inf")
-
-
-def grouped_attention(q, k, v, mask=None, scale=None):
-  """Attention with the query heads already grouped by kv head.
-
-  Args:
-    q: ``[B, K, G, S, D]`` queries.
-    k: ``[B, K, T, D]`` keys.
-    v: ``[B, K, T, D]`` values.
-    mask: boolean, broadcastable to ``[B, K, G, S, T]``; True = attend.
-    scale: softmax scale, default ``1/sqrt(D)``.
-
-  Returns:
-    ``out [B, K, G, S, D]`` in ``q.dtype`` and ``lse [B, K, G, S]`` float32.
-  """
-  scale = default_scale(q.shape[-1], scale)
-  b, kh, g, s, d = q.shape
-  # G and S are merged into one row axis: XLA:CPU runs a (B K)-batched matmul ~5x faster than
-  # the same einsum with two free query axes.
-  # [B, K, G*S, T]
-  logits = jnp.einsum("bkmd,bktd->bkmt", q.reshape(b, kh, g * s, d), k,
-                      preferred_element_type=jnp.float32)
-  logits = logits.reshape(b, kh, g, s, -1) * scale
-  if mask is not None:
-    logits = jnp.where(mask, logits, NEG_INF)
-  out, lse = softmax_sum(logits, v)
-  return out.astype(q.dtype), lse
 
 
 def attention_mask(batch, q_len, kv_len, *, kv_length=None, q_positions=None,

@@ -8,7 +8,8 @@ static under jit: ``idx [B, H, n]`` and ``n_valid [B, H]``; ids past ``n_valid``
 Forced entries (sinks, local window) come first, then the highest scores (``lax.top_k``; the
 Pallas radix select, ``pallas_kernels.block_select``, lists the same set in id order: every
 consumer treats the first ``n_valid`` ids as a set); ids are distinct and never point past the
-context.
+context. The block selectors (Quest, ArkVale) are ``selector.Selector``s: block scores
+(``kernels.quest_scores``, ``scoring.arkvale_scores``) then ``select_blocks``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels import block_select_reference
 from sparse_attn import reference, scoring
 from sparse_attn.budget import Budget
 from sparse_attn.cache import KVCache
@@ -52,10 +54,10 @@ class Selection:
 
 
 def top_k_ids(ranked, count, n_max: int):
-  """``[B, H, n_max]`` ids of the best of ``ranked [B, H, NB]`` (``lax.top_k``; ``count`` [B],
-  the number that will be valid, is not needed by a full top-k)."""
-  del count
-  return jax.lax.top_k(ranked, n_max)[1]
+  """``[B, H, n_max]`` ids of the best of ``ranked [B, H, NB]``: the jnp path of the top-k
+  select (``pallas_kernels.block_select_reference``, ``lax.top_k``; ``count [B]``, the number
+  that will be valid, is not needed by a full top-k)."""
+  return block_select_reference(ranked, count, n=n_max)
 
 
 def top_entries(scores, valid, forced, count, n_max: int, granularity: int,
@@ -118,45 +120,21 @@ def _total(budget: Budget, length, forced, unit: int):
   return budget.total(length, jnp.sum(forced, axis=-1).astype(jnp.int32), unit)
 
 
-def quest(q, cache: KVCache, budget: Budget, gqa: str = "head") -> Selection:
-  """Quest query-aware page selection (Tang et al. 2024, Sec. 3.2, Eq. 1).
-
-  Args:
-    q: ``[B, Hq, D]`` current queries.
-    cache: the layer cache (its ``kmin, kmax`` digests).
-    budget: the budget rule.
-    gqa: ``"head"`` (per query head) or ``"group"`` (ReSA's pooled group query).
-  """
-  qs = scoring.scoring_queries(q, cache.num_kv_heads, gqa)
-  return select_blocks(scoring.quest_scores(qs, cache.kmin, cache.kmax), cache, budget)
-
-
-def arkvale(q, cache: KVCache, budget: Budget, gqa: str = "head",
-            variant: str = "cuboid-mean") -> Selection:
-  """ArkVale page recall by bounding-volume digests (Chen et al. 2024, Sec. 5.2;
-  ``scoring.arkvale_scores``)."""
-  qs = scoring.scoring_queries(q, cache.num_kv_heads, gqa)
-  s = scoring.arkvale_scores(qs, cache, variant)
-  return select_blocks(s, cache, budget)
-
-
 def _token_masks(cache: KVCache, budget: Budget):
   t = cache.capacity
   valid = cache.valid[:, 0, :] & (jnp.arange(t)[None, :] < cache.length[:, None])
   return valid, budget.forced(cache.length, t, 1) & valid
 
 
-def topk(q, cache: KVCache, budget: Budget, gqa: str = "head", scale=None) -> Selection:
+def topk(q, cache: KVCache, budget: Budget, gqa: scoring.GQA = "head",
+         scale=None) -> Selection:
   """Ideal token-level top-k on the true logits (the oracle of Quest/RESA comparisons).
 
-  ``gqa="group"`` ranks tokens by the group's mean logit, one list per kv head.
+  ``gqa="group"`` ranks tokens by the group's mean logit, one list per kv head
+  (``scoring.pool_group``).
   """
   lg = reference.logits(q[:, :, None, :], cache.k, scale)[:, :, 0, :]  # [B, Hq, T]
-  if gqa == "group":
-    b, hq, t = lg.shape
-    lg = jnp.mean(lg.reshape(b, cache.num_kv_heads, hq // cache.num_kv_heads, t), axis=2)
-  elif gqa != "head":
-    raise ValueError(f"gqa must be one of {scoring.GQA_MODES}, got {gqa!r}")
+  lg = scoring.pool_group(lg, cache.num_kv_heads, gqa)  # [B, H, T]
   valid, forced = _token_masks(cache, budget)
   return top_entries(lg, valid, forced, _total(budget, cache.length, forced, 1),
                      budget.max_count(cache.capacity, 1), 1)

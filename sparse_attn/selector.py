@@ -19,6 +19,7 @@ import dataclasses
 import functools
 from typing import Literal
 
+from pallas_kernels import Impl
 from sparse_attn import adaptive, kernels, scoring, selection, sliding_window
 from sparse_attn.budget import Budget
 
@@ -51,7 +52,7 @@ class Selector:
   name: Literal["quest", "arkvale", "topk", "streaming"]
   budget: Budget
   block_size: int = 16
-  gqa: Literal["head", "group"] = "head"
+  gqa: scoring.GQA = "head"
   variant: Literal["cuboid-mean", "cuboid", "sphere"] = "cuboid-mean"
   topp: float | None = None
   adakv: float | None = None
@@ -59,8 +60,7 @@ class Selector:
   def __post_init__(self):
     if self.name not in NAMES:
       raise ValueError(f"unknown selector {self.name!r}; valid: {NAMES}")
-    if self.gqa not in scoring.GQA_MODES:
-      raise ValueError(f"gqa must be one of {scoring.GQA_MODES}, got {self.gqa!r}")
+    scoring.check_gqa(self.gqa)
     if self.variant not in scoring.ARKVALE_VARIANTS:
       raise ValueError(f"variant must be one of {scoring.ARKVALE_VARIANTS}, got {self.variant!r}")
     if self.topp is None and self.adakv is None:
@@ -117,7 +117,7 @@ class Selector:
     if self.name in SCORE_SELECTORS:
       self.budget.check(context, self.granularity, name=f"{spec!r}")
 
-  def block_scores(self, q, cache, *, impl: str = "auto", interpret: bool = False):
+  def block_scores(self, q, cache, *, impl: Impl = "auto", interpret: bool = False):
     """Digest scores ``[B, H, NB]`` of the block selectors (Pallas ``block_score`` for Quest)."""
     missing = [k for k in self.digests if not cache.has_digests(k)]
     if missing:  # static shapes: a clear error instead of a broadcasting one
@@ -129,7 +129,7 @@ class Selector:
       return kernels.quest_scores(qs, cache, impl=impl, interpret=interpret)
     return scoring.arkvale_scores(qs, cache, self.variant)
 
-  def select(self, q, cache, scale=None, *, impl: str = "auto", interpret: bool = False,
+  def select(self, q, cache, scale=None, *, impl: Impl = "auto", interpret: bool = False,
              windowed: bool = False) -> selection.Selection:
     """The selection of the current queries ``q [B, Hq, D]`` over ``cache``.
 

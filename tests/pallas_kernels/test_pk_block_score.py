@@ -1,4 +1,5 @@
-"""block_score / block_score_pooled: Pallas (interpret mode) == Quest Eq. 1 reference."""
+"""block_score / block_score_pooled: Pallas (interpret mode) == the jnp reference == Quest Eq. 1
+evaluated literally (numpy)."""
 
 from __future__ import annotations
 
@@ -73,6 +74,20 @@ def test_reference_bounds_every_logit_and_masks_past_length():
   logits = np.einsum("bkgd,bknsd->bkgns", np.asarray(q), k)
   assert (score[..., :5] >= logits.max(-1)[..., :5] - 1e-4).all()
   assert np.isneginf(score[..., 5]).all()
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+def test_reference_is_eq1_literally(dtype):
+  """``relu(q) . kmax + min(q, 0) . kmin`` == ``sum_d max(q_d kmax_d, q_d kmin_d)`` (float64)."""
+  rng = np.random.default_rng(2)
+  _, kmin, kmax = digests(rng, 2, 2, 9, 16, 64, dtype)
+  q = jnp.asarray(rng.standard_normal((2, 2, 3, 64)), dtype)
+  length = jnp.asarray([144, 50], jnp.int32)
+  qf, lo, hi = (np.asarray(x, np.float64) for x in (q, kmin, kmax))
+  # [B, K, G, NB]
+  want = np.maximum(qf[:, :, :, None] * hi[:, :, None], qf[:, :, :, None] * lo[:, :, None]).sum(-1)
+  want[1, :, :, 4:] = -np.inf  # blocks starting at or past length 50
+  check(reference(q, kmin, kmax, length, block_size=16), want, dtype)
 
 
 def test_impl_dispatch():

@@ -1,4 +1,5 @@
-"""chunk_attention: Pallas (interpret mode) == jnp reference == sparse_attn's dense paths."""
+"""chunk_attention: Pallas (interpret mode) == jnp reference (tiled, the XLA path) == masked dense
+attention."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from hypothesis import given, settings, strategies as st
 
 from pallas_kernels import chunk_attention, chunk_attention_reference
 from pallas_kernels.chunk_attention import default_key_splits, visible_tiles
-from sparse_attn import methods, reference as dense
+from sparse_attn import kernels, methods, reference as dense
 from sparse_attn.cache import write
-from sparse_attn.cache_attention import dense_over_cache
 from pk_testutil import assert_attention_close
 
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -61,12 +61,15 @@ def test_kernel_matches_reference(shape, seed, compacted, key_splits):
 
 
 @settings(max_examples=8, deadline=None)
-@given(shape=st.sampled_from(POOL), seed=st.integers(0, 2**31 - 1))
-def test_reference_equals_dense_attention(shape, seed):
-  """The reference is sparse_attn's masked attention with the position rule spelled out."""
+@given(shape=st.sampled_from(POOL), seed=st.integers(0, 2**31 - 1),
+       tiles=st.sampled_from([(None, 128), (256, 128), (16, 8), (32, 3)]))
+def test_reference_equals_dense_attention(shape, seed, tiles):
+  """The reference, tiled or not, is sparse_attn's masked attention with the position rule
+  spelled out."""
   q, k, v, q_pos, k_pos, length = random_problem(shape, seed, compacted=True)
   g, window, dtype = shape[2], shape[7], shape[8]
-  out, lse = chunk_attention_reference(q, k, v, q_pos, k_pos, length, window=window)
+  out, lse = chunk_attention_reference(q, k, v, q_pos, k_pos, length, window=window,
+                                       key_tile=tiles[0], query_tile=tiles[1])
   mask = None
   if window is not None:
     mask = jnp.repeat(k_pos[:, :, None, :] > q_pos[:, None, :, None] - window, g, axis=1)
@@ -92,7 +95,7 @@ def test_visible_tiles_stops_after_the_last_tile_a_query_sees():
 
 
 @pytest.mark.parametrize("window", [None, 24])
-def test_equals_dense_over_cache_on_a_prefilled_cache(window):
+def test_equals_the_xla_path_on_a_prefilled_cache(window):
   """The kernel and the XLA path agree on a cache written chunk by chunk (a prefill)."""
   b, kh, g, d, t = 2, 2, 3, 64, 128
   rng = np.random.default_rng(3)
@@ -101,7 +104,7 @@ def test_equals_dense_over_cache_on_a_prefilled_cache(window):
   cache = write(cache, kv, kv * 0.5, jnp.broadcast_to(jnp.arange(100, dtype=jnp.int32), (b, 100)))
   q = jnp.asarray(rng.standard_normal((b, kh * g, 36, d)), jnp.float32)
   pos = jnp.broadcast_to(jnp.arange(64, 100, dtype=jnp.int32), (b, 36)).at[1, 30:].set(-1)
-  ref = dense_over_cache(q, cache, pos, window=window)
+  ref = kernels.dense_attention(q, cache, pos, window=window, impl="xla")
   out = chunk_attention(q, cache.k, cache.v, pos, cache.pos, cache.length, window=window,
                         impl="pallas", interpret=True)
   assert_attention_close(*out, *ref, jnp.float32)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import jax
 import pytest
 
@@ -13,7 +15,8 @@ def test_resolve_impl():
   assert _common.resolve_impl("pallas") == "pallas"
   want = "pallas" if jax.default_backend() == "gpu" else "xla"
   assert _common.resolve_impl("auto") == want
-  with pytest.raises(ValueError):
+  assert _common.IMPLS == typing.get_args(_common.Impl) == ("auto", "pallas", "xla")
+  with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'pallas', 'xla'\)"):
     _common.resolve_impl("triton")
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from sparse_attn import adaptive, scoring
+from sparse_attn import adaptive, kernels
 from sparse_attn.budget import Budget
 from tests.sparse_attn import helpers
 
@@ -22,7 +22,7 @@ def _problem(seed, bs=8, t=128, lengths=(128, 51)):
   rng = np.random.default_rng(seed)
   c = helpers.filled_cache(rng, 2, 2, t, 8, list(lengths), block_size=bs, scale=2.0)
   q = helpers.normal(rng, (2, 4, 8), scale=2.0)
-  return c, scoring.quest_scores(q, c.kmin, c.kmax)
+  return c, kernels.quest_scores(q, c, impl="xla")
 
 
 @given(seed=st.integers(0, 2**31 - 1), tau=st.sampled_from([0.3, 0.7, 0.9, 1.0]),

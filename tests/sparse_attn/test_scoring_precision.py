@@ -10,14 +10,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparse_attn import methods, scoring
+from pallas_kernels import block_score
+from sparse_attn import methods
 
 
 def test_scoring_dots_export_for_cuda_at_highest_precision():
-  q = jax.ShapeDtypeStruct((1, 32, 128), jnp.float32)
+  q = jax.ShapeDtypeStruct((1, 8, 4, 128), jnp.float32)
   box = jax.ShapeDtypeStruct((1, 8, 512, 128), jnp.bfloat16)
-  text = jax.export.export(jax.jit(scoring.quest_scores), platforms=["cuda"])(
-      q, box, box).mlir_module()
+  length = jax.ShapeDtypeStruct((1,), jnp.int32)
+  xla = lambda *a: block_score(*a, block_size=16, impl="xla")
+  text = jax.export.export(jax.jit(xla), platforms=["cuda"])(q, box, box, length).mlir_module()
   dots = [line for line in text.splitlines() if "= stablehlo.dot_general" in line]
   assert len(dots) == 2 and all("HIGHEST" in d for d in dots), dots
 
@@ -35,7 +37,7 @@ def _decode(spec, impl, dtype, t=8192, hq=32, hk=8, d=128):
   sel = jax.jit(m.select)(q[:, :, t], cache)
   out, _, _ = jax.jit(m.decode)(q[:, :, t:], k[:, :, t:], v[:, :, t:], cache, state,
                                 jnp.array([[t]]))
-  return np.asarray(sel.ids), np.asarray(out, np.float32)
+  return np.asarray(sel.idx), np.asarray(out, np.float32)
 
 
 @pytest.mark.skipif(jax.default_backend() != "gpu", reason="compiled GPU paths")

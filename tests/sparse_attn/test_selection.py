@@ -8,11 +8,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from sparse_attn import budget as budget_lib
-from sparse_attn import scoring, selection
+from sparse_attn import kernels, scoring, selection
 from tests.sparse_attn import helpers
 
 
-def _np_quest(q, kmin, kmax, g):
+def _np_quest(q, kmin, kmax, g, lengths, bs):
+  """Quest Eq. 1 literally; blocks starting at or past the length score ``-inf``."""
   q, kmin, kmax = (np.asarray(x, np.float64) for x in (q, kmin, kmax))
   b, h, d = q.shape
   out = np.zeros((b, h, kmin.shape[2]))
@@ -21,7 +22,7 @@ def _np_quest(q, kmin, kmax, g):
       for n in range(kmin.shape[2]):
         kv = j // g
         out[i, j, n] = sum(max(q[i, j, c] * kmax[i, kv, n, c], q[i, j, c] * kmin[i, kv, n, c])
-                           for c in range(d))
+                           for c in range(d)) if n * bs < lengths[i] else -np.inf
   return out
 
 
@@ -31,8 +32,9 @@ def test_quest_scores_match_bruteforce_eq1(seed, g, dtype):
   rng = np.random.default_rng(seed)
   c = helpers.filled_cache(rng, 2, 2, 48, 6, [48, 21], block_size=8, dtype=dtype)
   q = helpers.normal(rng, (2, 2 * g, 6), dtype)
-  got = scoring.quest_scores(q, c.kmin, c.kmax)
-  np.testing.assert_allclose(got, _np_quest(q, c.kmin, c.kmax, g), rtol=1e-4, atol=1e-4)
+  got = kernels.quest_scores(q, c, impl="xla")
+  np.testing.assert_allclose(got, _np_quest(q, c.kmin, c.kmax, g, [48, 21], 8), rtol=1e-4,
+                             atol=1e-4)
   # group mode scores once per kv head with the mean query
   pooled = scoring.scoring_queries(q, 2, "group")
   np.testing.assert_allclose(pooled, np.asarray(q, np.float32).reshape(2, 2, g, 6).mean(2),
@@ -47,7 +49,7 @@ def test_quest_and_arkvale_scores_bound_every_key(seed):
   c = helpers.filled_cache(rng, 1, 1, 64, 8, [50], block_size=16)
   q = helpers.normal(rng, (1, 1, 8))
   lg = np.asarray(c.k[0, 0] @ q[0, 0])
-  for s in (scoring.quest_scores(q, c.kmin, c.kmax),
+  for s in (kernels.quest_scores(q, c, impl="xla"),
             scoring.arkvale_scores(q, c, "sphere"), scoring.arkvale_scores(q, c, "cuboid")):
     for n in range(4):
       keys = lg[n * 16:min(50, (n + 1) * 16)]
@@ -88,10 +90,10 @@ def test_arkvale_cuboid_mean_matches_eq3_on_the_mean_box(seed, length, g):
       r = np.abs(keys - centre).mean(0)
       want = np.maximum(qh * (centre + r), qh * (centre - r)).sum()
       np.testing.assert_allclose(got[0, h, n], want, rtol=1e-4, atol=1e-4)
-  # the default of the selector and of selection.arkvale
+  # the default of the selector
   bud = budget_lib.Budget(budget=0.5)
-  np.testing.assert_array_equal(selection.arkvale(q, c, bud).idx,
-                                selection.arkvale(q, c, bud, variant="cuboid-mean").idx)
+  np.testing.assert_array_equal(helpers.select("arkvale", q, c, bud).idx,
+                                helpers.select("arkvale", q, c, bud, variant="cuboid-mean").idx)
 
 
 def _np_count(bud, length, bs, n_forced):
@@ -140,7 +142,7 @@ def test_block_selection_matches_bruteforce_budget_rules(seed, bud, bs):
   lengths = [int(rng.integers(0, t + 1)), int(rng.integers(1, t + 1))]
   c = helpers.filled_cache(rng, 2, 1, t, 4, lengths, block_size=bs)
   q = helpers.normal(rng, (2, 2, 4))
-  scores = scoring.quest_scores(q, c.kmin, c.kmax)
+  scores = kernels.quest_scores(q, c, impl="xla")
   sel = selection.select_blocks(scores, c, bud)
   assert sel.idx.shape[-1] == bud.max_count(t, bs) or sel.idx.shape[-1] == t // bs
   for i, ln in enumerate(lengths):
@@ -157,7 +159,7 @@ def test_budget_larger_than_context_selects_everything_once():
   c = helpers.filled_cache(rng, 1, 1, 64, 4, [37], block_size=8)
   for bud in (budget_lib.Budget(budget=1.0), budget_lib.Budget(budget=10_000),
               budget_lib.Budget(budget=None, p=1.0, n_min=100)):
-    sel = selection.quest(helpers.normal(rng, (1, 1, 4)), c, bud)
+    sel = helpers.select("quest", helpers.normal(rng, (1, 1, 4)), c, bud)
     got = sorted(int(x) for x in sel.idx[0, 0, :int(sel.n_valid[0, 0])])
     assert got == [0, 1, 2, 3, 4]
 
@@ -190,6 +192,19 @@ def test_streaming_keeps_sinks_and_recent_window():
   got0 = set(int(x) for x in sel.idx[0, 0, :int(sel.n_valid[0, 0])])
   assert got0 == set(range(4)) | set(range(100 - (20 + 4 + 8) + 4, 100))
   assert len(got0) == extra.accounting(100, 1)["total"]
+
+
+def test_gqa_is_a_closed_set_checked_with_the_valid_values():
+  assert scoring.GQA_MODES == ("head", "group")
+  rng = np.random.default_rng(3)
+  c = helpers.filled_cache(rng, 1, 1, 32, 4, [20], block_size=16)
+  q = helpers.normal(rng, (1, 2, 4))
+  bud = budget_lib.Budget(budget=8)
+  for check in (lambda: scoring.check_gqa("pooled"), lambda: selection.topk(q, c, bud, "pooled"),
+                lambda: scoring.scoring_queries(q, 1, "pooled"),
+                lambda: helpers.select("quest", q, c, bud, gqa="pooled")):
+    with pytest.raises(ValueError, match=r"gqa must be one of \('head', 'group'\)"):
+      check()
 
 
 def test_token_mask_covers_selected_blocks():

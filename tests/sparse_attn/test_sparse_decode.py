@@ -5,18 +5,18 @@ import numpy as np
 from hypothesis import given, strategies as st
 
 from sparse_attn import budget as budget_lib
-from sparse_attn import kernels, reference, selection
+from sparse_attn import kernels, reference
 from tests.sparse_attn import helpers
 
 SELECT = {
-    "quest": lambda q, c, b: selection.quest(q, c, b),
-    "quest_group": lambda q, c, b: selection.quest(q, c, b, gqa="group"),
-    "arkvale": lambda q, c, b: selection.arkvale(q, c, b),
-    "arkvale_cuboid": lambda q, c, b: selection.arkvale(q, c, b, variant="cuboid"),
-    "arkvale_sphere": lambda q, c, b: selection.arkvale(q, c, b, variant="sphere"),
-    "topk": lambda q, c, b: selection.topk(q, c, b),
-    "topk_group": lambda q, c, b: selection.topk(q, c, b, gqa="group"),
-    "streaming": lambda q, c, b: selection.streaming(q, c, b),
+    "quest": lambda q, c, b: helpers.select("quest", q, c, b),
+    "quest_group": lambda q, c, b: helpers.select("quest", q, c, b, gqa="group"),
+    "arkvale": lambda q, c, b: helpers.select("arkvale", q, c, b),
+    "arkvale_cuboid": lambda q, c, b: helpers.select("arkvale", q, c, b, variant="cuboid"),
+    "arkvale_sphere": lambda q, c, b: helpers.select("arkvale", q, c, b, variant="sphere"),
+    "topk": lambda q, c, b: helpers.select("topk", q, c, b),
+    "topk_group": lambda q, c, b: helpers.select("topk", q, c, b, gqa="group"),
+    "streaming": lambda q, c, b: helpers.select("streaming", q, c, b),
 }
 
 
