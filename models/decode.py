@@ -28,13 +28,14 @@ from models import llama, sharding
 from models.sampling import Sampling
 from models.driver import Decoder, pin_prefix
 from models.steps import end_prefill, init_caches, prefill_step, sample_from_hidden
+from sparse_attn.protocol import AttentionMethod
 
 def chunk_size_for(max_len: int, prefill_chunk: int) -> int:
   """Chunk length: ``prefill_chunk``, or the next power of two >= 16 for short prompts."""
   return min(prefill_chunk, max(16, 1 << (max(max_len, 1) - 1).bit_length()))
 
 
-def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: int,
+def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMethod, capacity: int,
             prefill_chunk: int = 512, progress=None):
   """Prefills right-padded ``prompts [B, S]`` in chunks.
 
@@ -85,7 +86,7 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: i
   return last, history, caches, states
 
 
-def with_model_window(method, config, capacity: int):
+def with_model_window(method: AttentionMethod, config, capacity: int):
   """``method`` with the model's sliding window (Mistral) when the cache can outgrow it.
 
   Raises:
@@ -139,16 +140,17 @@ class Generation:
 READBACK = 16
 
 
-def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampling = Sampling(),
-             *, prefill_chunk: int = 512, capacity: int | None = None,
-             stop_at_eos: bool = True, mesh=None, progress=None) -> Generation:
+def generate(model, prompt_tokens, max_new_tokens: int, method: AttentionMethod,
+             sampling: Sampling = Sampling(), *, prefill_chunk: int = 512,
+             capacity: int | None = None, stop_at_eos: bool = True, mesh=None,
+             progress=None) -> Generation:
   """Generates up to ``max_new_tokens`` per prompt with ``method`` as the attention.
 
   Args:
     model: a loaded model (``.config``, ``.params``, optional ``.tokenizer`` for EOS ids).
     prompt_tokens: one list of ids, or a list of lists (right-padded internally).
     max_new_tokens: tokens to emit per row.
-    method: a ``sparse_attn.methods.Method`` (its ``window`` and ``rect_interval`` are obeyed).
+    method: any ``AttentionMethod`` (its ``window`` and ``rect_interval`` are obeyed).
     sampling: greedy / temperature / top-p with a seed.
     prefill_chunk: prompt chunk length.
     capacity: cache capacity (default: longest prompt + max_new_tokens, rounded up).
@@ -208,8 +210,8 @@ def generate(model, prompt_tokens, max_new_tokens: int, method, sampling: Sampli
   return Generation(rows, t1 - t0, t2 - t1, int(lengths.sum()), loop.steps)
 
 
-def teacher_forced(model, tokens, prefill_len: int, method, *, prefill_chunk: int = 512,
-                   capacity: int | None = None, mesh=None):
+def teacher_forced(model, tokens, prefill_len: int, method: AttentionMethod, *,
+                   prefill_chunk: int = 512, capacity: int | None = None, mesh=None):
   """Logits of ground-truth continuation fed one token at a time through ``method.decode``.
 
   The first ``prefill_len`` tokens are prefilled densely (``method.prefill``), then tokens

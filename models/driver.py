@@ -22,6 +22,7 @@ import numpy as np
 
 from models import steps
 from models.sampling import Sampling
+from sparse_attn.protocol import AttentionMethod
 
 
 def window_positions(newest: np.ndarray, w: int) -> np.ndarray:
@@ -48,7 +49,7 @@ class Decoder:
   """
 
   model: Any
-  method: Any
+  method: AttentionMethod
   history: jax.Array
   caches: Any
   states: Any

@@ -27,6 +27,7 @@ import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
 from sparse_attn import context_parallel
+from sparse_attn.protocol import AttentionMethod
 
 AXES = ("data", "model", "seq")
 # logical axis -> mesh axis
@@ -214,7 +215,7 @@ class ShardedMethod:
   method is supported there; everything else runs under GSPMD on the sharded arrays.
   """
 
-  inner: object
+  inner: AttentionMethod
   mesh: Mesh
 
   def __getattr__(self, name):
@@ -283,7 +284,7 @@ def state_specs(tree, mesh: Mesh):
   return jax.tree.map(lambda s: s.spec, state_shardings(tree, mesh))
 
 
-def wrap(method, mesh: Mesh | None):
+def wrap(method: AttentionMethod, mesh: Mesh | None) -> AttentionMethod:
   """``method`` as a ``ShardedMethod`` on ``mesh`` (unchanged for ``mesh=None`` or when it is
   already wrapped)."""
   if mesh is None or isinstance(method, ShardedMethod):
@@ -291,7 +292,7 @@ def wrap(method, mesh: Mesh | None):
   return ShardedMethod(method, auto_mesh(mesh))
 
 
-def prepare(model, method, mesh: Mesh | None):
+def prepare(model, method: AttentionMethod, mesh: Mesh | None):
   """``(model, method)`` for a run on ``mesh``: parameters placed, method wrapped (no-op for
   ``mesh=None``). Idempotent: an already wrapped method or placed model is kept."""
   if mesh is None:

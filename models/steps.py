@@ -23,8 +23,9 @@ import jax.numpy as jnp
 
 from models import llama, sharding
 from models.sampling import sample
+from sparse_attn.protocol import AttentionMethod
 
-def init_caches(config, method, batch: int, capacity: int):
+def init_caches(config, method: AttentionMethod, batch: int, capacity: int):
   """``(caches, states)``: per-layer lists of empty caches and method states, one buffer per
   layer (created sharded for a ``sharding.ShardedMethod``)."""
   dt = llama.compute_dtype(config)
@@ -42,7 +43,7 @@ def init_caches(config, method, batch: int, capacity: int):
   return [c for c, _ in made], [s for _, s in made]
 
 
-def prefill_step(params, tokens, positions, caches, states, *, config, method):
+def prefill_step(params, tokens, positions, caches, states, *, config, method: AttentionMethod):
   """One prompt chunk through every layer (``method.prefill`` as attention).
 
   Args:
@@ -57,20 +58,21 @@ def prefill_step(params, tokens, positions, caches, states, *, config, method):
                      phase="prefill")
 
 
-def extend_step(params, tokens, positions, caches, states, *, config, method):
+def extend_step(params, tokens, positions, caches, states, *, config, method: AttentionMethod):
   """A chunk read after ``end_prefill`` (``method.extend``: a query-agnostic question read
   through a compressed cache); arguments and result as ``prefill_step``'s."""
   return _chunk_step(params, tokens, positions, caches, states, config=config, method=method,
                      phase="extend")
 
 
-def _chunk_step(params, tokens, positions, caches, states, *, config, method, phase):
+def _chunk_step(params, tokens, positions, caches, states, *, config, method: AttentionMethod,
+                phase):
   x = _embed(_head(params), jnp.asarray(tokens, jnp.int32), config=config)
   return _layers(params, x, positions, caches, states, config=config, method=method,
                  phase=phase)
 
 
-def end_prefill(caches, states, *, config, method):
+def end_prefill(caches, states, *, config, method: AttentionMethod):
   """Calls ``method.end_prefill`` layer by layer, eagerly (outside jit), on per-layer lists.
 
   Eager on purpose: compression methods size their compacted cache from the concrete prompt
@@ -119,7 +121,8 @@ def _embed_window(head, history, positions, *, config):
   return llama.embed(head, config, _window_tokens(history, positions))
 
 
-def _layer_body(layer_params, x, positions, cache, state, *, config, method, phase):
+def _layer_body(layer_params, x, positions, cache, state, *, config, method: AttentionMethod,
+                phase):
   """One decoder layer with ``method.prefill``, ``.extend``, ``.decode`` or ``.rectify``
   (``phase``) as attention."""
   fn = getattr(method, phase)
@@ -137,7 +140,7 @@ _layer = jax.jit(_layer_body, static_argnames=("config", "method", "phase"),
                  donate_argnames=("cache", "state"))
 
 
-def _layers(params, x, positions, caches, states, *, config, method, phase):
+def _layers(params, x, positions, caches, states, *, config, method: AttentionMethod, phase):
   """Every layer, one ``_layer`` call each, over the per-layer caches and states."""
   new_caches, new_states = [], []
   for p, c, s in zip(llama.split_layers(params)["layers"], caches, states, strict=True):
@@ -160,8 +163,8 @@ _finish = jax.jit(_finish_body, static_argnames=("config", "sampling"),
 
 @functools.partial(jax.jit, static_argnames=("config", "method", "sampling"),
                    donate_argnames=("history", "caches", "states"))
-def _decode_program(params, history, positions, caches, states, key, *, config, method,
-                    sampling):
+def _decode_program(params, history, positions, caches, states, key, *, config,
+                    method: AttentionMethod, sampling):
   """``decode_step`` as one device program (the layers unrolled inside one jit)."""
   head = _head(params)
   x = llama.embed(head, config, _window_tokens(history, positions))
@@ -182,8 +185,8 @@ def fused_by_default() -> bool:
   return jax.default_backend() == "gpu"
 
 
-def decode_step(params, history, positions, caches, states, key, *, config, method, sampling,
-                fused: bool | None = None):
+def decode_step(params, history, positions, caches, states, key, *, config,
+                method: AttentionMethod, sampling, fused: bool | None = None):
   """One decode step over the last ``W`` tokens; samples the next token.
 
   Args:
@@ -210,7 +213,7 @@ def decode_step(params, history, positions, caches, states, key, *, config, meth
   return nxt, logits, history, caches, states
 
 
-def rectify_step(params, history, positions, caches, states, *, config, method):
+def rectify_step(params, history, positions, caches, states, *, config, method: AttentionMethod):
   """Dense re-encoding of ``positions [B, f]`` (``method.rectify``); outputs are discarded."""
   x = _embed_window(_head(params), history, positions, config=config)
   _, caches, states = _layers(params, x, positions, caches, states, config=config,

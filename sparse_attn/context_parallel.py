@@ -44,6 +44,7 @@ from sparse_attn.cache import write
 from sparse_attn.enhancers import resa
 from sparse_attn.merge import merge_n
 from sparse_attn.ordering import after
+from sparse_attn.protocol import AttentionMethod, PrefillGroup
 from sparse_attn.selection import Selection, rank_scores, selected_count
 from sparse_attn.selector import BLOCK_SELECTORS
 
@@ -64,19 +65,19 @@ def own_pipeline(m) -> tuple[str, ...]:
   return tuple(f for f in _REIMPLEMENTED if getattr(type(m), f) is not getattr(Method, f))
 
 
-def supports(m) -> bool:
+def supports(m: AttentionMethod) -> bool:
   """Whether ``m`` (a ``methods.Method``) decodes context-parallel here.
 
   A subclass overriding ``select`` (``notebooks/custom_selector.ipynb``), ``attend``,
   ``decode`` or ``end_prefill`` is not: scoring it with its selector's ``block_scores`` would
   silently be Quest, so it decodes under GSPMD on the sharded arrays, with its own selection.
   """
-  sel = m.selector if m.prefill_group == "dense" else None
+  sel = m.selector if m.prefill_group == PrefillGroup.DENSE else None
   return (sel is not None and sel.name in BLOCK_SELECTORS and m.window == 1
           and sel.topp is None and sel.adakv is None and not own_pipeline(m))
 
 
-def usable(m, cache_spec, mesh) -> bool:
+def usable(m: AttentionMethod, cache_spec, mesh) -> bool:
   """``supports(m)``, the cache spec splits slots and blocks over ``seq``, and kv heads are
   split over ``model`` whenever it has several devices (query heads follow their kv head)."""
   k, kmin = tuple(cache_spec.k), tuple(cache_spec.kmin)

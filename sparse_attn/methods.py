@@ -34,6 +34,7 @@ from sparse_attn.enhancers import compose
 from sparse_attn.enhancers import options as enhancer_options
 from sparse_attn.enhancers import rectify as rect_lib
 from sparse_attn.presets import PRESETS
+from sparse_attn.protocol import PrefillGroup
 from sparse_attn import selector as selector_lib
 from sparse_attn.selector import Selector
 from sparse_attn.spec import parse_spec
@@ -82,7 +83,7 @@ class Method:
 
   # Methods of one prefill group (with the same block size and capacity) end the prompt with
   # identical caches, so experiments share one prefill among them (dense prefill: every Method).
-  prefill_group: ClassVar[str | None] = "dense"
+  prefill_group: ClassVar[PrefillGroup | None] = PrefillGroup.DENSE
 
   def __post_init__(self):
     if self.selector is not None and self.selector.block_size != self.block_size:

@@ -8,11 +8,46 @@ the sharded wrapper (``models.sharding.ShardedMethod``) all implement it, so the
 Shapes (the letters of ``sparse_attn``'s package docstring): post-RoPE ``q [B, Hq, S, D]``,
 ``k, v [B, Hkv, S, D]``, token ``positions [B, S]`` (-1 = padding, never written). In
 ``decode`` ``S == window``.
+
+Closed sets of option values are :class:`Choice` enums (string-valued, so a spec string's
+``"adakv"`` and the member ``HeadBudget.ADAKV`` compare and hash alike), parsed once when a
+method is built: a bad value is a ``ValueError`` naming the valid ones.
 """
 
 from __future__ import annotations
 
+import enum
 from typing import Any, ClassVar, Protocol, runtime_checkable
+
+
+class Choice(enum.StrEnum):
+  """A closed set of string option values (``PrefillGroup``, ``compression.Phase``, ...)."""
+
+  @classmethod
+  def _missing_(cls, value):
+    raise ValueError(f"{cls.__name__} must be one of {cls.values()}, got {value!r}")
+
+  @classmethod
+  def values(cls) -> tuple[str, ...]:
+    """The valid values, in definition order."""
+    return tuple(m.value for m in cls)
+
+  @classmethod
+  def parse(cls, value, option: str):
+    """``value`` (a member or its string) as a member; ValueError naming ``option`` and the
+    valid values otherwise."""
+    try:
+      return cls(value)
+    except ValueError:
+      raise ValueError(f"{option} must be one of {cls.values()}, got {value!r}") from None
+
+
+class PrefillGroup(Choice):
+  """Methods of one group (same block size and capacity) end the prompt with identical caches,
+  so experiments may share one prefill among them (a method of no group has ``None``)."""
+
+  DENSE = "dense"  # dense causal prefill into a block cache: ``methods.Method``
+  COMPRESSION = "compression"  # dense prefill, then eviction: ``compression.CompressionMethod``
 
 
 @runtime_checkable
@@ -20,9 +55,9 @@ class AttentionMethod(Protocol):
   """A decoding attention method: static configuration (hashable) with pure per-layer functions."""
 
   spec: str
-  # Methods of one group (same block size and capacity) end the prompt with identical caches,
-  # so experiments may share one prefill among them; None = never shared.
-  prefill_group: ClassVar[str | None]
+  # Methods of one group end the prompt with identical caches (``PrefillGroup``); None = never
+  # shared.
+  prefill_group: ClassVar[PrefillGroup | None]
 
   @property
   def window(self) -> int:

@@ -13,9 +13,20 @@ returned object has the per-layer interface of ``sparse_attn.methods.Method``.
 Common options (``base.CompressionMethod``): ``ratio``, ``phase``, ``n_sink``, ``head_budget``,
 ``floor``, ``interval``, ``max_tokens``, ``decode_slots``, ``block_size``; each method adds its own.
 
-Modules: ``base`` (the shared per-layer schedule), ``compact`` (compaction into a smaller buffer),
-``flat`` (the one-buffer-per-layer cache Ada-KV budgets compact into), ``head_budget`` (uniform
-and Ada-KV allocation), ``observe`` (query buffers, partial attention), and one file per method.
+A method is one scorer; the head budget and the decode phase wrap it (kvpress's
+``AdaKVPress`` / ``DecodingPress`` pattern). Modules:
+
+* ``scorer``: the scoring contract a method implements (``observe``, ``scores``,
+  ``compact_state``), one file per method beside it;
+* ``head_budget``: ``HeadBudget``; the uniform and Ada-KV rules around a scorer (which slots a
+  budget keeps);
+* ``prefill``: the prompt's cut and the size of the compacted buffer at ``end_prefill``;
+* ``decode_phase``: ``Phase``; ``DecodePhase``, the rule kept to a budget while generating;
+* ``layout``: per-head (``KVCache``) or flat (``flat.FlatKVCache``, Ada-KV's one buffer per
+  layer) caches behind one set of operations; ``flat`` and ``compact`` the buffers themselves;
+* ``base``: ``CompressionMethod``, the per-layer interface composing these;
+* ``observe`` (query buffers, partial attention) and ``rope`` (RoPE for the methods that model
+  it): helpers of the scorers.
 """
 
 import dataclasses
@@ -23,6 +34,8 @@ import dataclasses
 from sparse_attn.compression import (expected_attention, h2o, keydiff, knorm, snapkv,
                                      streaming_llm, tova)
 from sparse_attn.compression.base import CompressionMethod
+from sparse_attn.compression.decode_phase import Phase
+from sparse_attn.compression.head_budget import HeadBudget
 
 def builder(cls):
   """``build(spec, parts, options)`` for ``compression.BUILDERS``: validates every option."""

@@ -44,6 +44,7 @@ import jax.numpy as jnp
 
 from sparse_attn.compression import observe
 from sparse_attn.compression.base import CompressionMethod
+from sparse_attn.compression.head_budget import HeadBudget
 from sparse_attn.compression.rope import RopeOptions, rotate
 
 
@@ -173,7 +174,7 @@ class ExpectedAttention(RopeOptions, CompressionMethod):
   name = "expected_attention"
   # Ada-KV head-adaptive budgets (Sec. 2.2 "Head-Adaptive Compression", Table 4b ablation),
   # 4 sinks, compression every 512 decoding steps (Sec. 3.1 "Implementation details")
-  DEFAULTS = {"n_sink": 4, "interval": 512, "head_budget": "adakv"}
+  DEFAULTS = {"n_sink": 4, "interval": 512, "head_budget": HeadBudget.ADAKV}
 
   def __post_init__(self):
     super().__post_init__()

@@ -1,26 +1,42 @@
-"""Which slots survive: uniform per-head budgets or Ada-KV's head-adaptive allocation.
+"""Which slots survive: a scorer wrapped in a uniform or an Ada-KV head-budget rule.
 
 Letters: B batch, K kv heads, T slots.
 
-Both rules take per-slot importance scores (higher = keep; ``+inf`` = forced, e.g. sinks or a
-recent window; ``-inf`` = empty slot) and a per-row budget ``n [B]`` in tokens per head.
+A compression method is one scorer (``scorer.Scorer``: per-slot importance, higher = keep;
+``+inf`` = forced, e.g. sinks or a recent window; ``-inf`` = empty slot). How a per-row budget
+``n [B]`` (tokens per head) is spent over the heads is a separate rule that wraps the scorer,
+as kvpress wraps any scoring press in its ``AdaKVPress``; here the two rules are:
 
-* ``uniform``: every kv head keeps its own top ``n`` slots (the budget split evenly across heads,
-  the ablation of Ada-KV, Feng et al. 2024, Sec. 4).
-* ``adakv``: Ada-KV (Feng et al. 2024, Alg. 1): one layer-wide top-``K n`` over all heads' scores,
-  so heads whose attention is concentrated give budget to heads whose attention is spread. A
-  per-head floor (the paper's safeguard, Sec. 4.3, ``alpha = 0.2``) guarantees every head its own
-  top ``floor(alpha n)`` first; an optional per-head ceiling keeps the largest head within a
-  static buffer.
+* :class:`Uniform`: every kv head keeps its own top ``n`` slots (the budget split evenly across
+  heads, the ablation of Ada-KV, Feng et al. 2024, Sec. 4); the cache stays per head.
+* :class:`AdaKV`: Ada-KV (Feng et al. 2024, Alg. 1): one layer-wide top-``K n`` over all heads'
+  scores, so heads whose attention is concentrated give budget to heads whose attention is
+  spread. A per-head floor (the paper's safeguard, Sec. 4.3, ``alpha = 0.2``) guarantees every
+  head its own top ``floor(alpha n)`` first; an optional per-head ceiling keeps the largest head
+  within a static buffer. The heads then keep different counts, so the cache becomes the flat
+  layout (``layout.FLAT``).
+
+``HeadBudget`` names the rule in a spec (``head_budget=uniform|adakv``); ``rule`` builds it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from typing import ClassVar
+
 import jax.numpy as jnp
 
+from sparse_attn.compression import layout
 from sparse_attn.compression.compact import rank_desc
+from sparse_attn.compression.scorer import Scorer
+from sparse_attn.protocol import Choice
 
-HEAD_BUDGETS = ("uniform", "adakv")
+
+class HeadBudget(Choice):
+  """How a layer's budget is spread over its kv heads (option ``head_budget``)."""
+
+  UNIFORM = "uniform"
+  ADAKV = "adakv"
 
 
 def uniform_keep(score, n):
@@ -58,11 +74,57 @@ def adakv_keep(score, n, floor: float, ceiling: int | None = None):
   return allowed & (layer_rank < (hkv * n)[:, None, None])
 
 
-def select(score, n, head_budget: str, floor: float = 0.2, ceiling: int | None = None):
-  """Dispatches on ``head_budget`` (``"uniform"`` | ``"adakv"``)."""
-  if head_budget == "uniform":
-    keep = uniform_keep(score, n)
-    return keep if ceiling is None else keep & (rank_desc(score) < ceiling)
-  if head_budget == "adakv":
-    return adakv_keep(score, n, floor, ceiling)
-  raise ValueError(f"head_budget must be one of {HEAD_BUDGETS}, got {head_budget!r}")
+@dataclasses.dataclass(frozen=True)
+class Uniform:
+  """Every kv head keeps the top ``n`` slots of ``scorer`` (its own scores).
+
+  Attributes:
+    scorer: the method's scoring contract (``scorer.Scorer``).
+  """
+
+  scorer: Scorer
+  layout: ClassVar[layout.PerHead] = layout.PER_HEAD  # what end_prefill compacts into
+
+  def keep(self, cache, state, scale, n, ceiling: int | None = None):
+    """The slots kept when every kv head is cut to ``n [B]`` tokens (at most ``ceiling``).
+
+    Args:
+      cache: ``[B, K, T]`` rows (a ``KVCache`` or ``flat.HeadsView``).
+      state: the method's state; scale: softmax scale or None.
+      n: ``[B]`` tokens per head.
+      ceiling: static most slots per head (None = unbounded).
+
+    Returns:
+      ``[B, K, T]`` bool, never an empty slot.
+    """
+    score = self.scorer.slot_scores(cache, state, scale, n)
+    keep = uniform_keep(score, n.astype(jnp.int32))
+    if ceiling is not None:
+      keep = keep & (rank_desc(score) < ceiling)
+    return keep & cache.valid
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaKV:
+  """Ada-KV around ``scorer``: one layer-wide top ``K n`` with a per-head floor (Alg. 1).
+
+  Attributes:
+    scorer: the method's scoring contract (``scorer.Scorer``).
+    floor: the safeguard ``alpha``: each head keeps at least ``floor(alpha n)``.
+  """
+
+  scorer: Scorer
+  floor: float = 0.2
+  layout: ClassVar[layout.Flat] = layout.FLAT  # what end_prefill compacts into
+
+  def keep(self, cache, state, scale, n, ceiling: int | None = None):
+    """The slots kept when the layer keeps ``K n [B]`` tokens in all (see ``Uniform.keep``)."""
+    score = self.scorer.slot_scores(cache, state, scale, n)
+    return adakv_keep(score, n.astype(jnp.int32), self.floor, ceiling) & cache.valid
+
+
+def rule(head_budget: HeadBudget, scorer: Scorer, floor: float) -> Uniform | AdaKV:
+  """The head-budget rule ``head_budget`` wrapped around ``scorer``."""
+  if HeadBudget(head_budget) is HeadBudget.ADAKV:
+    return AdaKV(scorer, floor)
+  return Uniform(scorer)

@@ -5,8 +5,8 @@ Listing 1: the last ``window_size`` (64) prompt queries attend the whole prompt;
 each prefix key receives is summed over the window queries (the "votes"), smoothed by 1-D pooling
 of kernel ``kernel`` (5) over the sequence, and the top keys of each head are kept together with
 the window's own keys. The state keeps a ring of the last ``window_size`` queries and their
-positions, so only a ``window x L`` block of attention is ever computed. GQA: votes are averaged over the
-group's query heads. ``pooling`` is ``"avg"`` (the authors' code) or ``"max"``.
+positions, so only a ``window x L`` block of attention is ever computed. GQA: votes are averaged
+over the group's query heads. ``pooling`` is ``"avg"`` (the authors' code) or ``"max"``.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparse_attn.compression.base import CompressionMethod
+from sparse_attn.compression.head_budget import HeadBudget
 from sparse_attn.compression.rope import RopeOptions, rotate_by
 
 POSITION_MODES = ("original", "rolling")
@@ -51,7 +52,7 @@ class StreamingLLM(RopeOptions, CompressionMethod):
     super().__post_init__()
     if self.positions not in POSITION_MODES:
       raise ValueError(f"positions must be one of {POSITION_MODES}, got {self.positions!r}")
-    if self.positions == "rolling" and self.head_budget == "adakv":
+    if self.positions == "rolling" and self.head_budget is HeadBudget.ADAKV:
       raise ValueError("positions='rolling' re-indexes each head's cache: it needs "
                        "head_budget='uniform' (Ada-KV caches are flat, one buffer per layer)")
     self._check_rope()

@@ -25,6 +25,7 @@ import jax.numpy as jnp
 
 from sparse_attn.compression import observe
 from sparse_attn.compression.base import CompressionMethod
+from sparse_attn.compression.head_budget import HeadBudget
 
 SCOPES = ("layer", "group")
 
@@ -47,7 +48,7 @@ class TOVA(CompressionMethod):
     super().__post_init__()
     if self.scope not in SCOPES:
       raise ValueError(f"scope must be one of {SCOPES}, got {self.scope!r}")
-    if self.scope == "layer" and self.head_budget != "uniform":
+    if self.scope == "layer" and self.head_budget is not HeadBudget.UNIFORM:
       raise ValueError("tova scope='layer' keeps one token set for all heads; head_budget="
                        f"{self.head_budget!r} needs scope='group'")
 
