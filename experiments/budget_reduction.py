@@ -5,19 +5,7 @@ r"""Smallest budget within 2% of dense with and without RESA (RESA Sec. 5.5, Fig
 See ``configs/budget_reduction.py`` (options) and ``experiments/analysis/quality.py`` (tasks).
 """
 
-from experiments.common import cli
-
-cli.define_flags("budget_reduction", mesh=True)  # --mesh=data:2,model:2,seq:2
-
-
-def main(argv):
-  del argv
-  mesh = cli.mesh()  # first: --distributed initialises before anything touches a device
-  config, workdir = cli.parsed()
-  from experiments.analysis import budget_experiment  # pylint: disable=g-import-not-at-top (heavy)
-  for row in budget_experiment.run(config, workdir, mesh=mesh):
-    print(row)
-
+from experiments import entry
 
 if __name__ == "__main__":
-  cli.run(main)
+  entry.main("budget_reduction")

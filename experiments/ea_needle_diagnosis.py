@@ -8,18 +8,7 @@ See ``configs/ea_needle_diagnosis.py`` (protocol) and
 ``ea_needle_diagnosis.md`` and ``ea_needle_diagnosis.png``; a rerun resumes.
 """
 
-from experiments.common import cli
-
-cli.define_flags("ea_needle_diagnosis")
-
-
-def main(argv):
-  del argv
-  config, workdir = cli.parsed()
-  from experiments.analysis import ea_needle_diagnosis  # pylint: disable=g-import-not-at-top
-  for row in ea_needle_diagnosis.run(config, workdir):
-    print(row)
-
+from experiments import entry
 
 if __name__ == "__main__":
-  cli.run(main)
+  entry.main("ea_needle_diagnosis")

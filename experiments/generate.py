@@ -86,8 +86,8 @@ def main(argv):
   checks.check_budget(FLAGS.budget, "--budget")
   checks.check_model(FLAGS.model, tiny=False)
   mesh = distributed.mesh_from_flags()
-  from experiments.common import modelzoo, passage, sparsity, stages as stages_lib  # pylint: disable=g-import-not-at-top
-  from experiments.tasks import specs  # pylint: disable=g-import-not-at-top
+  from experiments.common import modelzoo, passage, sparsity, specs  # pylint: disable=g-import-not-at-top
+  from experiments.common import stages as stages_lib  # pylint: disable=g-import-not-at-top
   from sparse_attn import methods  # pylint: disable=g-import-not-at-top
   import models  # pylint: disable=g-import-not-at-top
   source, prompt = "--prompt", FLAGS.prompt

@@ -16,6 +16,7 @@ import os
 
 from absl import flags
 
+from experiments import registry, report
 from experiments.common import cli, results
 
 FLAGS = flags.FLAGS
@@ -37,10 +38,11 @@ def merge(into: str, sources: list[str]) -> dict[str, int]:
       results.read_records(target), {s: results.read_records(_path(s)) for s in sources})
   os.makedirs(into, exist_ok=True)
   results.write_records(target, merged)
-  from experiments.tasks import report  # pylint: disable=g-import-not-at-top (imports jax)
+  known = registry.by_name()
   for exp in sorted({r.get("experiment") for r in merged}):
-    if exp in report.RENDERERS:
-      report.render_experiment(exp, [r for r in merged if r.get("experiment") == exp], into)
+    if exp in known:
+      report.render_experiment(known[exp], [r for r in merged if r.get("experiment") == exp],
+                               into)
   return added
 
 

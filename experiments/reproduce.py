@@ -4,10 +4,11 @@ r"""Runs every experiment's default config in order, then renders the reproducti
   python -m experiments.reproduce --workdir=results --only=svd_analysis,attention_error
   python -m experiments.reproduce --workdir=results --dry_run       # the plan and its ETA
 
-Each part is ``python -m experiments.NAME --config=configs/NAME.py --workdir=WORKDIR/NAME`` in its
-own process (experiments resume from their ``results.jsonl``, so an interrupted run picks up where
-it stopped). A progress line with the elapsed time and an ETA (from ``EXPECTED_MINUTES``, measured
-on a 2-core CPU, scaled by how the finished parts compared with their estimate) is printed before
+The parts are ``experiments.registry``'s, in its order. Each is ``python -m experiments NAME
+--config=configs/PART.py --workdir=WORKDIR/PART`` in its own process (experiments resume from
+their ``results.jsonl``, so an interrupted run picks up where it stopped). A progress line with
+the elapsed time and an ETA (from each part's expected minutes, measured on a 2-core CPU, scaled
+by how the finished parts compared with their estimate) is printed before
 and after every part; each part's wall time is appended to ``WORKDIR/timings.jsonl`` and the
 report (``experiments.claims``) is rebuilt at the end.
 """
@@ -22,31 +23,7 @@ import time
 
 from absl import app, flags
 
-# (part, entry point): the part's config is configs/PART.py and its workdir WORKDIR/PART (the
-# config fingerprints differ, so parts sharing an entry point never share a workdir).
-PARTS = (
-    ("svd_analysis", "svd_analysis"),
-    ("attention_error", "attention_error"),
-    ("resa_lambda", "resa_lambda"),
-    ("budget_reduction", "budget_reduction"),
-    ("resa_calibrate", "resa_calibrate"),
-    ("accuracy", "accuracy"),
-    ("accuracy_compression", "accuracy"),
-    ("niah_heatmap", "accuracy"),
-    ("needle_keep", "needle_keep"),
-    ("long_generation_qa", "accuracy"),
-    ("perplexity", "perplexity"),
-    ("long_generation", "long_generation"),
-    ("latency", "latency"),
-)
-# Estimated default-run wall time on an idle 2-core CPU (minutes; from the per-sample costs in
-# each config's docstring), used only for the ETA.
-EXPECTED_MINUTES = {
-    "svd_analysis": 15, "attention_error": 20, "resa_lambda": 70, "budget_reduction": 60,
-    "resa_calibrate": 20, "accuracy": 270, "accuracy_compression": 690, "niah_heatmap": 90,
-    "needle_keep": 10, "long_generation_qa": 110, "perplexity": 70, "long_generation": 60,
-    "latency": 12,
-}
+from experiments import registry
 
 FLAGS = flags.FLAGS
 
@@ -54,31 +31,35 @@ FLAGS = flags.FLAGS
 def define_flags():
   """The command line (defined only when run as a script, so the module imports cleanly)."""
   flags.DEFINE_string("workdir", "results", "Root of the per-experiment workdirs.")
-  flags.DEFINE_list("only", [], "Run only these parts (names from PARTS).")
+  flags.DEFINE_list("only", [], "Run only these parts (names from experiments.registry).")
   flags.DEFINE_list("skip", [], "Skip these parts.")
   flags.DEFINE_bool("dry_run", False, "Print the plan and its ETA, run nothing.")
   flags.DEFINE_bool("report", True, "Rebuild the report at the end.")
 
 
-def plan(only=(), skip=()) -> list[tuple[str, str]]:
-  """The parts to run, in order; unknown names are a usage error naming the valid ones."""
-  names = [n for n, _ in PARTS]
+def plan(only=(), skip=(), experiments=registry.EXPERIMENTS) -> list[tuple[str, str]]:
+  """``(part, experiment)`` to run, in order; unknown names are a usage error naming the valid
+  ones."""
+  every = [(p.name, e.name) for p, e in registry.parts(experiments)]
+  names = [n for n, _ in every]
   bad = sorted((set(only) | set(skip)) - set(names))
   if bad:
     raise app.UsageError(f"unknown part(s) {bad}; valid: {names}")
-  return [(n, a) for n, a in PARTS if (not only or n in only) and n not in skip]
+  return [(n, a) for n, a in every if (not only or n in only) and n not in skip]
 
 
-def command(part: str, module: str, workdir: str) -> list[str]:
-  return [sys.executable, "-m", f"experiments.{module}", f"--config=configs/{part}.py",
+def command(part: str, experiment: str, workdir: str) -> list[str]:
+  return [sys.executable, "-m", "experiments", experiment, f"--config=configs/{part}.py",
           f"--workdir={os.path.join(workdir, part)}"]
 
 
-def eta_line(i: int, parts, elapsed: float, spent: dict) -> str:
+def eta_line(i: int, parts, elapsed: float, spent: dict,
+             experiments=registry.EXPERIMENTS) -> str:
   """``[i/n] elapsed, eta`` with the remaining estimate scaled by finished parts' speed."""
-  done_est = sum(EXPECTED_MINUTES[n] for n in spent) * 60
+  minutes = {p.name: p.minutes for p, _ in registry.parts(experiments)}
+  done_est = sum(minutes[n] for n in spent) * 60
   speed = (sum(spent.values()) / done_est) if done_est else 1.0
-  left = sum(EXPECTED_MINUTES[n] for n, _ in parts[i:]) * 60 * speed
+  left = sum(minutes[n] for n, _ in parts[i:]) * 60 * speed
   return f"[{i}/{len(parts)}] elapsed {elapsed / 60:.1f} min, eta {left / 60:.1f} min"
 
 
@@ -89,8 +70,8 @@ def main(argv):
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   start, spent, failed = time.time(), {}, []
   print(eta_line(0, parts, 0.0, spent), "plan:", ", ".join(n for n, _ in parts), flush=True)
-  for i, (name, module) in enumerate(parts):
-    cmd = command(name, module, FLAGS.workdir)
+  for i, (name, experiment) in enumerate(parts):
+    cmd = command(name, experiment, FLAGS.workdir)
     print(f"==> {name}: {' '.join(cmd[1:])}", flush=True)
     if FLAGS.dry_run:
       continue

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 import jax.numpy as jnp
 
+from pallas_kernels import Impl
 from sparse_attn import compression, kernels, selection, sliding_window, sparse
 from sparse_attn.budget import Budget
 from sparse_attn.cache import DIGEST_KINDS, KVCache, init_cache
@@ -73,7 +74,7 @@ class Method:
   spec: str = "dense"
   selector: Selector | None = None
   block_size: int = 16
-  impl: str = "auto"
+  impl: Impl = "auto"
   interpret: bool = False
   resa: enhancer_options.Resa | None = None
   rect: enhancer_options.Rectify | None = None

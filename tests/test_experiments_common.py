@@ -233,11 +233,16 @@ def test_progress_prints_one_line_per_update_with_rate_and_eta():
   assert quiet.getvalue().count("\n") == 1
 
 
-def test_report_has_a_renderer_for_every_experiment():
-  import importlib  # pylint: disable=g-import-not-at-top
-  from experiments.tasks import report  # pylint: disable=g-import-not-at-top
-  assert set(report.RENDERERS) == {
+def test_registry_names_a_runner_and_renderer_for_every_experiment():
+  from experiments import registry  # pylint: disable=g-import-not-at-top
+  assert set(registry.by_name()) == {
       "accuracy", "perplexity", "long_generation", "attention_error", "budget_reduction",
-      "resa_lambda", "resa_calibrate", "svd_analysis", "latency", "needle_keep"}
-  for module, fn, _ in report.RENDERERS.values():
-    assert callable(getattr(importlib.import_module(module), fn)), (module, fn)
+      "resa_lambda", "resa_calibrate", "svd_analysis", "latency", "needle_keep",
+      "ea_needle_diagnosis"}
+  for e in registry.EXPERIMENTS:
+    assert callable(registry.load(e.run)) and callable(registry.load(e.render)), e.name
+    assert os.path.exists(os.path.join(ROOT, "experiments", f"{e.name}.py")), e.name
+  for c, p, _ in registry.claims():
+    assert callable(registry.load(c.measure)), (p.name, c.claim)
+  for p, _ in registry.parts():
+    assert os.path.exists(os.path.join(ROOT, "configs", f"{p.name}.py")), p.name

@@ -38,10 +38,11 @@ import numpy as np
 from scipy import stats
 
 from experiments.analysis import capture as capture_lib
-from experiments.analysis import needle_keep
-from experiments.common import cli, modelzoo, render
+from experiments.analysis import kept_tokens
+from experiments.common import cli, modelzoo, render, specs
 from experiments.common.results import ResultWriter
-from experiments.tasks import accuracy, decoding, ruler, specs
+from experiments.tasks import accuracy, decoding, ruler
+from sparse_attn.compression import HeadBudget
 from sparse_attn.compression import expected_attention as ea
 
 NAME = "ea_needle_diagnosis"
@@ -193,7 +194,7 @@ def run(config, workdir: str) -> list[dict]:
   build = functools.partial(specs.build, block_size=config.block_size,
                             rope_inv_freq=modelzoo.rope_inv_freq(model))
   method = build(config.method, config.budget)
-  uniform = dataclasses.replace(method, head_budget="uniform")
+  uniform = dataclasses.replace(method, head_budget=HeadBudget.UNIFORM)
   samples = ruler.dataset(config.tasks, config.lengths, config.num_samples, prompter,
                           list(config.depths), config.seed, config.haystack)
   progress = cli.Progress(len(samples), NAME)
@@ -203,7 +204,7 @@ def run(config, workdir: str) -> list[dict]:
       progress.update(1)
       continue
     ids, n = accuracy.context_split(prompter, s)
-    span = needle_keep.needle_token_span(prompter.ids, s.prompt, s.context,
+    span = kept_tokens.needle_token_span(prompter.ids, s.prompt, s.context,
                                          s.needle_spans[0], n)
     cap = capture_lib.capture(model, np.asarray(ids, np.int32))
     true = question_attention_per_key(cap.q, cap.k, cap.scale, n)
@@ -236,7 +237,7 @@ def _pipeline_agreement(model, ids, method, keep) -> float:
   prompts, lengths = accuracy.pad([ids])
   capacity = -(-(n + 1) // accuracy.CAPACITY_ROUND) * accuracy.CAPACITY_ROUND
   (_, pre), = decoding.prefill_all(model, prompts, lengths, [method], capacity)
-  kept = np.stack([needle_keep.kept_mask(c, n)[0] for c in pre.caches])  # [L, K, S]
+  kept = np.stack([kept_tokens.kept_mask(c, n)[0] for c in pre.caches])  # [L, K, S]
   return float((kept == keep).mean())
 
 

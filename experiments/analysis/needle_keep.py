@@ -1,121 +1,156 @@
-"""Which prompt tokens a compression method keeps, and whether the needle is among them.
+"""``experiments.needle_keep``: does a compression method keep the needle? (EA Fig. 3 diagnosis)
 
-Letters: B batch, L layers, K kv heads, T cache slots, S context tokens.
+For needle prompts (``experiments.tasks.ruler``) the context (everything before the question,
+as the query-agnostic protocol compresses it) is prefilled once for every compression method
+(``decoding.prefill_all``), each method evicts with its own ``end_prefill``, and the kept
+positions of every layer and kv head are compared with the needle's tokens
+(``needle_keep``). One record per (method, sample): the needle's kept share overall, per
+layer and per kv head, the kept share of each tenth of the context (where in the context a
+method keeps its budget), and the recall weighted by where the dense model looks: the share of
+its attention from the question's tokens that lands on the needle, per layer and kv head (one
+dense prefill of the whole prompt, ``capture``). No answer is generated: this explains an
+accuracy, it does not measure one.
 
-A diagnostic for the needle grid (Expected Attention Fig. 3): after a method's ``end_prefill``
-the cache holds, per layer and kv head, the positions it kept. ``kept_mask`` turns one layer's
-cache (per-head ``KVCache`` or Ada-KV's flat buffer) into ``[B, K, S]`` booleans;
-``keep_summary`` reduces the layers to the numbers the report plots: how much of the needle
-survives, in which layers, and how the kept tokens spread over the context (a recency profile).
-``question_attention`` says where it matters: the share of the dense model's attention from the
-question's tokens that falls on the needle, per layer and kv head, so a method's recall can be
-weighted by the heads that actually read the needle.
+Each context is prefilled twice on purpose: the compression union must see the context alone
+(the query-agnostic protocol), while the question's attention needs a dense pass that reads
+the question after the whole, uncompressed context.
 """
 
 from __future__ import annotations
 
+import collections
+import os
+
+import matplotlib.pyplot as plt
 import numpy as np
 
-from sparse_attn.compression import flat
+from experiments.analysis import capture as capture_lib
+from experiments.analysis import kept_tokens
+from experiments.common import cli, modelzoo, render, specs
+from experiments.common.results import ResultWriter
+from experiments.tasks import accuracy, decoding, ruler
+from sparse_attn.protocol import PrefillGroup
 
-POSITION_BINS = 10
-
-
-def kept_mask(cache, num_positions: int) -> np.ndarray:
-  """``[B, K, S]`` bool: the positions ``< S`` each kv head's cache holds after eviction.
-
-  Args:
-    cache: one layer's ``KVCache`` (``pos [B, K, T]``) or ``flat.FlatKVCache`` (``pos [B, T]``
-      with a kv-head id per slot).
-    num_positions: ``S``, the context positions to report.
-  """
-  view = flat.heads_view(cache) if isinstance(cache, flat.FlatKVCache) else cache
-  pos, valid = np.asarray(view.pos), np.asarray(view.valid)
-  idx = np.where(valid & (pos < num_positions), pos, num_positions)  # the rest: a dump column
-  out = np.zeros(pos.shape[:-1] + (num_positions + 1,), bool)
-  np.put_along_axis(out, idx.astype(np.int64), True, axis=-1)
-  return out[..., :num_positions]
+NAME = "needle_keep"
+KEYED = ("methods", "budgets", "depths")  # in every record's key (extending reuses rows)
 
 
-def needle_token_span(ids_of, prompt: str, context: str, char_span, num_context: int):
-  """``(start, end)`` token positions of a needle given by its character span in ``context``.
-
-  Args:
-    ids_of: ``str -> list[int]``, the tokenizer the prompt was encoded with.
-    prompt: the whole prompt; ``context`` is a substring of it.
-    char_span: ``(a, b)`` characters of the needle inside ``context``.
-    num_context: tokens of the prompt's context part (the span is clipped to it).
-
-  The token index of a character is the token count of the prompt up to it, so a token that
-  straddles the needle's edge counts as the needle's.
-  """
-  base = prompt.index(context)
-  a, b = (base + int(c) for c in char_span)
-  start = len(ids_of(prompt[:a]))
-  end = max(len(ids_of(prompt[:b])), start + 1)
-  if start >= num_context:
-    raise ValueError(f"needle tokens [{start}, {end}) lie past the context ({num_context} tokens)")
-  return start, min(end, num_context)
+def _key(label, s) -> str:
+  return f"{label}|{s.task}|{s.target}|{s.seed}|{s.depth}"
 
 
-def keep_summary(kept: np.ndarray, length: int, span) -> dict:
-  """Summary of one sample's kept positions.
-
-  Args:
-    kept: ``[L, K, S]`` bool (one batch row of every layer's ``kept_mask``).
-    length: the sample's context tokens (positions ``>= length`` are padding).
-    span: ``(start, end)`` needle token positions.
-
-  Returns:
-    ``needle_recall`` (kept share of the needle's tokens over layers x heads x tokens),
-    ``needle_recall_per_layer [L]``, ``needle_recall_per_head [L, K]``, ``heads_with_needle``
-    (share of layer x head pairs keeping at least half of the needle's tokens),
-    ``kept_fraction`` (of the context), and
-    ``position_profile [POSITION_BINS]`` (kept share of each tenth of the context).
-  """
-  kept = np.asarray(kept[..., :length], bool)
-  a, b = span
-  needle = kept[..., a:b].astype(np.float64)  # [L, K, n]
-  per_head = needle.mean(-1)  # [L, K]
-  edges = np.linspace(0, length, POSITION_BINS + 1).round().astype(int)
-  profile = [float(kept[..., lo:hi].mean()) if hi > lo else float("nan")
-             for lo, hi in zip(edges[:-1], edges[1:])]
-  return dict(needle_recall=float(needle.mean()),
-              needle_recall_per_layer=[float(x) for x in needle.mean(axis=(1, 2))],
-              needle_recall_per_head=per_head.round(4).tolist(),
-              heads_with_needle=float((per_head >= 0.5).mean()),
-              kept_fraction=float(kept.mean()),
-              position_profile=profile)
-
-
-def question_attention(q, k, scale: float, num_context: int, span) -> np.ndarray:
-  """``[L, K]``: the share of dense attention from the question's queries that lands on the
-  needle, averaged over the question's positions and each kv head's query heads.
-
-  Args:
-    q: ``[L, N, S, D]`` post-RoPE queries of the whole prompt (``capture.Captured.q``).
-    k: ``[L, K, S, D]`` post-RoPE keys.
-    scale: softmax scale.
-    num_context: positions before the question (queries at ``>= num_context`` are the question's).
-    span: ``(start, end)`` needle token positions.
-  """
-  num_layers, n, s, _ = q.shape
-  kv = k.shape[1]
-  a, b = span
-  t = np.arange(num_context, s)
-  out = np.zeros((num_layers, kv))
-  for layer in range(num_layers):
-    keys = np.repeat(k[layer], n // kv, axis=0)  # [N, S, D]
-    logits = scale * np.einsum("nqd,nsd->nqs", q[layer, :, num_context:], keys)
-    logits = np.where(np.arange(s)[None, None, :] <= t[None, :, None], logits, -np.inf)
-    p = np.exp(logits - logits.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    mass = p[..., a:b].sum(-1).mean(-1)  # [N]
-    out[layer] = mass.reshape(kv, n // kv).mean(-1)
-  return out
+def run(config, workdir: str) -> list[dict]:
+  """Runs ``configs/needle_keep.py``'s methods on its needle prompts; returns the table rows."""
+  writer = ResultWriter(workdir, config, NAME, keyed=KEYED)
+  model = modelzoo.load_model(config.model)
+  prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
+  entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
+                         rope_inv_freq=modelzoo.rope_inv_freq(model))
+  bad = [e.label for e in entries if e.method.prefill_group != PrefillGroup.COMPRESSION]
+  if bad:
+    raise ValueError(f"{bad} are not compression methods: only an eviction keeps a subset")
+  samples = ruler.dataset(config.tasks, config.lengths, config.num_samples, prompter,
+                          list(config.depths), config.seed, config.haystack)
+  progress = cli.Progress(len(samples) * len(entries), NAME)
+  for start in range(0, len(samples), config.batch_size):
+    batch = samples[start:start + config.batch_size]
+    todo = [e for e in entries if not all(writer.done(_key(e.label, s)) for s in batch)]
+    progress.update((len(entries) - len(todo)) * len(batch))
+    if not todo:
+      continue
+    split = [accuracy.context_split(prompter, s) for s in batch]
+    spans = [kept_tokens.needle_token_span(prompter.ids, s.prompt, s.context,
+                                           s.needle_spans[0], n)
+             for s, (_, n) in zip(batch, split)]
+    attention = [_question_attention(model, ids, n, span) for (ids, n), span in zip(split, spans)]
+    prompts, lengths = accuracy.pad([ids[:n] for ids, n in split])
+    capacity = -(-int(lengths.max() + 1) // accuracy.CAPACITY_ROUND) * accuracy.CAPACITY_ROUND
+    for e, (_, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
+                                                     [e.method for e in todo], capacity)):
+      s_max = int(lengths.max())
+      kept = np.stack([kept_tokens.kept_mask(c, s_max) for c in pre.caches], axis=1)  # [B,L,K,S]
+      for i, s in enumerate(batch):
+        summary = kept_tokens.keep_summary(kept[i], int(lengths[i]), spans[i])
+        rec = dict(model=config.model, method=e.label, spec=e.spec, budget=e.budget,
+                   task=s.task, length=s.target, context_tokens=int(lengths[i]), depth=s.depth,
+                   seed=s.seed, needle_tokens=list(spans[i]), **summary,
+                   question_attention=attention[i].round(5).tolist(),
+                   weighted_recall=kept_tokens.weighted_recall(
+                       summary["needle_recall_per_head"], attention[i]))
+        writer.write(rec, key=_key(e.label, s))
+      progress.update(len(batch), e.label)
+  return render_all(writer.records(), workdir)
 
 
-def weighted_recall(per_head, attention) -> float:
-  """Needle recall weighted by the question's attention on the needle per (layer, kv head)."""
-  w = np.asarray(attention, np.float64)
-  return float((w * np.asarray(per_head, np.float64)).sum() / max(w.sum(), 1e-30))
+def _question_attention(model, ids, num_context, span):
+  """``[L, K]`` dense attention share of the question's tokens on the needle (one prefill)."""
+  cap = capture_lib.capture(model, np.asarray(ids, np.int32))
+  return kept_tokens.question_attention(cap.q, cap.k, cap.scale, num_context, span)
+
+
+def table(records) -> list[dict]:
+  """Per method: mean needle recall (with its range over samples), the recall weighted by the
+  question's attention (overall, and for needles at depth < 0.5 / >= 0.5), the layer x head
+  pairs keeping the needle, and the kept fraction."""
+  by = collections.defaultdict(list)
+  for r in records:
+    by[r["method"]].append(r)
+  rows = []
+  for method, rs in by.items():
+    recall = np.array([r["needle_recall"] for r in rs])
+    weighted = np.array([r.get("weighted_recall", np.nan) for r in rs])
+    depth = np.array([r["depth"] for r in rs], float)
+    part = lambda m: f"{100 * weighted[m].mean():.0f}" if m.any() else "-"
+    rows.append(dict(method=method, needle_recall=100 * recall.mean(),
+                     min_max=f"[{100 * recall.min():.0f}, {100 * recall.max():.0f}]",
+                     weighted_recall=100 * weighted.mean(), shallow=part(depth < 0.5),
+                     deep=part(depth >= 0.5),
+                     heads_with_needle=100 * np.mean([r["heads_with_needle"] for r in rs]),
+                     kept=100 * np.mean([r["kept_fraction"] for r in rs]), n=len(rs)))
+  rows.sort(key=lambda r: -r["weighted_recall"])
+  return rows
+
+
+def render_all(records, workdir: str) -> list[dict]:
+  """Writes ``needle_keep.md`` and ``needle_keep.png`` (recall vs depth; the position profile)."""
+  rows = table(records)
+  if not rows:
+    return rows
+  fig, ax = render.new_figure(ncols=2, size=(5.0, 4.6))
+  by = collections.defaultdict(list)
+  for r in records:
+    by[r["method"]].append(r)
+  for method in (r["method"] for r in rows):
+    rs = by[method]
+    depths = sorted({r["depth"] for r in rs})
+    ax[0, 0].plot(depths, [100 * np.mean([r.get("weighted_recall", np.nan) for r in rs
+                                          if r["depth"] == d]) for d in depths], "o-",
+                  label=method)
+    prof = np.nanmean([r["position_profile"] for r in rs], axis=0)
+    centres = (np.arange(len(prof)) + 0.5) / len(prof)
+    ax[0, 1].plot(centres, 100 * prof, ".-", label=method)
+  ax[0, 0].set(xlabel="needle depth", ylabel="needle kept (%, attention-weighted)",
+               title="needle kept where the question reads it")
+  ax[0, 1].set(xlabel="position in the context (fraction)", ylabel="tokens kept (%)",
+               title="where the budget goes")
+  handles, labels = ax[0, 0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+  fig.tight_layout(rect=(0, 0.02 + 0.045 * -(-len(labels) // 3), 1, 1))
+  fig.savefig(os.path.join(workdir, "needle_keep.png"), dpi=110)
+  plt.close(fig)
+  cfg = records[0].get("config", {})
+  md = render.markdown_table(rows, ["method", "needle_recall", "min_max", "weighted_recall",
+                                    "shallow", "deep", "heads_with_needle", "kept", "n"],
+                             digits=3)
+  render.write_markdown(workdir, "needle_keep.md", "Which tokens compression keeps (needle)", [
+      f"Model `{cfg.get('model')}`, tasks {cfg.get('tasks')}, lengths {cfg.get('lengths')}, "
+      f"depths {cfg.get('depths')}: the context is prefilled and compressed as in the "
+      "query-agnostic protocol, and the kept positions of every layer and kv head are compared "
+      "with the needle's tokens. `needle_recall`: kept share of the needle's tokens over layers "
+      "x kv heads (%); `weighted_recall`: the same, each layer x kv head weighted by the share "
+      "of the dense model's attention from the question's tokens on the needle there (where "
+      "the model reads it); `shallow` / `deep`: `weighted_recall` for needles at depth < 0.5 / "
+      ">= 0.5; "
+      "`heads_with_needle`: layer x head pairs keeping at least half of the needle (%); `kept`: "
+      "share of the context kept.", md, "![needle_keep](kept_tokens.png)"])
+  return rows

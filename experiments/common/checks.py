@@ -58,8 +58,8 @@ def check_budget(budget, field: str = "budget") -> None:
 
 
 def check_specs(spec_list, budgets, *, block_size: int = 16) -> None:
-  """Every spec builds at every budget (``experiments.tasks.specs``; no model needed)."""
-  from experiments.tasks import specs  # pylint: disable=g-import-not-at-top (imports jax)
+  """Every spec builds at every budget (``experiments.common.specs``; no model needed)."""
+  from experiments.common import specs  # pylint: disable=g-import-not-at-top (imports jax)
   specs.expand(list(spec_list), list(budgets), block_size=block_size)
 
 

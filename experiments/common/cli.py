@@ -146,7 +146,8 @@ def guarded(main):
 
 
 def _program() -> str:
-  return os.path.basename(sys.argv[0]).removesuffix(".py")
+  """The name errors start with: the experiment's (also under ``python -m experiments NAME``)."""
+  return _STATE.get("name") or os.path.basename(sys.argv[0]).removesuffix(".py")
 
 
 def _parse_flags(argv):

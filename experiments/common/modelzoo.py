@@ -48,7 +48,7 @@ def load_model(name: str, mesh=None):
 
 def rope_inv_freq(model) -> tuple:
   """The model's ``[D/2]`` RoPE inverse frequencies (scaling applied), for methods that model
-  RoPE (``experiments.tasks.specs.build``)."""
+  RoPE (``experiments.common.specs.build``)."""
   from models import rope  # pylint: disable=g-import-not-at-top
   return tuple(float(f) for f in rope.inverse_frequencies(model.config.rope,
                                                            model.config.head_dim))

@@ -1,7 +1,8 @@
 """Task experiments: RULER-style accuracy, perplexity under sparse decoding, long generation.
 
-Library code for the entry points ``experiments/{accuracy,perplexity,long_generation,report}.py``:
-``ruler`` / ``haystack`` (the sample generator), ``scoring``, ``specs`` (method rows),
-``decoding`` (shared prefill, greedy and lockstep teacher-forced loops), ``reuse`` (top-k reuse
-baseline and selection overlap), and one module per experiment.
+Library code for the experiments ``accuracy``, ``perplexity`` and ``long_generation``:
+``ruler`` / ``haystack`` (the sample generator), ``scoring``, ``decoding`` (shared prefill,
+greedy and lockstep teacher-forced loops), and one module per experiment. The method rows
+(``experiments.common.specs``) and the top-k reuse baseline (``experiments.common.reuse``) are
+shared with the analysis experiments.
 """

@@ -22,8 +22,9 @@ import time
 
 import numpy as np
 
-from experiments.common import checks, cli, modelzoo, results
-from experiments.tasks import accuracy_report, decoding, ruler, scoring, specs
+from experiments.common import checks, cli, modelzoo, results, specs
+from experiments.tasks import accuracy_report, decoding, ruler, scoring
+from sparse_attn.protocol import PrefillGroup
 
 EXPERIMENT = "accuracy"
 # In every record's key (extending them reuses finished rows); reporting-only fields ignored.
@@ -148,10 +149,10 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
       for e, (m, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
                                                          [e.method for e in todo], capacity,
                                                          mesh=mesh)):
-        kept = kv_kept(pre) if m.prefill_group == "compression" else None
+        kept = kv_kept(pre) if m.prefill_group == PrefillGroup.COMPRESSION else None
         if protocol == "query_agnostic":
           # one chunk where the method reads chunks (dense, compression); selectors step
-          read = (decoding.extend if m.is_dense or m.prefill_group == "compression"
+          read = (decoding.extend if m.is_dense or m.prefill_group == PrefillGroup.COMPRESSION
                   else decoding.extend_stepwise)
           pre = read(model, pre, m, suffix, suffix_lengths)
         rows = decoding.greedy(model, pre, m, max_new)

@@ -22,10 +22,11 @@ from models import llama, sharding
 from sparse_attn import reference
 from sparse_attn.cache import write
 from sparse_attn.cache_attention import dense_over_cache
+from sparse_attn.compression import HeadBudget
 from sparse_attn.compression.base import CompressionMethod
 
 # Options only ``end_prefill`` / ``keep_mask`` read: members differing in them observe alike.
-_KEEP_ONLY = dict(spec="", ratio=0.0, head_budget="uniform", floor=0.2, max_tokens=None)
+_KEEP_ONLY = dict(spec="", ratio=0.0, head_budget=HeadBudget.UNIFORM, floor=0.2, max_tokens=None)
 
 
 def observation_key(method: CompressionMethod) -> CompressionMethod:
@@ -42,7 +43,7 @@ class CompressionUnion(CompressionMethod):
   """
 
   observers: tuple = ()
-  prefill_group: ClassVar[str | None] = None  # it is the shared prefill itself
+  prefill_group: ClassVar[PrefillGroup | None] = None  # it is the shared prefill itself
 
   @classmethod
   def of(cls, methods) -> "CompressionUnion":

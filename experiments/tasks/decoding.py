@@ -36,6 +36,7 @@ from experiments.tasks import compression_union
 from models import decode, driver, sharding, steps
 from models.sampling import Sampling
 from sparse_attn import cache as cache_lib
+from sparse_attn.protocol import PrefillGroup
 
 GREEDY = Sampling()
 
@@ -76,7 +77,7 @@ def _prefill_union(group):
 
 
 def _shares_union(m, union) -> bool:
-  if m.prefill_group != "dense":  # e.g. top-k reuse keeps state of its own
+  if m.prefill_group != PrefillGroup.DENSE:  # e.g. top-k reuse keeps state of its own
     return False
   if m.resa and m.resa.typical_query != union.resa.typical_query:
     return False
@@ -122,7 +123,7 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
   the yielded ``Prefilled`` carries the mesh (``greedy`` / ``extend`` decode there).
   """
   compressed = {_shared_key(m, capacity, mesh=mesh) for m in method_list
-                if m.prefill_group == "compression"}
+                if m.prefill_group == PrefillGroup.COMPRESSION}
   key_of = lambda m: (k if (k := _shared_key(m, capacity, True, mesh)) in compressed
                       else _shared_key(m, capacity, mesh=mesh))
   groups = {}
@@ -131,7 +132,7 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
       groups.setdefault(key_of(m), []).append(m)
   unions = {key: (_prefill_union(g) if key[0] == "dense" else
                   compression_union.CompressionUnion.of(
-                      [m for m in g if m.prefill_group == "compression"]))
+                      [m for m in g if m.prefill_group == PrefillGroup.COMPRESSION]))
             for key, g in groups.items()}
   shared = {}
   copy = lambda t: jax.tree.map(jnp.copy, t)
@@ -149,11 +150,11 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
       shared[key] = decode.prefill(model, prompts, lengths, sharding.wrap(unions[key], mesh),
                                    key[2], prefill_chunk)
     last, history, caches, states = shared[key]
-    if key[0] == "compression" and m.prefill_group == "compression":
+    if key[0] == PrefillGroup.COMPRESSION and m.prefill_group == PrefillGroup.COMPRESSION:
       mine_caches, mine = compression_union.split(unions[key], m, caches, states, cfg, mesh)
       yield m, Prefilled(last, copy(history), mine_caches, mine, lengths, key[2], mesh=mesh)
       continue
-    if key[0] == "compression":  # dense: the union's cache as it is, no state
+    if key[0] == PrefillGroup.COMPRESSION:  # dense: the union's cache as it is, no state
       yield m, Prefilled(last, copy(history), copy(caches), [{} for _ in caches], lengths, key[2],
                          mesh=mesh)
       continue

@@ -9,7 +9,7 @@ greedily. Measured per method against dense:
   an earlier different token);
 * for ``+retro``: the effective KV budget of each query once it leaves the window, as a factor
   of the nominal budget of its first step (Retro Fig. 2c);
-* for ``+track`` (``experiments.tasks.reuse``): the overlap of the selected blocks of adjacent
+* for ``+track`` (``experiments.common.reuse``): the overlap of the selected blocks of adjacent
   queries (Retro Fig. 2b); ``+reuse`` is the top-k-reuse baseline (Retro Table 4).
 """
 
@@ -20,8 +20,8 @@ import os
 
 import numpy as np
 
-from experiments.common import cli, modelzoo, render, results
-from experiments.tasks import decoding, scoring, specs
+from experiments.common import cli, modelzoo, render, results, specs
+from experiments.tasks import decoding, scoring
 from experiments.tasks.perplexity import documents
 from sparse_attn.enhancers import retro
 

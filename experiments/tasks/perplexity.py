@@ -20,8 +20,8 @@ import time
 
 import numpy as np
 
-from experiments.common import cli, data, modelzoo, render, results
-from experiments.tasks import decoding, specs
+from experiments.common import cli, data, modelzoo, render, results, specs
+from experiments.tasks import decoding
 
 EXPERIMENT = "perplexity"
 KEYED = ("model", "methods", "budgets", "xs", "interval_methods")  # in every record's key

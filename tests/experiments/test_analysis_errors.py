@@ -99,12 +99,12 @@ def test_merge_residual_limits():
 
 def test_fig6a_per_head_reduction_quantiles():
   """The paper's Fig. 6a: layers' average error per head, RESA's reduction per head."""
-  from experiments.analysis import error_experiment  # pylint: disable=g-import-not-at-top
+  from experiments.analysis import attention_error  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(0)
   base = rng.uniform(1.0, 2.0, size=(3, 8))
   frac = np.linspace(0.2, 0.9, 8)  # head h keeps frac[h] of its error
   resa = base * frac[None]
-  out = error_experiment.head_reduction_quantiles(base, resa)
+  out = attention_error.head_reduction_quantiles(base, resa)
   want = 1.0 - frac
   np.testing.assert_allclose(out["head_reduction_median"], np.median(want))
   np.testing.assert_allclose(out["head_reduction_q25"], np.quantile(want, 0.25))
@@ -112,12 +112,12 @@ def test_fig6a_per_head_reduction_quantiles():
   # A ratio of means weights heads by their error; the per-head median does not.
   base[:, 0] = 100.0
   resa[:, 0] = 100.0  # one large head RESA does not help
-  out = error_experiment.head_reduction_quantiles(base, resa)
+  out = attention_error.head_reduction_quantiles(base, resa)
   assert out["heads_reduced"] == 7 / 8
   assert out["head_reduction_median"] > 1.0 - resa.mean() / base.mean()
   rec = lambda spec, grid: dict(spec=spec, budget=0.1, score_l1=grid.tolist(),
-                                **{m: grid.tolist() for m in error_experiment.METRICS
+                                **{m: grid.tolist() for m in attention_error.METRICS
                                    if m != "score_l1"}, attended=[1.0],
                                 out_rel_l2_retired=[0.0])
-  _, red = error_experiment.summary([rec("quest", base), rec("quest+resa", resa)])
+  _, red = attention_error.summary([rec("quest", base), rec("quest+resa", resa)])
   assert red[0]["head_reduction_median"] == out["head_reduction_median"]

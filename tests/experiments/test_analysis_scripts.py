@@ -12,9 +12,9 @@ import pytest
 
 from configs import attention_error as ae_config
 from configs import resa_calibrate as rc_config
-from experiments.analysis import calibrate_experiment, error_experiment
+from experiments import report
+from experiments.analysis import attention_error, resa_calibrate
 from experiments.common import results
-from experiments.tasks import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -66,7 +66,7 @@ def test_svd_analysis_script(root):
 
 def test_attention_error_quick(root):
   tmp_path = root / "attention_error"
-  red = error_experiment.run(_quick(ae_config), str(tmp_path))
+  red = attention_error.run(_quick(ae_config), str(tmp_path))
   assert (tmp_path / "attention_error.md").exists()
   assert (tmp_path / "fig6a_error_reduction.png").exists()
   assert (tmp_path / "fig6a_score_error_quest_0.1.png").exists()
@@ -85,7 +85,7 @@ def test_attention_error_quick(root):
 
 def test_resa_calibrate_quick(root):
   tmp_path = root / "resa_calibrate"
-  rows = calibrate_experiment.run(_quick(rc_config), str(tmp_path))
+  rows = resa_calibrate.run(_quick(rc_config), str(tmp_path))
   assert (tmp_path / "calibration_lambda_beta").is_dir()
   assert (tmp_path / "resa_calibrate.md").exists()
   arms = {r["arm"]: r for r in rows}
@@ -102,7 +102,7 @@ def test_rerun_with_another_model_is_refused(root):
   with cfg.unlocked():
     cfg.model = "smollm2-135m-instruct"
   with pytest.raises(results.ConfigMismatch, match="model: 'tiny-random' in the workdir"):
-    error_experiment.run(cfg, wd)
+    attention_error.run(cfg, wd)
   assert len(_records(wd)) == before
 
 

@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 from absl import app
 
-from experiments import claims, claims_leaderboard, claims_table, claims_tasks, reproduce
+from experiments import registry, reproduce
+from experiments.claims import leaderboard as claims_leaderboard
+from experiments.claims import report as claims
+from experiments.claims import table as claims_table
+from experiments.claims import tasks as claims_tasks
 
 
 def _acc(method, scores, budget=0.025, length=4096, protocol="query_aware",
@@ -220,14 +224,14 @@ def test_leaderboard_figure_has_a_panel_per_benchmark_protocol_and_length(tmp_pa
 
 
 def test_reproduce_plan_and_bad_names():
-  assert [n for n, _ in reproduce.plan()] == [n for n, _ in reproduce.PARTS]
+  every = [p.name for p, _ in registry.parts()]
+  assert [n for n, _ in reproduce.plan()] == every
   assert [n for n, _ in reproduce.plan(["latency", "svd_analysis"])] == ["svd_analysis",
                                                                          "latency"]
   with pytest.raises(app.UsageError, match="unknown part"):
     reproduce.plan(["svd"])
-  assert set(reproduce.EXPECTED_MINUTES) == {n for n, _ in reproduce.PARTS}
   line = reproduce.eta_line(1, reproduce.plan(), 600.0, {"svd_analysis": 1200.0})
-  assert line.startswith(f"[1/{len(reproduce.PARTS)}] elapsed 10.0 min, eta")
+  assert line.startswith(f"[1/{len(every)}] elapsed 10.0 min, eta")
 
 
 def test_score_error_reduction_uses_the_per_head_statistic():
@@ -243,6 +247,11 @@ def test_score_error_reduction_uses_the_per_head_statistic():
   assert got["verdict"] == "reproduced" and got["ours"].startswith("median 60.0%")
   weak = [dict(r, score_l1=base * 0.9) if "+" in r["spec"] else r for r in recs]
   assert claims_table.score_error_reduction(weak)["verdict"] == "not reproduced"
+  # two models are measured apart (never pooled) and the weakest verdict decides
+  other = [dict(r, config=dict(model="other")) for r in weak]
+  both = claims_table.score_error_reduction(recs + other)
+  assert both["verdict"] == "not reproduced" and both["n"] == 8
+  assert both["ours"].startswith("m: median 60.0%") and "other: median 10.0%" in both["ours"]
 
 
 def test_ea_claims_read_ruler_and_the_needle_grid_apart():

@@ -2,7 +2,9 @@
 
 import numpy as np
 
-from experiments import claims_generation, claims_speed, claims_sweeps
+from experiments.claims import generation as claims_generation
+from experiments.claims import speed as claims_speed
+from experiments.claims import sweeps as claims_sweeps
 
 
 def _lam(task, lam, scores, form="renormalised"):

@@ -4,7 +4,10 @@ RESA Table 1's seven tasks, and records that cannot be tied to code."""
 import numpy as np
 import pytest
 
-from experiments import claims, claims_sweeps, claims_tasks, claims_verdicts
+from experiments.claims import report as claims
+from experiments.claims import sweeps as claims_sweeps
+from experiments.claims import tasks as claims_tasks
+from experiments.claims import verdicts as claims_verdicts
 from experiments.common import results
 
 SEVEN = claims_tasks.RESA_TABLE1_TASKS
@@ -118,7 +121,7 @@ def test_readme_head_block_is_rewritten_from_the_claim_rows(tmp_path):
 
 
 def test_leaderboard_keeps_rulers_generator_apart_from_the_earlier_variant():
-  from experiments import claims_leaderboard  # pylint: disable=g-import-not-at-top
+  from experiments.claims import leaderboard as claims_leaderboard  # pylint: disable=g-import-not-at-top
   old = _acc("dense", np.ones(4), "qa", budget=None)
   new = [dict(r, generator="nvidia-ruler", score=0.0) for r in old]
   board = claims_leaderboard.rows(old + new)

@@ -9,9 +9,8 @@ import jax
 import numpy as np
 
 from configs import latency as latency_config
-from experiments import latency_lib
+from experiments import latency_lib, report
 from experiments.latency_lib import prefill, settings, timing, traffic
-from experiments.tasks import report
 from sparse_attn import methods
 from tests import isolated
 

@@ -1,4 +1,4 @@
-"""``experiments.analysis.needle_keep``: kept positions of both cache layouts against a
+"""``experiments.analysis.kept_tokens``: kept positions of both cache layouts against a
 brute-force set reading, the needle's token span, the summary numbers, and a quick run whose
 StreamingLLM row keeps exactly its sinks and the recent half."""
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from configs import needle_keep as nk_config
-from experiments.analysis import needle_experiment, needle_keep
+from experiments.analysis import kept_tokens, needle_keep
 from experiments.common import results
 from sparse_attn import cache as cache_lib
 from sparse_attn.compression import flat
@@ -41,7 +41,7 @@ def test_kept_mask_matches_a_slot_by_slot_reading(seed, batch, heads, slots, s):
                  rng.integers(0, 48, (batch, heads, slots))).astype(np.int32)
   c = dataclasses.replace(cache_lib.init_cache(batch, heads, slots, 4, 16),
                           pos=jnp.asarray(pos), length=jnp.asarray(length))
-  got = needle_keep.kept_mask(c, s)
+  got = kept_tokens.kept_mask(c, s)
   assert got.shape == (batch, heads, s)
   np.testing.assert_array_equal(got, _brute(pos, np.asarray(c.valid), None, heads, s))
   # flat Ada-KV buffer: one row of slots, a kv-head id per slot
@@ -50,7 +50,7 @@ def test_kept_mask_matches_a_slot_by_slot_reading(seed, batch, heads, slots, s):
   f = flat.FlatKVCache(k=jnp.zeros((batch, slots, 4)), v=jnp.zeros((batch, slots, 4)),
                        pos=jnp.asarray(fpos), head=jnp.asarray(owner),
                        length=jnp.asarray(length), num_kv_heads=heads, block_size=16)
-  np.testing.assert_array_equal(needle_keep.kept_mask(f, s),
+  np.testing.assert_array_equal(kept_tokens.kept_mask(f, s),
                                 _brute(fpos, np.asarray(f.valid), owner, heads, s))
 
 
@@ -59,11 +59,11 @@ def test_needle_span_counts_tokens_up_to_the_needle():
   prompt = "<head>ctx with NEEDLE inside</head>?"
   context = "ctx with NEEDLE inside"
   a = context.index("NEEDLE")
-  span = needle_keep.needle_token_span(chars, prompt, context, (a, a + 6), num_context=28)
+  span = kept_tokens.needle_token_span(chars, prompt, context, (a, a + 6), num_context=28)
   assert span == (6 + a, 6 + a + 6)
-  assert needle_keep.needle_token_span(chars, prompt, context, (a, a + 6), 18) == (15, 18)
+  assert kept_tokens.needle_token_span(chars, prompt, context, (a, a + 6), 18) == (15, 18)
   with pytest.raises(ValueError, match="past the context"):
-    needle_keep.needle_token_span(chars, prompt, context, (a, a + 6), 10)
+    kept_tokens.needle_token_span(chars, prompt, context, (a, a + 6), 10)
 
 
 def test_keep_summary_numbers():
@@ -71,12 +71,12 @@ def test_keep_summary_numbers():
   kept[0, 0, 3:5] = True  # layer 0 head 0 keeps the whole needle (3, 5)
   kept[1, :, 4] = True  # layer 1 keeps half of it in both heads
   kept[:, :, 10:] = True  # padding: must not count
-  out = needle_keep.keep_summary(kept, 10, (3, 5))
+  out = kept_tokens.keep_summary(kept, 10, (3, 5))
   assert out["needle_recall"] == pytest.approx(4 / 8)
   assert out["needle_recall_per_layer"] == pytest.approx([0.5, 0.5])
   assert out["heads_with_needle"] == pytest.approx(3 / 4)
   assert out["kept_fraction"] == pytest.approx(4 / 40)
-  assert len(out["position_profile"]) == needle_keep.POSITION_BINS
+  assert len(out["position_profile"]) == kept_tokens.POSITION_BINS
   assert out["position_profile"][4] == pytest.approx(3 / 4)  # position 4: 3 of 4 layer-heads
 
 
@@ -85,7 +85,7 @@ def test_question_attention_matches_a_per_query_softmax():
   layers, n, kv, s, d = 2, 4, 2, 12, 8
   q = rng.normal(size=(layers, n, s, d)).astype(np.float32)
   k = rng.normal(size=(layers, kv, s, d)).astype(np.float32)
-  got = needle_keep.question_attention(q, k, 0.5, 9, (3, 5))
+  got = kept_tokens.question_attention(q, k, 0.5, 9, (3, 5))
   want = np.zeros((layers, kv))
   for layer in range(layers):
     for h in range(n):
@@ -97,14 +97,14 @@ def test_question_attention_matches_a_per_query_softmax():
         masses.append(p[3:5].sum())
       want[layer, h // (n // kv)] += np.mean(masses) / (n // kv)
   np.testing.assert_allclose(got, want, rtol=1e-5)
-  assert needle_keep.weighted_recall([[1.0, 0.0]], [[3.0, 1.0]]) == pytest.approx(0.75)
+  assert kept_tokens.weighted_recall([[1.0, 0.0]], [[3.0, 1.0]]) == pytest.approx(0.75)
 
 
 def test_quick_run_streaming_llm_keeps_sinks_and_the_recent_half(tmp_path):
   c = nk_config.get_config(True)
   with c.unlocked():
     c.methods = tuple(c.methods) + ("streaming_llm",)
-  rows = needle_experiment.run(c, str(tmp_path))
+  rows = needle_keep.run(c, str(tmp_path))
   assert (tmp_path / "needle_keep.md").exists() and (tmp_path / "needle_keep.png").exists()
   recs = results.read_records(str(tmp_path / results.RESULTS_FILE))
   assert len(recs) == len(c.methods) * c.num_samples and len(rows) == len(c.methods)

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments import claims_table
-from experiments.analysis import error_experiment, errors
+from experiments.claims import table as claims_table
+from experiments.analysis import attention_error, errors
 from experiments.analysis import resa_decomposition as rd
 from sparse_attn import methods
 
@@ -167,7 +167,7 @@ def test_summary_table_and_report_row(generic):
                prefill_len=PREFILL, **{k: np.nanmean(v, axis=1) for k, v in res.items()},
                **decomp)
     recs.append(rec)
-  _, red = error_experiment.summary(recs)
+  _, red = attention_error.summary(recs)
   row = red[0]
   assert row["source"] in ("mass", "value", "both")
   assert row["out_rel_l2_true_value"] == pytest.approx(

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.common import quick
-from experiments.tasks import reuse, scoring, specs
+from experiments.common import quick, reuse, specs
+from experiments.tasks import scoring
 from sparse_attn import methods
 from sparse_attn.cache import init_cache, write
 

@@ -15,11 +15,11 @@ import numpy as np
 
 from configs import budget_reduction as br_config
 from configs import resa_lambda as rl_config
-from experiments.analysis import budget_experiment, lambda_experiment
-from experiments import merge
+from experiments import merge, report
+from experiments.analysis import budget_reduction, resa_lambda
 from experiments.common import results
 from experiments.common import quick
-from experiments.tasks import accuracy, long_generation, perplexity, report
+from experiments.tasks import accuracy, long_generation, perplexity
 
 
 def _quick(name):
@@ -105,7 +105,7 @@ def test_long_generation_qa_quick(root):
 
 def test_resa_lambda_quick(tmp_path):
   cfg = rl_config.get_config(True)
-  rows = lambda_experiment.run(cfg, str(tmp_path))
+  rows = resa_lambda.run(cfg, str(tmp_path))
   assert (tmp_path / "fig7a_lambda_sweep.png").exists()
   # dense, lam 0 and 1 once, lam 0.5 in both forms; every cell over the same samples
   assert len(rows) == len(cfg.tasks) * 5
@@ -119,7 +119,7 @@ def test_resa_lambda_quick(tmp_path):
 
 def test_budget_reduction_quick(tmp_path):
   cfg = br_config.get_config(True)
-  red = budget_experiment.run(cfg, str(tmp_path))
+  red = budget_reduction.run(cfg, str(tmp_path))
   assert (tmp_path / "fig7b_budget_reduction.png").exists()
   assert {r["family"] for r in red} == {"quest:topp", "quest:adakv"}
   recs = results.read_records(str(tmp_path / results.RESULTS_FILE))

@@ -1,9 +1,8 @@
-"""``experiments.tasks.specs``: budgets map to every family, the model's RoPE reaches EA."""
+"""``experiments.common.specs``: budgets map to every family, the model's RoPE reaches EA."""
 
 import pytest
 
-from experiments.common import modelzoo
-from experiments.tasks import specs
+from experiments.common import modelzoo, specs
 
 
 def test_budget_means_kept_fraction_for_every_family():

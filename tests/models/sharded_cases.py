@@ -18,6 +18,7 @@ import models
 from models import decode, driver, llama, sharding
 from models.config import ModelConfig, RopeConfig
 from sparse_attn import methods, selection
+from sparse_attn.protocol import PrefillGroup
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (virtual) devices")
 
@@ -166,7 +167,7 @@ def test_greedy_and_query_agnostic_reading_on_a_mesh(model):
     out = []
     for m, pre in decoding.prefill_all(mdl, TOKENS[:, :32], lengths, run, CAPACITY, CHUNK,
                                        mesh=mesh):
-      if m.prefill_group == "compression":
+      if m.prefill_group == PrefillGroup.COMPRESSION:
         pre = decoding.extend(mdl, pre, m, suffix, suffix_lengths)
       out.append(decoding.greedy(mdl, pre, m, 6, stop_at_eos=False))
     return out

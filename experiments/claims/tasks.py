@@ -4,10 +4,10 @@ Accuracy records carry ``method, budget, task, length, seed, depth, score`` (sco
 Two methods are compared only on the samples both ran (same task, length, seed and depth):
 the paired bootstrap interval of the mean difference (``stats.paired_bootstrap``) and, for 0/1
 scores, McNemar's exact test. A claim with a paper effect size is judged by
-``claims_verdicts.effect_verdict`` (at least half the paper's gain; "inconclusive" when the
+``verdicts.effect_verdict`` (at least half the paper's gain; "inconclusive" when the
 interval holds both 0 and the paper's gain); ``gain_verdict`` (the sign only) serves the
 claims whose paper gives no size. RULER claims read NVIDIA/RULER-generated records when there
-are any (``claims_verdicts.ruler_records``).
+are any (``verdicts.ruler_records``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import collections
 
 import numpy as np
 
-from experiments import claims_verdicts
+from experiments.claims import verdicts
 from experiments.common import stats
 from experiments.tasks import accuracy_report
 
@@ -147,7 +147,7 @@ def resa_ruler_gain(records):
   top of the budget), how often each selector's answer equals dense's with and without RESA,
   Quest's pair at the shorter lengths that ran (Fig. 5a: the gain grows
   with the context) and at the other budgets that ran at the headline length."""
-  aware, note = claims_verdicts.ruler_records(
+  aware, note = verdicts.ruler_records(
       [r for r in records if r.get("protocol") != "query_agnostic" and benchmark(r) == "RULER"
        and r.get("task") in RESA_TABLE1_TASKS])
   found = longest_pair(aware, "resa-quest", "quest", 0.025)
@@ -155,7 +155,7 @@ def resa_ruler_gain(records):
     return None
   length = found[0]
   got = gain_claim(aware, "resa-quest", "quest", 0.025, found=found)
-  got["verdict"] = claims_verdicts.effect_verdict(*found[1][2:5], RESA_TABLE1_GAIN)
+  got["verdict"] = verdicts.effect_verdict(*found[1][2:5], RESA_TABLE1_GAIN)
   ran = len({k[0] for k in set(scores(aware, "resa-quest", 0.025, length))
               & set(scores(aware, "quest", 0.025, length))})
   got["setting"] += (", RESA Table 1's 7 tasks" + ("" if ran == len(RESA_TABLE1_TASKS) else
@@ -233,7 +233,7 @@ def retro_longgen_gain(records):
     pair = paired(scores(qa, "retro"), scores(qa, base))
     room = paired(dense, scores(qa, base)) if dense else None
     got["verdict"] = ("inconclusive" if room is not None and room[2] < RETRO_TABLE1_GAIN
-                      else claims_verdicts.effect_verdict(*pair[2:5], RETRO_TABLE1_GAIN))
+                      else verdicts.effect_verdict(*pair[2:5], RETRO_TABLE1_GAIN))
     if room is not None and room[2] < RETRO_TABLE1_GAIN:
       got["why"] += (f"; no headroom: Quest is {pts(room[2])} pts from dense, less than the "
                      f"paper's gain of {pts(RETRO_TABLE1_GAIN)}")

@@ -2,10 +2,10 @@ r"""The reproduction report: each paper claim next to what this library measures
 
   python -m experiments.claims --workdir=results     # writes results/REPORT.md
 
-Reads every ``WORKDIR/*/results.jsonl`` (the committed records), measures each claim of
-``experiments.claims_table.CLAIMS`` on them, and writes ``WORKDIR/REPORT.md``: the claims table
+Reads every ``WORKDIR/*/results.jsonl`` (the committed records), measures each claim registered
+in ``experiments.registry`` on them, and writes ``WORKDIR/REPORT.md``: the claims table
 (paper's number, ours with an interval and the sample count, setting, verdict and why, the figure
-that shows it), the leaderboard (``experiments.claims_leaderboard``), the measured wall time
+that shows it), the leaderboard (``experiments.claims.leaderboard``), the measured wall time
 of every part (``WORKDIR/timings.jsonl``), and the per-experiment report
 (``experiments.report``). A claim whose experiment has no records yet is listed as "not run",
 never dropped.
@@ -17,13 +17,12 @@ import datetime
 import json
 import os
 
-from absl import app, flags
-
-from experiments import claims_leaderboard, claims_table, claims_verdicts
+from experiments import registry
+from experiments.claims import leaderboard
+from experiments.claims import verdicts
 from experiments.common import render, results
 from experiments.tasks import ruler
 
-FLAGS = flags.FLAGS
 COLUMNS = ("claim", "source", "paper", "ours", "n", "setting", "verdict", "why", "figure")
 
 
@@ -42,21 +41,24 @@ def load(root: str, files: dict[str, list[dict]] | None = None) -> dict[str, lis
   return out
 
 
-def claim_rows(records: dict[str, list[dict]], root: str) -> list[dict]:
+def claim_rows(records: dict[str, list[dict]], root: str,
+               experiments=registry.EXPERIMENTS) -> list[dict]:
+  """One row per registered claim: the paper's number, ours measured on ``records``
+  (experiment -> records), the verdict; a claim without records is "not run"."""
   rows = []
-  for c in claims_table.CLAIMS:
-    recs = records.get(c.experiment, [])
-    got = c.measure(recs) if recs else None
+  for c, part, e in registry.claims(experiments):
+    recs = records.get(e.name, [])
+    got = registry.load(c.measure)(recs) if recs else None
     row = dict(claim=c.claim, source=c.source, paper=c.paper)
     if got is None:
-      why = (f"the `{c.experiment}` records hold no rows for this claim yet" if recs
-             else f"no `{c.experiment}` records under `{root}` yet")
+      why = (f"the `{e.name}` records hold no rows for this claim yet" if recs
+             else f"no `{e.name}` records under `{root}` yet")
       row.update(ours="-", n=0, setting="-", verdict="not run", why=why, figure="")
     else:
-      dirty = claims_verdicts.dirty_note(recs)
+      dirty = verdicts.dirty_note(recs)
       if dirty:  # such records cannot be tied to code: the row says so
         got = dict(got, setting=f"{got['setting']}; ⚠ {dirty}")
-      fig = os.path.normpath(os.path.join(c.experiment, c.figure)) if c.figure else ""
+      fig = os.path.normpath(os.path.join(part.name, c.figure)) if c.figure else ""
       row.update(got, figure=f"[{os.path.basename(fig)}]({fig})" if fig and os.path.exists(
           os.path.join(root, fig)) else "")
     rows.append(row)
@@ -132,8 +134,8 @@ def needle_diagnosis(records) -> str:
   reads it, from ``experiments.needle_keep``'s records; "" without records."""
   if not records:
     return ""
-  from experiments.analysis import needle_experiment  # pylint: disable=g-import-not-at-top
-  rows = needle_experiment.table(records)
+  from experiments.analysis import needle_keep  # pylint: disable=g-import-not-at-top
+  rows = needle_keep.table(records)
   cfg = records[0].get("config", {})
   return ("## Diagnosis: which tokens compression keeps (needle grid)\n\n"
           f"`needle_keep` ({cfg.get('model')}, {cfg.get('tasks')}, {cfg.get('lengths')} tokens, "
@@ -148,7 +150,7 @@ def needle_diagnosis(records) -> str:
 
 def ruler_section(accuracy: list[dict]) -> str:
   """How the RULER records were generated: NVIDIA/RULER's rules, and what still differs."""
-  aligned = sum(r.get("generator") == claims_verdicts.RULER_GENERATOR for r in accuracy)
+  aligned = sum(r.get("generator") == verdicts.RULER_GENERATOR for r in accuracy)
   return ("## RULER\n\nThe RULER tasks are generated as NVIDIA/RULER's own generator makes them "
           "(`experiments/tasks/ruler.py`): random needle positions, its prompts and answer "
           "prefixes, one-shot examples, word counts and generation caps. "
@@ -185,34 +187,34 @@ def update_head(path: str, rows: list[dict]) -> bool:
   return True
 
 
-def build(root: str, readme: str | None = None) -> str:
+def build(root: str, readme: str | None = None, experiments=registry.EXPERIMENTS) -> str:
   """Writes ``root/REPORT.md`` (and the head table into ``readme``, if given); returns the
-  report's path."""
+  report's path. ``experiments``: the registry whose claims it measures."""
   files = read_files(root)
   records = load(root, files)
-  rows = claim_rows(records, root)
+  rows = claim_rows(records, root, experiments)
   if readme:
     update_head(readme, rows)
-  verdicts = {v: sum(r["verdict"] == v for r in rows)
-              for v in claims_verdicts.VERDICTS}
+  counts = {v: sum(r["verdict"] == v for r in rows) for v in verdicts.VERDICTS}
   sections = [
       "Every number below is computed from the committed `*/results.jsonl` by "
       "`python -m experiments.claims --workdir=results`; intervals are 95% bootstrap intervals "
       "(paired where two methods ran on the same samples) or Wilson intervals for accuracies. "
-      "Verdict rules are in `experiments/claims_table.py`, one per claim.",
-      "Verdicts: " + ", ".join(f"{v} {n}" for v, n in verdicts.items()) + ".",
+      "Each claim is registered in `experiments/registry.py` with the function that measures "
+      "it and states its verdict rule (`experiments/claims/`).",
+      "Verdicts: " + ", ".join(f"{v} {n}" for v, n in counts.items()) + ".",
       "## Claims\n\n" + render.markdown_table(rows, COLUMNS)]
   accuracy = records.get("accuracy", [])
   if accuracy:
-    board = claims_leaderboard.rows(accuracy)
-    fig = claims_leaderboard.figure(board, root)
+    board = leaderboard.rows(accuracy)
+    fig = leaderboard.figure(board, root)
     sections.append(
         "## Leaderboard (RULER-style accuracy)\n\nOne row per method x budget, the context "
         "lengths side by side. `read at N`: the share of the context the row reads per head at "
         "N tokens (selection: tokens attended at the first answer token, sinks and local window "
         "included, over the prompt; compression: tokens kept over the context).\n\n"
-        + claims_leaderboard.markdown(board)
-        + (f"\n\n{gaps}" if (gaps := claims_leaderboard.missing(board)) else "")
+        + leaderboard.markdown(board)
+        + (f"\n\n{gaps}" if (gaps := leaderboard.missing(board)) else "")
         + (f"\n\n![leaderboard]({os.path.basename(fig)})" if fig else ""))
   diag = needle_diagnosis(records.get("needle_keep", []))
   if diag:
@@ -235,18 +237,3 @@ def build(root: str, readme: str | None = None) -> str:
                   "`svd_analysis/svd_analysis.md`) and `report.md` (`python -m experiments.report"
                   " --workdir=results`).")
   return render.write_markdown(root, "REPORT.md", "Reproduction report", sections)
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"unexpected arguments {argv[1:]}")
-  if not os.path.isdir(FLAGS.workdir):
-    raise app.UsageError(f"--workdir={FLAGS.workdir} is not a directory")
-  print(open(build(FLAGS.workdir, FLAGS.readme), encoding="utf-8").read())
-
-
-if __name__ == "__main__":
-  flags.DEFINE_string("workdir", "results", "Root holding one folder per experiment.")
-  flags.DEFINE_string("readme", "README.md", "A file whose claims-head block is rewritten "
-                      "with the head of the report (nothing if it has no such block; '' off).")
-  app.run(main)

@@ -15,8 +15,8 @@ import collections
 
 import numpy as np
 
-from experiments.common import modelzoo, render
-from experiments.tasks import accuracy, accuracy_report, specs
+from experiments.common import modelzoo, render, specs
+from experiments.tasks import accuracy, accuracy_report
 
 NAME = "resa_lambda"
 FORMS = ("renormalised", "literal")

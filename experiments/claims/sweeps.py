@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments import claims_tasks
+from experiments.claims import tasks
 
 
 def _by_sample(records, **match) -> dict:
-  return {claims_tasks.sample_key(r): float(r["score"]) for r in records
+  return {tasks.sample_key(r): float(r["score"]) for r in records
           if all(r.get(k) == v for k, v in match.items())}
 
 
@@ -24,16 +24,16 @@ def lambda_retrieval_gain(records, task="niah_multikey_2", form="renormalised"):
   claims (the paired interval excludes 0 -> reproduced)."""
   hi = _by_sample(records, task=task, lam=1.0, lam_form=form)
   lo = _by_sample(records, task=task, lam=0.0, lam_form=form)
-  got = claims_tasks.paired(hi, lo)
+  got = tasks.paired(hi, lo)
   if got is None:
     return None
   m1, m0, d, a, b, n, p = got
   curve = _curve(records, task, form)
-  return dict(ours=f"{100 * m0:.1f} -> {100 * m1:.1f} ({claims_tasks.pts(d)} pts "
-                   f"[{claims_tasks.pts(a)}, {claims_tasks.pts(b)}], McNemar p={p:.2g})",
-              n=n, setting=f"{claims_tasks.model_of(records)}, {task}, "
+  return dict(ours=f"{100 * m0:.1f} -> {100 * m1:.1f} ({tasks.pts(d)} pts "
+                   f"[{tasks.pts(a)}, {tasks.pts(b)}], McNemar p={p:.2g})",
+              n=n, setting=f"{tasks.model_of(records)}, {task}, "
                            f"{_lengths(records)} tokens, {_method(records)}",
-              verdict=claims_tasks.gain_verdict(d, a, b),
+              verdict=tasks.gain_verdict(d, a, b),
               why=f"accuracy vs lambda {curve}")
 
 
@@ -50,16 +50,16 @@ def lambda_aggregation_drop(records, task="cwe", form="renormalised"):
   if 1.0 not in curve or not below:
     return None
   best = max(below, key=lambda lam: np.mean(list(below[lam].values())))
-  got = claims_tasks.paired(curve[1.0], below[best])
+  got = tasks.paired(curve[1.0], below[best])
   if got is None:
     return None
   m1, mb, d, a, b, n, _ = got
-  off = claims_tasks.paired(curve[1.0], curve[0.0]) if curve.get(0.0) else None
+  off = tasks.paired(curve[1.0], curve[0.0]) if curve.get(0.0) else None
   verdict = ("not reproduced" if d >= 0 else
              "reproduced" if b < 0 and off is not None and off[4] < 0 else "inconclusive")
   return dict(ours=f"lambda={best:g}: {100 * mb:.1f} -> lambda=1: {100 * m1:.1f} "
-                   f"({claims_tasks.pts(d)} pts [{claims_tasks.pts(a)}, {claims_tasks.pts(b)}])",
-              n=n, setting=f"{claims_tasks.model_of(records)}, {task}, "
+                   f"({tasks.pts(d)} pts [{tasks.pts(a)}, {tasks.pts(b)}])",
+              n=n, setting=f"{tasks.model_of(records)}, {task}, "
                            f"{_lengths(records)} tokens, {_method(records)}",
               verdict=verdict, why=f"accuracy vs lambda {_curve(records, task, form)}")
 
@@ -69,11 +69,11 @@ def budget_reduction(records):
   28.7% with Ada-KV). Ours: per family the smallest measured budget within the tolerance,
   without and with RESA; reproduced when a family's reduction is >= 16.6% (half the paper's
   best), partly when > 0; inconclusive when no knob reaches the tolerance in both arms."""
-  from experiments.analysis import budget_experiment  # pylint: disable=g-import-not-at-top
+  from experiments.analysis import budget_reduction as sweep  # pylint: disable=g-import-not-at-top
   if not records:
     return None
   cfg = records[0]["config"]
-  rows, red = budget_experiment.reductions(records, cfg["tolerance"])
+  rows, red = sweep.reductions(records, cfg["tolerance"])
   red = [r for r in red if np.isfinite(r["reduction"])]
   if not rows:
     return None
@@ -86,7 +86,7 @@ def budget_reduction(records):
   why = (f"dense {rows[0]['dense']:.1f}%; tolerance {100 * cfg['tolerance']:g} pts"
          + (f"; no knob within tolerance for {unmet}" if unmet else ""))
   return dict(ours="; ".join(parts) or "no family within the tolerance in both arms", n=n,
-              setting=f"{claims_tasks.model_of(records)}, {', '.join(cfg['tasks'])}, "
+              setting=f"{tasks.model_of(records)}, {', '.join(cfg['tasks'])}, "
                       f"{_lengths(records)} tokens, measured budgets",
               verdict=verdict if red else "inconclusive", why=why)
 

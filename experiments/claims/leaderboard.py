@@ -16,8 +16,8 @@ import collections
 import matplotlib.pyplot as plt
 import numpy as np
 
-from experiments.claims_tasks import base_label, benchmark
-from experiments.claims_verdicts import RULER_GENERATOR
+from experiments.claims.tasks import base_label, benchmark
+from experiments.claims.verdicts import RULER_GENERATOR
 from experiments.common import method_style, render, stats
 from experiments.tasks import accuracy_report
 

@@ -18,8 +18,8 @@ import numpy as np
 
 from experiments.analysis import capture as capture_lib
 from experiments.analysis import errors
-from experiments.common import render
-from experiments.tasks import accuracy, ruler, specs
+from experiments.common import render, specs
+from experiments.tasks import accuracy, ruler
 from sparse_attn import methods
 
 NAME = "budget_reduction"

@@ -7,7 +7,7 @@ A config lists ``methods`` (spec strings for ``sparse_attn.methods.make``) and `
   ``quest:p=0.1``);
 * compression methods (``snapkv``, ``expected_attention``, ...) take ``ratio = 1 - budget``
   (the fraction evicted), so "budget 0.05" means the same kept fraction for every family;
-* ``+track`` / ``+reuse[:every=k]`` wrap a plain selector (``experiments.tasks.reuse``);
+* ``+track`` / ``+reuse[:every=k]`` wrap a plain selector (``experiments.common.reuse``);
 * paper presets (``sparse_attn.methods.PRESETS``) are specs too, with inline overrides
   (``rectified:p=0.05``, ``expected-attention:eps=0``); a preset whose budget is a rule of its
   own (ReSA's ``p``, RetroAttention's ``min_tokens``) is not crossed with the budgets, the
@@ -22,7 +22,7 @@ from sparse_attn import budget as budget_lib
 from sparse_attn import compression, methods
 from sparse_attn.spec import parse_spec
 
-from experiments.tasks import reuse
+from experiments.common import reuse
 
 _OWN_BUDGET = ("budget", "p", "ratio", "max_tokens")
 _OWN_RULE = ("p", "min_tokens")  # a preset with one of these keeps its own budget rule

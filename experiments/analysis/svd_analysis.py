@@ -244,17 +244,23 @@ def _fig2a(spec, workdir):
   render.save_figure(fig, workdir, "fig2a_cumulative_ratio.png")
 
 
-def _fig2b(spec, workdir):
+def _layer_head_heatmap(spec, field, title, vmin, cmap, name, workdir):
+  """A [layer, head] heatmap of ``field`` at the longest length (Fig. 2b, Fig. 4b)."""
   s = max(r["length"] for r in spec)
   rs = sorted((r for r in spec if r["length"] == s), key=lambda r: r["layer"])
-  grid = np.stack([r["share"] for r in rs])
+  grid = np.stack([r[field] for r in rs])
   fig, ax = render.new_figure(size=(4.5, 5.0))
-  im = ax[0, 0].imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="viridis")
-  ax[0, 0].set(xlabel="head", ylabel="layer", title=f"Fig. 2b: sigma_1 share (S={s})",
+  im = ax[0, 0].imshow(grid, aspect="auto", vmin=vmin, vmax=1, cmap=cmap)
+  ax[0, 0].set(xlabel="head", ylabel="layer", title=title.format(s=s),
                yticks=range(len(rs)), yticklabels=[r["layer"] for r in rs])
   ax[0, 0].tick_params(axis="y", labelsize=6)
   fig.colorbar(im, ax=ax[0, 0])
-  render.save_figure(fig, workdir, "fig2b_principal_share_heatmap.png")
+  render.save_figure(fig, workdir, name)
+
+
+def _fig2b(spec, workdir):
+  _layer_head_heatmap(spec, "share", "Fig. 2b: sigma_1 share (S={s})", 0, "viridis",
+                      "fig2b_principal_share_heatmap.png", workdir)
 
 
 def _fig2c(fits, workdir):
@@ -289,17 +295,8 @@ def _fig4a(conc, workdir):
 
 
 def _fig4b(spec, workdir):
-  s = max(r["length"] for r in spec)
-  rs = sorted((r for r in spec if r["length"] == s), key=lambda r: r["layer"])
-  grid = np.stack([r["cosine"] for r in rs])
-  fig, ax = render.new_figure(size=(4.5, 5.0))
-  im = ax[0, 0].imshow(grid, aspect="auto", vmin=-1, vmax=1, cmap="RdBu")
-  ax[0, 0].set(xlabel="head", ylabel="layer", yticks=range(len(rs)),
-               yticklabels=[r["layer"] for r in rs],
-               title=f"Fig. 4b: cos(s1 u1 v1^T, 1 mu_Q K^T), S={s}")
-  ax[0, 0].tick_params(axis="y", labelsize=6)
-  fig.colorbar(im, ax=ax[0, 0])
-  render.save_figure(fig, workdir, "fig4b_rank1_cosine.png")
+  _layer_head_heatmap(spec, "cosine", "Fig. 4b: cos(s1 u1 v1^T, 1 mu_Q K^T), S={s}", -1, "RdBu",
+                      "fig4b_rank1_cosine.png", workdir)
 
 
 def _fig5b(chans, workdir):

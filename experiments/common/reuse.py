@@ -9,7 +9,7 @@ keeps, per layer, the previous step's selection in its state:
   the previous step's entries (plus the entry holding the new token), the "top-k reuse"
   baseline of Retro Table 4 (``k = 2``: reuse every other step).
 
-Spec strings (``experiments.tasks.specs``): ``quest+track`` (overlap only) and
+Spec strings (``experiments.common.specs``): ``quest+track`` (overlap only) and
 ``quest+reuse`` / ``quest+reuse:every=3``. This lives with the experiments, not in
 ``sparse_attn.methods``, because it is a measurement baseline rather than a method to ship.
 """
@@ -23,6 +23,7 @@ import jax.numpy as jnp
 
 from sparse_attn import kernels, methods, sparse
 from sparse_attn.cache import write
+from sparse_attn.protocol import PrefillGroup
 from sparse_attn.selection import Selection
 
 
@@ -35,11 +36,11 @@ class TrackedMethod(methods.Method):
   """
 
   reuse_every: int = 0
-  prefill_group: ClassVar[str | None] = None  # its own state: never shares a prefill
+  prefill_group: ClassVar[PrefillGroup | None] = None  # its own state: never shares a prefill
 
   @classmethod
   def wrap(cls, base: methods.Method, spec: str, reuse_every: int = 0) -> "TrackedMethod":
-    if (base.prefill_group != "dense" or base.is_dense or base.enhanced  # a plain Method
+    if (base.prefill_group != PrefillGroup.DENSE or base.is_dense or base.enhanced  # a plain Method
         or base.rect_interval):
       raise ValueError(f"+track/+reuse wrap a plain selector (quest, arkvale, topk), got "
                        f"{base.spec!r}")

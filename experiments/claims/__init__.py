@@ -1,0 +1,10 @@
+"""The reproduction report: each paper claim next to what this library measures.
+
+  python -m experiments.claims --workdir=results     # writes results/REPORT.md
+
+``report`` builds ``REPORT.md`` and the README's head from the claims registered in
+``experiments.registry``; the measures live by kind: ``table`` (RESA's analysis figures),
+``tasks`` (RULER, needle and long-generation accuracy), ``sweeps`` (lambda and budget sweeps),
+``generation`` (perplexity and retro's effective budget), ``speed`` (latency and memory);
+``verdicts`` holds the shared verdict rules and ``leaderboard`` the accuracy leaderboard.
+"""

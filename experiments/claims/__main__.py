@@ -1,0 +1,24 @@
+"""``python -m experiments.claims --workdir=results``: writes REPORT.md (``claims.report``)."""
+
+import os
+
+from absl import app, flags
+
+from experiments.claims import report
+
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments {argv[1:]}")
+  if not os.path.isdir(FLAGS.workdir):
+    raise app.UsageError(f"--workdir={FLAGS.workdir} is not a directory")
+  print(open(report.build(FLAGS.workdir, FLAGS.readme), encoding="utf-8").read())
+
+
+if __name__ == "__main__":
+  flags.DEFINE_string("workdir", "results", "Root holding one folder per experiment.")
+  flags.DEFINE_string("readme", "README.md", "A file whose claims-head block is rewritten "
+                      "with the head of the report (nothing if it has no such block; '' off).")
+  app.run(main)
