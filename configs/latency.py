@@ -6,7 +6,9 @@ Subsets: ``--config.sections=per_layer,torch_peer`` (of ``per_layer, torch_peer,
 memory, resa, prefill``), ``--config.contexts=8192,32768``, ``--config.dtypes=bfloat16``,
 ``--config.methods=dense,quest:gqa=group``. CI: ``--config.quick=True`` (tiny shapes, the
 ``tiny-random`` model, and the Pallas kernels in interpret mode on one tiny shape).
-GPU: ``--config.impl=pallas`` (``pip install -e ".[gpu]"``) adds achieved bandwidth vs peak.
+GPU: ``--config.impl=pallas`` (``pip install -e ".[gpu]"``) adds achieved bandwidth vs peak;
+``configs/latency_gpu.py`` is the GPU run, with the ``shape_e2e`` section (a named Hugging Face
+shape end to end, fields ``shape_*`` below).
 """
 
 import ml_collections
@@ -84,6 +86,20 @@ def get_config(quick: bool = False):
   c.prefill_lengths = "2048,8192"
   c.prefill_layers = 0  # 0 = every layer; n = the first n layers of both models (faster)
   c.prefill_repeats = 3  # interleaved rounds; medians and their ratio are reported
+  # ---- shape_e2e: a named HF shape, random weights, vs transformers (a GPU section) ----
+  c.shape = "llama-3.1-8b"  # experiments/latency_lib/shapes.py: SHAPES
+  c.shape_dtype = "bfloat16"
+  c.shape_batches = "1,8"
+  c.shape_contexts = "32768,131072"
+  # Selectors get p = e2e_budget_p and block_size; presets run as the paper set them.
+  c.shape_methods = "dense,quest:gqa=group,quest:gqa=group+resa,rectified,resa-quest"
+  c.shape_prefill_methods = "dense,quest:gqa=group+resa"  # prefill is dense attention + digests
+  c.shape_prefill_batches = "1"
+  c.shape_prefill_chunk = 4096
+  c.shape_decode_steps = 64  # per timed round (rounded up to whole rectification periods)
+  c.shape_repeats = 3  # timed rounds; the median is reported
+  c.shape_transformers = True  # the transformers LlamaForCausalLM (SDPA) peer rows
+  c.shape_part_timeout_s = 420.0  # per part (model building counts against the first)
   if quick:
     c.update(_QUICK)
   return c

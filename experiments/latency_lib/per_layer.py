@@ -22,7 +22,6 @@ from sparse_attn import cache as cache_lib
 from sparse_attn.cache import write
 from sparse_attn.spec import parse_spec
 
-PEAK_GBS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0}
 STATE_CHUNK = 16  # prompt queries that form RESA's prior (a short last chunk keeps 128k cheap)
 
 
@@ -36,12 +35,10 @@ def make_method(spec: str, s, p: float | None = None):
 
 
 def peak_gbs(s) -> float:
-  if s.peak_bandwidth_gbs:
-    return float(s.peak_bandwidth_gbs)
-  if jax.default_backend() == "gpu":
-    kind = jax.devices()[0].device_kind
-    return next((v for k, v in PEAK_GBS.items() if k in kind), 0.0)
-  return 0.0
+  """The config's peak bandwidth, else the GPU's data-sheet figure (0 on a CPU: no bound)."""
+  if jax.default_backend() != "gpu" and not s.peak_bandwidth_gbs:
+    return 0.0
+  return traffic.peak_gbs_for(jax.devices()[0].device_kind, s.peak_bandwidth_gbs)[0]
 
 
 def _stepper(apply, steps: int = 1):
@@ -173,18 +170,27 @@ class Bench:
     return timing.Candidate(name, lambda: att(q, self.cache, pos)[0])
 
   def torch_sdpa(self, threads: int):
-    """PyTorch ``scaled_dot_product_attention`` (GQA) over the same K/V, same threads."""
+    """PyTorch ``scaled_dot_product_attention`` (GQA) over the same K/V, same threads; on a GPU
+    on the same device, ``steps_per_call`` calls per timed call and one synchronisation (as
+    ours loops its steps on the device)."""
     import torch  # pylint: disable=g-import-not-at-top
     import torch.nn.functional as F  # pylint: disable=g-import-not-at-top
     torch.set_num_threads(threads)
+    cuda = jax.default_backend() == "gpu" and torch.cuda.is_available()
+    dev, steps = ("cuda", self.s.steps_per_call) if cuda else ("cpu", 1)
     tdt = torch.bfloat16 if self.dtype == jnp.bfloat16 else torch.float32
-    k, v = (torch.from_numpy(x).to(tdt) for x in self.kv_numpy)
-    q = torch.from_numpy(np.asarray(self.q[:, :, :1].astype(jnp.float32))).to(tdt)
+    k, v = (torch.from_numpy(x).to(dev, tdt) for x in self.kv_numpy)
+    q = torch.from_numpy(np.asarray(self.q[:, :, :1].astype(jnp.float32))).to(dev, tdt)
 
     def fn():
       with torch.inference_mode():
-        return F.scaled_dot_product_attention(q, k, v, enable_gqa=True).float().numpy()
-    return timing.Candidate("torch SDPA (dense)", fn)
+        for _ in range(steps):
+          out = F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+        if cuda:
+          torch.cuda.synchronize()
+          return None
+        return out.float().numpy()
+    return timing.Candidate("torch SDPA (dense)", fn, per_call=steps)
 
 
 def run_context(s, dtype: str, context: int, specs: list[str], torch_peer: bool) -> list[dict]:

@@ -49,6 +49,89 @@ def e2e_table(rows: list[dict]) -> str:
                                      "x transformers"])
 
 
+_FINAL = ("ok", "skipped")
+
+
+def shape_rows(rows: list[dict]) -> list[dict]:
+  """One record per ``shape_e2e`` part: its finished (or skipped) one, else its latest failure."""
+  by: dict = {}
+  for r in rows:
+    if r.get("section") != "shape_e2e":
+      continue
+    old = by.get(r["part"])
+    if old is None or old.get("status") not in _FINAL or r.get("status") in _FINAL:
+      by[r["part"]] = r
+  return list(by.values())
+
+
+def _value(r):
+  """ms per decode step, or prefill seconds; None unless the part ran."""
+  if r.get("status") != "ok":
+    return None
+  return r.get("step_ms") if r["phase"] == "decode" else r.get("seconds")
+
+
+def shape_table(rows: list[dict]) -> str:
+  """The named-shape table: ours and the transformers peer per (phase, batch, context)."""
+  recs = shape_rows(rows)
+  cell = lambda r: (r["shape"], r["dtype"], r["phase"], r["batch"], r["context"])
+  out = []
+  for r in recs:
+    peers = {p["method"]: _value(p) for p in recs if cell(p) == cell(r)}
+    val, dense, hf = _value(r), peers.get("dense"), peers.get("transformers")
+    decode = r["phase"] == "decode"
+    note = r.get("reason") or r.get("bound_flag") or ""
+    out.append({
+        "phase": r["phase"], "batch": r["batch"], "context": r["context"],
+        "method": r["method"], "status": r.get("status", ""),
+        "ms/step" if decode else "s": _f(val), "tok/s": _f(r.get("tok_s")),
+        "x dense": _f(dense / val if dense and val else None),
+        "x transformers": _f(hf / val if hf and val else None),
+        "GB/step": _f((r.get("weight_bytes", 0) + r.get("kv_bytes", 0)) / 1e9 or None),
+        "bound ms": _f(r.get("bound_ms")), "of bound": _f(r.get("bound_fraction"), 2),
+        "note": note.replace("|", "/").replace("\n", " ")[:120]})
+  devices = sorted({(r.get("shape"), r.get("dtype"), r.get("device"), r.get("backend"),
+                     r.get("peak_gbs"), r.get("peak_source")) for r in recs}, key=str)
+  head = "\n".join(f"{s} ({dt}, random weights) on {dev} ({be}), peak {_f(pk)} GB/s "
+                    f"({src}); x dense / x transformers: their time over this row's."
+                    for s, dt, dev, be, pk, src in devices)
+  cols = ["phase", "batch", "context", "method", "status", "ms/step", "s", "tok/s", "x dense",
+          "x transformers", "GB/step", "bound ms", "of bound", "note"]
+  return head + "\n\n" + render.markdown_table(out, cols)
+
+
+def shape_targets(rows: list[dict]) -> str:
+  """Issue 36's end-to-end goals where measured (batch 1)."""
+  recs = [r for r in shape_rows(rows) if r["batch"] == 1]
+  at = lambda phase, ctx, m: next((_value(r) for r in recs if r["phase"] == phase
+                                   and r["context"] == ctx and r["method"] == m), None)
+  out = []
+
+  def add(name, value, ok, goal):
+    if value is not None:
+      out.append({"target": name, "measured": _f(value), "goal": goal,
+                  "met": "yes" if ok else "no"})
+  q = "quest:gqa=group"
+  for r in recs:
+    ctx = r["context"]
+    if r["method"] == "dense" and r["phase"] == "decode" and r.get("bound_fraction"):
+      add(f"dense decode, fraction of the bound, {ctx}", r["bound_fraction"],
+          r["bound_fraction"] >= 0.7, ">= 0.7")
+    if r["method"] == q and r["phase"] == "decode" and _value(r) and ctx >= 131072:
+      dense = at("decode", ctx, "dense")
+      add(f"quest p=0.1 decode speed-up over dense, {ctx}", dense and dense / _value(r),
+          bool(dense) and dense / _value(r) >= 1.6, ">= 1.6x")
+    if r["method"] == q + "+resa" and r["phase"] == "decode" and _value(r):
+      quest = at("decode", ctx, q)
+      add(f"+resa / quest decode, {ctx}", quest and _value(r) / quest,
+          bool(quest) and _value(r) / quest <= 1.05, "<= 1.05")
+    if r["method"] == "dense" and r["phase"] == "prefill" and _value(r):
+      hf = at("prefill", ctx, "transformers")
+      add(f"dense prefill speed / transformers, {ctx}", hf and hf / _value(r),
+          bool(hf) and hf / _value(r) >= 1.0, ">= 1")
+  return render.markdown_table(out, ["target", "measured", "goal", "met"])
+
+
 def prefill_table(rows: list[dict]) -> str:
   rows = [r for r in rows if r["section"] == "prefill"]
   out = [{"model": r["model"], "layers": r["layers"], "context": r["context"],
@@ -193,13 +276,17 @@ def write(records: list[dict], workdir: str) -> tuple[str, str]:
   """Writes ``latency.md`` and ``latency.png``; returns (markdown text, path)."""
   rows = latest(records)
   secs = []
-  for title, fn, sec in (("Targets (issue 9)", targets, None),
+  for title, fn, sec in (("Targets (issue 36): end to end, named shape", shape_targets,
+                          "shape_e2e"),
+                         ("End to end, named shape (random weights) vs transformers",
+                          shape_table, "shape_e2e"),
+                         ("Targets (issue 9)", targets, None),
                          ("Per-layer decode attention", per_layer_table, "per_layer"),
                          ("End to end", e2e_table, "end_to_end"),
                          ("Dense prefill vs transformers", prefill_table, "prefill"),
                          ("Memory", memory_table, "memory"),
                          ("RESA overheads", resa_table, None)):
-    if sec is None or any(r["section"] == sec for r in rows):
+    if sec is None or any(r.get("section") == sec for r in rows):
       secs.append(f"## {title}\n\n{fn(rows)}")
   figure(rows, workdir)
   path = render.write_markdown(workdir, "latency.md", "Decode latency and memory", secs)

@@ -6,21 +6,27 @@ import jax
 
 from experiments.common import cli, results
 from experiments.latency_lib import (end_to_end, memory, per_layer, prefill, report,
-                                     resa_overhead, settings)
+                                     resa_overhead, settings, shape_e2e)
 
-# Sweep axes: every record's key names its section, dtype, context and method.
+# Sweep axes: every record's key names its section, dtype, context and method (a shape_e2e key
+# also its shape and prefill chunk).
 KEYED = ("sections", "contexts", "dtypes", "methods", "e2e_methods", "prefill_contexts",
-         "decode_contexts", "memory_methods", "resa_contexts")
+         "decode_contexts", "memory_methods", "resa_contexts", "shape", "shape_dtype",
+         "shape_batches", "shape_contexts", "shape_methods", "shape_prefill_methods",
+         "shape_prefill_batches", "shape_prefill_chunk", "shape_transformers")
+# Per-step medians whatever the loop length; limits that only decide what runs.
+IGNORED = ("max_seconds_per_context", "steps_per_call", "shape_decode_steps", "shape_repeats",
+           "shape_part_timeout_s")
 
 
 def run(config, workdir: str) -> str:
   """Measures, writes ``results.jsonl``, ``latency.md``, ``latency.png``; returns the markdown."""
   s = settings.resolve(config)
-  writer = results.ResultWriter(workdir, s.values, "latency", keyed=KEYED,
-                                # per-step times whatever the loop length
-                                ignore=("max_seconds_per_context", "steps_per_call"))
+  writer = results.ResultWriter(workdir, s.values, "latency", keyed=KEYED, ignore=IGNORED)
   sections = s.sections
   write = lambda rec, key: writer.write(rec, key=key)
+  if "shape_e2e" in sections:  # first: its child processes need the device's memory
+    shape_e2e.run(s, writer.done, write, workdir)
   if "per_layer" in sections or "torch_peer" in sections:
     specs = settings.split_list(s.methods) if "per_layer" in sections else ["dense"]
     grid = [(dt, ctx) for dt in settings.split_list(s.dtypes) for ctx in settings.ints(s.contexts)]

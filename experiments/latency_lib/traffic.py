@@ -40,3 +40,21 @@ def fraction(method, *, context: int, selected_tokens: float, num_q_heads: int,
 def dense_bytes(context: int, num_kv_heads: int, head_dim: int, itemsize: int,
                 batch: int = 1) -> int:
   return 2 * batch * num_kv_heads * context * head_dim * itemsize
+
+
+# Peak memory bandwidth (GB/s) by device name, most specific first (a name matches the first
+# entry it contains): vendor data-sheet figures. "GH200" before "H200", the H100 variants
+# before the SXM part's "H100".
+PEAK_GBS = (("GH200", 4000.0), ("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100 NVL", 3900.0),
+            ("H100", 3350.0), ("A100-PCIE-40GB", 1555.0), ("A100", 2039.0))
+
+
+def peak_gbs_for(device: str, configured: float = 0.0) -> tuple[float, str]:
+  """``(GB/s, source)``: ``configured`` when > 0, else the data-sheet peak of ``device``'s
+  name, else ``(0.0, "unknown")`` (no bound is computed then)."""
+  if configured:
+    return float(configured), "config"
+  for name, gbs in PEAK_GBS:
+    if name.lower() in device.lower():
+      return gbs, f"data sheet ({name})"
+  return 0.0, "unknown"

@@ -1,0 +1,159 @@
+"""Named Hugging Face model shapes with random weights, and the bytes a decode step must read.
+
+Letters: B batch, L layers, E hidden, F MLP size, V vocab, N query heads, K kv heads, D head
+dim, T context (tokens in the cache).
+
+``SHAPES`` holds each shape as the ``config.json`` dict of the checkpoint (no weights: the
+benchmark times random weights of that shape, which cost what the real ones cost), read by
+``ModelConfig.from_hf_config`` for ours and by ``transformers.AutoConfig.for_model`` for the
+peer. The bandwidth bound of a decode step (``step_bytes``) is every weight a step reads (each
+layer's projections and MLP, the final norm and the LM head; of the embedding table only the B
+rows looked up) plus the KV bytes the method reads (``traffic.fraction`` of dense attention's
+``2 B K T D`` elements per layer), over the device's peak bandwidth.
+"""
+
+from __future__ import annotations
+
+import math
+
+from experiments.latency_lib import traffic
+
+_LLAMA3_ROPE = dict(rope_type="llama3", low_freq_factor=1.0, high_freq_factor=4.0,
+                    original_max_position_embeddings=8192)
+
+SHAPES = {
+    # meta-llama/Llama-3.1-8B config.json (the shape; bos/eos ids dropped).
+    "llama-3.1-8b": dict(
+        model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=dict(_LLAMA3_ROPE, factor=8.0),
+        max_position_embeddings=131072, tie_word_embeddings=False),
+    # meta-llama/Llama-3.2-1B: the same attention shape per layer at 1/7 of the weights (a
+    # cheaper GPU run of the same code paths).
+    "llama-3.2-1b": dict(
+        model_type="llama", vocab_size=128256, hidden_size=2048, intermediate_size=8192,
+        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+        rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=dict(_LLAMA3_ROPE, factor=32.0),
+        max_position_embeddings=131072, tie_word_embeddings=True),
+    # CI: every code path in milliseconds (GQA group 2, untied head, Llama-3 RoPE).
+    "tiny": dict(
+        model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=dict(_LLAMA3_ROPE, factor=8.0),
+        max_position_embeddings=131072, tie_word_embeddings=False),
+}
+
+
+def hf_config(name: str) -> dict:
+  """The ``config.json`` dict of shape ``name`` (a copy)."""
+  if name not in SHAPES:
+    raise ValueError(f"unknown shape {name!r}; known: {sorted(SHAPES)}")
+  return {k: (dict(v) if isinstance(v, dict) else v) for k, v in SHAPES[name].items()}
+
+
+def model_config(name: str, dtype: str):
+  """``models.config.ModelConfig`` of shape ``name`` with ``dtype`` params and compute."""
+  from models.config import ModelConfig  # pylint: disable=g-import-not-at-top
+  return ModelConfig.from_hf_config(hf_config(name), dtype=dtype)
+
+
+def random_model(config, seed: int = 0):
+  """A ``models.loading.Model`` of ``config`` with random weights in the decode layout.
+
+  Each layer is initialised by its own jitted call (``llama.Block.init``, one compilation for
+  all layers), so the device never holds the weights twice (``llama.init_params`` stacks the
+  layers, and the decode layout would copy them out again: 32 GB at peak for an 8B model).
+
+  Args:
+    config: a ``ModelConfig``.
+    seed: PRNG seed.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from models import llama  # pylint: disable=g-import-not-at-top
+  from models.loading import Model  # pylint: disable=g-import-not-at-top
+
+  dt = llama.compute_dtype(config)
+  e, v = config.hidden_size, config.vocab_size
+  x = jnp.zeros((1, 1, e), dt)
+  pos = jnp.zeros((1, 1), jnp.int32)
+  block = llama.Block(config)
+  init_layer = jax.jit(lambda k: block.init(k, x, pos, lambda q, kk, vv: (q, None))["params"])
+  k_emb, k_head, k_layers = jax.random.split(jax.random.key(seed), 3)
+
+  @jax.jit
+  def head():
+    out = {"embed": (jax.random.normal(k_emb, (v, e), jnp.float32) * 0.5).astype(dt),
+           "final_norm": {"scale": jnp.ones((e,), jnp.float32)}}
+    if not config.tie_word_embeddings:  # [E, V]
+      out["lm_head"] = (jax.random.normal(k_head, (e, v), jnp.float32) / math.sqrt(e)).astype(dt)
+    return out
+
+  params = head()
+  params["layers"] = [init_layer(k) for k in jax.random.split(k_layers, config.num_layers)]
+  return Model(config, params, None, "random")
+
+
+def weight_bytes(config, batch: int = 1) -> dict:
+  """Bytes of weights one decode step of ``batch`` rows reads, by part (analytic).
+
+  Returns:
+    ``dict(layers=, head=, embed_rows=, total=)``: every layer's projections, MLP, biases and
+    (float32) norms; the final norm and the LM head (the ``[V, E]`` table when tied); the
+    ``batch`` embedding rows looked up.
+  """
+  e, f, d = config.hidden_size, config.intermediate_size, config.head_dim
+  q, kv = config.num_heads * d, config.num_kv_heads * d
+  item = _itemsize(config.dtype)
+  mats = e * q + 2 * e * kv + q * e + 3 * e * f
+  bias = (q + 2 * kv) * config.qkv_bias + e * config.o_bias + (2 * f + e) * config.mlp_bias
+  layer = (mats + bias) * item + 2 * e * 4
+  layers = config.num_layers * layer
+  head = config.vocab_size * e * item + e * 4
+  rows = batch * e * item
+  return dict(layers=layers, head=head, embed_rows=rows, total=layers + head + rows)
+
+
+def kv_bytes(method, config, *, context: int, batch: int) -> float:
+  """KV-cache bytes one decode step of ``method`` reads over all layers at ``context`` tokens.
+
+  ``traffic.fraction`` of dense attention's bytes, with the tokens a selection head attends
+  taken from the method's budget (``Method.attended_tokens``); ``method=None``: dense (the
+  peer's attention).
+  """
+  item = _itemsize(config.dtype)
+  dense = traffic.dense_bytes(context, config.num_kv_heads, config.head_dim, item, batch)
+  if method is None or method.is_dense:
+    return float(config.num_layers * dense)
+  selected = method.attended_tokens(context)["total"]
+  frac = traffic.fraction(method, context=context, selected_tokens=selected,
+                          num_q_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
+                          head_dim=config.head_dim, itemsize=item)
+  return float(config.num_layers * dense * frac)
+
+
+def bound(step_s: float, weights: float, kv: float, peak_gbs: float) -> dict:
+  """The bandwidth bound of one step that read ``weights + kv`` bytes in ``step_s`` seconds.
+
+  Returns:
+    ``dict(bytes_per_step=, bound_ms=, bound_fraction=, bound_flag=)``: ``bound_fraction`` is
+    bound time / measured time, in (0, 1] for a consistent measurement; None with a flag when
+    no peak is known, and flagged when above 1 (the peak or the byte model is wrong).
+  """
+  total = weights + kv
+  out = dict(bytes_per_step=total, bound_ms=None, bound_fraction=None, bound_flag=None)
+  if not peak_gbs:
+    out["bound_flag"] = "no peak bandwidth known for this device (set peak_bandwidth_gbs)"
+    return out
+  if not (step_s > 0 and math.isfinite(step_s)):
+    out["bound_flag"] = "no valid time"
+    return out
+  bound_s = total / (peak_gbs * 1e9)
+  out.update(bound_ms=bound_s * 1e3, bound_fraction=bound_s / step_s)
+  if bound_s > step_s:
+    out["bound_flag"] = "faster than the bound: peak bandwidth or byte model wrong"
+  return out
+
+
+def _itemsize(dtype: str) -> int:
+  return {"float32": 4, "bfloat16": 2, "float16": 2}[dtype]
