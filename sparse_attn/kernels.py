@@ -1,10 +1,10 @@
 """The ops with a Pallas kernel, over a ``KVCache`` and a ``Selection``.
 
-One function per op (dense causal attention over the cache, block scores, the top-k select,
-sparse decode, RESA's partials, retro's window partials). Each adapts the cache and selection
-arrays to its ``pallas_kernels`` op and passes ``impl`` through: the op resolves it
-(``pallas_kernels.resolve_impl``, the one dispatcher) and runs its Triton kernel or its jnp
-``*_reference``, the one jnp implementation of the op. A token selection (``granularity`` 1, not
+One function per op (dense causal attention over the cache and its split-K decode step, block
+scores, the top-k select, sparse decode, RESA's partials, retro's window partials). Each adapts
+the cache and selection arrays to its ``pallas_kernels`` op and passes ``impl`` through: the op
+resolves it (``pallas_kernels.resolve_impl``, the one dispatcher) and runs its Triton kernel or
+its jnp ``*_reference``, the one jnp implementation of the op. A token selection (``granularity`` 1, not
 the cache's block size) has no kernel: its path is the reference at that granularity, whatever
 ``impl`` says. What the RESA and retro steps count besides the attention (prior members and
 keys attended) is computed here from the same masks the references use.
@@ -31,6 +31,30 @@ def dense_attention(q, cache: KVCache, positions, scale=None, *, window: int | N
   return pallas_kernels.chunk_attention(q, cache.k, cache.v, positions, cache.pos, cache.length,
                                         scale=scale, window=window, impl=impl,
                                         interpret=interpret)
+
+
+def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla",
+                 interpret: bool = False):
+  """Exact attention of one query per head ``q [B, N, D]`` at ``positions [B]`` (the newest
+  token: every valid slot is at or before it; negative = an inactive row) over the cache ->
+  ``(out [B, N, D], lse [B, N])``: dense decode.
+
+  ``"pallas"``: split-K flash decoding, ``pallas_kernels.sparse_decode`` over every block (one
+  program per batch x kv head x split, the G query heads of a group together, splits sized to
+  fill the GPU), where a query-tiled kernel would run only B x N programs; otherwise
+  ``dense_attention``'s reference. Inactive rows come back empty either way.
+  """
+  if resolve_impl(impl) != "pallas":
+    out, lse = dense_attention(q[:, :, None], cache, positions[:, None], scale, impl="xla")
+    return out[:, :, 0], lse[:, :, 0]
+  b, k = q.shape[0], cache.num_kv_heads
+  nb = cache.capacity // cache.block_size
+  idx = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (b, k, nb))
+  blocks = jnp.where(positions >= 0, -(-cache.length // cache.block_size), 0)
+  n_valid = jnp.broadcast_to(blocks[:, None], (b, k)).astype(jnp.int32)
+  return pallas_kernels.sparse_decode(q, cache.k, cache.v, idx, n_valid, cache.length,
+                                      block_size=cache.block_size, scale=scale, pos=cache.pos,
+                                      impl="pallas", interpret=interpret)
 
 
 def quest_scores(qs, cache: KVCache, *, impl: Impl = "xla", interpret: bool = False):

@@ -254,9 +254,8 @@ class Method:
       cache = sliding_window.visible(cache, positions, self.sliding_window)
       impl = "xla"  # the Pallas kernels bound keys by `length`, not by position
     if self.is_dense:
-      out, lse = kernels.dense_attention(q[:, :, None], cache, positions[:, None], scale,
-                                         impl=impl, interpret=self.interpret)
-      return out[:, :, 0], lse[:, :, 0]
+      return kernels.dense_decode(q, cache, positions, scale, impl=impl,
+                                  interpret=self.interpret)
     sel = self.select(q, cache, scale)
     out, lse = kernels.sparse_decode(q, cache, sel, scale, impl=impl, interpret=self.interpret)
     return sparse.mask_rows(out, lse, positions)

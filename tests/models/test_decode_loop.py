@@ -153,12 +153,14 @@ def test_tokens_are_read_back_in_batches_and_stop_at_eos(model, dense_tokens):
   assert cut.decode_steps < 3 * decode.READBACK - 1  # stopped at the next read-back
 
 
-def test_one_program_step_lowers_for_cuda_with_the_pallas_kernels(model):
-  """The GPU decode step, Quest + RESA on the Pallas kernels, exports for CUDA as one program
-  (only the Triton custom call's compatibility check is disabled)."""
+@pytest.mark.parametrize("spec,options", [("quest+resa", {"budget": 32}), ("dense", {})])
+def test_one_program_step_lowers_for_cuda_with_the_pallas_kernels(model, spec, options):
+  """The GPU decode step on the Pallas kernels (Quest + RESA; dense: split-K flash decoding)
+  exports for CUDA as one program (only the Triton custom call's compatibility check is
+  disabled)."""
   from models import steps  # pylint: disable=g-import-not-at-top
   from tests.pallas_kernels.test_pk_lowering import TRITON_CALL, export_cuda
-  m = methods.make("quest+resa", block_size=16, budget=32, impl="pallas")
+  m = methods.make(spec, block_size=16, impl="pallas", **options)
   caches, states = steps.init_caches(CFG, m, 1, 128)
   spec = lambda t: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), t)
 
