@@ -11,7 +11,6 @@ prefills), and ``generate`` continuing from a ``DynamicCache`` pre-filled to the
 
 from __future__ import annotations
 
-import functools
 import os
 import statistics
 import time
@@ -21,10 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.common import data, modelzoo
-from experiments.latency_lib import per_layer
+from experiments.latency_lib import per_layer, random_cache
 from models import decode, driver, steps
 
-from sparse_attn.cache import write
 
 
 def prompt_ids(model, n: int) -> list[int]:
@@ -57,23 +55,12 @@ def ours_prefill_s(model, ids, method, chunk: int, capacity: int) -> tuple[float
   return out[0], out[1]
 
 
-@functools.partial(jax.jit, static_argnames=("context",), donate_argnums=(0,))
-def _fill(cache, key, *, context):
-  """Writes random K/V at slots ``0..context-1`` of one layer's cache (generated in the jit)."""
-  b, hkv, _, d = cache.k.shape
-  k1, k2 = jax.random.split(key)
-  shape = (b, hkv, context, d)
-  pos = jnp.broadcast_to(jnp.arange(context, dtype=jnp.int32), (b, context))
-  return write(cache, jax.random.normal(k1, shape, cache.k.dtype),
-               jax.random.normal(k2, shape, cache.k.dtype), pos)
-
-
 def ours_decode_s(model, method, context: int, n_steps: int) -> tuple[float, list[float]]:
   """(first step incl. compilation, per-step seconds) decoding past a pre-filled cache."""
   config = model.config
   capacity = method.round_capacity(context + n_steps + method.window + 1)
   caches, states = steps.init_caches(config, method, 1, capacity)
-  caches = [_fill(c, jax.random.fold_in(jax.random.key(0), i), context=context)
+  caches = [random_cache.fill(c, jax.random.fold_in(jax.random.key(0), i), context=context)
             for i, c in enumerate(caches)]
   caches, states = steps.end_prefill(caches, states, config=config, method=method)
   loop = driver.Decoder(model, method, jnp.zeros((1, capacity), jnp.int32), caches, states)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 from experiments.common import render
@@ -100,6 +101,13 @@ def shape_table(rows: list[dict]) -> str:
   return head + "\n\n" + render.markdown_table(out, cols)
 
 
+def _add_target(out: list[dict], name: str, value, ok: bool, goal: str) -> None:
+  """Appends a goal's row (``met`` yes/no) to ``out`` when ``value`` was measured."""
+  if value is not None:
+    out.append({"target": name, "measured": _f(value), "goal": goal,
+                "met": "yes" if ok else "no"})
+
+
 def shape_targets(rows: list[dict]) -> str:
   """Issue 36's end-to-end goals where measured (batch 1)."""
   recs = [r for r in shape_rows(rows) if r["batch"] == 1]
@@ -107,10 +115,7 @@ def shape_targets(rows: list[dict]) -> str:
                                    and r["context"] == ctx and r["method"] == m), None)
   out = []
 
-  def add(name, value, ok, goal):
-    if value is not None:
-      out.append({"target": name, "measured": _f(value), "goal": goal,
-                  "met": "yes" if ok else "no"})
+  add = functools.partial(_add_target, out)
   q = "quest:gqa=group"
   for r in recs:
     ctx = r["context"]
@@ -208,10 +213,7 @@ def targets(rows: list[dict]) -> str:
   """Issue 9's targets, per dtype and context where measured."""
   out = []
 
-  def add(name, value, ok, goal):
-    if value is not None:
-      out.append({"target": name, "measured": _f(value), "goal": goal,
-                  "met": "yes" if ok else "no"})
+  add = functools.partial(_add_target, out)
   q = "quest:gqa=group"
   for r in _by(rows, section="per_layer", method="dense"):
     dt, ctx = r["dtype"], r["context"]

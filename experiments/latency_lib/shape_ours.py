@@ -18,7 +18,6 @@ Every part first checks that its caches fit (``fits``: exact cache and state byt
 
 from __future__ import annotations
 
-import functools
 import gc
 import os
 import statistics
@@ -28,11 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.latency_lib import per_layer, shapes, traffic
+from experiments.latency_lib import per_layer, random_cache, shapes, traffic
 from models import decode, driver, steps as steps_lib
 from models.sampling import Sampling
 from sparse_attn import methods
-from sparse_attn.cache import write
 
 MARGIN = 0.05  # of the device's memory, on top of 1 GiB: compiler scratch, logits, activations
 
@@ -81,17 +79,6 @@ def fits(need: int) -> str | None:
           f"+ margin), {free / 2**30:.1f} GiB free on {jax.devices()[0].device_kind}")
 
 
-@functools.partial(jax.jit, static_argnames=("context",), donate_argnums=(0,))
-def _fill(cache, key, *, context):
-  """Random K/V at slots ``0..context-1`` of every row of one layer's ``[B, K, T, D]`` cache."""
-  b, hkv, _, d = cache.k.shape
-  k1, k2 = jax.random.split(key)
-  shape = (b, hkv, context, d)
-  pos = jnp.broadcast_to(jnp.arange(context, dtype=jnp.int32), (b, context))
-  return write(cache, jax.random.normal(k1, shape, cache.k.dtype),
-               jax.random.normal(k2, shape, cache.k.dtype), pos)
-
-
 def decode_part(model, m, *, batch: int, context: int, n_steps: int, repeats: int) -> dict:
   """Times greedy decode of ``batch`` rows past ``context`` cached tokens.
 
@@ -109,7 +96,7 @@ def decode_part(model, m, *, batch: int, context: int, n_steps: int, repeats: in
     return dict(skip=reason)
   caches, states = steps_lib.init_caches(config, m, batch, capacity)
   keys = jax.random.split(jax.random.key(1), config.num_layers)
-  caches = [_fill(c, keys[i], context=context) for i, c in enumerate(caches)]
+  caches = [random_cache.fill(c, keys[i], context=context) for i, c in enumerate(caches)]
   caches, states = steps_lib.end_prefill(caches, states, config=config, method=m)
   loop = driver.Decoder(model, m, jnp.zeros((batch, capacity), jnp.int32), caches, states)
   del caches, states
