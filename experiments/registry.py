@@ -75,6 +75,7 @@ def _fig(name: str) -> str:
 _TABLE, _SWEEPS = "experiments.claims.table", "experiments.claims.sweeps"
 _SPEED, _GEN, _TASKS = ("experiments.claims.speed", "experiments.claims.generation",
                         "experiments.claims.tasks")
+_EA = "experiments.claims.compression"
 
 EXPERIMENTS: tuple[Experiment, ...] = (
     Experiment(
@@ -131,11 +132,11 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                    "(RULER)", "EA Table 1",
                    "above TOVA, SnapKV, KeyDiff at 50% (DuoAttention, trained, beats EA on "
                    "Llama at 50%; at 90% KeyDiff leads)", "accuracy_vs_length.png",
-                   f"{_TASKS}:ea_vs_baselines"),)),
+                   f"{_EA}:ea_vs_baselines"),)),
          Part("niah_heatmap", 90, (
              Claim("Expected Attention beats the eviction baselines at 50% (NIAH grid)",
                    "EA Fig. 3", "best of 7 methods", "niah_heatmap.png",
-                   f"{_TASKS}:ea_vs_baselines_niah"),)),
+                   f"{_EA}:ea_vs_baselines_niah"),)),
          Part("long_generation_qa", 110, (
              Claim("RetroAttention's long-generation accuracy gain over Quest (b=0.15, w=2)",
                    "Retro Table 1", "+3.9 / +0.5 / +3.5 pts per dataset (mean +2.6, max +6.8)",

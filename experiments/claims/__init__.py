@@ -4,7 +4,8 @@
 
 ``report`` builds ``REPORT.md`` and the README's head from the claims registered in
 ``experiments.registry``; the measures live by kind: ``table`` (RESA's analysis figures),
-``tasks`` (RULER, needle and long-generation accuracy), ``sweeps`` (lambda and budget sweeps),
+``tasks`` (RULER and long-generation accuracy of the selectors), ``compression`` (Expected
+Attention against the eviction baselines), ``sweeps`` (lambda and budget sweeps),
 ``generation`` (perplexity and retro's effective budget), ``speed`` (latency and memory);
 ``verdicts`` holds the shared verdict rules and ``leaderboard`` the accuracy leaderboard.
 """

@@ -8,6 +8,7 @@ import pytest
 from absl import app
 
 from experiments import registry, reproduce
+from experiments.claims import compression as claims_compression
 from experiments.claims import leaderboard as claims_leaderboard
 from experiments.claims import report as claims
 from experiments.claims import table as claims_table
@@ -79,22 +80,22 @@ def test_ea_against_the_best_baseline():
   recs = (_acc("expected-attention", ones, 0.5, protocol="query_agnostic")
           + _acc("snapkv", half, 0.5, protocol="query_agnostic")
           + _acc("knorm", np.zeros(40), 0.5, protocol="query_agnostic"))
-  got = claims_tasks.ea_vs_baselines(recs)
+  got = claims_compression.ea_vs_baselines(recs)
   assert got["verdict"] == "reproduced" and "snapkv" in got["ours"]
   flipped = (_acc("expected-attention", half, 0.5, protocol="query_agnostic")
              + _acc("snapkv", ones, 0.5, protocol="query_agnostic"))
-  assert claims_tasks.ea_vs_baselines(flipped)["verdict"] == "not reproduced"
+  assert claims_compression.ea_vs_baselines(flipped)["verdict"] == "not reproduced"
   labelled = [dict(r, method=f"{r['method']}@0.5") for r in recs]
-  assert claims_tasks.ea_vs_baselines(labelled)["ours"] == got["ours"]
+  assert claims_compression.ea_vs_baselines(labelled)["ours"] == got["ours"]
   assert "keep" not in got["why"]
   # the other kept fractions follow in "why": EA's rank there and its best baseline
   at_quarter = (_acc("expected-attention", half, 0.25, protocol="query_agnostic")
                 + _acc("snapkv", np.zeros(40), 0.25, protocol="query_agnostic")
                 + _acc("knorm", ones, 0.25, protocol="query_agnostic"))
-  why = claims_tasks.ea_vs_baselines(recs + at_quarter)["why"]
+  why = claims_compression.ea_vs_baselines(recs + at_quarter)["why"]
   assert why.endswith("; keep 0.25: EA 50.0 (rank 2 of 3) vs knorm 100.0 (-50.0 pts "
                       f"[{why.split('pts [')[1].split(']')[0]}], n=40)")
-  assert claims_tasks.ea_vs_baselines(recs + at_quarter)["ours"] == got["ours"]
+  assert claims_compression.ea_vs_baselines(recs + at_quarter)["ours"] == got["ours"]
 
 
 def test_ea_claim_pools_lengths_and_lists_each():
@@ -103,16 +104,16 @@ def test_ea_claim_pools_lengths_and_lists_each():
   recs = (_acc("expected-attention", ones, **agnostic) + _acc("keydiff", half, **agnostic)
           + _acc("expected-attention", half, length=8192, **agnostic)
           + _acc("keydiff", ones, length=8192, **agnostic))
-  got = claims_tasks.ea_vs_baselines(recs)
+  got = claims_compression.ea_vs_baselines(recs)
   # 40 paired samples (a sample is its task, length, seed): the means tie over both lengths
   assert got["n"] == 40 and "EA (expected-attention) 75.0 vs best baseline keydiff 75.0" in got["ours"]
   assert "; at 4096 tokens: EA 100.0 vs keydiff 50.0 (+50.0 pts" in got["why"]
   assert "; at 8192 tokens: EA 50.0 vs keydiff 100.0 (-50.0 pts" in got["why"]
-  assert "at 4096 tokens" not in claims_tasks.ea_vs_baselines(recs[:40])["why"]
+  assert "at 4096 tokens" not in claims_compression.ea_vs_baselines(recs[:40])["why"]
   # where the pooled tie comes from, task by task (best baseline -> EA)
   split = [dict(r, task="cwe" if r["length"] == 4096 else "vt") for r in recs]
   assert "; per task keydiff -> EA, differs on 2 of 2 tasks: cwe 50 -> 100, vt 100 -> 50;" in (
-      claims_tasks.ea_vs_baselines(split)["why"])
+      claims_compression.ea_vs_baselines(split)["why"])
 
 
 def test_svd_claims_follow_their_rules():
@@ -261,13 +262,13 @@ def test_ea_claims_read_ruler_and_the_needle_grid_apart():
                     + _acc("keydiff@0.5", ones, 0.5, protocol="query_agnostic"))]
   ruler = (_acc("expected-attention@0.5", ones, 0.5, protocol="query_agnostic", task="vt")
            + _acc("keydiff@0.5", zeros, 0.5, protocol="query_agnostic", task="vt"))
-  assert claims_tasks.ea_vs_baselines(grid + ruler)["verdict"] == "reproduced"
-  niah = claims_tasks.ea_vs_baselines_niah(grid + ruler)
+  assert claims_compression.ea_vs_baselines(grid + ruler)["verdict"] == "reproduced"
+  niah = claims_compression.ea_vs_baselines_niah(grid + ruler)
   assert niah["verdict"] == "not reproduced" and "keydiff 100.0" in niah["ours"]
   # the other EA setting on the grid is a variant: shown, neither EA nor a baseline
   default = [dict(r, config=dict(heatmap=True)) for r in
              _acc("expected-attention@0.5", ones, 0.5, protocol="query_agnostic")]
-  both = claims_tasks.ea_vs_baselines_niah(grid + default + ruler)
+  both = claims_compression.ea_vs_baselines_niah(grid + default + ruler)
   assert both["ours"] == niah["ours"] and "variant expected-attention 100.0 vs EA 0.0 (+100.0 pts" in both["why"]
 
 
@@ -279,7 +280,7 @@ def test_ea_variants_are_paired_with_ea_at_every_kept_fraction():
              + _acc(f"keydiff@{b}", half, b, protocol="query_agnostic")
              + _acc(f"expected-attention:head_budget=uniform@{b}", half[:30], b,
                     protocol="query_agnostic"))  # an ablation on a subset of the samples
-  why = claims_tasks.ea_vs_baselines(recs)["why"]
+  why = claims_compression.ea_vs_baselines(recs)["why"]
   uniform = "expected-attention:head_budget=uniform"
   assert f"; variant {uniform} 66.7 vs EA 100.0 (-33.3 pts" in why and "n=30)" in why
   assert f"keep 0.1: EA 100.0 (rank 1 of 2) vs keydiff 50.0" in why
