@@ -11,7 +11,9 @@ A config lists ``methods`` (spec strings for ``sparse_attn.methods.make``) and `
 * paper presets (``sparse_attn.methods.PRESETS``) are specs too, with inline overrides
   (``rectified:p=0.05``, ``expected-attention:eps=0``); a preset whose budget is a rule of its
   own (ReSA's ``p``, RetroAttention's ``min_tokens``) is not crossed with the budgets, the
-  others (``resa-quest``, ``expected-attention``) take each budget in place of theirs.
+  others (``resa-quest``, ``expected-attention``) take each budget in place of theirs;
+* ``spec@b`` runs at budget ``b`` only (``resa-quest:lam=0.25@0.025``: one row, labelled and
+  paired like the crossed ones).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import dataclasses
 
 from sparse_attn import budget as budget_lib
 from sparse_attn import compression, methods
-from sparse_attn.spec import parse_spec
+from sparse_attn.spec import parse_spec, parse_value
 
 from experiments.common import reuse
 
@@ -120,7 +122,13 @@ def expand(specs, budgets, **options) -> list[Entry]:
   """
   out = []
   for spec in specs:
-    if has_own_budget(spec) or not budgets:
+    spec, at, only = spec.partition("@")
+    if at:
+      b = budget_lib.parse_budget(parse_value(only))
+      if has_own_budget(spec):
+        raise ValueError(f"{spec!r} has a budget rule of its own; '@{only}' would not apply")
+      out.append(Entry(f"{spec}@{b:g}", spec, float(b), build(spec, b, **options)))
+    elif has_own_budget(spec) or not budgets:
       out.append(Entry(spec, spec, None, build(spec, None, **options)))
     else:
       out += [Entry(f"{spec}@{b:g}", spec, float(b), build(spec, b, **options)) for b in budgets]

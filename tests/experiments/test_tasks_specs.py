@@ -58,3 +58,13 @@ def test_a_whole_float_budget_is_a_token_count():
   assert specs.build("quest", 0.25).selector.budget.budget == 0.25
   with pytest.raises(ValueError, match="keeps a fraction of the context"):
     specs.build("snapkv", 256.0)
+
+
+def test_a_spec_at_one_budget_runs_there_only():
+  rows = specs.expand(["quest", "resa-quest:lam=0.25@0.025"], [0.025, 0.1])
+  assert [(e.label, e.budget) for e in rows] == [
+      ("quest@0.025", 0.025), ("quest@0.1", 0.1), ("resa-quest:lam=0.25@0.025", 0.025)]
+  method = rows[-1].method
+  assert method.resa.lam == 0.25 and method.selector.budget.budget == 0.025
+  with pytest.raises(ValueError, match="rule of its own"):
+    specs.expand(["rectified@0.05"], [0.1])
