@@ -38,7 +38,7 @@ from sparse_attn.presets import PRESETS
 from sparse_attn.protocol import PrefillGroup
 from sparse_attn import selector as selector_lib
 from sparse_attn.selector import Selector
-from sparse_attn.spec import parse_spec
+from sparse_attn.spec import parse_spec, with_options
 
 BASE_NAMES = ("dense",) + selector_lib.NAMES
 COMMON_OPTIONS = ("block_size", "impl", "interpret")
@@ -290,6 +290,8 @@ def make(spec: str = "dense", **options) -> Method:
   """
   if isinstance(spec, str) and spec.strip().lower() in PRESETS:
     spec = PRESETS[spec.strip().lower()]
+  if options:  # the built method's spec names its keyword options too
+    spec = with_options(spec, options, ENHANCER_OPTIONS)
   parts = parse_spec(spec)
   (name, inline), rest = parts[0], parts[1:]
   if name in compression.BUILDERS:

@@ -42,3 +42,27 @@ def parse_spec(spec: str) -> list[tuple[str, dict]]:
       options[key.strip()] = parse_value(value)
     parts.append((name, options))
   return parts
+
+
+def _format_value(value) -> str:
+  return str(value).lower() if isinstance(value, bool) or value is None else str(value)
+
+
+def with_options(spec: str, options: dict, owners: dict) -> str:
+  """``spec`` with keyword ``options`` written inline, so the string names what was built.
+
+  ``owners`` maps an enhancer name to the options it owns; every other option belongs to the
+  base part. Values that are not scalars (arrays) are left out: a spec string cannot hold them.
+  ``with_options("quest:budget=0.1+resa:lam=1.0", {"lam": 0.5}, {"resa": ("lam",)})`` ->
+  ``"quest:budget=0.1+resa:lam=0.5"``.
+  """
+  parts = parse_spec(spec)
+  names = [name for name, _ in parts]
+  scalar = {k: v for k, v in options.items()
+            if v is None or isinstance(v, (bool, int, float, str))}
+  for key, value in scalar.items():
+    owner = next((i for i, n in enumerate(names) if key in owners.get(n, ())), 0)
+    parts[owner][1][key] = value
+  return "+".join(name + (":" + ",".join(f"{k}={_format_value(v)}" for k, v in opts.items())
+                          if opts else "")
+                  for name, opts in parts)

@@ -158,3 +158,16 @@ def test_dense_decode_split_k_kernel_equals_the_reference(dtype):
                              atol=tol, rtol=tol)
   np.testing.assert_allclose(got[1][:2], want[1][:2], atol=1e-4, rtol=1e-4)
   assert np.all(np.asarray(got[0][2]) == 0) and np.all(np.isneginf(got[1][2]))
+
+
+@pytest.mark.parametrize("spec, options", [
+    ("resa-quest", {"lam": 0.25, "budget": 0.05}),
+    ("quest:gqa=group+rect:f=16", {"f": 8, "n_sink": 0}),
+    ("expected-attention", {"ratio": 0.75, "eps": 0.0}),
+    ("dense", {"impl": "xla"}),
+])
+def test_spec_names_the_keyword_options_it_was_built_with(spec, options):
+  m = methods.make(spec, **options)
+  for key, value in options.items():
+    assert f"{key}={value}" in m.spec
+  assert methods.make(m.spec) == m  # the string alone rebuilds the same method
