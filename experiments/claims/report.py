@@ -48,14 +48,15 @@ def claim_rows(records: dict[str, list[dict]], root: str,
   rows = []
   for c, part, e in registry.claims(experiments):
     recs = records.get(e.name, [])
-    got = registry.load(c.measure)(recs) if recs else None
+    measure = registry.load(c.measure)
+    got = measure(recs) if recs else None
     row = dict(claim=c.claim, source=c.source, paper=c.paper)
     if got is None:
       why = (f"the `{e.name}` records hold no rows for this claim yet" if recs
              else f"no `{e.name}` records under `{root}` yet")
       row.update(ours="-", n=0, setting="-", verdict="not run", why=why, figure="")
     else:
-      dirty = verdicts.dirty_note(recs)
+      dirty = verdicts.dirty_note(recs, measure)
       if dirty:  # such records cannot be tied to code: the row says so
         got = dict(got, setting=f"{got['setting']}; ⚠ {dirty}")
       fig = os.path.normpath(os.path.join(part.name, c.figure)) if c.figure else ""

@@ -43,9 +43,28 @@ def ruler_records(records: list[dict]) -> tuple[list[dict], str]:
   return records, "earlier RULER variant (fixed depths, own prompts): rerun pending"
 
 
-def dirty_note(records: list[dict]) -> str:
-  """``"k of n records from a modified tree"`` when any record's git revision is ``+dirty``
-  (such a record cannot be tied to code), else ``""``."""
-  dirty = sum(str(r.get("git", "")).endswith("+dirty") for r in records)
-  return (f"{dirty} of the experiment's {len(records)} records from a modified tree" if dirty
-          else "")
+def is_dirty(record: dict) -> bool:
+  """Whether a record's git revision is ``+dirty`` (it cannot be tied to code)."""
+  return str(record.get("git", "")).endswith("+dirty")
+
+
+def dirty_note(records: list[dict], measure) -> str:
+  """A note when records from a modified tree enter a row, else ``""``.
+
+  A record enters the row when leaving it out changes what the row says: ``measure`` (records
+  -> row dict or None) is run again on the clean records only and its ``ours`` / ``n`` /
+  ``verdict`` compared; dirty records of the experiment that the row does not read (other
+  methods, other lengths) leave no mark.
+  """
+  dirty = sum(map(is_dirty, records))
+  if not dirty:
+    return ""
+  got = measure(records)
+  clean = measure([r for r in records if not is_dirty(r)])
+  same = clean is not None and all(clean.get(k) == got.get(k) for k in ("ours", "n", "verdict"))
+  if same:
+    return ""
+  without = (f"without them: {clean['ours']}, n={clean['n']}" if clean is not None
+             else "nothing without them")
+  return (f"{dirty} of the experiment's {len(records)} records are from a modified tree and "
+          f"change this row ({without})")

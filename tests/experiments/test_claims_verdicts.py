@@ -99,7 +99,13 @@ def test_records_from_a_modified_tree_are_refused_under_results_and_marked(tmp_p
   recs = [dict(r, git="abc+dirty" if r["seed"] < 3 else "abc") for r in recs]
   (row,) = [r for r in claims.claim_rows({"accuracy": recs}, str(root))
             if r["source"] == "RESA Table 1"]
-  assert row["setting"].endswith("6 of the experiment's 40 records from a modified tree")
+  assert "6 of the experiment's 40 records are from a modified tree and change this row" in (
+      row["setting"])
+  clean = [dict(r, git="abc") for r in recs]
+  others = [dict(r, method="topk", spec="topk", git="abc+dirty") for r in recs]
+  (row,) = [r for r in claims.claim_rows({"accuracy": clean + others}, str(root))
+            if r["source"] == "RESA Table 1"]  # dirty records the row does not read: no mark
+  assert "modified tree" not in row["setting"]
 
 
 def test_report_names_rulers_differences_and_the_aligned_share():
