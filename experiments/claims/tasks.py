@@ -109,7 +109,7 @@ def gain_claim(records, new, base, budget, protocol=None, lengths=(8192, 4096, 2
     length, got = found
     d, lo, hi, n, p = got[2:]
     return dict(
-        ours=_pair_text(got) + (f", McNemar p={p:.2g})" if np.isfinite(p) else ")"),
+        ours=pair_text(got) + (f", McNemar p={p:.2g})" if np.isfinite(p) else ")"),
         n=n, setting=f"{model_of(records)}, {length} tokens, " + (
             f"budget {budget:g}" if budget is not None else f"{base} vs {new}"),
         verdict=gain_verdict(d, lo, hi), why=f"paired on {n} samples")
@@ -140,6 +140,13 @@ RESA_TABLE1_GAIN = 0.042
 RESA_TABLE1_OTHERS = {"arkvale": ("ArkVale", "+4.0, +4.5"), "topk": ("Ideal top-k", "+0.7, +3.7")}
 
 
+def table1_records(records) -> tuple[list[dict], str]:
+  """The query-aware RULER records of RESA Table 1's 7 tasks (``verdicts.ruler_records``)."""
+  return verdicts.ruler_records(
+      [r for r in records if r.get("protocol") != "query_agnostic" and benchmark(r) == "RULER"
+       and r.get("task") in RESA_TABLE1_TASKS])
+
+
 def resa_ruler_gain(records):
   """RESA Table 1: Quest+RESA beats Quest at 2.5% of an 8K context (Llama-3.1-8B: 83.2 ->
   87.4, Llama-3.2-3B: 62.9 -> 71.9, mean over its seven tasks). The why adds dense, the tasks
@@ -148,9 +155,7 @@ def resa_ruler_gain(records):
   top of the budget), how often each selector's answer equals dense's with and without RESA,
   Quest's pair at the shorter lengths that ran (Fig. 5a: the gain grows
   with the context) and at the other budgets that ran at the headline length."""
-  aware, note = verdicts.ruler_records(
-      [r for r in records if r.get("protocol") != "query_agnostic" and benchmark(r) == "RULER"
-       and r.get("task") in RESA_TABLE1_TASKS])
+  aware, note = table1_records(records)
   found = longest_pair(aware, "resa-quest", "quest", 0.025)
   if found is None:
     return None
@@ -159,7 +164,7 @@ def resa_ruler_gain(records):
   got["verdict"] = verdicts.effect_verdict(*found[1][2:5], RESA_TABLE1_GAIN)
   ran = len({k[0] for k in set(scores(aware, "resa-quest", 0.025, length))
               & set(scores(aware, "quest", 0.025, length))})
-  got["setting"] += (", RESA Table 1's 7 tasks" + ("" if ran == len(RESA_TABLE1_TASKS) else
+  got["setting"] += (", RESA lam 1 (its preset), RESA Table 1's 7 tasks" + ("" if ran == len(RESA_TABLE1_TASKS) else
                      f" ({ran} of {len(RESA_TABLE1_TASKS)} ran so far)")
                      + (f" ({note})" if note else ""))
   pair = lambda new, base, at: paired(scores(aware, new, 0.025, at), scores(aware, base, 0.025, at))
@@ -176,19 +181,19 @@ def resa_ruler_gain(records):
   for base, (name, paper) in RESA_TABLE1_OTHERS.items():
     other = pair(f"resa-{base}", base, length)
     if other:
-      got["why"] += f"; {name} {_pair_text(other)}, n={other[5]}; paper {paper})"
+      got["why"] += f"; {name} {pair_text(other)}, n={other[5]}; paper {paper})"
   got["why"] += _closer_to_dense(aware, length)
   for shorter in sorted({r.get("length") for r in aware if r.get("length", 0) < length},
                         reverse=True):
     other = pair("resa-quest", "quest", shorter)
     if other:
-      got["why"] += f"; at {shorter} tokens {_pair_text(other)}, n={other[5]})"
+      got["why"] += f"; at {shorter} tokens {pair_text(other)}, n={other[5]})"
   for budget in sorted({r.get("budget") for r in aware if base_label(r.get("method")) == "quest"
                         and r.get("length") == length and r.get("budget") not in (None, 0.025)}):
     other = paired(scores(aware, "resa-quest", budget, length),
                    scores(aware, "quest", budget, length))
     if other:  # the gain against the budget (the paper reports other budgets in its appendix)
-      got["why"] += f"; at budget {budget:g} {_pair_text(other)}, n={other[5]})"
+      got["why"] += f"; at budget {budget:g} {pair_text(other)}, n={other[5]})"
   return got
 
 
@@ -206,7 +211,7 @@ def _closer_to_dense(aware, length, budget=0.025) -> str:
   return "; answers identical to dense's without -> with RESA: " + ", ".join(parts) if parts else ""
 
 
-def _pair_text(got) -> str:
+def pair_text(got) -> str:
   """``"b -> a (d pts [lo, hi]"`` of a ``paired`` answer (the caller closes the bracket)."""
   ma, mb, d, lo, hi = got[:5]
   return f"{100 * mb:.1f} -> {100 * ma:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}]"
@@ -256,7 +261,7 @@ def _other_pairs(records, main) -> str:
   for new, base in pairs:
     got = paired(scores(records, new), scores(records, base))
     if got is not None:
-      parts.append(f"; {new} vs {base}: {_pair_text(got)}, n={got[5]})")
+      parts.append(f"; {new} vs {base}: {pair_text(got)}, n={got[5]})")
   return "".join(parts)
 
 

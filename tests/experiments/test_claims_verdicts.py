@@ -133,3 +133,42 @@ def test_leaderboard_keeps_rulers_generator_apart_from_the_earlier_variant():
   board = claims_leaderboard.rows(old + new)
   assert {(r["benchmark"], r["accuracy"]) for r in board} == {
       ("RULER", 100.0), ("RULER (NVIDIA generator)", 0.0)}
+
+
+def _lam_rows(base_scores, lam_scores):
+  """Accuracy records of quest and RESA at each lam; ``*_scores``: task -> 0/1 scores."""
+  from experiments.claims import held_out
+  recs = []
+  for task, s in base_scores.items():
+    recs += _acc("quest", s, task, generator="nvidia-ruler")
+    for lam, by_task in lam_scores.items():
+      label = held_out.lam_label("quest", lam)
+      recs += _acc(f"{label}@0.025", by_task[task], task, generator="nvidia-ruler")
+  return recs
+
+
+def test_held_out_lam_is_chosen_without_the_task_it_scores():
+  from experiments.claims import held_out
+  tasks = ("niah_single_2", "niah_single_3", "qa")
+  zeros = {t: np.zeros(10) for t in tasks}
+  # lam 0.25 wins only on qa, lam 1 on the other two: qa's held-out lam is then 1 (no gain)
+  lam_scores = {1.0: {"niah_single_2": np.ones(10), "niah_single_3": np.ones(10),
+                      "qa": np.zeros(10)},
+                0.5: zeros,
+                0.25: {"niah_single_2": np.zeros(10), "niah_single_3": np.zeros(10),
+                       "qa": np.ones(10)}}
+  recs = _lam_rows(zeros, lam_scores)
+  got, chosen, each = held_out.held_out_pair(recs, "quest", 8192)
+  assert chosen == {"niah_single_2": 1.0, "niah_single_3": 1.0, "qa": 1.0}
+  assert got[2] == pytest.approx(2 / 3) and each[0.25][2] == pytest.approx(1 / 3)
+  row = held_out.resa_held_out_lam(recs)
+  assert row["n"] == 30 and row["verdict"] == "reproduced" and "qa 1" in row["why"]
+
+
+def test_held_out_lam_ties_go_to_the_larger_lam_and_missing_rows_give_none():
+  from experiments.claims import held_out
+  same = {"niah_single_2": np.ones(4), "qa": np.ones(4)}
+  recs = _lam_rows({t: np.ones(4) for t in same}, {1.0: same, 0.5: same, 0.25: same})
+  assert set(held_out.held_out_pair(recs, "quest", 8192)[1].values()) == {1.0}
+  assert held_out.held_out_pair([r for r in recs if "0.5" not in r["method"]], "quest",
+                                8192) is None
