@@ -16,7 +16,7 @@ from pallas_kernels.block_select import block_select, block_select_reference
 from pallas_kernels.chunk_attention import chunk_attention, chunk_attention_reference
 from pallas_kernels.softmax import (default_scale, grouped_attention, lse_combine,
                                     scaled_logits, softmax_sum)
-from pallas_kernels.split_combine import split_combine
+from pallas_kernels.split_combine import split_combine, split_combine_pairs
 from pallas_kernels.sparse_decode import (gather_listed, gather_prior, sparse_decode,
                                           sparse_decode_reference)
 from pallas_kernels.sparse_decode_multiquery import (sparse_decode_multiquery,
@@ -30,7 +30,7 @@ __all__ = [
     "default_scale", "grouped_attention", "lse_combine", "scaled_logits", "softmax_sum",
     "block_score", "block_score_pooled", "block_score_reference", "block_score_pooled_reference",
     "block_select", "block_select_reference",
-    "chunk_attention", "chunk_attention_reference", "split_combine",
+    "chunk_attention", "chunk_attention_reference", "split_combine", "split_combine_pairs",
     "sparse_decode", "sparse_decode_reference",
     "sparse_decode_resa", "sparse_decode_resa_reference",
     "sparse_decode_multiquery", "sparse_decode_multiquery_reference",

@@ -45,7 +45,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._common import (MIN_BLOCKS_PER_SPLIT, TileConfig, choose_num_splits,
                                     pad_rows, tokens_per_iter)
-from pallas_kernels.split_combine import split_combine
+from pallas_kernels.split_combine import split_combine_pairs
 
 NEG_INF = float("-inf")
 
@@ -99,7 +99,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
   bits_ref = next(it) if with_bits else None
   lim_ref = next(it) if with_limit else None
   o_ref, lse_ref = next(it), next(it)
-  po_ref, plse_ref = (next(it), next(it)) if with_prior else (None, None)
+  po_ref, plse_ref, cnt_ref = (next(it), next(it), next(it)) if with_prior else (None,) * 3
 
   rp, dp = pad_rows(rows), pad_rows(head_dim)
   width = blocks_per_iter * block_size
@@ -177,18 +177,25 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
     pr = plgpu.load(prior_ref.at[(row // rows_per_prior)[:, None], slots[None, :]],
                     mask=ok & row_ok[:, None], other=NEG_INF)
     pr = jnp.where(ok, pr, NEG_INF)
-    return nxt, main, _online_update(carry[2], pr, v, precision)
+    seen = carry[3] + jnp.sum((pr > NEG_INF).astype(jnp.int32), axis=1)
+    return nxt, main, _online_update(carry[2], pr, v, precision), seen
 
   def init():
     return (jnp.zeros((rp, dp), jnp.float32), jnp.full((rp,), NEG_INF, jnp.float32),
             jnp.zeros((rp,), jnp.float32))
 
-  carry = (entry_meta(lo), init()) + ((init(),) if with_prior else ())
+  carry = (entry_meta(lo), init()) + ((init(), jnp.zeros((rp,), jnp.int32)) if with_prior
+                                      else ())
   steps = (hi - lo + blocks_per_iter - 1) // blocks_per_iter
   carry = lax.fori_loop(0, steps, body, carry)
 
   store_mask = row_ok[:, None] & col_ok[None, :]
-  for (o_r, l_r), c in zip(((o_ref, lse_ref), (po_ref, plse_ref)), carry[1:]):
+  if with_prior:  # prior members attended, per row (RESA's coverage test)
+    if pad_r:
+      plgpu.store(cnt_ref.at[rows_at], carry[3], mask=row_ok)
+    else:
+      cnt_ref[...] = carry[3]
+  for (o_r, l_r), c in zip(((o_ref, lse_ref), (po_ref, plse_ref)), carry[1:3]):
     out, lse = _finish(c)
     if pad_r or pad_c:
       plgpu.store(o_r.at[rows_at, cols_at], out, mask=store_mask)
@@ -219,7 +226,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       ``rows_per_prior``: static.
 
   Returns:
-    ``[(out [B, P, R, D] f32, lse [B, P, R] f32)]``, plus the prior pair when ``prior`` is given.
+    ``(out [B, P, R, D] f32, lse [B, P, R] f32)``; with ``prior`` also the prior pair and
+    ``seen [B, P, R]`` int32, the prior members (finite ``P_j``) each row attended.
   """
   b, p, r, d = q.shape
   kh, t = k.shape[1], k.shape[2]
@@ -273,17 +281,21 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
   pair_shapes = [jax.ShapeDtypeStruct((b, p, splits, r, d), jnp.float32),
                  jax.ShapeDtypeStruct((b, p, splits, r), jnp.float32)]
   n_pairs = 2 if with_prior else 1
+  count_spec = pair_specs[1:] if with_prior else []
+  count_shape = [jax.ShapeDtypeStruct((b, p, splits, r), jnp.int32)] if with_prior else []
   outs = pl.pallas_call(
       kernel,
       grid=(b, p, splits),
       in_specs=in_specs,
-      out_specs=pair_specs * n_pairs,
-      out_shape=pair_shapes * n_pairs,
+      out_specs=pair_specs * n_pairs + count_spec,
+      out_shape=pair_shapes * n_pairs + count_shape,
       compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps,
                                            num_stages=tiles.num_stages),
       interpret=interpret,
       name=("sparse_decode_multiquery" if with_limit else "sparse_decode")
       + ("_resa" if with_prior else ""),
   )(*args)
-  return [split_combine(outs[2 * i], outs[2 * i + 1], impl="pallas", interpret=interpret)
-          for i in range(n_pairs)]
+  pairs, seen = split_combine_pairs([(outs[2 * i], outs[2 * i + 1]) for i in range(n_pairs)],
+                                    outs[-1] if with_prior else None, impl="pallas",
+                                    interpret=interpret)
+  return (*pairs[0], *pairs[1], seen) if with_prior else pairs[0]

@@ -93,8 +93,9 @@ def gathered_partials(q, kg, vg, ok, prior=None, *, scale: float):
 
   Returns:
     ``(out [B, N, S, D] f32, lse [B, N, S] f32)`` and, with ``prior``, the prior's softmax over
-    the attended slots applied to ``vg``, ``(prior_out, prior_lse)`` of the same shapes (else
-    None). Empty rows: ``0`` and ``-inf``.
+    the attended slots applied to ``vg``, ``(prior_out, prior_lse)`` of the same shapes, and
+    ``seen [B, N, S]`` int32, the prior members each query attended (else None). Empty rows:
+    ``0`` and ``-inf``.
   """
   b, n, s, d = q.shape
   h = kg.shape[1]
@@ -108,12 +109,14 @@ def gathered_partials(q, kg, vg, ok, prior=None, *, scale: float):
     out, lse = softmax_sum(lg, vg)
     return (rows(out), rows(lse)), None
   # [B, H, R, S, L]: the prior over the same slots
-  plg = jnp.where(okb & jnp.isfinite(prior)[:, :, :, None, :], prior[:, :, :, None, :], NEG_INF)
+  member = okb & jnp.isfinite(prior)[:, :, :, None, :]
+  plg = jnp.where(member, prior[:, :, :, None, :], NEG_INF)
   # True and prior logits stacked on the row axis: one pass over the gathered values.
   # [B, H, 2R, S, D], [B, H, 2R, S]
   out, lse = softmax_sum(jnp.concatenate([lg, plg], axis=2), vg)
+  seen = rows(jnp.sum(member, -1, dtype=jnp.int32))
   return ((rows(out[:, :, :r]), rows(lse[:, :, :r])),
-          (rows(out[:, :, r:]), rows(lse[:, :, r:])))
+          (rows(out[:, :, r:]), rows(lse[:, :, r:]), seen))
 
 
 def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: int,
@@ -183,7 +186,7 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
-  [(out, lse)] = decode_partials(
+  out, lse = decode_partials(
       q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
       row_bits=None if words is None else _union.head_bits(words), bits_per_word=hq // hkv,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)

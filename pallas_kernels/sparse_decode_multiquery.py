@@ -53,7 +53,7 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
 
   Returns:
     ``out [B, N, W, D]`` and ``lse [B, N, W]``; with ``prior`` also ``prior_out [B, N, W, D]``
-    and ``prior_lse [B, N, W]``; all float32.
+    and ``prior_lse [B, N, W]``, all float32, and ``seen [B, N, W]`` int32.
   """
   _, hq, _, d = q.shape
   selection_rows(hq, k.shape[1], block_idx.shape[1])
@@ -95,7 +95,8 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     ``out [B, N, W, D]`` and ``lse [B, N, W]`` (``0`` / ``-inf`` for a query that attends
     nothing); with ``prior`` also ``prior_out [B, N, W, D]`` and ``prior_lse [B, N, W]``: the
     softmax of ``P_j`` over the positions each query attends, applied to ``v``. All float32
-    (partials, merged by the caller).
+    (partials, merged by the caller); and ``seen [B, N, W]`` int32, the prior members each
+    query attended (counted in the kernel's pass).
   """
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
@@ -108,7 +109,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
   selection_rows(hq, hkv, block_idx.shape[1])
   if n == 0:
     empty = (jnp.zeros(q.shape, jnp.float32), jnp.full((b, hq, w), -jnp.inf, jnp.float32))
-    return empty if prior is None else empty + empty
+    return empty if prior is None else empty + empty + (jnp.zeros((b, hq, w), jnp.int32),)
   # Row r = g * W + w of kv head k is query head k * G + g at window step w; it may use entry e
   # iff bit w of word min(r // W, A - 1) of entry e is set.
   steps = _union.step_words(block_mask)  # [B, H, n]
@@ -119,13 +120,10 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
   row_limit = jnp.broadcast_to(q_limit[:, None, None, :], (b, hkv, g, w))
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
-  pairs = decode_partials(
+  parts = decode_partials(
       q.reshape(b, hkv, g * w, d), k, v, idx, nv, length, pos=pos, row_bits=row_bits,
       row_limit=row_limit.reshape(b, hkv, g * w), bits_per_word=w, block_size=block_size,
       scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
       prior=None if prior is None else prior.reshape(b, hkv, g, -1), rows_per_prior=w)
-  (out, lse), rest = pairs[0], pairs[1:]
-  result = (out.reshape(b, hq, w, d), lse.reshape(b, hq, w))
-  for p_out, p_lse in rest:
-    result += (p_out.reshape(b, hq, w, d), p_lse.reshape(b, hq, w))
-  return result
+  rows = lambda x: x.reshape(b, hq, w, *x.shape[3:])  # [B, K, G * W, ...] -> [B, N, W, ...]
+  return tuple(map(rows, parts))

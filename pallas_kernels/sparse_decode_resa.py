@@ -38,15 +38,16 @@ def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, 
   Args: as ``sparse_decode_resa``.
 
   Returns:
-    ``(out [B, N, D], lse [B, N], prior_out [B, N, D], prior_lse [B, N])``, float32.
+    ``(out [B, N, D], lse [B, N], prior_out [B, N, D], prior_lse [B, N])`` float32, ``seen
+    [B, N]`` int32.
   """
   _, hq, d = q.shape
   selection_rows(hq, k.shape[1], block_idx.shape[1])
   kg, vg, ok, _ = gather_listed(k, v, block_idx, n_valid, length, block_size, pos)
-  (out, lse), (p_out, p_lse) = gathered_partials(
+  (out, lse), (p_out, p_lse, seen) = gathered_partials(
       q[:, :, None], kg, vg, ok[:, :, None], gather_prior(prior, block_idx, block_size),
       scale=default_scale(d, scale))
-  return out[:, :, 0], lse[:, :, 0], p_out[:, :, 0], p_lse[:, :, 0]
+  return out[:, :, 0], lse[:, :, 0], p_out[:, :, 0], p_lse[:, :, 0], seen[:, :, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
@@ -73,7 +74,9 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   Returns:
     ``(out [B, N, D], lse [B, N])`` as ``sparse_decode`` (out in float32: a partial), and
     ``prior_out [B, N, D]``, ``prior_lse [B, N]``: the softmax of ``P_j`` over the attended
-    positions applied to ``v`` and its log-sum-exp (``0`` / ``-inf`` when empty); all float32.
+    positions applied to ``v`` and its log-sum-exp (``0`` / ``-inf`` when empty); all float32;
+    and ``seen [B, N]`` int32, the prior members (finite ``P_j``) attended, counted in the same
+    pass and summed by the split combine (RESA's test that the selection covered the prior).
   """
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
@@ -84,15 +87,15 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   selection_rows(hq, hkv, block_idx.shape[1])
   if n == 0:
     zeros, empty = jnp.zeros((b, hq, d), jnp.float32), jnp.full((b, hq), -jnp.inf, jnp.float32)
-    return zeros, empty, zeros, empty
+    return zeros, empty, zeros, empty, jnp.zeros((b, hq), jnp.int32)
   idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
   g = hq // hkv
-  (out, lse), (p_out, p_lse) = decode_partials(
+  out, lse, p_out, p_lse, seen = decode_partials(
       q.reshape(b, hkv, g, d), k, v, idx, nv, length, pos=pos,
       prior=prior.reshape(b, hkv, g, -1),
       row_bits=None if words is None else _union.head_bits(words), bits_per_word=g,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
   return (out.reshape(b, hq, d), lse.reshape(b, hq), p_out.reshape(b, hq, d),
-          p_lse.reshape(b, hq))
+          p_lse.reshape(b, hq), seen.reshape(b, hq))

@@ -6,8 +6,9 @@ the cache and selection arrays to its ``pallas_kernels`` op and passes ``impl`` 
 resolves it (``pallas_kernels.resolve_impl``, the one dispatcher) and runs its Triton kernel or
 its jnp ``*_reference``, the one jnp implementation of the op. A token selection (``granularity`` 1, not
 the cache's block size) has no kernel: its path is the reference at that granularity, whatever
-``impl`` says. What the RESA and retro steps count besides the attention (prior members and
-keys attended) is computed here from the same masks the references use.
+``impl`` says. Besides the attention, the RESA and retro steps count prior members attended (the
+op counts them in its own pass) and retro counts keys attended (computed here from the masks the
+references use).
 
 Letters: B batch, K kv heads, N query heads, H selection heads, R = N // H, S queries per head
 (the retro window ``w``), L gathered slots, NB blocks, D head dim.
@@ -113,14 +114,10 @@ def resa_partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: Impl
     attended).
   """
   k, v, idx, n_valid, length = _listed(cache, sel)
-  out, lse, pout, plse = _run(pallas_kernels.sparse_decode_resa,
-                              pallas_kernels.sparse_decode_resa_reference, cache, sel, impl,
-                              interpret, q, k, v, prior, idx, n_valid, length, scale=scale)
-  g = sel.granularity
-  ok, _ = pallas_kernels.listed_slots_ok(idx, n_valid, length, g, cache.pos)  # [B, H, L]
-  pg = pallas_kernels.gather_prior(prior, idx, g)  # [B, H, R, L]
-  seen = jnp.sum(ok[:, :, None] & jnp.isfinite(pg), -1).reshape(q.shape[:2])
-  return (out, lse), (pout, plse), seen.astype(jnp.int32)
+  out, lse, pout, plse, seen = _run(pallas_kernels.sparse_decode_resa,
+                                    pallas_kernels.sparse_decode_resa_reference, cache, sel, impl,
+                                    interpret, q, k, v, prior, idx, n_valid, length, scale=scale)
+  return (out, lse), (pout, plse), seen
 
 
 def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, scale, *,
@@ -148,7 +145,4 @@ def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, sc
   exposed = jnp.repeat(jnp.sum(ok, -1), n // h, axis=1).astype(jnp.int32)
   if prior is None:
     return outs, None, jnp.zeros((b, n, w), jnp.int32), exposed
-  pg = pallas_kernels.gather_prior(prior, idx, g)  # [B, H, R, L]
-  # [B, H, R, w]: prior members each query attended
-  seen = jnp.sum(ok[:, :, None] & jnp.isfinite(pg)[:, :, :, None, :], -1)
-  return outs[:2], outs[2:], seen.reshape(b, n, w).astype(jnp.int32), exposed
+  return outs[:2], outs[2:4], outs[4], exposed

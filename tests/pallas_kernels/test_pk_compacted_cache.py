@@ -129,9 +129,10 @@ def test_resa_kernel_skips_holes_in_both_partials():
   want_pl = m[..., 0] + np.log(p.sum(-1))
   want_o, want_l = _brute(q[:, :, None], cache, listed)
   args = (q, cache.k, cache.v, prior, idx, n_valid, cache.length)
-  for out, lse, po, pl in (
+  for out, lse, po, pl, seen in (
       sparse_decode_resa(*args, block_size=BS, impl="pallas", interpret=True, pos=cache.pos),
       sparse_decode_resa_reference(*args, block_size=BS, pos=cache.pos)):
+    np.testing.assert_array_equal(seen, ok.sum(-1))  # holes are no prior member
     _close(out, want_o[:, :, 0])
     _close(lse, want_l[:, :, 0])
     _close(po, want_po, atol=1e-4)

@@ -106,9 +106,10 @@ def check_kernel_with_prior(case):
   args = (q, k, v, idx, n_valid, block_mask, q_limit, length)
   got = run_kernel(case, *args, num_splits=case.num_splits, prior=prior)
   want = reference(*args, block_size=case.block_size, prior=prior)
-  assert len(got) == 4 and got[2].shape == q.shape and got[3].shape == q.shape[:3]
+  assert len(got) == 5 and got[2].shape == q.shape and got[3].shape == q.shape[:3]
   assert_attention_close(got[0], got[1], want[0], want[1], case.dtype)
   assert_attention_close(got[2], got[3], want[2], want[3], case.dtype)
+  np.testing.assert_array_equal(got[4], want[4])  # prior members each window query attended
 
 
 @settings(max_examples=10, deadline=None)

@@ -1,5 +1,6 @@
-"""sparse_decode_resa: Pallas (interpret mode) == jnp reference; its main path == sparse_decode;
-the reference's prior == a dense softmax of the prior."""
+"""sparse_decode_resa: Pallas (interpret mode) == jnp reference (the prior-member count exactly);
+its main path == sparse_decode; the reference's prior and count == a dense softmax of the prior
+and a brute-force count."""
 
 from __future__ import annotations
 
@@ -25,16 +26,21 @@ def run_kernel(case, *arrays, **kw):
 
 def check_kernel(case):
   q, k, v, idx, n_valid, length, prior = case.arrays()
-  out, lse, p_out, p_lse = run_kernel(case, q, k, v, prior, idx, n_valid, length,
-                                      num_splits=case.num_splits)
+  # prior logits -inf outside RESA's prior set: the kernel counts the members it attends
+  prior = jnp.where(jax.random.bernoulli(jax.random.key(case.seed), 0.7, prior.shape), prior,
+                    -jnp.inf)
+  out, lse, p_out, p_lse, seen = run_kernel(case, q, k, v, prior, idx, n_valid, length,
+                                            num_splits=case.num_splits)
   assert out.dtype == p_out.dtype == p_lse.dtype == jnp.float32  # partials, merged by RESA
-  r_out, r_lse, rp_out, rp_lse = reference(q, k, v, prior, idx, n_valid, length,
-                                           block_size=case.block_size)
+  r_out, r_lse, rp_out, rp_lse, r_seen = reference(q, k, v, prior, idx, n_valid, length,
+                                                   block_size=case.block_size)
+  assert seen.dtype == jnp.int32
+  np.testing.assert_array_equal(seen, r_seen)
   assert_attention_close(out, lse, r_out, r_lse, case.dtype)
   # The prior path feeds v-dtype probabilities to the p.v matmul too: v's dtype tolerance.
   assert_attention_close(p_out, p_lse, rp_out, rp_lse, case.dtype)
-  # Same selected set: the prior is empty exactly where the attention is.
-  np.testing.assert_array_equal(np.isneginf(p_lse), np.isneginf(lse))
+  # The prior is empty exactly where no prior member was attended.
+  np.testing.assert_array_equal(np.isneginf(p_lse), seen == 0)
 
 
 @settings(max_examples=12, deadline=None)
@@ -54,7 +60,7 @@ def test_main_path_is_sparse_decode():
   case = Case(batch=2, hkv=3, group=3, head_dim=64, block_size=32, num_blocks=10, list_len=6,
               per_head=False, dtype=jnp.bfloat16, seed=21)
   q, k, v, idx, n_valid, length, prior = case.arrays()
-  out, lse, _, _ = run_kernel(case, q, k, v, prior, idx, n_valid, length, num_splits=2)
+  out, lse, _, _, _ = run_kernel(case, q, k, v, prior, idx, n_valid, length, num_splits=2)
   want = sparse_decode(q, k, v, idx, n_valid, length, block_size=32, impl="pallas",
                        interpret=INTERPRET, num_splits=2)
   # the same float32 partial, which sparse_decode rounds to q.dtype
@@ -68,8 +74,10 @@ def test_main_path_is_sparse_decode():
 def test_reference_prior_equals_dense_softmax_of_prior(case):
   """prior_lse / prior_out == a masked softmax of P over the listed slots, on the full cache."""
   q, k, v, idx, n_valid, length, prior = case.arrays()
-  _, _, p_out, p_lse = reference(q, k, v, prior, idx, n_valid, length,
-                                 block_size=case.block_size)
+  prior = jnp.where(jax.random.bernoulli(jax.random.key(case.seed), 0.7, prior.shape), prior,
+                    -jnp.inf)
+  _, _, p_out, p_lse, seen = reference(q, k, v, prior, idx, n_valid, length,
+                                       block_size=case.block_size)
   b, hs = idx.shape[:2]
   listed = np.zeros((b, case.hq, case.t), bool)
   for bi in range(b):
@@ -78,6 +86,7 @@ def test_reference_prior_equals_dense_softmax_of_prior(case):
       for blk in np.asarray(idx[bi, hl, :n_valid[bi, hl]]):
         listed[bi, h, blk * case.block_size:(blk + 1) * case.block_size] = True
   listed &= np.arange(case.t)[None, None, :] < np.asarray(length)[:, None, None]
+  np.testing.assert_array_equal(seen, (listed & np.isfinite(np.asarray(prior))).sum(-1))
   logits = jnp.where(listed, prior, -jnp.inf).reshape(b, case.hkv, case.group, 1, case.t)
   want_out, want_lse = dense_softmax(logits, v)
   assert_attention_close(p_out, p_lse, want_out.reshape(p_out.shape),

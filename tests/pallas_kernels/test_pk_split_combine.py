@@ -1,4 +1,5 @@
-"""split_combine: Pallas (interpret mode) == lse_combine, empty splits and rows included."""
+"""split_combine(_pairs): Pallas (interpret mode) == lse_combine, empty splits and rows included;
+several pairs and per-split counts merged in one pass."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from pallas_kernels import lse_combine, split_combine
+from pallas_kernels import lse_combine, split_combine, split_combine_pairs
 from pk_testutil import assert_attention_close
 
 # (batch, program heads, splits, rows, head dim): padded and unpadded rows / dims, 2-7 splits.
@@ -34,3 +35,20 @@ def test_one_split_is_passed_through():
   got_out, got_lse = split_combine(out, lse, impl="pallas", interpret=True)
   np.testing.assert_array_equal(got_out, out[:, :, 0])
   np.testing.assert_array_equal(got_lse, lse[:, :, 0])
+
+
+def test_pairs_and_counts_merge_in_one_pass():
+  rng = np.random.default_rng(7)
+  b, p, s, r, d = 2, 3, 4, 5, 32
+  pairs = []
+  for _ in range(2):
+    lse = rng.standard_normal((b, p, s, r)) * 10
+    lse[rng.random(lse.shape) < 0.3] = -np.inf
+    pairs.append((jnp.asarray(rng.standard_normal((b, p, s, r, d)), jnp.float32),
+                  jnp.asarray(lse, jnp.float32)))
+  counts = jnp.asarray(rng.integers(0, 50, (b, p, s, r)), jnp.int32)
+  merged, total = split_combine_pairs(pairs, counts, impl="pallas", interpret=True)
+  for (out, lse), got in zip(pairs, merged):
+    assert_attention_close(*got, *lse_combine(out, lse, axis=2), jnp.float32)
+  np.testing.assert_array_equal(total, counts.sum(2))
+  assert split_combine_pairs(pairs, impl="pallas", interpret=True)[1] is None

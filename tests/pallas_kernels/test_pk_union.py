@@ -63,6 +63,7 @@ def test_decode_and_resa_new_shapes(shape):
   assert_attention_close(got[0], got[1], want[0], want[1], case.dtype)
   assert_attention_close(got[2], got[3], want[2], want[3], jnp.float32 if case.dtype == jnp.float32
                          else jnp.bfloat16)
+  np.testing.assert_array_equal(got[4], want[4])
 
 
 @pytest.mark.slow
