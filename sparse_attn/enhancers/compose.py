@@ -153,11 +153,12 @@ def _retro_step(m, q, cache, state, positions, scale):
   rs = state["retro"]
   b, n, w, d = q.shape
   t = positions[:, -1]
-  last_seen = retro.mark_current(rs["last_seen"], t, m.granularity)
+  last_seen = rs["last_seen"]
+  current = retro.current_entry(t, m.granularity, last_seen.shape[-1])
   sel = m.select(q[:, :, -1], cache, scale)
   cached = retro.lookup(rs["ring"], positions[:, :-1])
   full = jnp.concatenate([cached["full"], jnp.zeros((b, 1), bool)], axis=1)  # [B, w]
-  use = retro.entry_mask(last_seen, sel, positions, full)  # [B, H, w, n]
+  use = retro.entry_mask(last_seen, sel, positions, full, current)  # [B, H, w, n]
   st = state.get("resa")
   true, prior_part, seen, exposed = kernels.window_partials(
       q, cache, sel, use, positions, st["prior"] if m.resa else None, scale, impl=m.impl,
@@ -183,6 +184,6 @@ def _retro_step(m, q, cache, state, positions, scale):
                             m.resa.lam, covered, m.resa.lam_form)
   out = jnp.where((positions >= 0)[:, None, :, None], out, 0.0)
   rs = dict(ring=retro.store(rs["ring"], positions, entries),
-            last_seen=retro.mark_selected(last_seen, sel, t),
+            last_seen=retro.stamp(last_seen, sel, t, current),
             retired_pos=positions[:, 0], retired_exposed=entries["exposed"][:, :, 0])
   return out, {**state, "retro": rs}

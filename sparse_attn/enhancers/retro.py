@@ -97,39 +97,43 @@ def store(ring: dict, positions, entries: dict) -> dict:
   return new
 
 
-def mark_current(last_seen, t, granularity: int):
-  """Algorithm 2: the entry holding the current position ``t [B]`` is stamped ``t - 1``."""
-  b, h, ne = last_seen.shape
-  e = jnp.where(t >= 0, t // granularity, ne)[:, None, None]
-  cur = jnp.take_along_axis(last_seen, jnp.minimum(e, ne - 1), axis=-1)
-  val = jnp.maximum(cur, (t - 1)[:, None, None])
-  return last_seen.at[jnp.arange(b)[:, None, None], jnp.arange(h)[None, :, None], e].set(
-      jnp.broadcast_to(val, (b, h, 1)), mode="drop")
+def current_entry(t, granularity: int, num_entries: int):
+  """``[B]`` the entry holding the current position ``t [B]`` (``num_entries`` where t < 0)."""
+  return jnp.where(t >= 0, t // granularity, num_entries).astype(jnp.int32)
 
 
-def mark_selected(last_seen, sel, t):
-  """Stamps every valid entry of ``sel`` with the step position ``t [B]``."""
-  b, h, ne = last_seen.shape
-  n = sel.idx.shape[-1]
-  ok = (jnp.arange(n)[None, None, :] < sel.n_valid[..., None]) & (t >= 0)[:, None, None]
-  idx = jnp.where(ok, sel.idx, ne)
-  val = jnp.broadcast_to(t[:, None, None], idx.shape).astype(jnp.int32)
-  return last_seen.at[jnp.arange(b)[:, None, None], jnp.arange(h)[None, :, None], idx].max(
-      val, mode="drop")
-
-
-def entry_mask(last_seen, sel, positions, full):
+def entry_mask(last_seen, sel, positions, full, current):
   """``[B, H, w, n]`` bool: window query ``i`` may use listed entry ``j`` of ``sel``.
 
   The newest query (last) uses every listed entry; a past query ``t'`` only the entries with
-  ``last_seen < t'``, and none when its cached output is dense (``full [B, w]``).
+  ``last_seen < t'``, and none when its cached output is dense (``full [B, w]``). The entry
+  holding the current position (``current [B]``) reads as stamped ``t - 1`` already
+  (Algorithm 2: earlier queries never revisit it); ``stamp`` writes that stamp.
   """
   w = positions.shape[1]
-  ls = jnp.take_along_axis(last_seen, jnp.clip(sel.idx, 0, last_seen.shape[-1] - 1), axis=-1)
+  t = positions[:, -1]
+  ids = jnp.clip(sel.idx, 0, last_seen.shape[-1] - 1)  # [B, H, n]
+  ls = jnp.take_along_axis(last_seen, ids, axis=-1)
+  ls = jnp.where(ids == current[:, None, None], jnp.maximum(ls, (t - 1)[:, None, None]), ls)
   unseen = ls[:, :, None, :] < positions[:, None, :, None]  # [B, H, w, n]
   newest = (jnp.arange(w) == w - 1)[None, None, :, None]
   use = (unseen | newest) & ~full[:, None, :, None] & (positions >= 0)[:, None, :, None]
   return use
+
+
+def stamp(last_seen, sel, t, current):
+  """Algorithm 2's two updates of one step in one scatter: the current entry (``current [B]``)
+  stamped ``t - 1`` and every valid entry of ``sel`` stamped with the step position ``t [B]``
+  (a stamp never lowers an entry's value)."""
+  b, h, ne = last_seen.shape
+  n = sel.idx.shape[-1]
+  ok = (jnp.arange(n)[None, None, :] < sel.n_valid[..., None]) & (t >= 0)[:, None, None]
+  idx = jnp.concatenate([jnp.broadcast_to(current[:, None, None], (b, h, 1)),
+                         jnp.where(ok, sel.idx, ne)], axis=-1)  # [B, H, n + 1]; ne: dropped
+  val = jnp.concatenate([jnp.broadcast_to((t - 1)[:, None, None], (b, h, 1)),
+                         jnp.broadcast_to(t[:, None, None], (b, h, n))], axis=-1)
+  return last_seen.at[jnp.arange(b)[:, None, None], jnp.arange(h)[None, :, None], idx].max(
+      val.astype(jnp.int32), mode="drop")
 
 
 def effective_budget(state: dict):

@@ -231,3 +231,39 @@ def test_pallas_multiquery_path_matches_jnp(spec):
     run.decode = m.decode
     outs.append([run.step(t)[0] for t in (40, 41)])
   np.testing.assert_allclose(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), w=st.integers(2, 4))
+def test_one_stamp_equals_algorithm_2s_two_updates(seed, w):
+  """``entry_mask`` with the current entry read as stamped, then one ``stamp``, equals Algorithm
+  2 step by step: stamp the current entry ``t - 1``, build the mask, stamp the selection ``t``."""
+  from sparse_attn.selection import Selection  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  b, h, ne, n, g = 2, 3, 12, 5, 4
+  last_seen = rng.integers(-1, ne * g, (b, h, ne)).astype(np.int32)
+  t = rng.integers(-1, ne * g, b).astype(np.int32)
+  positions = (t[:, None] + np.arange(1 - w, 1)[None]).astype(np.int32)
+  sel = Selection(jnp.asarray(rng.integers(0, ne, (b, h, n)), jnp.int32),
+                  jnp.asarray(rng.integers(0, n + 1, (b, h)), jnp.int32), g)
+  full = jnp.asarray(rng.random((b, w)) < 0.2)
+  want = last_seen.copy()
+  for bi in range(b):
+    if t[bi] >= 0:
+      e = t[bi] // g
+      want[bi, :, e] = np.maximum(want[bi, :, e], t[bi] - 1)
+  ls = np.take_along_axis(want, np.asarray(sel.idx), -1)
+  unseen = ls[:, :, None, :] < positions[:, None, :, None]
+  want_use = ((unseen | (np.arange(w) == w - 1)[None, None, :, None]) & ~np.asarray(full)[
+      :, None, :, None] & (positions >= 0)[:, None, :, None])
+  for bi in range(b):
+    for hi in range(h):
+      for j in range(int(sel.n_valid[bi, hi])):
+        if t[bi] >= 0:
+          e = int(sel.idx[bi, hi, j])
+          want[bi, hi, e] = max(want[bi, hi, e], t[bi])
+  current = retro.current_entry(jnp.asarray(t), g, ne)
+  use = retro.entry_mask(jnp.asarray(last_seen), sel, jnp.asarray(positions), full, current)
+  np.testing.assert_array_equal(use, want_use)
+  np.testing.assert_array_equal(
+      retro.stamp(jnp.asarray(last_seen), sel, jnp.asarray(t), current), want)
