@@ -209,7 +209,8 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
 
 def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=None,
                     row_limit=None, pos=None, *, block_size: int, scale: float, tiles: TileConfig,
-                    interpret: bool, bits_per_word: int = 1, rows_per_prior: int = 1):
+                    interpret: bool, bits_per_word: int = 1, rows_per_prior: int = 1,
+                    epilogue=None, extras=()):
   """Runs the kernel and combines its splits (``split_combine``, a second Pallas pass).
 
   Args:
@@ -224,10 +225,13 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
     pos: optional ``[B, K, T]`` int32 token position of each slot (-1 = empty); None: ``slot``.
     block_size, scale, tiles, interpret: static; ``bits_per_word``: static ``C``;
       ``rows_per_prior``: static.
+    epilogue, extras: with ``prior``, an elementwise finish of the merged values run inside the
+      split combine (``split_combine_pairs``; RESA's aggregator), extras ``[B, P, R(, D)]``.
 
   Returns:
     ``(out [B, P, R, D] f32, lse [B, P, R] f32)``; with ``prior`` also the prior pair and
-    ``seen [B, P, R]`` int32, the prior members (finite ``P_j``) each row attended.
+    ``seen [B, P, R]`` int32, the prior members (finite ``P_j``) each row attended; with an
+    ``epilogue``, its ``(out, lse)`` instead.
   """
   b, p, r, d = q.shape
   kh, t = k.shape[1], k.shape[2]
@@ -295,7 +299,12 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       name=("sparse_decode_multiquery" if with_limit else "sparse_decode")
       + ("_resa" if with_prior else ""),
   )(*args)
-  pairs, seen = split_combine_pairs([(outs[2 * i], outs[2 * i + 1]) for i in range(n_pairs)],
-                                    outs[-1] if with_prior else None, impl="pallas",
-                                    interpret=interpret)
+  if epilogue is not None and not with_prior:
+    raise ValueError("an epilogue finishes the prior path: give a prior")
+  combined = split_combine_pairs([(outs[2 * i], outs[2 * i + 1]) for i in range(n_pairs)],
+                                 outs[-1] if with_prior else None, epilogue=epilogue,
+                                 extras=extras, impl="pallas", interpret=interpret)
+  if epilogue is not None:
+    return combined
+  pairs, seen = combined
   return (*pairs[0], *pairs[1], seen) if with_prior else pairs[0]

@@ -30,7 +30,8 @@ from pallas_kernels.sparse_decode import (gather_listed, gather_prior, gathered_
 
 
 def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
-                                 scale: float | None = None, pos=None):
+                                 scale: float | None = None, pos=None, epilogue=None,
+                                 extras=()):
   """Plain-jnp RESA-fused sparse decode (the ``impl="xla"`` path): gather the listed blocks and
   priors, one float32 softmax over the true and prior logits (``gathered_partials``). Any
   ``block_size`` dividing ``T`` (1: token lists).
@@ -47,16 +48,24 @@ def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, 
   (out, lse), (p_out, p_lse, seen) = gathered_partials(
       q[:, :, None], kg, vg, ok[:, :, None], gather_prior(prior, block_idx, block_size),
       scale=default_scale(d, scale))
-  return out[:, :, 0], lse[:, :, 0], p_out[:, :, 0], p_lse[:, :, 0], seen[:, :, 0]
+  return _finish((out[:, :, 0], lse[:, :, 0]), (p_out[:, :, 0], p_lse[:, :, 0]), seen[:, :, 0],
+                 epilogue, extras)
+
+
+def _finish(true, prior_seen, seen, epilogue, extras):
+  if epilogue is None:
+    return (*true, *prior_seen, seen)
+  return epilogue(true, prior_seen, seen, *extras)
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
-                                             "blocks_per_iter"))
+                                             "blocks_per_iter", "epilogue"))
 def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
                        scale: float | None = None, num_splits: int | None = None,
                        impl: _common.Impl = "auto", interpret: bool = False, num_warps: int = 4,
-                       num_stages: int = 3, blocks_per_iter: int | None = None, pos=None):
+                       num_stages: int = 3, blocks_per_iter: int | None = None, pos=None,
+                       epilogue=None, extras=()):
   """``sparse_decode`` plus RESA's prior statistics over the same selected positions.
 
   Args:
@@ -70,6 +79,10 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
       slot below ``length`` holds a token.
     block_size, scale, num_splits, impl, interpret, num_warps, num_stages, blocks_per_iter: as
       ``sparse_decode``.
+    epilogue: optional hashable ``f((out, lse), (prior_out, prior_lse), seen, *extras) ->
+      (out, lse)`` of elementwise jnp ops over rows (RESA's aggregator): the Pallas path runs
+      it inside the split combine, the reference after; the op then returns its ``(out, lse)``.
+    extras: the epilogue's per-head inputs, each ``[B, N]`` or ``[B, N, D]``.
 
   Returns:
     ``(out [B, N, D], lse [B, N])`` as ``sparse_decode`` (out in float32: a partial), and
@@ -80,22 +93,29 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   """
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
-                                        block_size=block_size, scale=scale, pos=pos)
+                                        block_size=block_size, scale=scale, pos=pos,
+                                        epilogue=epilogue, extras=extras)
   _common.check_block_size(block_size, k.shape[2])
   b, hq, d = q.shape
   hkv, n = k.shape[1], block_idx.shape[2]
   selection_rows(hq, hkv, block_idx.shape[1])
   if n == 0:
     zeros, empty = jnp.zeros((b, hq, d), jnp.float32), jnp.full((b, hq), -jnp.inf, jnp.float32)
-    return zeros, empty, zeros, empty, jnp.zeros((b, hq), jnp.int32)
+    return _finish((zeros, empty), (zeros, empty), jnp.zeros((b, hq), jnp.int32), epilogue,
+                   extras)
   idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
   g = hq // hkv
-  out, lse, p_out, p_lse, seen = decode_partials(
+  heads = lambda x: x.reshape(b, hkv, g, *x.shape[2:])  # [B, N, ...] -> [B, K, G, ...]
+  got = decode_partials(
       q.reshape(b, hkv, g, d), k, v, idx, nv, length, pos=pos,
       prior=prior.reshape(b, hkv, g, -1),
       row_bits=None if words is None else _union.head_bits(words), bits_per_word=g,
-      block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
+      block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
+      epilogue=epilogue, extras=tuple(map(heads, extras)))
+  if epilogue is not None:
+    return got[0].reshape(b, hq, d), got[1].reshape(b, hq)
+  out, lse, p_out, p_lse, seen = got
   return (out.reshape(b, hq, d), lse.reshape(b, hq), p_out.reshape(b, hq, d),
           p_lse.reshape(b, hq), seen.reshape(b, hq))

@@ -120,6 +120,20 @@ def resa_partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: Impl
   return (out, lse), (pout, plse), seen
 
 
+def resa_attend(q, cache: KVCache, sel: Selection, prior, scale, aggregator, extras, *,
+                impl: Impl = "xla", interpret: bool = False):
+  """RESA's completed attention of one query per head: ``resa_partials`` finished by
+  ``aggregator(true, prior_seen, seen, *extras)`` (``resa.Aggregator``), which the Pallas path
+  runs inside the kernel's split combine (no pass of its own) -> ``(out [B,N,D], lse [B,N])``.
+
+  Args: as ``resa_partials``; extras: the aggregator's per-head inputs (``[B,N]`` / ``[B,N,D]``).
+  """
+  k, v, idx, n_valid, length = _listed(cache, sel)
+  return _run(pallas_kernels.sparse_decode_resa, pallas_kernels.sparse_decode_resa_reference,
+              cache, sel, impl, interpret, q, k, v, prior, idx, n_valid, length, scale=scale,
+              epilogue=aggregator, extras=tuple(extras))
+
+
 def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, scale, *,
                     impl: Impl = "xla", interpret: bool = False):
   """RetroAttention's partials of a window of queries over the newest query's selection

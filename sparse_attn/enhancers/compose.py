@@ -111,11 +111,10 @@ def _single(m, q, cache, state, positions, scale):
     return m.attend(q, cache, positions, scale)[0]
   sel = m.select(q, cache, scale)
   st = state["resa"]
-  true, prior_seen, seen = kernels.resa_partials(q, cache, sel, st["prior"], scale,
-                                                 impl=m.impl, interpret=m.interpret)
-  covered = seen >= resa.prior_count(st, q.shape[1])
-  out, lse = resa.aggregate(true, prior_seen, resa.total(st), resa.bias(st, q, scale),
-                            m.resa.lam, covered, m.resa.lam_form)
+  out, lse = kernels.resa_attend(
+      q, cache, sel, st["prior"], scale, resa.Aggregator(m.resa.lam, m.resa.lam_form),
+      (*resa.total(st), resa.bias(st, q, scale), resa.prior_count(st, q.shape[1])),
+      impl=m.impl, interpret=m.interpret)
   return sparse.mask_rows(out, lse, positions)[0]
 
 

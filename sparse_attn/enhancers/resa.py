@@ -34,6 +34,8 @@ always describe exactly the keys now in the cache (up to f32 rounding of the run
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 
@@ -252,3 +254,18 @@ def aggregate(true, prior_seen, prior_total, b, lam: float, covered=None,
   out = jnp.where((den > 0)[..., None],
                   (w_s[..., None] * o + w_out[..., None] * o_res) / safe[..., None], 0.0)
   return out, jnp.where(den > 0, m + jnp.log(safe), NEG_INF)
+
+
+@dataclasses.dataclass(frozen=True)
+class Aggregator:
+  """``aggregate`` as the finishing step of the RESA decode op (hashable: a static argument).
+
+  Called with the op's merged partials and its per-head inputs, on the rows of one kernel
+  program inside the split combine (Pallas) or on whole arrays after the reference.
+  """
+
+  lam: float
+  form: str = "renormalised"
+
+  def __call__(self, true, prior_seen, seen, o_est, log_z, b, count):
+    return aggregate(true, prior_seen, (o_est, log_z), b, self.lam, seen >= count, self.form)

@@ -46,3 +46,19 @@ def test_non_power_of_two_head_dim_and_f32_lower():
                        S((b, hq, d), dtype), cache, cache, S((b, hkv, n), I32),
                        S((b, hkv), I32), S((b,), I32))
     assert TRITON_CALL in text
+
+
+def test_resa_with_its_aggregator_in_the_combine_lowers():
+  """The RESA op with ``resa.Aggregator`` as the split combine's epilogue: two Triton calls
+  (decode, combine) and no XLA aggregation after them (Llama-3.1-8B heads, 32k)."""
+  from pallas_kernels import sparse_decode_resa  # pylint: disable=g-import-not-at-top
+  from sparse_attn.enhancers import resa  # pylint: disable=g-import-not-at-top
+  b, hq, hkv, d, t, bs, n = 1, 32, 8, 128, 32768, 16, 205
+  cache = S((b, hkv, t, d), BF16)
+  fn = functools.partial(sparse_decode_resa, block_size=bs, impl="pallas", num_splits=4,
+                         epilogue=resa.Aggregator(1.0))
+  text = export_cuda(lambda *a: fn(*a[:7], extras=a[7:]), S((b, hq, d), BF16), cache, cache,
+                     S((b, hq, t), F32), S((b, hkv, n), I32), S((b, hkv), I32), S((b,), I32),
+                     S((b, hq, d), F32), S((b, hq), F32), S((b, hq), F32), S((b, hq), I32))
+  assert text.count(f"custom_call @{TRITON_CALL}") == 2
+  assert "stablehlo.exponential" not in text and "stablehlo.log" not in text

@@ -97,3 +97,27 @@ def test_unpadded_group_of_16():
   """G = 16 rows and D = 64: the kernel's unmasked q / prior / output paths."""
   check_kernel(Case(batch=1, hkv=1, group=16, head_dim=64, block_size=16, num_blocks=10,
                     list_len=7, per_head=False, dtype=jnp.float32, seed=13, num_splits=2))
+
+
+@pytest.mark.parametrize("lam, form, num_splits", [(1.0, "renormalised", 3),
+                                                   (0.25, "renormalised", 2),
+                                                   (0.5, "literal", 1)])
+def test_epilogue_runs_inside_the_split_combine(lam, form, num_splits):
+  """RESA's aggregator as the combine's epilogue == the reference's partials aggregated after."""
+  from sparse_attn.enhancers import resa  # pylint: disable=g-import-not-at-top
+  case = Case(batch=2, hkv=2, group=4, head_dim=64, block_size=16, num_blocks=12, list_len=9,
+              per_head=True, dtype=jnp.float32, seed=5, num_splits=num_splits)
+  q, k, v, idx, n_valid, length, prior = case.arrays()
+  prior = jnp.where(jax.random.bernoulli(jax.random.key(1), 0.7, prior.shape), prior, -jnp.inf)
+  rng = np.random.default_rng(3)
+  b, hq, d = q.shape
+  extras = (jnp.asarray(rng.standard_normal((b, hq, d)), jnp.float32),  # O_est
+            jnp.asarray(rng.standard_normal((b, hq)) + 3, jnp.float32),  # log Z
+            jnp.asarray(rng.standard_normal((b, hq)), jnp.float32),  # bias
+            jnp.asarray(rng.integers(0, 60, (b, hq)), jnp.int32))  # prior count
+  agg = resa.Aggregator(lam, form)
+  args = (q, k, v, prior, idx, n_valid, length)
+  got = run_kernel(case, *args, num_splits=num_splits, epilogue=agg, extras=extras)
+  out, lse, p_out, p_lse, seen = reference(*args, block_size=case.block_size)
+  want = agg((out, lse), (p_out, p_lse), seen, *extras)
+  assert_attention_close(*got, *want, case.dtype)

@@ -223,3 +223,14 @@ def test_pallas_path_matches_jnp():
   want = kernels.resa_partials(*args, impl="xla")
   got = kernels.resa_partials(*args, impl="pallas", interpret=True)
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), got, want)
+  # The aggregator inside the kernel's split combine == the partials aggregated afterwards.
+  st = state["resa"]
+  for lam, form in ((1.0, "renormalised"), (0.25, "renormalised"), (0.5, "literal")):
+    extras = (*resa.total(st), resa.bias(st, q, 0.25), resa.prior_count(st, HQ))
+    agg = resa.Aggregator(lam, form)
+    after = resa.aggregate(want[0], want[1], resa.total(st), extras[2], lam,
+                           want[2] >= extras[3], form)
+    for impl in ("xla", "pallas"):
+      fused = kernels.resa_attend(*args, agg, extras, impl=impl, interpret=True)
+      jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), fused,
+                   after)
