@@ -16,7 +16,13 @@ answers scored by RULER's string match. Rows: dense; quest / arkvale / topk with
 top, prior fixed at prefill end, lam = 1) at 2.5 / 5 / 10% of the context; ReSA's ``rectified``
 preset at p = 0.1 / 0.05 / 0.02 (f = 32, group-shared selection, n_min = 16); RetroAttention's
 ``retro`` preset (b = 0.15, 256-token minimum, w = 2). Pairs "+RESA vs its selector" are
-reported on the same samples with a paired bootstrap interval and McNemar's test.
+reported on the same samples with a paired bootstrap interval and McNemar's test. A method
+``spec@b`` runs at budget ``b`` only: RESA's lambda rows beside the grid (2026-11-26, 8k),
+
+  "--config.methods=(..., 'resa-quest:lam=0.25@0.025', 'resa-quest:lam=0.5@0.025')"
+  "--config.pairs=(..., ('resa-quest:lam=0.25', 'quest'), ('resa-quest:lam=0.5', 'quest'))"
+
+feed the claim row "RESA with lam chosen on held-out tasks" (``experiments.claims.held_out``).
 
 Samples: ``num_samples`` = 5 per (task, length) over 12 tasks, so every method x budget x length
 average (the headline cell) holds 60 samples (5 per task cell). The tasks are generated as
