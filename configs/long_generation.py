@@ -44,6 +44,7 @@ def get_config(quick: bool = False):
     c.methods = ("dense", "quest+track", "quest+reuse", "quest+retro:w=4")
     c.budgets = (0.1,)
     c.prompt_length = 160
+    c.num_prompts = 2  # a batch of prompts: per-prompt factors
     c.new_tokens = 16
     c.interval = 8
   return c

@@ -35,6 +35,8 @@ class StateProbe:
   def __init__(self):
     self.nominal = collections.defaultdict(dict)  # label -> {(row, pos): nominal exposed}
     self.factor = collections.defaultdict(list)  # label -> [(step, mean factor over rows)]
+    # label -> {row: [factor of each query that left the window]}: one mean per prompt
+    self.row_factors = collections.defaultdict(lambda: collections.defaultdict(list))
     self.overlap = collections.defaultdict(list)  # label -> [(step, mean overlap)]
 
   def __call__(self, label, step, states):
@@ -58,6 +60,7 @@ class StateProbe:
       r = int(rpos[0, b])
       if (b, r) in nom and nom[(b, r)] > 0:
         facs.append(float(rexp[:, b].mean()) / nom.pop((b, r)))
+        self.row_factors[label][b].append(facs[-1])
     if facs:
       self.factor[label].append((step, float(np.mean(facs))))
 
@@ -118,6 +121,8 @@ def run(config, workdir: str, mesh=None) -> list[dict]:
                          for i in range(n_int)],
         effective_budget_factor=float(np.mean(fac)) if fac else None,
         effective_budget_steps=_thin(probe.factor.get(e.label, [])),
+        effective_budget_prompts=[float(np.mean(f)) for _, f in sorted(
+            probe.row_factors.get(e.label, {}).items())],
         overlap=float(np.mean(ov)) if ov else None,
         overlap_steps=_thin(probe.overlap.get(e.label, [])),
         sample_text=model.decode(g[0][:80])), key=key(e.label))

@@ -155,14 +155,19 @@ def test_long_generation_quick(root):
   cfg = _quick("long_generation")
   wd = os.path.join(root, "long_generation")
   recs = {r["method"].split("@")[0]: r for r in long_generation.run(cfg, wd)}
-  assert recs["dense"]["first_divergence"] == [cfg.new_tokens]
-  assert recs["dense"]["edit_similarity"] == [1.0] and recs["dense"]["kl"] == pytest.approx(0, abs=1e-5)
+  assert recs["dense"]["first_divergence"] == [cfg.new_tokens] * cfg.num_prompts
+  assert recs["dense"]["edit_similarity"] == [1.0] * cfg.num_prompts
+  assert recs["dense"]["kl"] == pytest.approx(0, abs=1e-5)
   for r in recs.values():
     assert all(0 <= d <= cfg.new_tokens for d in r["first_divergence"])
     assert all(0.0 <= s <= 1.0 for s in r["edit_similarity"])
     assert all(_finite(k) and k >= 0 for k in r["kl_intervals"])
   assert 0.0 <= recs["quest+track"]["overlap"] <= 1.0
-  assert recs["quest+retro:w=4"]["effective_budget_factor"] >= 1.0 - 1e-6
+  retro_rec = recs["quest+retro:w=4"]
+  assert retro_rec["effective_budget_factor"] >= 1.0 - 1e-6
+  # one factor per prompt, whose mean over prompts weighs each prompt alike
+  assert len(retro_rec["effective_budget_prompts"]) == cfg.num_prompts
+  assert all(f >= 1.0 - 1e-6 for f in retro_rec["effective_budget_prompts"])
   assert os.path.exists(os.path.join(wd, "long_generation.md"))
 
 
