@@ -69,7 +69,7 @@ def retro_effective_budget(records):
   when each measured window lies within 25% of the paper's value, partly when every factor is
   > 1; inconclusive with fewer than ``MIN_PROMPTS`` prompts (the steps of one prompt are not
   independent samples: with one prompt the interval is over its steps, for reference). ``n``
-  counts prompts, over records (runs) and the prompts each batched."""
+  counts prompts: those of the run that batched the most, or one per one-prompt run."""
   by_w = collections.defaultdict(list)
   for r in records:
     if r.get("retro_w", 1) > 1 and r.get("effective_budget_factor"):
@@ -78,8 +78,12 @@ def retro_effective_budget(records):
     return None
   parts, ok, factors, prompts = [], [], [], []
   for w in sorted(by_w):
-    per_prompt = [f for r in by_w[w]
-                  for f in (r.get("effective_budget_prompts") or [r["effective_budget_factor"]])]
+    # The run that batched the most prompts; one-prompt runs (other seeds) pool instead. Runs
+    # are not pooled with a batched one: their evenly spaced windows may overlap its own.
+    best = max(by_w[w], key=lambda r: len(r.get("effective_budget_prompts") or ()))
+    per_prompt = (best["effective_budget_prompts"]
+                  if len(best.get("effective_budget_prompts") or ()) > 1
+                  else [r["effective_budget_factor"] for r in by_w[w]])
     prompts.append(len(per_prompt))
     if len(per_prompt) > 1:
       xs = np.asarray(per_prompt, np.float64)

@@ -119,7 +119,7 @@ def test_retro_effective_budget_against_the_papers_curve():
   # one run that batched 20 prompts: one record per window, one factor per prompt
   batched = [dict(rec(w, f), effective_budget_prompts=[f + 0.02 * (i % 5 - 2) for i in range(20)])
              for w, f in ((2, 1.2), (8, 1.55))]
-  got = claims_generation.retro_effective_budget(batched)
+  got = claims_generation.retro_effective_budget(batched + [rec(2, 1.9), rec(8, 1.9)])
   assert got["verdict"] == "reproduced" and got["n"] == 20 and "over 20 prompts" in got["ours"]
   assert "w=8: 1.55x [1.54, 1.56]" in got["ours"]
   low = claims_generation.retro_effective_budget([rec(w, f) for w, f in ((2, 1.02), (8, 1.05))
