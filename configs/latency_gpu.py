@@ -17,7 +17,9 @@ decode row with the bytes a step reads (weights + KV) and its fraction of the ba
 ``per_layer`` + ``torch_peer``: one Llama-3.1-8B attention layer (32 q / 8 kv heads, d = 128,
 batch 1, bfloat16 cache) at 8k / 32k / 128k, every method through the Pallas kernels
 (``impl=pallas``; dense through ``chunk_attention``, plus XLA's dense step as a second
-reference), next to ``torch.nn.functional.scaled_dot_product_attention`` on the same GPU. Each
+reference), next to ``torch.nn.functional.scaled_dot_product_attention`` on the same GPU and
+``jax.nn.dot_product_attention`` (cuDNN's fused kernel where it takes the shape: the
+alternative our dense decode could call, measured before it is chosen). Each
 timed call loops ``steps_per_call`` decode steps on the device (torch: as many calls, one sync),
 so the host's dispatch is not what is timed. RESA's decode overhead is measured both at ReSA's
 p = 0.1 and at RESA Table 4's fixed KV budget of 500 tokens; ``resa`` times the last 1024-token

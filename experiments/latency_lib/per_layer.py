@@ -1,5 +1,6 @@
 """Per-layer decode attention at Llama-3.1-8B's shape (Hq 32, Hkv 8, D 128, batch 1), plus the
-PyTorch SDPA peer of the dense step.
+dense step's peers: PyTorch SDPA and JAX's own ``jax.nn.dot_product_attention`` (cuDNN's fused
+kernel on a GPU when it takes the shape, else XLA's), the candidates for our dense decode.
 
 One pre-filled cache per (dtype, context) is threaded through every method's jitted ``decode``
 with the cache and state donated (``donate_argnums``), so the new token's K/V write is in place
@@ -192,6 +193,29 @@ class Bench:
         return out.float().numpy()
     return timing.Candidate("torch SDPA (dense)", fn, per_call=steps)
 
+  def jax_sdpa(self):
+    """``jax.nn.dot_product_attention`` of the newest query over the same K/V (GQA), cuDNN on a
+    GPU when it compiles for the shape, else XLA's; ``steps_per_call`` steps per call on the
+    device (a loop whose outputs are summed, so no step is dead code)."""
+    steps = self.s.steps_per_call
+    # [1, T, K, D] / [1, 1, N, D]: the function's layout, transposed once outside the timing
+    k, v = (jnp.asarray(x, self.dtype).transpose(0, 2, 1, 3) for x in self.kv_numpy)
+    q = self.q[:, :, :1].transpose(0, 2, 1, 3)
+
+    def compiled(impl):
+      def call(q, k, v):
+        one = lambda: jax.nn.dot_product_attention(q, k, v, implementation=impl)
+        return jax.lax.fori_loop(1, steps, lambda _, acc: acc + one(), one())
+      return jax.jit(call).lower(q, k, v).compile()
+
+    impl = "cudnn" if jax.default_backend() == "gpu" else None
+    try:
+      fn = compiled(impl)
+    except Exception:  # pylint: disable=broad-except (cuDNN refuses some shapes / versions)
+      impl, fn = None, compiled(None)
+    return timing.Candidate(f"jax dot_product_attention ({impl or 'xla'})",
+                            lambda: fn(q, k, v), per_call=steps)
+
 
 def run_context(s, dtype: str, context: int, specs: list[str], torch_peer: bool) -> list[dict]:
   """Times every method at one (dtype, context); returns one record per timed row."""
@@ -206,7 +230,7 @@ def run_context(s, dtype: str, context: int, specs: list[str], torch_peer: bool)
     if m.is_dense:
       cands.append(b.attend_only(m, "dense (attend only)"))
   if torch_peer:
-    cands.append(b.torch_sdpa(s.threads))
+    cands += [b.torch_sdpa(s.threads), b.jax_sdpa()]
   b.kv_numpy = None
   timing.interleaved(cands, s.warmup, s.repeats, s.max_seconds_per_context)
   by_name = {c.name: c for c in cands}

@@ -230,6 +230,11 @@ def targets(rows: list[dict]) -> str:
     sdpa = _ms(rows, dt, ctx, "torch SDPA (dense)")
     if sdpa:
       add(f"dense / torch SDPA, {dt} {ctx}", r["ms"] / sdpa, r["ms"] / sdpa <= 1.2, "<= 1.2")
+    for impl in ("cudnn", "xla"):  # JAX's own fused attention: what our dense decode could call
+      peer = _ms(rows, dt, ctx, f"jax dot_product_attention ({impl})")
+      if peer:
+        add(f"dense / jax dot_product_attention ({impl}), {dt} {ctx}", r["ms"] / peer,
+            r["ms"] / peer <= 1.0, "<= 1")
   for r in _by(rows, section="end_to_end", method="dense", phase="decode"):
     hf = _by(rows, section="end_to_end", phase="decode", context=r["context"],
              method="transformers")
