@@ -1,4 +1,5 @@
-"""Gives freed buffers back to the OS in long experiment processes (glibc ``mallopt``).
+"""Host memory of long experiment processes: freed buffers given back to the OS (glibc
+``mallopt``), and what a new allocation can still get (``available_bytes``).
 
 XLA:CPU allocates its buffers with ``malloc``. glibc serves a large block from its own mapping
 (returned to the OS on ``free``) only above a threshold that it raises, after each such block
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 
 _M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 _M_MMAP_THRESHOLD = -3
@@ -36,3 +38,17 @@ def return_freed_memory(threshold: int = DEFAULT_THRESHOLD) -> bool:
   mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
   return bool(mallopt(_M_MMAP_THRESHOLD, threshold)) and bool(
       mallopt(_M_TRIM_THRESHOLD, threshold))
+
+
+def available_bytes() -> int:
+  """Host memory a new allocation can get: the kernel's ``MemAvailable`` (free pages plus the
+  page cache it would reclaim), not the free pages alone, which a busy file cache drives near
+  zero on a machine with gigabytes to spare. Falls back to the free pages off Linux."""
+  try:
+    with open("/proc/meminfo", encoding="ascii") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    pass
+  return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

@@ -19,7 +19,6 @@ Every part first checks that its caches fit (``fits``: exact cache and state byt
 from __future__ import annotations
 
 import gc
-import os
 import statistics
 import time
 
@@ -27,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common import heap
 from experiments.latency_lib import per_layer, random_cache, shapes, traffic
 from models import decode, driver, steps as steps_lib
 from models.sampling import Sampling
@@ -56,7 +56,7 @@ def free_bytes() -> int:
   stats = jax.devices()[0].memory_stats()
   if stats and "bytes_limit" in stats:
     return int(stats["bytes_limit"] - stats.get("bytes_in_use", 0))
-  return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  return heap.available_bytes()
 
 
 def cache_bytes(config, m, batch: int, capacity: int) -> int:

@@ -14,10 +14,10 @@ checked first, as ours is (``fits``), and a CUDA out-of-memory error becomes a s
 from __future__ import annotations
 
 import gc
-import os
 import statistics
 import time
 
+from experiments.common import heap
 from experiments.latency_lib import shapes, traffic
 
 MARGIN = 0.05
@@ -42,7 +42,7 @@ def device_info(device: str) -> dict:
 def free_bytes(device: str) -> int:
   if device == "cuda":
     return int(_torch().cuda.mem_get_info()[0])
-  return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  return heap.available_bytes()
 
 
 def fits(need: int, device: str) -> str | None:

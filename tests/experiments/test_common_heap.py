@@ -32,3 +32,14 @@ def test_freed_buffers_are_returned():
 def test_threshold_must_be_positive():
   with pytest.raises(ValueError, match="positive"):
     heap.return_freed_memory(0)
+
+
+def test_available_memory_counts_what_the_kernel_can_reclaim():
+  import os  # pylint: disable=g-import-not-at-top
+  total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  got = heap.available_bytes()
+  assert 0 < got <= total
+  if os.path.exists("/proc/meminfo"):  # MemAvailable: free pages plus reclaimable cache
+    with open("/proc/meminfo", encoding="ascii") as f:
+      fields = dict(line.split(":", 1) for line in f)
+    assert abs(got - int(fields["MemAvailable"].split()[0]) * 1024) < 256 << 20
