@@ -366,3 +366,10 @@ def test_resa_gain_names_the_other_budgets_at_its_length():
           + _acc("quest@0.1", base, 0.1) + _acc("resa-quest@0.1", np.ones(20), 0.1))
   got = claims_tasks.resa_ruler_gain(recs)
   assert "; at budget 0.1 50.0 -> 100.0 (+50.0 pts" in got["why"] and got["n"] == 20
+
+
+def test_leaderboard_counts_a_sample_two_workdirs_ran_once():
+  grid = _acc("quest", [1, 0, 1])
+  headline = _acc("quest", [1, 0, 1, 0, 0])  # the same first three seeds, then two more
+  (row,) = claims_leaderboard.rows(grid + headline)
+  assert row["n"] == 5 and row["accuracy"] == 40.0
