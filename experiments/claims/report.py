@@ -56,7 +56,7 @@ def claim_rows(records: dict[str, list[dict]], root: str,
              else f"no `{e.name}` records under `{root}` yet")
       row.update(ours="-", n=0, setting="-", verdict="not run", why=why, figure="")
     else:
-      dirty = verdicts.dirty_note(recs, measure)
+      dirty = verdicts.dirty_note(recs, measure, got)
       if dirty:  # such records cannot be tied to code: the row says so
         got = dict(got, setting=f"{got['setting']}; ⚠ {dirty}")
       fig = os.path.normpath(os.path.join(part.name, c.figure)) if c.figure else ""

@@ -48,18 +48,17 @@ def is_dirty(record: dict) -> bool:
   return str(record.get("git", "")).endswith("+dirty")
 
 
-def dirty_note(records: list[dict], measure) -> str:
+def dirty_note(records: list[dict], measure, got: dict) -> str:
   """A note when records from a modified tree enter a row, else ``""``.
 
   A record enters the row when leaving it out changes what the row says: ``measure`` (records
   -> row dict or None) is run again on the clean records only and its ``ours`` / ``n`` /
-  ``verdict`` compared; dirty records of the experiment that the row does not read (other
+  ``verdict`` compared with ``got``, the row from every record; dirty records of the experiment that the row does not read (other
   methods, other lengths) leave no mark.
   """
   dirty = sum(map(is_dirty, records))
   if not dirty:
     return ""
-  got = measure(records)
   clean = measure([r for r in records if not is_dirty(r)])
   same = clean is not None and all(clean.get(k) == got.get(k) for k in ("ours", "n", "verdict"))
   if same:
