@@ -273,7 +273,7 @@ def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: b
         break
     nxt, _ = loop.step(pre.lengths + i - 1, jax.random.key(i))
     if hook is not None:
-      hook(i, steps.stack_layers(loop.states))
+      hook(i, loop.states)
     out.append(nxt)
   rows = np.asarray(jnp.stack(out, axis=1)).tolist()
   if stop_at_eos:
@@ -302,7 +302,9 @@ def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
 
   Args:
     method_map: label -> method; ``reference`` (a label in it) is the KL reference.
-    hook: ``hook(label, step, states)`` after each decode step of each method.
+    hook: ``hook(label, step, states)`` after each decode step of each method; ``states`` as
+      the decoder holds them (a per-layer list on the CPU layout: ``steps.stack_layers`` stacks
+      it), so a hook that does not read them costs no device work.
     mesh: run every method sharded on this device mesh (the model already placed on it).
 
   Returns:
@@ -340,7 +342,7 @@ def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
     for k in labels:
       logits[k] = loops[k].step(newest, jax.random.key(0))[1]
       if hook is not None:
-        hook(k, i + 1, steps.stack_layers(loops[k].states))
+        hook(k, i + 1, loops[k].states)
   out = {}
   for k in labels:
     nll, kl, agree = (np.stack([np.asarray(s[j]) for s in stats[k]], axis=1) for j in range(3))

@@ -23,6 +23,7 @@ import numpy as np
 from experiments.common import cli, modelzoo, render, results, specs
 from experiments.tasks import decoding, scoring
 from experiments.tasks.perplexity import documents
+from models import steps
 from sparse_attn.enhancers import retro
 
 EXPERIMENT = "long_generation"
@@ -40,6 +41,7 @@ class StateProbe:
     self.overlap = collections.defaultdict(list)  # label -> [(step, mean overlap)]
 
   def __call__(self, label, step, states):
+    states = steps.stack_layers(states)
     if isinstance(states, dict) and "retro" in states:
       self._retro(label, step, states)
     if isinstance(states, dict) and "overlap" in states:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import models
-from models import decode, driver, llama, sharding
+from models import decode, driver, llama, sharding, steps
 from models.config import ModelConfig, RopeConfig
 from sparse_attn import methods, selection
 from sparse_attn.protocol import PrefillGroup
@@ -144,8 +144,8 @@ def test_experiment_loops_on_a_mesh_equal_one_device(model):
   mesh = sharding.make_mesh(2, 2, 2)
   want = decoding.lockstep(model, TOKENS, PREFILL, run_map, prefill_chunk=CHUNK)
   priors = []  # RESA's prior logits after each step: really sharded on the mesh
-  hook = lambda label, step, states: priors.append(states["resa"]["prior"]) if (
-      label == "quest+resa") else None
+  hook = lambda label, step, states: priors.append(
+      steps.stack_layers(states)["resa"]["prior"]) if label == "quest+resa" else None
   got = decoding.lockstep(sharding.shard(model, mesh), TOKENS, PREFILL, run_map,
                           prefill_chunk=CHUNK, mesh=mesh, hook=hook)
   assert priors and all(_shard_smaller(p) for p in priors)
