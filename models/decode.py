@@ -211,7 +211,8 @@ def generate(model, prompt_tokens, max_new_tokens: int, method: AttentionMethod,
 
 
 def teacher_forced(model, tokens, prefill_len: int, method: AttentionMethod, *,
-                   prefill_chunk: int = 512, capacity: int | None = None, mesh=None):
+                   prefill_chunk: int = 512, capacity: int | None = None, mesh=None,
+                   after_prefill=None):
   """Logits of ground-truth continuation fed one token at a time through ``method.decode``.
 
   The first ``prefill_len`` tokens are prefilled densely (``method.prefill``), then tokens
@@ -221,6 +222,8 @@ def teacher_forced(model, tokens, prefill_len: int, method: AttentionMethod, *,
     tokens: ``[B, N]`` int ids (all rows the same length).
     prefill_len: prompt length, ``1 <= prefill_len <= N``.
     mesh: a device mesh to shard parameters, caches and states on (as in ``generate``).
+    after_prefill: ``states -> states`` applied once after the prompt is prefilled (e.g.
+      ``resa.set_head_params``: per-head RESA parameters for the decode steps).
 
   Returns:
     float32 ``[B, N - prefill_len + 1, V]``: entry ``i`` is the logits after reading token
@@ -238,6 +241,8 @@ def teacher_forced(model, tokens, prefill_len: int, method: AttentionMethod, *,
   lengths = np.full((b,), prefill_len, np.int32)
   last, history, caches, states = prefill(model, tokens[:, :prefill_len], lengths, method,
                                           capacity, prefill_chunk)
+  if after_prefill is not None:
+    states = after_prefill(states)
   loop = Decoder(model, method, history, caches, states, pinned=pin_prefix(tokens, capacity))
   loop.history = jnp.where(*loop.pinned, loop.history)
   _, first = sample_from_hidden(model.params, last, jax.random.key(0), config=config,

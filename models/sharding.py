@@ -60,7 +60,8 @@ STATE_AXES = {
     ("qlast", 3): ("batch", "heads", None), ("mu_q", 3): ("batch", "heads", None),
     ("osum", 3): ("batch", "heads", None), ("pmax", 2): ("batch", "heads"),
     ("zsum", 2): ("batch", "heads"), ("ksum", 3): ("batch", "kv_heads", None),
-    ("kcount", 2): ("batch", "kv_heads"),
+    ("kcount", 2): ("batch", "kv_heads"), ("head_log_lam", 2): ("batch", "heads"),
+    ("head_beta", 2): ("batch", "heads"),
     # RetroAttention (enhancers.retro): ring [B, N, W, ...], entries seen [B, H, E]
     ("out", 4): ("batch", "heads", None, None), ("pout", 4): ("batch", "heads", None, None),
     ("lse", 3): ("batch", "heads", None), ("plse", 3): ("batch", "heads", None),

@@ -163,8 +163,9 @@ def _local_decode(m, q, k, v, cache, state, positions, *, scale, capacity, num_b
                                                    impl=m.impl, interpret=m.interpret)
     true, prior_seen = _merge_shards(*true), _merge_shards(*prior_seen)
     covered = jax.lax.psum(seen, SEQ) >= resa.prior_count(st, qd.shape[1])
-    out, _ = resa.aggregate(true, prior_seen, resa.total(st), resa.bias(st, qd, scale),
-                            m.resa.lam, covered, m.resa.lam_form)
+    out, _ = resa.aggregate(true, prior_seen, resa.total(st),
+                            resa.online_bias(st, qd, scale, m.resa.lam_form), m.resa.lam,
+                            covered, m.resa.lam_form)
   else:
     out, lse = kernels.sparse_decode(qd, local, sel, scale, impl=m.impl, interpret=m.interpret)
     out, _ = _merge_shards(out, lse)

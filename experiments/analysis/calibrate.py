@@ -16,7 +16,6 @@ with ``b' = beta b + log lambda``, lambda folded in), for held-out NLL.
 
 from __future__ import annotations
 
-import functools
 import os
 
 import jax
@@ -25,9 +24,7 @@ import numpy as np
 import optax
 
 from experiments.analysis import errors
-from models import decode, llama
-from sparse_attn import kernels
-from sparse_attn.cache import write
+from models import decode
 from sparse_attn.enhancers import resa as resa_lib
 
 
@@ -111,55 +108,17 @@ def restore(path: str) -> dict:
 # ---------------------------------------------------------------- decoding with per-head params
 
 
-@functools.partial(jax.jit, static_argnames=("config", "method"),
-                   donate_argnames=("caches", "states"))
-def _step(params, token, position, caches, states, log_lam, beta, *, config, method):
-  """One teacher-forced token ``[1, 1]`` at ``position [1, 1]`` -> ``(logits [1, V], ...)``."""
-  scale = llama.softmax_scale(config)
-  incremental = method.resa.prior_update == "incremental"
-
-  def attend(q, k, v, inp):
-    cache, state, ll, bt = inp
-    k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
-    st = resa_lib.update_prior(state["resa"], cache, k, v, position, scale, incremental)
-    cache = write(cache, k, v, position)
-    q0 = q[:, :, 0]
-    sel = method.select(q0, cache, scale)
-    true, prior_seen, seen = kernels.resa_partials(q0, cache, sel, st["prior"], scale,
-                                                   impl=method.impl, interpret=method.interpret)
-    covered = seen >= resa_lib.prior_count(st, q0.shape[1])
-    b = bt[None] * resa_lib.bias(st, q0, scale) + ll[None]
-    out, _ = resa_lib.aggregate(true, prior_seen, resa_lib.total(st), b, 1.0, covered)
-    return out[:, :, None].astype(q.dtype), (cache, {**state, "resa": st}, ll, bt)
-
-  x = llama.embed(params, config, token)
-  h, (caches, states, _, _) = llama.run_layers(params, config, x, position, attend,
-                                               (caches, states, log_lam, beta),
-                                               layout="per_layer")
-  return llama.logits_from_hidden(params, config, h[:, -1]), caches, states
-
-
 def teacher_forced(model, tokens, prefill_len: int, method, log_lam, beta, *,
                    capacity: int | None = None, prefill_chunk: int = 512) -> np.ndarray:
-  """``models.teacher_forced`` for a ``+resa`` method with per-head ``log_lam, beta [L, N]``.
+  """``models.teacher_forced`` for a ``+resa`` method with per-head ``log_lam, beta [L, N]``
+  (``resa.set_head_params`` after the prefill; the library's own decode step).
 
-  Batch 1; ``method`` gives the selector and RESA's prior options (its ``lam`` is ignored).
-  Returns float32 logits ``[1, S - prefill_len + 1, V]`` (same indexing as the original).
+  ``method``'s scalar lambda must be RESA's 1 (the fitted per-head lambda replaces it).
+  Returns float32 logits ``[B, S - prefill_len + 1, V]`` (same indexing as the original).
   """
-  if not method.resa or method.window != 1 or method.rect_interval:
-    raise ValueError(f"{method.spec}: per-head calibration decodes plain +resa methods only")
-  config = model.config
-  tokens = np.asarray(tokens, np.int32)
-  n = tokens.shape[1]
-  capacity = method.round_capacity(capacity or n)
-  last, _, caches, states = decode.prefill(model, tokens[:, :prefill_len],
-                                           np.array([prefill_len], np.int32), method, capacity,
-                                           prefill_chunk)
-  out = [llama.logits_from_hidden(model.params, config, last)]
-  ll, bt = jnp.asarray(log_lam, jnp.float32), jnp.asarray(beta, jnp.float32)
-  for p in range(prefill_len, n):
-    logits, caches, states = _step(model.params, jnp.asarray(tokens[:, p:p + 1]),
-                                   jnp.full((1, 1), p, jnp.int32), caches, states, ll, bt,
-                                   config=config, method=method)
-    out.append(logits)
-  return np.asarray(jnp.stack(out, axis=1))
+  if not method.resa or method.resa.lam != 1 or method.resa.lam_form != "renormalised":
+    raise ValueError(f"{method.spec}: per-head calibration decodes +resa methods with lam = 1 "
+                     "in the renormalised form (the fitted lambda replaces the scalar one)")
+  return decode.teacher_forced(
+      model, tokens, prefill_len, method, capacity=capacity, prefill_chunk=prefill_chunk,
+      after_prefill=lambda states: resa_lib.set_head_params(states, log_lam, beta))

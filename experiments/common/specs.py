@@ -13,12 +13,18 @@ A config lists ``methods`` (spec strings for ``sparse_attn.methods.make``) and `
   own (ReSA's ``p``, RetroAttention's ``min_tokens``) is not crossed with the budgets, the
   others (``resa-quest``, ``expected-attention``) take each budget in place of theirs;
 * ``spec@b`` runs at budget ``b`` only (``resa-quest:lam=0.25@0.025``: one row, labelled and
-  paired like the crossed ones).
+  paired like the crossed ones);
+* ``+calibrated:fit=DIR`` after a ``+resa`` spec with lambda 1 decodes with the per-head lambda
+  (and bias slope) that ``experiments.resa_calibrate`` saved in ``DIR`` (an orbax directory,
+  relative to the working directory; the spec grammar lowercases it and it may not hold
+  ``+ , : = @``), set on every layer's state after the prefill (``Entry.after_prefill``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+from typing import Callable
 
 from sparse_attn import budget as budget_lib
 from sparse_attn import compression, methods
@@ -45,7 +51,7 @@ def _preset(base_spec: str):
 def base_name(spec: str) -> str:
   """The method family of a spec (``resa-quest`` -> ``quest``, ``expected-attention`` ->
   ``expected_attention``)."""
-  base, _, _ = _split_wrappers(spec)
+  base, _, _ = _split_wrappers(_split_calibrated(spec)[0])
   preset = _preset(base)
   return parse_spec(methods.PRESETS[preset[0]] if preset else base)[0][0]
 
@@ -58,6 +64,35 @@ class Entry:
   spec: str
   budget: float | None
   method: object
+  after_prefill: Callable | None = None  # states -> states, once after the prompt's prefill
+
+
+def _split_calibrated(spec: str):
+  """``"resa-quest+calibrated:fit=DIR"`` -> ``("resa-quest", "DIR")``; else ``(spec, None)``."""
+  raws, parsed = spec.split("+"), parse_spec(spec)
+  found = [i for i, (name, _) in enumerate(parsed) if name == "calibrated"]
+  if not found:
+    return spec, None
+  i = found[0]
+  opts = parsed[i][1]
+  if len(found) > 1 or i != len(parsed) - 1 or set(opts) != {"fit"}:
+    raise ValueError(f"+calibrated takes one option, fit=DIR, and comes last; got {spec!r}")
+  return "+".join(raws[:i]), str(opts["fit"])
+
+
+def _head_params_after_prefill(spec: str, method, fit: str):
+  """``states -> states`` setting the per-head RESA parameters saved in ``fit``."""
+  resa_opts = getattr(method, "resa", None)
+  if not resa_opts or resa_opts.lam != 1 or resa_opts.lam_form != "renormalised":
+    raise ValueError(f"{spec!r}: +calibrated needs a +resa method with lam = 1 in the "
+                     "renormalised form (the fitted per-head lambda replaces the scalar one)")
+  if not os.path.isdir(fit):
+    raise ValueError(f"{spec!r}: no calibration at {os.path.abspath(fit)!r} (run "
+                     "experiments.resa_calibrate; fit= names its calibration_<variant> folder)")
+  from experiments.analysis import calibrate  # pylint: disable=g-import-not-at-top (optax)
+  from sparse_attn.enhancers import resa  # pylint: disable=g-import-not-at-top
+  params = calibrate.restore(fit)
+  return lambda states: resa.set_head_params(states, params["log_lam"], params.get("beta"))
 
 
 def _split_wrappers(spec: str):
@@ -83,7 +118,7 @@ def build(spec: str, budget: float | None = None, *, rope_inv_freq=None, **optio
   ``rope_inv_freq`` (the model's ``[D/2]`` RoPE frequencies) is given to methods that model
   RoPE (Expected Attention's pre-RoPE query statistics) unless the spec sets their own.
   """
-  base_spec, wrapper, every = _split_wrappers(spec)
+  base_spec, wrapper, every = _split_wrappers(_split_calibrated(spec)[0])
   name = base_name(base_spec)
   preset = _preset(base_spec)
   opts = dict(preset[1] if preset else {}, **options)
@@ -105,7 +140,7 @@ def build(spec: str, budget: float | None = None, *, rope_inv_freq=None, **optio
 
 
 def has_own_budget(spec: str) -> bool:
-  base, _, _ = _split_wrappers(spec)
+  base, _, _ = _split_wrappers(_split_calibrated(spec)[0])
   if base_name(base) == "dense":
     return True
   preset = _preset(base)
@@ -127,9 +162,12 @@ def expand(specs, budgets, **options) -> list[Entry]:
       b = budget_lib.parse_budget(parse_value(only))
       if has_own_budget(spec):
         raise ValueError(f"{spec!r} has a budget rule of its own; '@{only}' would not apply")
-      out.append(Entry(f"{spec}@{b:g}", spec, float(b), build(spec, b, **options)))
+      rows = [(f"{spec}@{b:g}", float(b), build(spec, b, **options))]
     elif has_own_budget(spec) or not budgets:
-      out.append(Entry(spec, spec, None, build(spec, None, **options)))
+      rows = [(spec, None, build(spec, None, **options))]
     else:
-      out += [Entry(f"{spec}@{b:g}", spec, float(b), build(spec, b, **options)) for b in budgets]
+      rows = [(f"{spec}@{b:g}", float(b), build(spec, b, **options)) for b in budgets]
+    fit = _split_calibrated(spec)[1]
+    out += [Entry(label, spec, b, m, None if fit is None else
+                  _head_params_after_prefill(spec, m, fit)) for label, b, m in rows]
   return out

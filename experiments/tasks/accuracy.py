@@ -18,6 +18,7 @@ Protocols (``config.protocol``):
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 
 import numpy as np
@@ -149,6 +150,8 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
       for e, (m, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
                                                          [e.method for e in todo], capacity,
                                                          mesh=mesh)):
+        if e.after_prefill is not None:
+          pre = dataclasses.replace(pre, states=e.after_prefill(pre.states))
         kept = kv_kept(pre) if m.prefill_group == PrefillGroup.COMPRESSION else None
         if protocol == "query_agnostic":
           # one chunk where the method reads chunks (dense, compression); selectors step

@@ -113,7 +113,8 @@ def _single(m, q, cache, state, positions, scale):
   st = state["resa"]
   out, lse = kernels.resa_attend(
       q, cache, sel, st["prior"], scale, resa.Aggregator(m.resa.lam, m.resa.lam_form),
-      (*resa.total(st), resa.bias(st, q, scale), resa.prior_count(st, q.shape[1])),
+      (*resa.total(st), resa.online_bias(st, q, scale, m.resa.lam_form),
+       resa.prior_count(st, q.shape[1])),
       impl=m.impl, interpret=m.interpret)
   return sparse.mask_rows(out, lse, positions)[0]
 
@@ -179,8 +180,9 @@ def _retro_step(m, q, cache, state, positions, scale):
     entries.update(pout=prior_part[0], plse=prior_part[1], seen=seen)
     o_est, log_z, count = _window_priors(st, cache, positions)
     covered = full[:, None, :] | (seen >= count)
-    out, _ = resa.aggregate(true, prior_part, (o_est, log_z), resa.bias(st, q, scale),
-                            m.resa.lam, covered, m.resa.lam_form)
+    b = resa.online_bias(st, q, scale, m.resa.lam_form)
+    out, _ = resa.aggregate(true, prior_part, (o_est, log_z), b, m.resa.lam, covered,
+                            m.resa.lam_form)
   out = jnp.where((positions >= 0)[:, None, :, None], out, 0.0)
   rs = dict(ring=retro.store(rs["ring"], positions, entries),
             last_seen=retro.stamp(last_seen, sel, t, current),

@@ -196,6 +196,68 @@ def bias(state: dict, q, scale: float):
   return scale * jnp.einsum("bnsd,bnd->bns", dq, mkn, precision=jax.lax.Precision.HIGHEST)
 
 
+HEAD_PARAMS = ("head_log_lam", "head_beta")
+
+
+def online_bias(state: dict, q, scale: float, form: str = "renormalised"):
+  """The bias the aggregator adds to every unselected prior logit: Eq. 4's ``b``, or, with
+  per-head parameters in the state (``with_head_params``), ``beta_h b + log lam_h``.
+
+  Per-head parameters fold lambda into the residual's log-mass, which is the renormalised
+  reading of lambda only; the literal form refuses them.
+  """
+  b = bias(state, q, scale)
+  if not any(k in state for k in HEAD_PARAMS):
+    return b
+  if form != "renormalised":
+    raise ValueError("per-head lambda (head_log_lam) is the renormalised reading of lambda; "
+                     f"this method uses lam_form={form!r}")
+  expand = (lambda x: x) if q.ndim == 3 else (lambda x: x[..., None])
+  return (expand(state["head_beta"]) * b if "head_beta" in state else b) + expand(
+      state["head_log_lam"] if "head_log_lam" in state else 0.0)
+
+
+def with_head_params(state: dict, log_lam, beta=None) -> dict:
+  """A RESA state whose aggregator uses per-query-head ``log lam [N]`` (and bias slope
+  ``beta [N]``, RESA's 1 when None): ``b' = beta_h b + log lam_h`` (``online_bias``).
+
+  Beyond the paper, whose lambda is one number per task (Sec. 4.3, 5.4) that it names as its
+  open limitation; ``experiments.resa_calibrate`` fits these per layer and head. The values
+  are broadcast over the batch and kept through prefill, decode and rectification.
+  """
+  b, n = state["mu_q"].shape[:2]
+  put = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.float32), (b, n))
+  out = {**state, "head_log_lam": put(log_lam)}
+  if beta is not None:
+    out["head_beta"] = put(beta)
+  return out
+
+
+def set_head_params(layer_states, log_lam, beta=None):
+  """Every layer's ``with_head_params`` from ``log_lam [L, N]`` (and ``beta [L, N]``).
+
+  ``layer_states``: a ``+resa`` method's states, one per layer (a list, the decode layout on a
+  CPU) or stacked on a leading ``[L]`` axis; the same structure is returned.
+  """
+  stacked = not isinstance(layer_states, list)
+  first = layer_states if stacked else (layer_states[0] if layer_states else {})
+  if "resa" not in first:
+    raise ValueError("per-head RESA parameters need a +resa method's states (no 'resa' entry)")
+  log_lam = jnp.asarray(log_lam, jnp.float32)
+  beta = None if beta is None else jnp.asarray(beta, jnp.float32)
+  n_layers = first["resa"]["mu_q"].shape[0] if stacked else len(layer_states)
+  if log_lam.ndim != 2 or log_lam.shape[0] != n_layers or (
+      beta is not None and beta.shape != log_lam.shape):
+    raise ValueError(f"log_lam (and beta) must be [L={n_layers}, N], got {log_lam.shape}"
+                     + ("" if beta is None else f" and {beta.shape}"))
+  if stacked:
+    put = jax.vmap(lambda st, ll, bt: with_head_params(st, ll, bt))
+    return {**layer_states, "resa": put(layer_states["resa"], log_lam,
+                                        jnp.ones_like(log_lam) if beta is None else beta)}
+  return [{**s, "resa": with_head_params(s["resa"], log_lam[i], None if beta is None else beta[i])}
+          for i, s in enumerate(layer_states)]
+
+
 def prior_count(state: dict, num_q_heads: int):
   """``[B, N]`` int32 keys in the prior set, per query head."""
   return jnp.repeat(state["kcount"], num_q_heads // state["kcount"].shape[1], axis=1)

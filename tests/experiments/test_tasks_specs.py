@@ -68,3 +68,32 @@ def test_a_spec_at_one_budget_runs_there_only():
   assert method.resa.lam == 0.25 and method.selector.budget.budget == 0.025
   with pytest.raises(ValueError, match="rule of its own"):
     specs.expand(["rectified@0.05"], [0.1])
+
+
+def test_calibrated_rows_set_the_saved_per_head_lambda_after_prefill(tmp_path, monkeypatch):
+  """``+calibrated:fit=DIR``: the base method, labelled apart, with the per-head parameters
+  that ``experiments.resa_calibrate`` saved set on every layer's state."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from experiments.analysis import calibrate  # pylint: disable=g-import-not-at-top
+  from models import decode  # pylint: disable=g-import-not-at-top
+  model = modelzoo.tiny_random()
+  nl, nh = model.config.num_layers, model.config.num_heads
+  log_lam = np.log(np.linspace(0.2, 0.9, nl * nh, dtype=np.float32)).reshape(nl, nh)
+  monkeypatch.chdir(tmp_path)
+  calibrate.save("fit", dict(log_lam=log_lam, beta=np.ones_like(log_lam)))
+  row, = specs.expand(["resa-quest+calibrated:fit=fit@0.1"], [0.5], block_size=8)
+  plain, = specs.expand(["resa-quest@0.1"], [], block_size=8)
+  assert row.label == "resa-quest+calibrated:fit=fit@0.1" and row.budget == 0.1
+  assert row.method == plain.method and plain.after_prefill is None
+  assert specs.base_name(row.spec) == "quest"
+  tokens = np.arange(40, dtype=np.int32)[None] % model.config.vocab_size
+  *_, states = decode.prefill(model, tokens, np.array([40]), row.method, 64, 16)
+  states = row.after_prefill(states)
+  for layer, st in enumerate(states):
+    np.testing.assert_allclose(st["resa"]["head_log_lam"][0], log_lam[layer], rtol=1e-6)
+  with pytest.raises(ValueError, match="lam = 1"):
+    specs.expand(["resa-quest:lam=0.5+calibrated:fit=fit@0.1"], [])
+  with pytest.raises(ValueError, match="no calibration at"):
+    specs.expand(["resa-quest+calibrated:fit=elsewhere@0.1"], [])
+  with pytest.raises(ValueError, match="comes last"):
+    specs.expand(["quest+calibrated:fit=fit+resa@0.1"], [])

@@ -234,3 +234,55 @@ def test_pallas_path_matches_jnp():
       fused = kernels.resa_attend(*args, agg, extras, impl=impl, interpret=True)
       jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5), fused,
                    after)
+
+
+def test_per_head_lambda_is_each_heads_scalar_lambda():
+  """``with_head_params``: head h decodes as the method with the scalar ``lam = lam_h``
+  (the retro window path: tests/sparse_attn/test_retro.py)."""
+  extra = "+resa"
+  lams = np.array([0.25, 1.0, 0.5, 0.75], np.float32)  # [HQ]
+  lengths = (40, 23)
+
+  def run(m, head_log_lam=None):
+    cache, state, _, _ = _prefill(m, np.random.default_rng(3), lengths)
+    if head_log_lam is not None:
+      state = {**state, "resa": resa.with_head_params(state["resa"], head_log_lam)}
+    outs = []
+    for i in range(3):
+      out, _, cache, state = _step(m, np.random.default_rng(20 + i), cache, state,
+                                   np.asarray(lengths) + i)
+      outs.append(np.asarray(out))
+    assert head_log_lam is None or "head_log_lam" in state["resa"]  # kept through decode
+    return np.stack(outs)
+
+  got = run(_make("quest", extra), np.log(lams))
+  for h, lam in enumerate(lams):
+    want = run(_make("quest", extra, lam=float(lam)))
+    np.testing.assert_allclose(got[:, :, h], want[:, :, h], atol=2e-5, rtol=2e-5)
+  with pytest.raises(ValueError, match="renormalised"):
+    run(_make("quest", extra, lam_form="literal"), np.log(lams))
+
+
+def test_head_params_fold_into_the_bias_and_set_every_layer():
+  m = _make("quest", "+resa")
+  _, state, _, _ = _prefill(m, np.random.default_rng(4), (40, 23))
+  st = state["resa"]
+  ll, bt = np.log([0.5, 1.0, 2.0, 4.0]), np.array([0.0, 1.0, 2.0, 0.5])
+  for shape in ((B, HQ, D), (B, HQ, 3, D)):
+    q = _rand(np.random.default_rng(5), shape)
+    exp = (lambda x: x) if len(shape) == 3 else (lambda x: x[..., None])
+    want = exp(jnp.asarray(bt, jnp.float32)) * resa.bias(st, q, 0.3) + exp(
+        jnp.asarray(ll, jnp.float32))
+    got = resa.online_bias(resa.with_head_params(st, ll, bt), q, 0.3)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+  layers = [state, state, state]
+  lam3, beta3 = np.stack([ll, ll + 1, ll - 1]), np.stack([bt, bt, bt])
+  per_layer = resa.set_head_params(layers, lam3, beta3)
+  stacked = resa.set_head_params(_stack(*layers), lam3, beta3)
+  for i in range(3):
+    jax.tree.map(lambda a, b, i=i: np.testing.assert_array_equal(a, b[i]), per_layer[i], stacked)
+    np.testing.assert_allclose(per_layer[i]["resa"]["head_log_lam"][1], lam3[i], rtol=1e-6)
+  with pytest.raises(ValueError, match=r"\[L=3, N\]"):
+    resa.set_head_params(layers, lam3[:2])
+  with pytest.raises(ValueError, match="'resa'"):
+    resa.set_head_params([{}], lam3[:1])

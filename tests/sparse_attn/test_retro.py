@@ -10,7 +10,7 @@ import pytest
 from sparse_attn import cache as cache_lib
 from sparse_attn import methods
 from sparse_attn.cache_attention import dense_over_cache
-from sparse_attn.enhancers import retro
+from sparse_attn.enhancers import resa, retro
 
 B, HQ, HKV, D, T, BS = 2, 4, 2, 16, 64, 8
 SCALE = 1 / np.sqrt(D)
@@ -165,6 +165,22 @@ def test_resa_retro_matches_bruteforce():
                       np.where(slots <= tp, SCALE * k @ mu_q[b, h] + bias + np.log(0.5), -np.inf))
         wgt = np.exp(lg - lg.max())
         np.testing.assert_allclose(out[b, h, i], wgt @ v / wgt.sum(), atol=3e-5, rtol=3e-5)
+
+
+def test_per_head_lambda_is_each_heads_scalar_lambda_in_the_window():
+  """``resa.with_head_params`` on the retro window path: head h as the scalar ``lam_h``."""
+  lams = np.array([0.25, 1.0, 0.5, 0.75], np.float32)  # [HQ]
+
+  def outputs(m, head_log_lam=None):
+    run = Run(m, 6, 25, 3)
+    if head_log_lam is not None:
+      run.state = {**run.state, "resa": resa.with_head_params(run.state["resa"], head_log_lam)}
+    return np.stack([run.step(t)[0] for t in range(25, 28)])
+
+  got = outputs(_make("quest", "+resa+retro:w=2"), np.log(lams))
+  for h, lam in enumerate(lams):
+    want = outputs(_make("quest", f"+resa:lam={float(lam)}+retro:w=2"))
+    np.testing.assert_allclose(got[:, :, h], want[:, :, h], atol=2e-5, rtol=2e-5)
 
 
 def test_reembedding_overwrites_past_kv_and_digests():
