@@ -23,6 +23,12 @@ reported on the same samples with a paired bootstrap interval and McNemar's test
   "--config.pairs=(..., ('resa-quest:lam=0.25', 'quest'), ('resa-quest:lam=0.5', 'quest'))"
 
 feed the claim row "RESA with lam chosen on held-out tasks" (``experiments.claims.held_out``).
+A per-head lambda fitted on a novel by ``experiments.resa_calibrate`` (Qwen, the ``resa-quest``
+preset at 2.5%, an 8k prompt of ``emma``; its workdir's ``calibration_lambda`` folder) runs as
+its own row, paired with Quest, for the claim row "per-head lam fitted on a novel":
+
+  "--config.methods=('quest', 'resa-quest+calibrated:fit=results/resa_calibrate_qwen/calibration_lambda@0.025')"
+  "--config.pairs=(('resa-quest+calibrated:fit=results/resa_calibrate_qwen/calibration_lambda', 'quest'),)"
 
 Samples: ``num_samples`` = 5 per (task, length) over 12 tasks, so every method x budget x length
 average (the headline cell) holds 60 samples (5 per task cell). The tasks are generated as

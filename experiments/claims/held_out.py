@@ -9,6 +9,10 @@ RESA Table 1's row (``verdicts.effect_verdict``).
 
 Rows: ``resa-quest`` (lam 1) and ``resa-quest:lam=L`` at the same budget and length, on the
 samples every lam ran (``experiments.accuracy`` with ``resa-quest:lam=0.25@0.025`` ...).
+
+A second row takes lam per layer and head, fitted by ``experiments.resa_calibrate`` on a text
+that is none of the evaluated prompts (``resa-quest+calibrated:fit=DIR@0.025``), so it is
+held out by construction; it is paired with the selector alone the same way.
 """
 
 from __future__ import annotations
@@ -82,5 +86,47 @@ def resa_held_out_lam(records):
       setting=(f"{task_claims.model_of(aware)}, {length} tokens, budget {BUDGET:g}, Quest, lam "
                f"from {{{', '.join(f'{lam:g}' for lam in LAMS)}}} (renormalised), RESA Table "
                f"1's tasks, leave one task out" + (f" ({note})" if note else "")),
+      verdict=verdicts.effect_verdict(d, lo, hi, task_claims.RESA_TABLE1_GAIN),
+      why="; ".join(why))
+
+
+CALIBRATED = "+calibrated:"
+
+
+def resa_calibrated_lam(records):
+  """The RESA Table 1 pair with per-head lam fitted on another text (module docstring): Quest
+  at the longest length where a calibrated row ran, ArkVale in the why when it ran too."""
+  aware, note = task_claims.table1_records(records)
+  rows = {}  # (base, length, fit label) -> scores
+  for r in aware:
+    method = str(r.get("method", ""))
+    if r.get("budget") != BUDGET or CALIBRATED not in method:
+      continue
+    base = method.split("+")[0].removeprefix("resa-")
+    rows.setdefault((base, r.get("length"), method), None)
+  found = sorted((k for k in rows if k[0] == "quest"), key=lambda k: -k[1])
+  if not found:
+    return None
+  _, length, label = found[0]
+  got = task_claims.paired(task_claims.scores(aware, label, BUDGET, length),
+                           task_claims.scores(aware, "quest", BUDGET, length))
+  if got is None:
+    return None
+  d, lo, hi, n = got[2:6]
+  fit = label.split(CALIBRATED, 1)[1].removeprefix("fit=")
+  why = [f"paired on {n} samples; lam (and the bias slope, when fitted) per layer and head from {fit} "
+         "(experiments.resa_calibrate: fitted to the attention output of a novel, oracle "
+         "inputs)"]
+  for (base, ln, other), _ in rows.items():
+    if base != "quest" and ln == length:
+      pair = task_claims.paired(task_claims.scores(aware, other, BUDGET, length),
+                                task_claims.scores(aware, base, BUDGET, length))
+      if pair is not None:
+        why.append(f"{base} with the same fit {task_claims.pair_text(pair)}, n={pair[5]})")
+  return dict(
+      ours=task_claims.pair_text(got) + ")", n=n,
+      setting=(f"{task_claims.model_of(aware)}, {length} tokens, budget {BUDGET:g}, Quest, "
+               "per-head lam fitted on a novel (renormalised), RESA Table 1's tasks"
+               + (f" ({note})" if note else "")),
       verdict=verdicts.effect_verdict(d, lo, hi, task_claims.RESA_TABLE1_GAIN),
       why="; ".join(why))

@@ -172,3 +172,19 @@ def test_held_out_lam_ties_go_to_the_larger_lam_and_missing_rows_give_none():
   assert set(held_out.held_out_pair(recs, "quest", 8192)[1].values()) == {1.0}
   assert held_out.held_out_pair([r for r in recs if "0.5" not in r["method"]], "quest",
                                 8192) is None
+
+
+def test_calibrated_lam_row_pairs_the_fitted_rows_with_their_selector():
+  from experiments.claims import held_out
+  tasks = ("niah_single_2", "qa")
+  fit = "resa-{}+calibrated:fit=results/calib/calibration_lambda@0.025"
+  recs = []
+  for task in tasks:
+    recs += _acc("quest", np.zeros(20), task, generator="nvidia-ruler")
+    recs += _acc(fit.format("quest"), np.ones(20), task, generator="nvidia-ruler")
+    recs += _acc("arkvale", np.ones(20), task, generator="nvidia-ruler")
+    recs += _acc(fit.format("arkvale"), np.ones(20), task, generator="nvidia-ruler")
+  row = held_out.resa_calibrated_lam(recs)
+  assert row["n"] == 40 and row["verdict"] == "reproduced" and row["ours"].startswith("0.0 -> 100")
+  assert "results/calib/calibration_lambda" in row["why"] and "arkvale with the same fit" in row["why"]
+  assert held_out.resa_calibrated_lam([r for r in recs if "calibrated" not in r["method"]]) is None
