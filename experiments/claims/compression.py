@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from experiments.claims import verdicts
 from experiments.claims.tasks import (base_label, is_heatmap, model_of, paired, pts,
                                       sample_key, task_differences)
 
@@ -104,8 +105,12 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
   headline pools them) and at the other kept fractions that ran.
   Reproduced when EA has the best mean and its paired interval against the runner-up is above
   0; partly when EA's mean is best (or within the runner-up's interval); else not."""
-  recs = [r for r in records if r.get("protocol") == "query_agnostic"
-          and r.get("budget") == budget and is_heatmap(r) == heatmap]
+  records = [r for r in records if r.get("protocol") == "query_agnostic"
+             and is_heatmap(r) == heatmap]
+  # RULER rows read NVIDIA/RULER's generator once it ran (its records replace the variant's);
+  # the needle grid keeps its own depth grid and prompts
+  records, note = (records, "") if heatmap else verdicts.ruler_records(records)
+  recs = [r for r in records if r.get("budget") == budget]
   by, variants = _ea_rows(recs, heatmap)
   found = _ea_against_best(by)
   if found is None:
@@ -115,12 +120,12 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
              "partly" if d > 0 or hi > 0 else "not reproduced")
   lengths = sorted({r["length"] for r in recs})
   tasks = sorted({r["task"] for r in recs})
-  dense = [float(r["score"]) for r in records if r.get("protocol") == "query_agnostic"
-           and r.get("method") == "dense" and is_heatmap(r) == heatmap]
+  dense = [float(r["score"]) for r in records if r.get("method") == "dense"]
   return dict(ours=f"EA ({EA_SPEC[heatmap]}) {100 * ma:.1f} vs best baseline {rival} "
                    f"{100 * mb:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}])",
               n=n, setting=f"{model_of(recs)}, {lengths} tokens, keep {budget:g}, query-agnostic"
-                           f", {len(tasks)} task(s)" + (f" ({tasks[0]})" if len(tasks) == 1 else ""),
+                           f", {len(tasks)} task(s)" + (f" ({tasks[0]})" if len(tasks) == 1 else "")
+                           + (f" ({note})" if note else ""),
               verdict=verdict,
               why="; ".join(f"{m} {100 * means[m]:.0f}" for m in sorted(means, key=means.get,
                                                                           reverse=True))

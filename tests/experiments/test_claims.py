@@ -98,6 +98,20 @@ def test_ea_against_the_best_baseline():
   assert claims_compression.ea_vs_baselines(recs + at_quarter)["ours"] == got["ours"]
 
 
+def test_ea_claim_reads_nvidias_generator_once_it_ran():
+  """Aligned RULER records replace the earlier variant's; until then the row says so."""
+  from experiments.claims import verdicts  # pylint: disable=g-import-not-at-top
+  ones, zeros = np.ones(20), np.zeros(20)
+  agnostic = dict(budget=0.5, protocol="query_agnostic")
+  old = _acc("expected-attention", ones, **agnostic) + _acc("keydiff", zeros, **agnostic)
+  assert "earlier RULER variant" in claims_compression.ea_vs_baselines(old)["setting"]
+  new = [dict(r, generator=verdicts.RULER_GENERATOR, score=1.0 - r["score"])
+         for r in old[:10] + old[20:30]]
+  got = claims_compression.ea_vs_baselines(old + new)
+  assert got["n"] == 10 and got["verdict"] == "not reproduced"
+  assert "earlier RULER variant" not in got["setting"]
+
+
 def test_ea_claim_pools_lengths_and_lists_each():
   ones, half = np.ones(20), np.r_[np.ones(10), np.zeros(10)]
   agnostic = dict(budget=0.5, protocol="query_agnostic")
