@@ -16,7 +16,6 @@ with ``b' = beta b + log lambda``, lambda folded in), for held-out NLL.
 
 from __future__ import annotations
 
-import os
 
 import jax
 import jax.numpy as jnp
@@ -87,22 +86,6 @@ def best_global_lambda(parts: dict, grid) -> tuple[float, float]:
                              if lam > 0 else -1e30 * ones, ones)) for lam in grid]
   i = int(np.argmin(errs))
   return float(grid[i]), errs[i]
-
-
-# ---------------------------------------------------------------- save / restore (orbax)
-
-
-def save(path: str, params: dict) -> None:
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top (heavy import)
-  path = os.path.abspath(path)
-  with ocp.StandardCheckpointer() as ckpt:
-    ckpt.save(path, {k: np.asarray(v) for k, v in params.items()}, force=True)
-
-
-def restore(path: str) -> dict:
-  import orbax.checkpoint as ocp  # pylint: disable=g-import-not-at-top
-  with ocp.StandardCheckpointer() as ckpt:
-    return {k: np.asarray(v) for k, v in ckpt.restore(os.path.abspath(path)).items()}
 
 
 # ---------------------------------------------------------------- decoding with per-head params

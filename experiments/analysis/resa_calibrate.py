@@ -15,7 +15,7 @@ import numpy as np
 
 from experiments.analysis import calibrate, errors, quality
 from experiments.analysis import capture as capture_lib
-from experiments.common import cli, modelzoo, render
+from experiments.common import checkpoint, cli, modelzoo, render
 from experiments.common.results import ResultWriter
 from sparse_attn import methods
 
@@ -55,12 +55,12 @@ def run(config, workdir: str) -> list[dict]:
       params, curve = calibrate.fit(calib, fit_beta="beta" in v, steps=config.opt_steps,
                                     learning_rate=config.learning_rate,
                                     progress=cli.Progress(config.opt_steps, f"fit {v}"))
-      calibrate.save(path, params)
+      checkpoint.save_arrays(path, params)
       lam = np.exp(params["log_lam"])
       writer.write(dict(kind="fit", variant=v, path=path, loss_first=curve[0],
                         loss_last=curve[-1], lam=lam, beta=params["beta"],
                         lam_median=float(np.median(lam))), key=f"fit/{v}")
-    params = calibrate.restore(path)
+    params = checkpoint.restore_arrays(path)
     arms[v] = (params["log_lam"], params["beta"])
   if not writer.done("error/all"):
     held = _parts(model, method, config, config.heldout_text)

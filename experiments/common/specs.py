@@ -30,7 +30,7 @@ from sparse_attn import budget as budget_lib
 from sparse_attn import compression, methods
 from sparse_attn.spec import parse_spec, parse_value
 
-from experiments.common import reuse
+from experiments.common import checkpoint, reuse
 
 _OWN_BUDGET = ("budget", "p", "ratio", "max_tokens")
 _OWN_RULE = ("p", "min_tokens")  # a preset with one of these keeps its own budget rule
@@ -89,9 +89,8 @@ def _head_params_after_prefill(spec: str, method, fit: str):
   if not os.path.isdir(fit):
     raise ValueError(f"{spec!r}: no calibration at {os.path.abspath(fit)!r} (run "
                      "experiments.resa_calibrate; fit= names its calibration_<variant> folder)")
-  from experiments.analysis import calibrate  # pylint: disable=g-import-not-at-top (optax)
   from sparse_attn.enhancers import resa  # pylint: disable=g-import-not-at-top
-  params = calibrate.restore(fit)
+  params = checkpoint.restore_arrays(fit)
   return lambda states: resa.set_head_params(states, params["log_lam"], params.get("beta"))
 
 

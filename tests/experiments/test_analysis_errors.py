@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from experiments.analysis import calibrate, errors
+from experiments.common import checkpoint
 from sparse_attn import methods
 
 L, N, K, S, D = 2, 4, 2, 112, 8
@@ -84,8 +85,8 @@ def test_fit_lowers_error_and_roundtrips(qkv, tmp_path):
   params, curve = calibrate.fit(parts, fit_beta=True, steps=60)
   assert curve[-1] < curve[0]
   assert params["log_lam"].shape == (L, N) and np.all(np.isfinite(params["beta"]))
-  calibrate.save(str(tmp_path / "ckpt"), params)
-  back = calibrate.restore(str(tmp_path / "ckpt"))
+  checkpoint.save_arrays(str(tmp_path / "ckpt"), params)
+  back = checkpoint.restore_arrays(str(tmp_path / "ckpt"))
   for name in params:
     np.testing.assert_array_equal(back[name], params[name])
 

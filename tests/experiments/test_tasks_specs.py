@@ -74,13 +74,13 @@ def test_calibrated_rows_set_the_saved_per_head_lambda_after_prefill(tmp_path, m
   """``+calibrated:fit=DIR``: the base method, labelled apart, with the per-head parameters
   that ``experiments.resa_calibrate`` saved set on every layer's state."""
   import numpy as np  # pylint: disable=g-import-not-at-top
-  from experiments.analysis import calibrate  # pylint: disable=g-import-not-at-top
+  from experiments.common import checkpoint  # pylint: disable=g-import-not-at-top
   from models import decode  # pylint: disable=g-import-not-at-top
   model = modelzoo.tiny_random()
   nl, nh = model.config.num_layers, model.config.num_heads
   log_lam = np.log(np.linspace(0.2, 0.9, nl * nh, dtype=np.float32)).reshape(nl, nh)
   monkeypatch.chdir(tmp_path)
-  calibrate.save("fit", dict(log_lam=log_lam, beta=np.ones_like(log_lam)))
+  checkpoint.save_arrays("fit", dict(log_lam=log_lam, beta=np.ones_like(log_lam)))
   row, = specs.expand(["resa-quest+calibrated:fit=fit@0.1"], [0.5], block_size=8)
   plain, = specs.expand(["resa-quest@0.1"], [], block_size=8)
   assert row.label == "resa-quest+calibrated:fit=fit@0.1" and row.budget == 0.1
