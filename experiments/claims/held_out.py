@@ -97,13 +97,8 @@ def resa_calibrated_lam(records):
   """The RESA Table 1 pair with per-head lam fitted on another text (module docstring): Quest
   at the longest length where a calibrated row ran, ArkVale in the why when it ran too."""
   aware, note = task_claims.table1_records(records)
-  rows = {}  # (base, length, fit label) -> scores
-  for r in aware:
-    method = str(r.get("method", ""))
-    if r.get("budget") != BUDGET or CALIBRATED not in method:
-      continue
-    base = method.split("+")[0].removeprefix("resa-")
-    rows.setdefault((base, r.get("length"), method), None)
+  rows = {(str(r["method"]).split("+")[0].removeprefix("resa-"), r.get("length"), r["method"])
+          for r in aware if r.get("budget") == BUDGET and CALIBRATED in str(r.get("method"))}
   found = sorted((k for k in rows if k[0] == "quest"), key=lambda k: -k[1])
   if not found:
     return None
@@ -114,10 +109,10 @@ def resa_calibrated_lam(records):
     return None
   d, lo, hi, n = got[2:6]
   fit = label.split(CALIBRATED, 1)[1].removeprefix("fit=")
-  why = [f"paired on {n} samples; lam (and the bias slope, when fitted) per layer and head from {fit} "
-         "(experiments.resa_calibrate: fitted to the attention output of a novel, oracle "
-         "inputs)"]
-  for (base, ln, other), _ in rows.items():
+  why = [f"paired on {n} samples; lam (and the bias slope, when fitted) per layer and head "
+         f"from {fit} (experiments.resa_calibrate: fitted to the attention output of a novel, "
+         "oracle inputs)"]
+  for base, ln, other in sorted(rows):
     if base != "quest" and ln == length:
       pair = task_claims.paired(task_claims.scores(aware, other, BUDGET, length),
                                 task_claims.scores(aware, base, BUDGET, length))

@@ -196,9 +196,6 @@ def bias(state: dict, q, scale: float):
   return scale * jnp.einsum("bnsd,bnd->bns", dq, mkn, precision=jax.lax.Precision.HIGHEST)
 
 
-HEAD_PARAMS = ("head_log_lam", "head_beta")
-
-
 def online_bias(state: dict, q, scale: float, form: str = "renormalised"):
   """The bias the aggregator adds to every unselected prior logit: Eq. 4's ``b``, or, with
   per-head parameters in the state (``with_head_params``), ``beta_h b + log lam_h``.
@@ -207,14 +204,15 @@ def online_bias(state: dict, q, scale: float, form: str = "renormalised"):
   reading of lambda only; the literal form refuses them.
   """
   b = bias(state, q, scale)
-  if not any(k in state for k in HEAD_PARAMS):
+  if "head_log_lam" not in state:
     return b
   if form != "renormalised":
     raise ValueError("per-head lambda (head_log_lam) is the renormalised reading of lambda; "
                      f"this method uses lam_form={form!r}")
   expand = (lambda x: x) if q.ndim == 3 else (lambda x: x[..., None])
-  return (expand(state["head_beta"]) * b if "head_beta" in state else b) + expand(
-      state["head_log_lam"] if "head_log_lam" in state else 0.0)
+  if "head_beta" in state:
+    b = expand(state["head_beta"]) * b
+  return b + expand(state["head_log_lam"])
 
 
 def with_head_params(state: dict, log_lam, beta=None) -> dict:
@@ -251,10 +249,11 @@ def set_head_params(layer_states, log_lam, beta=None):
     raise ValueError(f"log_lam (and beta) must be [L={n_layers}, N], got {log_lam.shape}"
                      + ("" if beta is None else f" and {beta.shape}"))
   if stacked:
-    put = jax.vmap(lambda st, ll, bt: with_head_params(st, ll, bt))
-    return {**layer_states, "resa": put(layer_states["resa"], log_lam,
-                                        jnp.ones_like(log_lam) if beta is None else beta)}
-  return [{**s, "resa": with_head_params(s["resa"], log_lam[i], None if beta is None else beta[i])}
+    put = jax.vmap(lambda st, ll, bt=None: with_head_params(st, ll, bt))
+    args = (layer_states["resa"], log_lam) + (() if beta is None else (beta,))
+    return {**layer_states, "resa": put(*args)}
+  return [{**s, "resa": with_head_params(s["resa"], log_lam[i],
+                                         None if beta is None else beta[i])}
           for i, s in enumerate(layer_states)]
 
 
