@@ -126,7 +126,7 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
               n=n, setting=f"{model_of(recs)}, {lengths} tokens, keep {budget:g}, query-agnostic"
                            f", {len(tasks)} task(s)" + (f" ({tasks[0]})" if len(tasks) == 1 else "")
                            + (f" ({note})" if note else ""),
-              verdict=verdict,
+              verdict=verdict, read=recs,
               why="; ".join(f"{m} {100 * means[m]:.0f}" for m in sorted(means, key=means.get,
                                                                           reverse=True))
                   + (f"; dense {100 * np.mean(dense):.0f}" if dense else "")

@@ -87,7 +87,7 @@ def resa_held_out_lam(records):
                f"from {{{', '.join(f'{lam:g}' for lam in LAMS)}}} (renormalised), RESA Table "
                f"1's tasks, leave one task out" + (f" ({note})" if note else "")),
       verdict=verdicts.effect_verdict(d, lo, hi, task_claims.RESA_TABLE1_GAIN),
-      why="; ".join(why))
+      why="; ".join(why), read=aware)
 
 
 CALIBRATED = "+calibrated:"
@@ -124,4 +124,4 @@ def resa_calibrated_lam(records):
                "per-head lam fitted on a novel (renormalised), RESA Table 1's tasks"
                + (f" ({note})" if note else "")),
       verdict=verdicts.effect_verdict(d, lo, hi, task_claims.RESA_TABLE1_GAIN),
-      why="; ".join(why))
+      why="; ".join(why), read=aware)

@@ -41,15 +41,38 @@ def load(root: str, files: dict[str, list[dict]] | None = None) -> dict[str, lis
   return out
 
 
+def folders_of(files: dict[str, list[dict]], root: str) -> dict[int, str]:
+  """``id(record)`` -> the folder under ``root`` whose ``results.jsonl`` holds it."""
+  return {id(r): os.path.relpath(os.path.dirname(path), root)
+          for path, recs in files.items() for r in recs}
+
+
+def figure_folder(read: list[dict] | None, folders: dict[int, str], root: str, figure: str,
+                  default: str) -> str:
+  """The folder whose figure a claim row links: of the folders holding ``figure``, the one
+  holding most of the records the row ``read`` (a row on RULER's aligned generator links the
+  aligned run's plot, not the earlier variant's); ``default`` (the part's folder) otherwise."""
+  counts: dict[str, int] = {}
+  for r in read or ():
+    where = folders.get(id(r))
+    if where is not None and os.path.exists(os.path.join(root, where, figure)):
+      counts[where] = counts.get(where, 0) + 1
+  return max(sorted(counts), key=counts.get) if counts else default
+
+
 def claim_rows(records: dict[str, list[dict]], root: str,
-               experiments=registry.EXPERIMENTS) -> list[dict]:
+               experiments=registry.EXPERIMENTS,
+               folders: dict[int, str] | None = None) -> list[dict]:
   """One row per registered claim: the paper's number, ours measured on ``records``
-  (experiment -> records), the verdict; a claim without records is "not run"."""
+  (experiment -> records), the verdict; a claim without records is "not run". A measure may
+  return the records it read under ``read``: with ``folders`` (``folders_of``) the row's
+  figure is then taken from the folder holding most of them (``figure_folder``)."""
   rows = []
   for c, part, e in registry.claims(experiments):
     recs = records.get(e.name, [])
     measure = registry.load(c.measure)
     got = measure(recs) if recs else None
+    read = got.pop("read", None) if got else None
     row = dict(claim=c.claim, source=c.source, paper=c.paper)
     if got is None:
       why = (f"the `{e.name}` records hold no rows for this claim yet" if recs
@@ -59,7 +82,8 @@ def claim_rows(records: dict[str, list[dict]], root: str,
       dirty = verdicts.dirty_note(recs, measure, got)
       if dirty:  # such records cannot be tied to code: the row says so
         got = dict(got, setting=f"{got['setting']}; ⚠ {dirty}")
-      fig = os.path.normpath(os.path.join(part.name, c.figure)) if c.figure else ""
+      where = figure_folder(read, folders or {}, root, c.figure, part.name) if c.figure else ""
+      fig = os.path.normpath(os.path.join(where, c.figure)) if c.figure else ""
       row.update(got, figure=f"[{os.path.basename(fig)}]({fig})" if fig and os.path.exists(
           os.path.join(root, fig)) else "")
     rows.append(row)
@@ -193,7 +217,7 @@ def build(root: str, readme: str | None = None, experiments=registry.EXPERIMENTS
   report's path. ``experiments``: the registry whose claims it measures."""
   files = read_files(root)
   records = load(root, files)
-  rows = claim_rows(records, root, experiments)
+  rows = claim_rows(records, root, experiments, folders_of(files, root))
   if readme:
     update_head(readme, rows)
   counts = {v: sum(r["verdict"] == v for r in rows) for v in verdicts.VERDICTS}

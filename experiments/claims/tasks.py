@@ -194,6 +194,7 @@ def resa_ruler_gain(records):
                    scores(aware, "quest", budget, length))
     if other:  # the gain against the budget (the paper reports other budgets in its appendix)
       got["why"] += f"; at budget {budget:g} {pair_text(other)}, n={other[5]})"
+  got["read"] = aware
   return got
 
 
