@@ -23,7 +23,10 @@ alternative our dense decode could call, measured before it is chosen). Each
 timed call loops ``steps_per_call`` decode steps on the device (torch: as many calls, one sync),
 so the host's dispatch is not what is timed. RESA's decode overhead is measured both at ReSA's
 p = 0.1 and at RESA Table 4's fixed KV budget of 500 tokens; ``resa`` times the last 1024-token
-prefill chunk with and without the prior (Table 3's chunk size).
+prefill chunk with and without the prior (Table 3's chunk size). ``prefill_chunk`` times one
+layer's dense prefill chunk (``shape_prefill_chunk`` queries, the first and the last of each
+context) through ``chunk_attention``'s Pallas kernel and through its in-order branch (cuDNN's
+flash attention), the measurement behind that branch being the GPU default.
 
 Cost on one H100 (estimates; each record keeps its first-call and model-building seconds):
 ``shape_e2e`` ~15-20 min (3 of the 4 (batch, context) cells fit: 5 methods x decode, whose fused
@@ -45,7 +48,7 @@ GPU_METHODS = ",".join([
 ])
 
 _QUICK = dict(
-    sections="shape_e2e,per_layer,torch_peer", methods="dense,quest:gqa=group",
+    sections="shape_e2e,per_layer,torch_peer,prefill_chunk", methods="dense,quest:gqa=group",
     peak_bandwidth_gbs=50.0, shape="tiny", shape_dtype="float32", shape_batches="1,2",
     shape_contexts="128", shape_methods="dense,quest:gqa=group+resa,rectified,resa-quest",
     shape_prefill_methods="dense", shape_prefill_chunk=64, shape_decode_steps=4,

@@ -10,7 +10,9 @@
 #      compiled (tests/sparse_attn/test_scoring_precision.py; its GPU-only case);
 #   2. per_layer: one Llama-3.1-8B attention layer at 8k/32k/128k, dense (split-K Pallas and
 #      XLA), Quest p = 0.1, +RESA, rectified, next to torch SDPA;
-#   3. shape_e2e: a random-weight Llama-3.1-8B end to end at batch 1 (32k, 128k), dense, Quest,
+#   3. prefill_chunk: one layer's 4096-query dense prefill chunk at 32k / 128k, chunk_attention's
+#      kernel vs its in-order branch (cuDNN flash attention), the GPU default;
+#   4. shape_e2e: a random-weight Llama-3.1-8B end to end at batch 1 (32k, 128k), dense, Quest,
 #      +RESA, next to transformers, with each row's fraction of the bandwidth bound.
 # Records go under $OUT (the device tool's output folder; /tmp/gpu_session elsewhere); commit
 # them under results/latency_gpu with `python -m experiments.merge`. The image lacks
@@ -27,10 +29,12 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 
 QUICK=${QUICK:-0}
-LIMITS=(120 200 240)
+LIMITS=(100 180 80 220)
 EXTRA=()
+CHUNK_CONTEXTS=(--config.contexts=32768,131072)
 if [ "$QUICK" = 1 ]; then
-  LIMITS=(300 300 300)
+  CHUNK_CONTEXTS=()
+  LIMITS=(300 300 300 300)
   EXTRA=(--config.quick=True)
 fi
 
@@ -51,6 +55,9 @@ part per_layer "${LIMITS[1]}" python3 -m experiments.latency --config=configs/la
   --workdir="$OUT/latency_gpu" --config.sections=per_layer,torch_peer \
   "--config.methods=dense,dense:impl=xla,quest:gqa=group,quest:gqa=group+resa,rectified" \
   "${EXTRA[@]}"
-part shape_e2e "${LIMITS[2]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
+part prefill_chunk "${LIMITS[2]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
+  --workdir="$OUT/latency_gpu" --config.sections=prefill_chunk \
+  "${CHUNK_CONTEXTS[@]}" "${EXTRA[@]}"
+part shape_e2e "${LIMITS[3]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
   --workdir="$OUT/latency_gpu" --config.sections=shape_e2e --config.shape_batches=1 \
   "--config.shape_methods=dense,quest:gqa=group,quest:gqa=group+resa" "${EXTRA[@]}"

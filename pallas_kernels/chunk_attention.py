@@ -6,7 +6,7 @@ The cache is static-capacity and may be compacted (slot order != position order,
 ``pos = -1``), so causality is by position, not by index: query ``i`` sees slot ``j`` iff
 ``j < length``, ``0 <= k_pos[j] <= q_pos[i]`` (and ``k_pos[j] > q_pos[i] - window`` under a
 sliding window). ``jax.nn.dot_product_attention``'s causal mask is index-aligned and the Pallas
-``mha`` op assumes ``S == T``, so neither states this contract; this kernel does.
+``mha`` op assumes ``S == T``, so neither states this contract in general; this kernel does.
 
 Pallas path (flash attention, Dao et al. 2022, Alg. 1): one program per (batch, kv head, query
 tile). Its rows are ``query_tile`` queries x the ``G`` query heads of the kv head (``G`` padded to
@@ -16,6 +16,12 @@ query can see (``visible_tiles``: computed from the slots' smallest positions, s
 any slot order and bounded by the filled length), and ``num_stages >= 3`` keeps two K/V tiles in
 flight. A small grid (a decode step: one query tile per kv head) also splits each query tile's
 visible key tiles over ``key_splits`` programs (flash-decoding), merged by ``split_combine``.
+
+In-order chunks (the Pallas path's ``in_order``): a prefill chunk over a cache whose slot ``j``
+holds position ``j`` is two index-aligned attentions (the prefix, the chunk's own causal
+block), which ``prompt_attention`` hands to cuDNN's fused flash attention on a GPU; one
+``lax.cond`` on the traced state picks it or this kernel, so compacted caches, sliding windows,
+f32 and short chunks keep the kernel.
 
 Reference (the ``impl="xla"`` path, fast on CPU): the same schedule as XLA loops. A ``scan`` over
 query tiles of ``query_tile`` rows keeps one tile's logits in cache through the matmul, the
@@ -40,6 +46,7 @@ from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
 from pallas_kernels import _common
+from pallas_kernels import prompt_attention
 from pallas_kernels._decode_kernel import NEG_INF, _finish, _online_update
 from pallas_kernels.softmax import default_scale, grouped_attention
 from pallas_kernels.split_combine import split_combine
@@ -250,14 +257,34 @@ def default_key_splits(programs: int, key_tiles: int) -> int:
   return max(1, min(want, key_tiles, MAX_KEY_SPLITS))
 
 
+def in_order_implementation(in_order: str | None, dtype, s: int, d: int,
+                            window: int | None) -> str | None:
+  """Which ``jax.nn.dot_product_attention`` implementation the Pallas path hands an in-order
+  chunk to (``prompt_attention``), or None for its own kernel. ``"auto"``: cuDNN on a GPU
+  backend for a 16-bit chunk of at least ``MIN_QUERIES`` queries, ``D <= 128`` a multiple of
+  8, no sliding window; ``"cudnn"`` / ``"xla"``: that implementation whenever there is no
+  window; None: never."""
+  if in_order is None or window is not None:
+    return None
+  if in_order in ("cudnn", "xla"):
+    return in_order
+  if in_order != "auto":
+    raise ValueError(f"in_order must be 'auto', 'cudnn', 'xla' or None, got {in_order!r}")
+  sixteen_bit = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+  if (jax.default_backend() == "gpu" and sixteen_bit and s >= prompt_attention.MIN_QUERIES
+      and d <= 128 and d % 8 == 0 and prompt_attention.cudnn_traces(jnp.dtype(dtype).name, d)):
+    return "cudnn"
+  return None
+
+
 @functools.partial(jax.jit, static_argnames=("scale", "window", "query_tile", "key_tile",
                                              "key_splits", "impl", "interpret", "num_warps",
-                                             "num_stages"))
+                                             "num_stages", "in_order"))
 def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None,
                     window: int | None = None, query_tile: int | None = None,
                     key_tile: int = 64, key_splits: int | None = None,
                     impl: _common.Impl = "auto", interpret: bool = False, num_warps: int = 4,
-                    num_stages: int = 3):
+                    num_stages: int = 3, in_order: str | None = "auto"):
   """Exact causal attention of a query chunk over a cache, by token position.
 
   Args:
@@ -278,6 +305,11 @@ def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None
     impl: ``"pallas"``, ``"xla"`` (``chunk_attention_reference``) or ``"auto"``.
     interpret: run the Pallas kernel in interpret mode (CPU).
     num_warps, num_stages: Triton launch parameters.
+    in_order: the Pallas path's handling of a chunk that meets an in-order cache (a prefill
+      chunk before any compaction: ``prompt_attention``): ``"auto"`` (cuDNN's flash attention
+      on a GPU for a long 16-bit chunk, ``in_order_implementation``), ``"cudnn"``, ``"xla"``
+      or None (always the kernel). The state is checked on the traced arrays; any other chunk
+      runs the kernel.
 
   The tile arguments are the kernel's; the reference runs with its own (``REF_KEY_TILE``,
   ``REF_QUERY_TILE``).
@@ -294,6 +326,24 @@ def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None
     raise ValueError(f"key_tile must be a power of 2 >= 16, got {key_tile}")
   if _common.resolve_impl(impl) == "xla":
     return chunk_attention_reference(q, k, v, q_pos, k_pos, length, scale=scale, window=window)
+  kernel = functools.partial(
+      _chunk_attention_kernel, q, k, v, q_pos, k_pos, length, scale=scale, window=window,
+      query_tile=query_tile, key_tile=key_tile, key_splits=key_splits, interpret=interpret,
+      num_warps=num_warps, num_stages=num_stages)
+  library = in_order_implementation(in_order, q.dtype, s, d, window)
+  if library is None:
+    return kernel()
+  ok, start = prompt_attention.in_order_start(q_pos.astype(jnp.int32), k_pos.astype(jnp.int32),
+                                              length.astype(jnp.int32), t)
+  return lax.cond(ok, lambda: prompt_attention.in_order_attention(
+      q, k, v, q_pos, length, start, scale=scale, implementation=library), kernel)
+
+
+def _chunk_attention_kernel(q, k, v, q_pos, k_pos, length, *, scale, window, query_tile,
+                            key_tile, key_splits, interpret, num_warps, num_stages):
+  """``chunk_attention``'s Pallas kernel (the docstring's flash attention) and its combine."""
+  b, n, s, d = q.shape
+  kh, t = k.shape[1], k.shape[2]
   g = n // kh
   gp = _common.next_pow2(g)
   qt = query_tile or max(_common.next_pow2(min(s, max(1, 64 // gp))), max(1, 16 // gp))

@@ -147,6 +147,15 @@ def prefill_table(rows: list[dict]) -> str:
                                      "transformers tok/s", "ours / transformers"])
 
 
+def prefill_chunk_table(rows: list[dict]) -> str:
+  rows = [r for r in rows if r["section"] == "prefill_chunk"]
+  out = [{"dtype": r["dtype"], "context": r["context"], "chunk": f"{r['where']} {r['chunk']}",
+          "path": r["method"], "ms": _f(r["ms"]), "x kernel": _f(r["vs_kernel"]),
+          "TFLOP/s": _f(r["tflops"])} for r in rows]
+  return render.markdown_table(out, ["dtype", "context", "chunk", "path", "ms", "x kernel",
+                                     "TFLOP/s"])
+
+
 def memory_table(rows: list[dict]) -> str:
   rows = [r for r in rows if r["section"] == "memory"]
   dense = next((r for r in rows if r["method"] == "dense"), None)
@@ -291,6 +300,8 @@ def write(records: list[dict], workdir: str) -> tuple[str, str]:
                          ("Per-layer decode attention", per_layer_table, "per_layer"),
                          ("End to end", e2e_table, "end_to_end"),
                          ("Dense prefill vs transformers", prefill_table, "prefill"),
+                         ("Dense prefill chunk, one layer: kernel vs in-order (cuDNN)",
+                          prefill_chunk_table, "prefill_chunk"),
                          ("Memory", memory_table, "memory"),
                          ("RESA overheads", resa_table, None)):
     if sec is None or any(r.get("section") == sec for r in rows):

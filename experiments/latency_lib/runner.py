@@ -5,8 +5,8 @@ from __future__ import annotations
 import jax
 
 from experiments.common import cli, results
-from experiments.latency_lib import (end_to_end, memory, per_layer, prefill, report,
-                                     resa_overhead, settings, shape_e2e)
+from experiments.latency_lib import (end_to_end, memory, per_layer, prefill, prefill_chunk,
+                                     report, resa_overhead, settings, shape_e2e)
 
 # Sweep axes: every record's key names its section, dtype, context and method (a shape_e2e key
 # also its shape and prefill chunk).
@@ -39,6 +39,13 @@ def run(config, workdir: str) -> str:
           write(rec, key(rec["method"]))
         jax.clear_caches()
       prog.update(note=f"{dt} {ctx}")
+  if "prefill_chunk" in sections:
+    for dt in settings.split_list(s.dtypes):
+      for ctx in settings.ints(s.contexts):
+        key = lambda rec: f"prefill_chunk/{dt}/{ctx}/{rec['where']}/{rec['method']}"
+        if not writer.done(f"prefill_chunk/{dt}/{ctx}/first/{prefill_chunk.KERNEL}"):
+          for rec in prefill_chunk.run_context(s, dt, ctx, min(int(s.shape_prefill_chunk), ctx)):
+            write(rec, key(rec))
   if "end_to_end" in sections:
     end_to_end.run(s, settings.split_list(s.e2e_methods), writer.done, write)
   if "memory" in sections:

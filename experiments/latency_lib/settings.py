@@ -8,7 +8,8 @@ import re
 
 from experiments.common import quick
 
-SECTIONS = ("per_layer", "torch_peer", "end_to_end", "memory", "resa", "prefill")
+SECTIONS = ("per_layer", "torch_peer", "end_to_end", "memory", "resa", "prefill",
+            "prefill_chunk")
 # Sections outside configs/latency.py's default run: a named shape end to end (GPU-sized).
 SHAPE_SECTIONS = ("shape_e2e",)
 

@@ -109,6 +109,10 @@ def test_quick_run_of_the_gpu_benchmark(tmp_path):
   layer = {r["method"] for r in recs if r.get("section") == "per_layer"}
   assert {"dense", "quest:gqa=group"} <= layer
   assert ("torch SDPA (dense)" in layer) == has_torch
+  chunk = [r for r in recs if r.get("section") == "prefill_chunk"]  # kernel vs in-order
+  assert sorted((r["where"], r["method"].split(" ")[0]) for r in chunk) == [
+      ("first", "chunk"), ("first", "in-order"), ("last", "chunk"), ("last", "in-order")]
+  assert all(r["ms"] > 0 and r["tflops"] > 0 for r in chunk)
   assert "End to end, named shape (random weights) vs transformers" in text
   assert "| decode | 1 | 128 | dense | ok |" in text and "transformers" in text
 

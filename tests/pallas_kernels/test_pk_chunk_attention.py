@@ -141,3 +141,74 @@ def test_default_key_splits_fill_a_small_grid_only():
   assert default_key_splits(8, 4) == 4  # never more splits than key tiles
   assert default_key_splits(64, 2048) == 4
   assert default_key_splits(512, 2048) == 1  # a prefill chunk's grid is already full
+
+
+def in_order_problem(shape, seed, start_at_zero):
+  """A chunk meeting an in-order cache: queries at start + i (some padding), slot j holds
+  position j, lengths anywhere in [0, T] (below, inside or past the chunk)."""
+  b, kh, g, s, d, t, _, _, dtype = shape
+  rng = np.random.default_rng(seed)
+  q, k, v, _, _, _ = random_problem(shape, seed, compacted=False)
+  start = 0 if start_at_zero else int(rng.integers(0, t - s + 1))
+  q_pos = np.where(rng.random((b, s)) < 0.15, -1, start + np.arange(s))
+  length = rng.integers(0, t + 1, b)
+  length[-1] = start + s  # a prefill: the chunk's own keys just written
+  k_pos = np.broadcast_to(np.arange(t), (b, kh, t))
+  return (q, k, v, jnp.asarray(q_pos, jnp.int32), jnp.asarray(k_pos, jnp.int32),
+          jnp.asarray(length, jnp.int32))
+
+
+@settings(max_examples=5, deadline=None)
+@given(shape=st.sampled_from([POOL[0], POOL[2]]),
+       seed=st.integers(0, 2**31 - 1), case=st.sampled_from(["zero", "offset", "compacted"]))
+def test_in_order_path_matches_reference(shape, seed, case):
+  """The Pallas path's in-order branch (two dot_product_attention calls merged, taken when the
+  traced state is in order) and its kernel branch (anything else) both equal the reference."""
+  from pallas_kernels import prompt_attention  # pylint: disable=g-import-not-at-top
+  if case == "compacted":
+    q, k, v, q_pos, k_pos, length = random_problem(shape, seed, compacted=True)
+  else:
+    q, k, v, q_pos, k_pos, length = in_order_problem(shape, seed, case == "zero")
+    ok, start = prompt_attention.in_order_start(q_pos, k_pos, length, k.shape[2])
+    assert bool(ok) == bool(jnp.any(q_pos >= 0))
+    out, lse = prompt_attention.in_order_attention(q, k, v, q_pos, length, start,
+                                                   implementation="xla")
+    ref = chunk_attention_reference(q, k, v, q_pos, k_pos, length)
+    if bool(ok):
+      assert_attention_close(out, lse, *ref, shape[8])
+  out, lse = chunk_attention(q, k, v, q_pos, k_pos, length, key_tile=shape[6], impl="pallas",
+                             interpret=True, in_order="xla")
+  assert out.dtype == q.dtype
+  assert_attention_close(out, lse, *chunk_attention_reference(q, k, v, q_pos, k_pos, length),
+                         shape[8])
+
+
+def test_in_order_start_rejects_what_the_two_calls_cannot_state():
+  from pallas_kernels import prompt_attention  # pylint: disable=g-import-not-at-top
+  t = 16
+  ordered = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (2, 1, t))
+  pos = jnp.broadcast_to(jnp.arange(4, 8, dtype=jnp.int32), (2, 4))
+  full = jnp.full((2,), 8, jnp.int32)
+  check = lambda qp, kp, ln: tuple(map(int, prompt_attention.in_order_start(qp, kp, ln, t)))
+  assert check(pos, ordered, full) == (1, 4)
+  assert check(pos.at[1, 2:].set(-1), ordered, full) == (1, 4)  # padding anywhere
+  assert check(pos.at[1].add(1), ordered, full)[0] == 0  # rows at different starts
+  assert check(pos.at[0, 1].set(4), ordered, full)[0] == 0  # a repeated position
+  assert check(jnp.full((2, 4), -1, jnp.int32), ordered, full)[0] == 0  # nothing to attend
+  assert check(pos + 9, ordered, full)[0] == 0  # the chunk would run past the cache
+  holes = ordered.at[1, 0, 3].set(-1)
+  assert check(pos, holes, full)[0] == 0  # a hole below the length (compaction)
+  assert check(pos, holes, jnp.array([8, 3], jnp.int32))[0] == 1  # ... past it: never read
+
+
+def test_in_order_implementation_auto_is_cudnn_on_a_gpu_only():
+  from pallas_kernels.chunk_attention import in_order_implementation  # pylint: disable=g-import-not-at-top
+  on_gpu = jax.default_backend() == "gpu"
+  assert in_order_implementation("auto", BF16, 4096, 128, None) == ("cudnn" if on_gpu else None)
+  assert in_order_implementation("auto", F32, 4096, 128, None) is None  # cuDNN: 16-bit only
+  assert in_order_implementation("auto", BF16, 32, 128, None) is None  # short: the kernel
+  assert in_order_implementation("xla", F32, 1, 64, None) == "xla"
+  assert in_order_implementation("cudnn", BF16, 4096, 128, 512) is None  # a window: the kernel
+  assert in_order_implementation(None, BF16, 4096, 128, None) is None
+  with pytest.raises(ValueError, match="in_order"):
+    in_order_implementation("fast", BF16, 4096, 128, None)

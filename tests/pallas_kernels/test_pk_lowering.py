@@ -62,3 +62,16 @@ def test_resa_with_its_aggregator_in_the_combine_lowers():
                      S((b, hq, d), F32), S((b, hq), F32), S((b, hq), F32), S((b, hq), I32))
   assert text.count(f"custom_call @{TRITON_CALL}") == 2
   assert "stablehlo.exponential" not in text and "stablehlo.log" not in text
+
+
+def test_chunk_attention_with_its_in_order_branch_lowers():
+  """A 4096-query bf16 prefill chunk of the Llama-8B heads over a 32k cache: the kernel branch
+  and the in-order branch (here XLA's dot_product_attention: cuDNN's cannot be traced without
+  a GPU) under one conditional."""
+  from pallas_kernels import chunk_attention  # pylint: disable=g-import-not-at-top
+  b, hq, hkv, d, t, s = 1, 32, 8, 128, 32768, 4096
+  cache = S((b, hkv, t, d), BF16)
+  text = export_cuda(functools.partial(chunk_attention, impl="pallas", in_order="xla"),
+                     S((b, hq, s, d), BF16), cache, cache, S((b, s), I32), S((b, hkv, t), I32),
+                     S((b,), I32))
+  assert f"custom_call @{TRITON_CALL}" in text and "stablehlo.case" in text
