@@ -108,7 +108,7 @@ def resa_calibrated_lam(records):
   if got is None:
     return None
   d, lo, hi, n = got[2:6]
-  fit = label.split(CALIBRATED, 1)[1].removeprefix("fit=")
+  fit = label.split(CALIBRATED, 1)[1].removeprefix("fit=").rsplit("@", 1)[0]
   why = [f"paired on {n} samples; lam (and the bias slope, when fitted) per layer and head "
          f"from {fit} (experiments.resa_calibrate: fitted to the attention output of a novel, "
          "oracle inputs)"]

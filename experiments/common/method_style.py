@@ -4,7 +4,7 @@
 ``Style``: methods that share a panel never share a colour (greedy colouring of the graph
 "drawn in the same panel", methods in sorted order, so a figure's styles are deterministic),
 and no two methods share a (colour, marker) pair, so one legend entry matches one line in
-every panel. The palette's hues are distinct; matplotlib's ``tab20`` is not (its colours come
+every panel (a panel of more methods than colours tells its lines apart by marker). The palette's hues are distinct; matplotlib's ``tab20`` is not (its colours come
 in light/dark pairs of one hue: orange and light orange read as one colour).
 """
 
@@ -29,24 +29,27 @@ class Style:
 def assign(panels: Iterable[Iterable[str]]) -> dict[str, Style]:
   """``method -> Style`` for the methods of ``panels`` (one iterable of names per panel).
 
+  Methods in sorted order take the first colour no method of their panels has yet, and the
+  next marker of that colour; a panel with more methods than the palette has colours reuses
+  the least-used colour with a new marker, so a (colour, marker) pair still names one method.
+
   Raises:
-    ValueError: a panel holds more methods than the palette has colours.
+    ValueError: more methods than (colour, marker) pairs.
   """
   panels = [set(p) for p in panels]
-  if any(len(p) > len(PALETTE) for p in panels):
-    raise ValueError(f"a panel of {max(map(len, panels))} methods: the palette has "
-                     f"{len(PALETTE)} colours")
   neighbours: dict[str, set[str]] = {}
   for p in panels:
     for m in p:
       neighbours.setdefault(m, set()).update(p - {m})
-  colour: dict[str, int] = {}
+  if len(neighbours) > len(PALETTE) * len(MARKERS):
+    raise ValueError(f"{len(neighbours)} methods: the palette has {len(PALETTE)} colours x "
+                     f"{len(MARKERS)} markers")
+  out: dict[str, Style] = {}
+  used = [0] * len(PALETTE)  # methods of each colour so far: the next one's marker
   for m in sorted(neighbours):
-    taken = {colour[n] for n in neighbours[m] if n in colour}
-    colour[m] = next(c for c in range(len(PALETTE)) if c not in taken)
-  out, used = {}, {}
-  for m in sorted(colour):  # the k-th method of one colour takes the k-th marker
-    k = used.get(colour[m], 0)
-    used[colour[m]] = k + 1
-    out[m] = Style(PALETTE[colour[m]], MARKERS[k % len(MARKERS)])
+    taken = {PALETTE.index(out[n].colour) for n in neighbours[m] if n in out}
+    free = [c for c in range(len(PALETTE)) if c not in taken and used[c] < len(MARKERS)]
+    c = free[0] if free else min(range(len(PALETTE)), key=lambda i: (used[i], i))
+    out[m] = Style(PALETTE[c], MARKERS[used[c]])
+    used[c] += 1
   return out

@@ -1,6 +1,8 @@
 """The verdict rules on synthetic records: effect sizes, "inconclusive", RULER's generator,
 RESA Table 1's seven tasks, and records that cannot be tied to code."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -186,6 +188,26 @@ def test_calibrated_lam_row_pairs_the_fitted_rows_with_their_selector():
     recs += _acc(fit.format("arkvale"), np.ones(20), task, generator="nvidia-ruler")
   row = held_out.resa_calibrated_lam(recs)
   assert row["n"] == 40 and row["verdict"] == "reproduced" and row["ours"].startswith("0.0 -> 100")
-  assert "results/calib/calibration_lambda" in row["why"]
+  assert "from results/calib/calibration_lambda (" in row["why"]  # the budget suffix cut
   assert "arkvale with the same fit" in row["why"]
   assert held_out.resa_calibrated_lam([r for r in recs if "calibrated" not in r["method"]]) is None
+
+
+def test_cli_rewrites_the_readme_beside_its_workdir_only(tmp_path):
+  """``python -m experiments.claims --workdir=X/results`` writes X/README.md's head block and
+  leaves the README of the folder it runs in alone (a copy of results/ elsewhere used to
+  rewrite the repository's head)."""
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  block = f"x\n{claims.HEAD_START}\nold\n{claims.HEAD_END}\ny\n"
+  (tmp_path / "results").mkdir()
+  (tmp_path / "here").mkdir()
+  for folder in (tmp_path, tmp_path / "here"):
+    (folder / "README.md").write_text(block, encoding="utf-8")
+  subprocess.run([sys.executable, "-m", "experiments.claims",
+                  f"--workdir={tmp_path / 'results'}"], cwd=tmp_path / "here", check=True,
+                 capture_output=True, env=dict(os.environ, PYTHONPATH=root))
+  assert (tmp_path / "here" / "README.md").read_text(encoding="utf-8") == block
+  written = (tmp_path / "README.md").read_text(encoding="utf-8")
+  assert "\nold\n" not in written and "| claim | paper | verdict |" in written

@@ -25,6 +25,12 @@ def test_colours_distinct_in_every_panel_and_one_style_per_method():
   assert styles == method_style.assign(reversed(panels))  # order of panels does not matter
 
 
-def test_too_many_methods_in_one_panel_is_refused():
+def test_a_panel_beyond_the_palette_tells_its_methods_apart_by_marker():
+  big = {f"m{i:02d}" for i in range(len(method_style.PALETTE) + 3)}
+  styles = method_style.assign([big, {"m00", "x"}])
+  pairs = {(s.colour, s.marker) for s in styles.values()}
+  assert len(pairs) == len(styles) == len(big) + 1
+  assert len({styles[m].colour for m in big}) == len(method_style.PALETTE)
   with pytest.raises(ValueError, match="palette"):
-    method_style.assign([{f"m{i}" for i in range(len(method_style.PALETTE) + 1)}])
+    method_style.assign([{f"m{i}" for i in range(len(method_style.PALETTE)
+                                                 * len(method_style.MARKERS) + 1)}])
