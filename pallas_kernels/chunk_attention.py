@@ -272,7 +272,7 @@ def in_order_implementation(in_order: str | None, dtype, s: int, d: int,
     raise ValueError(f"in_order must be 'auto', 'cudnn', 'xla' or None, got {in_order!r}")
   sixteen_bit = jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
   if (jax.default_backend() == "gpu" and sixteen_bit and s >= prompt_attention.MIN_QUERIES
-      and d <= 128 and d % 8 == 0 and prompt_attention.cudnn_traces(jnp.dtype(dtype).name, d)):
+      and d <= 128 and d % 8 == 0 and prompt_attention.cudnn_compiles(jnp.dtype(dtype).name, d)):
     return "cudnn"
   return None
 

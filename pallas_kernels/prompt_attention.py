@@ -32,15 +32,22 @@ MIN_QUERIES = 128
 
 
 @functools.lru_cache(maxsize=None)
-def cudnn_traces(dtype: str, head_dim: int) -> bool:
-  """Whether ``jax.nn.dot_product_attention(implementation="cudnn")`` traces here for this
-  dtype and head dim (it checks the cuDNN version and the GPU at trace time)."""
-  s = jax.ShapeDtypeStruct
-  q = s((1, 128, 1, head_dim), jnp.dtype(dtype))
+def cudnn_compiles(dtype: str, head_dim: int) -> bool:
+  """Whether ``jax.nn.dot_product_attention(implementation="cudnn")`` compiles here for this
+  dtype and head dim, on a small grouped-query problem shaped like ``in_order_attention``'s
+  two calls (it checks the cuDNN version and the GPU when traced; XLA builds the cuDNN graph
+  when compiling). Once per process."""
+  # shapes only: this runs while chunk_attention is being traced
+  q = jax.ShapeDtypeStruct((1, 128, 2, head_dim), jnp.dtype(dtype))
+  kv = jax.ShapeDtypeStruct((1, 256, 1, head_dim), jnp.dtype(dtype))
+
+  def both(q, kv, n):
+    call = lambda keys, causal: jax.nn.dot_product_attention(
+        q, keys, keys, is_causal=causal, key_value_seq_lengths=n, implementation="cudnn",
+        return_residual=True)
+    return call(kv, False), call(kv[:, :128], True)
   try:
-    jax.eval_shape(lambda q, k, v, n: jax.nn.dot_product_attention(
-        q, k, v, is_causal=True, key_value_seq_lengths=n, implementation="cudnn",
-        return_residual=True), q, q, q, s((1,), jnp.int32))
+    jax.jit(both).lower(q, kv, jax.ShapeDtypeStruct((1,), jnp.int32)).compile()
   except Exception:  # pylint: disable=broad-except (no GPU, no or an old cuDNN, the shape)
     return False
   return True
