@@ -8,10 +8,10 @@ import re
 
 from experiments.common import quick
 
-SECTIONS = ("per_layer", "torch_peer", "end_to_end", "memory", "resa", "prefill",
-            "prefill_chunk")
-# Sections outside configs/latency.py's default run: a named shape end to end (GPU-sized).
-SHAPE_SECTIONS = ("shape_e2e",)
+SECTIONS = ("per_layer", "torch_peer", "end_to_end", "memory", "resa", "prefill")
+# Sections outside configs/latency.py's default run: a named shape end to end (GPU-sized) and
+# one layer's prefill chunk, kernel vs in-order cuDNN (configs/latency_gpu.py).
+SHAPE_SECTIONS = ("shape_e2e", "prefill_chunk")
 
 
 def split_list(text: str) -> list[str]:
