@@ -13,13 +13,13 @@ from experiments.claims import leaderboard as claims_leaderboard
 from experiments.claims import report as claims
 from experiments.claims import table as claims_table
 from experiments.claims import tasks as claims_tasks
+from tests.claim_records import accuracy_records
 
 
 def _acc(method, scores, budget=0.025, length=4096, protocol="query_aware",
          task="niah_single_2"):
-  return [dict(experiment="accuracy", model="m", method=method, budget=budget, length=length,
-               protocol=protocol, task=task, seed=i, depth=0.5, score=float(s))
-          for i, s in enumerate(scores)]
+  return accuracy_records(method, scores, task=task, length=length, budget=budget,
+                          protocol=protocol)
 
 
 def test_resa_gain_is_paired_and_judged_by_its_interval():

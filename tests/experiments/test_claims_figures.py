@@ -7,20 +7,16 @@ import numpy as np
 
 from experiments.claims import report as claims
 from experiments.claims import verdicts
+from tests.claim_records import accuracy_records
 
-
-def _acc(method, scores, budget, protocol, length=4096, task="niah_single_2"):
-  return [dict(experiment="accuracy", model="m", method=method, budget=budget, length=length,
-               protocol=protocol, task=task, seed=i, depth=0.5, score=float(s))
-          for i, s in enumerate(scores)]
 
 
 def test_claim_figure_comes_from_the_folder_of_the_records_it_read(tmp_path):
   """The EA row reads the aligned run (in ruler_compression/): its figure link goes there, not
   to the part's folder holding the earlier variant's records and plot."""
   agnostic = dict(budget=0.5, protocol="query_agnostic")
-  old = _acc("expected-attention", np.ones(20), **agnostic) + _acc("keydiff", np.zeros(20),
-                                                                   **agnostic)
+  old = accuracy_records("expected-attention", np.ones(20), **agnostic) + accuracy_records(
+      "keydiff", np.zeros(20), **agnostic)
   new = [dict(r, generator=verdicts.RULER_GENERATOR) for r in old]
   for name, recs in (("accuracy_compression", old), ("ruler_compression", new)):
     os.makedirs(tmp_path / name)

@@ -11,14 +11,13 @@ from experiments.claims import sweeps as claims_sweeps
 from experiments.claims import tasks as claims_tasks
 from experiments.claims import verdicts as claims_verdicts
 from experiments.common import results
+from tests.claim_records import accuracy_records
 
 SEVEN = claims_tasks.RESA_TABLE1_TASKS
 
 
 def _acc(method, scores, task, length=8192, budget=0.025, **extra):
-  return [dict(experiment="accuracy", model="m", method=method, budget=budget, length=length,
-               protocol="query_aware", task=task, seed=i, depth=0.5, score=float(s), **extra)
-          for i, s in enumerate(scores)]
+  return accuracy_records(method, scores, task=task, length=length, budget=budget, **extra)
 
 
 @pytest.mark.parametrize("d,lo,hi,want", [
