@@ -10,11 +10,16 @@
 #      compiled (tests/sparse_attn/test_scoring_precision.py; its GPU-only case);
 #   2. per_layer: one Llama-3.1-8B attention layer at 8k/32k/128k, dense (split-K Pallas and
 #      XLA), Quest p = 0.1, +RESA, rectified, next to torch SDPA;
-#   3. prefill_chunk: one layer's 4096-query dense prefill chunk at 32k / 128k, chunk_attention's
-#      kernel vs its in-order branch (cuDNN flash attention), the GPU default;
-#   4. shape_e2e: a random-weight Llama-3.1-8B end to end at batch 1 (32k, 128k), dense, Quest,
-#      +RESA, next to transformers, with each row's fraction of the bandwidth bound.
-# Records go under $OUT (the device tool's output folder; /tmp/gpu_session elsewhere); commit
+#   3. shape_32k: a random-weight Llama-3.1-8B end to end at batch 1 and 32k (dense prefill;
+#      decode dense, Quest, +RESA), next to transformers, each row with its fraction of the
+#      bandwidth bound;
+#   4. shape_128k: the same model at 128k, dense and Quest (ours only);
+#   5. prefill_chunk: one layer's 4096-query dense prefill chunk at 32k / 128k, chunk_attention's
+#      kernel vs its in-order branch (cuDNN flash attention), the GPU default.
+# Each part runs under its own limit, cut to what is left of TOTAL (570 s) seconds; a part
+# with under 30 s left is skipped.
+# Records go under $OUT (the device tool's output folder; /tmp/gpu_session elsewhere; the part logs
+# together in parts.log, since the tool brings back 8 files at most); commit
 # them under results/latency_gpu with `python -m experiments.merge`. The image lacks
 # ml_collections: carry its wheel in .whl/ (see the README's GPU notes); it is installed into
 # /tmp/site when missing.
@@ -29,24 +34,36 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 
 QUICK=${QUICK:-0}
-LIMITS=(100 180 80 220)
+TOTAL=${TOTAL:-570}  # the whole script's seconds: a part gets what is left, up to its own limit
+DEADLINE=$(( $(date +%s) + TOTAL ))
+LIMITS=(90 170 220 130 80)
 EXTRA=()
+CTX32=(--config.shape_contexts=32768)
+CTX128=(--config.shape_contexts=131072 --config.shape_transformers=False)
 CHUNK_CONTEXTS=(--config.contexts=32768,131072)
 if [ "$QUICK" = 1 ]; then
+  CTX32=()
+  CTX128=(--config.shape_transformers=False)
   CHUNK_CONTEXTS=()
-  LIMITS=(300 300 300 300)
+  LIMITS=(300 300 300 300 300)
+  DEADLINE=$(( $(date +%s) + 3600 ))
   EXTRA=(--config.quick=True)
 fi
 
 part() {  # part NAME LIMIT_S COMMAND...: runs it, reports rc and seconds, shows its tail
-  local name=$1 limit=$2 start rc
+  local name=$1 limit=$2 start rc left
   shift 2
+  left=$(( DEADLINE - $(date +%s) ))
+  if [ "$left" -lt 30 ]; then echo "== $name skipped (${left}s left of the script's time)"; return; fi
+  [ "$left" -lt "$limit" ] && limit=$left
   echo "== $name (limit ${limit}s)"
   start=$(date +%s)
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$limit" "$@" > "/tmp/$name.log" 2>&1
   rc=$?
   echo "== $name rc=$rc ($(( $(date +%s) - start )) s; 124 = timed out)"
-  tail -n 25 "$OUT/$name.log"
+  { echo "==== $name rc=$rc"; cat "/tmp/$name.log"; } >> "$OUT/parts.log"  # one file back
+  grep -E "shape_e2e:|passed|failed|Error" "/tmp/$name.log" | tail -n 12
+  tail -n 12 "/tmp/$name.log"
 }
 
 part precision "${LIMITS[0]}" python3 -m pytest -q -p no:cacheprovider \
@@ -55,9 +72,15 @@ part per_layer "${LIMITS[1]}" python3 -m experiments.latency --config=configs/la
   --workdir="$OUT/latency_gpu" --config.sections=per_layer,torch_peer \
   "--config.methods=dense,dense:impl=xla,quest:gqa=group,quest:gqa=group+resa,rectified" \
   "${EXTRA[@]}"
-part prefill_chunk "${LIMITS[2]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
+part shape_32k "${LIMITS[2]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
+  --workdir="$OUT/latency_gpu" --config.sections=shape_e2e --config.shape_batches=1 \
+  "--config.shape_methods=dense,quest:gqa=group,quest:gqa=group+resa" \
+  --config.shape_prefill_methods=dense "${CTX32[@]}" "${EXTRA[@]}"
+part shape_128k "${LIMITS[3]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
+  --workdir="$OUT/latency_gpu" --config.sections=shape_e2e --config.shape_batches=1 \
+  "--config.shape_methods=dense,quest:gqa=group" --config.shape_prefill_methods=dense \
+  "${CTX128[@]}" "${EXTRA[@]}"
+part prefill_chunk "${LIMITS[4]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
   --workdir="$OUT/latency_gpu" --config.sections=prefill_chunk \
   "${CHUNK_CONTEXTS[@]}" "${EXTRA[@]}"
-part shape_e2e "${LIMITS[3]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
-  --workdir="$OUT/latency_gpu" --config.sections=shape_e2e --config.shape_batches=1 \
-  "--config.shape_methods=dense,quest:gqa=group,quest:gqa=group+resa" "${EXTRA[@]}"
+rm -f "$OUT/latency_gpu/latency.png"  # re-rendered here; the device tool brings back 8 files
