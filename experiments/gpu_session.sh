@@ -4,6 +4,7 @@
 #   bash experiments/gpu_session.sh            # on the lent GPU (the device tool's `run`,
 #                                              # carry=[".whl"], timeout_s ~590)
 #   QUICK=1 bash experiments/gpu_session.sh    # the same parts on a CPU, tiny shapes (a rehearsal)
+#   PARTS="precision decode_sweep" TOTAL=300 bash experiments/gpu_session.sh   # some parts
 #
 # Parts, cheapest first, so a short lease still brings back the most important numbers:
 #   1. precision: Pallas vs XLA selections and outputs of quest:gqa=group at 8k, 32/8 heads,
@@ -15,7 +16,12 @@
 #      bandwidth bound;
 #   4. shape_128k: the same model at 128k, dense and Quest (ours only);
 #   5. prefill_chunk: one layer's 4096-query dense prefill chunk at 32k / 128k, chunk_attention's
-#      kernel vs its in-order branch (cuDNN flash attention), the GPU default.
+#      kernel vs its in-order branch (cuDNN flash attention), the GPU default;
+#   6. decode_sweep: the dense split-K decode kernel's launch configurations at 32k / 128k next
+#      to torch SDPA and cuDNN (experiments/decode_sweep.py);
+#   7. profile_128k, profile_32k: per-op device microseconds of one decode step of Quest, +RESA
+#      and dense (experiments/profile_step.py).
+# PARTS (default: parts 1-5) names the parts to run, in its order.
 # Each part runs under its own limit, cut to what is left of TOTAL (570 s) seconds; a part
 # with under 30 s left is skipped.
 # Records go under $OUT (the device tool's output folder; /tmp/gpu_session elsewhere; the part logs
@@ -35,20 +41,27 @@ python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 
 QUICK=${QUICK:-0}
 TOTAL=${TOTAL:-570}  # the whole script's seconds: a part gets what is left, up to its own limit
+PARTS=${PARTS:-precision per_layer shape_32k shape_128k prefill_chunk}
 DEADLINE=$(( $(date +%s) + TOTAL ))
-LIMITS=(90 170 220 130 80)
 EXTRA=()
 CTX32=(--config.shape_contexts=32768)
 CTX128=(--config.shape_contexts=131072 --config.shape_transformers=False)
 CHUNK_CONTEXTS=(--config.contexts=32768,131072)
+SWEEP=(--contexts=32768,131072)
+PROFILE=(--steps=32 --calls=2)
+CTX_SMALL=(131072 32768)
 if [ "$QUICK" = 1 ]; then
   CTX32=()
   CTX128=(--config.shape_transformers=False)
   CHUNK_CONTEXTS=()
-  LIMITS=(300 300 300 300 300)
+  SWEEP=(--contexts=256 --steps=2 --repeats=1 --splits=0,2 --iters=0/3 --warps=4 --interpret)
+  PROFILE=(--steps=2 --calls=1 --interpret)
+  CTX_SMALL=(256 256)
   DEADLINE=$(( $(date +%s) + 3600 ))
   EXTRA=(--config.quick=True)
 fi
+LATENCY=(python3 -m experiments.latency --config=configs/latency_gpu.py
+         --workdir="$OUT/latency_gpu")
 
 part() {  # part NAME LIMIT_S COMMAND...: runs it, reports rc and seconds, shows its tail
   local name=$1 limit=$2 start rc left
@@ -66,21 +79,31 @@ part() {  # part NAME LIMIT_S COMMAND...: runs it, reports rc and seconds, shows
   tail -n 12 "/tmp/$name.log"
 }
 
-part precision "${LIMITS[0]}" python3 -m pytest -q -p no:cacheprovider \
-  tests/sparse_attn/test_scoring_precision.py
-part per_layer "${LIMITS[1]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
-  --workdir="$OUT/latency_gpu" --config.sections=per_layer,torch_peer \
-  "--config.methods=dense,dense:impl=xla,quest:gqa=group,quest:gqa=group+resa,rectified" \
-  "${EXTRA[@]}"
-part shape_32k "${LIMITS[2]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
-  --workdir="$OUT/latency_gpu" --config.sections=shape_e2e --config.shape_batches=1 \
-  "--config.shape_methods=dense,quest:gqa=group,quest:gqa=group+resa" \
-  --config.shape_prefill_methods=dense "${CTX32[@]}" "${EXTRA[@]}"
-part shape_128k "${LIMITS[3]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
-  --workdir="$OUT/latency_gpu" --config.sections=shape_e2e --config.shape_batches=1 \
-  "--config.shape_methods=dense,quest:gqa=group" --config.shape_prefill_methods=dense \
-  "${CTX128[@]}" "${EXTRA[@]}"
-part prefill_chunk "${LIMITS[4]}" python3 -m experiments.latency --config=configs/latency_gpu.py \
-  --workdir="$OUT/latency_gpu" --config.sections=prefill_chunk \
-  "${CHUNK_CONTEXTS[@]}" "${EXTRA[@]}"
+for name in $PARTS; do
+  case $name in
+    precision) part precision 90 python3 -m pytest -q -p no:cacheprovider \
+        tests/sparse_attn/test_scoring_precision.py ;;
+    per_layer) part per_layer 170 "${LATENCY[@]}" --config.sections=per_layer,torch_peer \
+        "--config.methods=dense,dense:impl=xla,quest:gqa=group,quest:gqa=group+resa,rectified" \
+        "${EXTRA[@]}" ;;
+    shape_32k) part shape_32k 220 "${LATENCY[@]}" --config.sections=shape_e2e \
+        --config.shape_batches=1 \
+        "--config.shape_methods=dense,quest:gqa=group,quest:gqa=group+resa" \
+        --config.shape_prefill_methods=dense "${CTX32[@]}" "${EXTRA[@]}" ;;
+    shape_128k) part shape_128k 130 "${LATENCY[@]}" --config.sections=shape_e2e \
+        --config.shape_batches=1 "--config.shape_methods=dense,quest:gqa=group" \
+        --config.shape_prefill_methods=dense "${CTX128[@]}" "${EXTRA[@]}" ;;
+    prefill_chunk) part prefill_chunk 80 "${LATENCY[@]}" --config.sections=prefill_chunk \
+        "${CHUNK_CONTEXTS[@]}" "${EXTRA[@]}" ;;
+    decode_sweep) part decode_sweep 170 python3 -m experiments.decode_sweep "${SWEEP[@]}" \
+        --out="$OUT/decode_sweep.jsonl" ;;
+    profile_128k) part profile_128k 80 python3 -m experiments.profile_step \
+        --context="${CTX_SMALL[0]}" --impl=pallas "${PROFILE[@]}" \
+        --methods=quest:gqa=group,quest:gqa=group+resa,dense ;;
+    profile_32k) part profile_32k 60 python3 -m experiments.profile_step \
+        --context="${CTX_SMALL[1]}" --impl=pallas "${PROFILE[@]}" \
+        --methods=quest:gqa=group,dense ;;
+    *) echo "unknown part: $name"; exit 2 ;;
+  esac
+done
 rm -f "$OUT/latency_gpu/latency.png"  # re-rendered here; the device tool brings back 8 files

@@ -1,0 +1,129 @@
+r"""Launch-configuration sweep of the dense split-K decode kernel, next to torch SDPA and cuDNN.
+
+  python -m experiments.decode_sweep --contexts=32768,131072 --out=/tmp/decode_sweep.jsonl
+
+One Llama-3.1-8B attention layer (32 q / 8 kv heads, d = 128, batch 1, ``--dtype`` cache), the
+dense decode step as ``kernels.dense_decode`` runs it (``pallas_kernels.sparse_decode`` over
+every block, slot positions loaded) under each ``(num_splits, blocks_per_iter, num_stages,
+num_warps)`` of the grid. Each timed call loops ``--steps`` steps on the device, the output of
+one step being the next step's query (so no step is loop-invariant), and the median of
+``--repeats`` calls is reported per step. Each configuration prints its line as it finishes
+(a run cut short keeps what it measured); ``x sdpa`` is torch SDPA's time over the row's, both
+measured in this run on the same device. The grid's default row is what ``dense_decode`` runs
+today (``num_splits=None``: ``choose_num_splits``; ``blocks_per_iter=None``: shared memory).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import statistics
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+
+from configs import latency as latency_config
+from experiments.latency_lib import per_layer, settings, timing
+import pallas_kernels
+from pallas_kernels import _common
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  flags.DEFINE_string("contexts", "32768,131072", "Tokens in the cache.")
+  flags.DEFINE_string("dtype", "bfloat16", "Cache dtype.")
+  flags.DEFINE_integer("steps", 32, "Decode steps per timed call, looped on the device.")
+  flags.DEFINE_integer("repeats", 5, "Timed calls per configuration (median).")
+  flags.DEFINE_string("splits", "0,2", "num_splits as multiples of the default (0 = default).")
+  flags.DEFINE_string("iters", "0/3,4/2,4/4,8/2,8/3", "blocks_per_iter/num_stages pairs "
+                      "(0 = the default for the stages).")
+  flags.DEFINE_string("warps", "4,8", "num_warps values.")
+  flags.DEFINE_bool("interpret", False, "Pallas interpret mode (CPU; a rehearsal, no timing "
+                    "meaning).")
+  flags.DEFINE_string("out", "", "JSON-lines file for the rows (appended).")
+
+
+def grid(n_blocks: int, programs: int) -> list[dict]:
+  """The ``(num_splits, blocks_per_iter, num_stages, num_warps)`` rows of the flags."""
+  base = _common.choose_num_splits(programs, n_blocks)
+  rows = []
+  for mult, it, w in itertools.product(settings.ints(FLAGS.splits), FLAGS.iters.split(","),
+                                       settings.ints(FLAGS.warps)):
+    per_iter, stages = (int(x) for x in it.split("/"))
+    rows.append(dict(num_splits=base * mult if mult else None,
+                     blocks_per_iter=per_iter or None, num_stages=stages, num_warps=w))
+  return rows
+
+
+def kernel_step(b: per_layer.Bench, tiles: dict, steps: int, interpret: bool):
+  """``steps`` dense decode steps of the newest query over ``b``'s cache, one call."""
+  cache, bs = b.cache, b.s.block_size
+  nb = cache.capacity // bs
+  idx = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (1, cache.num_kv_heads, nb))
+  n_valid = jnp.full((1, cache.num_kv_heads), -(-b.context // bs), jnp.int32)
+
+  @jax.jit
+  def run(q, k, v, pos, length):
+    def one(_, q):
+      out, _ = pallas_kernels.sparse_decode(q, k, v, idx, n_valid, length, block_size=bs,
+                                            pos=pos, impl="pallas", interpret=interpret, **tiles)
+      return out
+    return jax.lax.fori_loop(0, steps, one, q)
+
+  q = b.q[:, :, 0]
+  return lambda: run(q, cache.k, cache.v, cache.pos, cache.length)
+
+
+def median_step_us(fn, steps: int, repeats: int) -> tuple[float, float]:
+  """(first call s, median us per step over ``repeats`` calls) of a ``steps``-step call."""
+  first = timing.call(fn)
+  timing.call(fn)
+  times = [timing.call(fn) for _ in range(repeats)]
+  return first, statistics.median(times) / steps * 1e6
+
+
+def main(argv):
+  del argv
+  c = latency_config.get_config()
+  c.update(dict(impl="pallas", steps_per_call=FLAGS.steps))
+  s = settings.resolve(c)
+  print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {FLAGS.dtype}, "
+        f"{FLAGS.steps} steps per call", flush=True)
+  out = open(FLAGS.out, "a") if FLAGS.out else None
+  for ctx in settings.ints(FLAGS.contexts):
+    b = per_layer.Bench(s, FLAGS.dtype, ctx, 8, s.seed)
+    peers = {}
+    for name, cand in (("torch SDPA", lambda: b.torch_sdpa(1)), ("jax SDPA", b.jax_sdpa)):
+      try:
+        cd = cand()
+        peers[name if name == "torch SDPA" else cd.name] = median_step_us(
+            cd.fn, cd.per_call, FLAGS.repeats)[1]
+      except Exception as e:  # pylint: disable=broad-except (a peer missing on this machine)
+        print(f"{ctx} {name}: unavailable ({type(e).__name__}: {str(e)[:120]})", flush=True)
+    b.kv_numpy = None
+    sdpa = peers.get("torch SDPA", float("nan"))
+    print(f"\n== context {ctx}: " + ", ".join(f"{k} {v:.1f} us" for k, v in peers.items()),
+          flush=True)
+    nb = -(-ctx // s.block_size)
+    for tiles in grid(nb, s.num_kv_heads):
+      try:
+        first, us = median_step_us(kernel_step(b, tiles, FLAGS.steps, FLAGS.interpret),
+                                   FLAGS.steps, FLAGS.repeats)
+      except Exception as e:  # pylint: disable=broad-except (a launch that does not fit)
+        print(f"{ctx} {tiles}: failed ({type(e).__name__}: {str(e)[:160]})", flush=True)
+        continue
+      row = dict(context=ctx, dtype=FLAGS.dtype, device=jax.devices()[0].device_kind,
+                 us_per_step=us, first_s=first, x_sdpa=sdpa / us, peers_us=peers, **tiles)
+      print(f"{ctx} {tiles}: {us:.1f} us/step, x sdpa {sdpa / us:.2f}", flush=True)
+      if out:
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+  if out:
+    out.close()
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)
