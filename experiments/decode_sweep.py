@@ -1,6 +1,8 @@
-r"""Launch-configuration sweep of the dense split-K decode kernel, next to torch SDPA and cuDNN.
+r"""Launch-configuration sweeps of the decode kernels: the dense split-K decode next to torch
+SDPA and cuDNN, and the block select's bits per pass next to ``lax.top_k``.
 
   python -m experiments.decode_sweep --contexts=32768,131072 --out=/tmp/decode_sweep.jsonl
+  python -m experiments.decode_sweep --contexts= --select_entries=2048,8192
 
 One Llama-3.1-8B attention layer (32 q / 8 kv heads, d = 128, batch 1, ``--dtype`` cache), the
 dense decode step as ``kernels.dense_decode`` runs it (``pallas_kernels.sparse_decode`` over
@@ -43,6 +45,10 @@ def define_flags():
   flags.DEFINE_bool("interpret", False, "Pallas interpret mode (CPU; a rehearsal, no timing "
                     "meaning).")
   flags.DEFINE_string("out", "", "JSON-lines file for the rows (appended).")
+  flags.DEFINE_string("select_entries", "", "Block-select sweep: entries per row (Quest's "
+                      "blocks, e.g. 8192 = 128k tokens of 16), empty = none.")
+  flags.DEFINE_string("select_rows", "8,32", "Block-select sweep: rows (selection heads).")
+  flags.DEFINE_float("select_keep", 0.1, "Block-select sweep: fraction of the entries chosen.")
 
 
 def grid(n_blocks: int, programs: int) -> list[dict]:
@@ -84,6 +90,39 @@ def median_step_us(fn, steps: int, repeats: int) -> tuple[float, float]:
   return first, statistics.median(times) / steps * 1e6
 
 
+def select_step(rows: int, entries: int, keep: float, steps: int, interpret: bool, **kw):
+  """``steps`` selections of ``keep * entries`` of ``[rows, entries]`` random scores, one call
+  (each step's scores shifted by the previous list's first id, so no step is loop-invariant)."""
+  scores = jax.random.normal(jax.random.key(0), (rows, entries), jnp.float32)
+  count = jnp.full((rows,), max(1, int(keep * entries)), jnp.int32)
+  n = int(count[0])
+
+  @jax.jit
+  def run(scores):
+    def one(_, carry):
+      ids = pallas_kernels.block_select(carry, count, n=n, interpret=interpret, **kw)
+      return carry + ids[:, :1].astype(jnp.float32) * 1e-30
+    return jax.lax.fori_loop(0, steps, one, scores)
+  return lambda: run(scores)
+
+
+def select_sweep(out, steps: int):
+  """Times the select kernel per ``bits_per_pass`` and ``lax.top_k`` (``impl="xla"``)."""
+  for entries, rows in itertools.product(settings.ints(FLAGS.select_entries),
+                                         settings.ints(FLAGS.select_rows)):
+    for impl, bits in (("xla", 1), ("pallas", 1), ("pallas", 2), ("pallas", 4)):
+      fn = select_step(rows, entries, FLAGS.select_keep, steps, FLAGS.interpret and impl ==
+                       "pallas", impl=impl, bits_per_pass=bits)
+      first, us = median_step_us(fn, steps, FLAGS.repeats)
+      row = dict(section="block_select", entries=entries, rows=rows, keep=FLAGS.select_keep,
+                 impl=impl, bits_per_pass=bits, us_per_step=us, first_s=first,
+                 device=jax.devices()[0].device_kind)
+      print(f"select {rows}x{entries} {impl} bits={bits}: {us:.1f} us/step", flush=True)
+      if out:
+        out.write(json.dumps(row) + "\n")
+        out.flush()
+
+
 def main(argv):
   del argv
   c = latency_config.get_config()
@@ -92,6 +131,8 @@ def main(argv):
   print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {FLAGS.dtype}, "
         f"{FLAGS.steps} steps per call", flush=True)
   out = open(FLAGS.out, "a") if FLAGS.out else None
+  if FLAGS.select_entries:
+    select_sweep(out, FLAGS.steps)
   for ctx in settings.ints(FLAGS.contexts):
     b = per_layer.Bench(s, FLAGS.dtype, ctx, 8, s.seed)
     peers = {}

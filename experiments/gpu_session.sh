@@ -19,9 +19,11 @@
 #      kernel vs its in-order branch (cuDNN flash attention), the GPU default;
 #   6. decode_sweep: the dense split-K decode kernel's launch configurations at 32k / 128k next
 #      to torch SDPA and cuDNN (experiments/decode_sweep.py);
-#   7. profile_128k, profile_32k: per-op device microseconds of one decode step of Quest, +RESA
+#   7. select_sweep: the block select's bits per pass next to lax.top_k at 2048 / 8192 entries;
+#   8. profile_128k, profile_32k: per-op device microseconds of one decode step of Quest, +RESA
 #      and dense (experiments/profile_step.py).
-# PARTS (default: parts 1-5) names the parts to run, in its order.
+# PARTS (default: parts 1-5) names the parts to run, in its order; PER_LAYER_CONTEXTS and
+# PER_LAYER_METHODS narrow per_layer (defaults: 8k / 32k / 128k, five methods).
 # Each part runs under its own limit, cut to what is left of TOTAL (570 s) seconds; a part
 # with under 30 s left is skipped.
 # Records go under $OUT (the device tool's output folder; /tmp/gpu_session elsewhere; the part logs
@@ -48,6 +50,7 @@ CTX32=(--config.shape_contexts=32768)
 CTX128=(--config.shape_contexts=131072 --config.shape_transformers=False)
 CHUNK_CONTEXTS=(--config.contexts=32768,131072)
 SWEEP=(--contexts=32768,131072)
+SELECT=(--select_entries=2048,8192)
 PROFILE=(--steps=32 --calls=2)
 CTX_SMALL=(131072 32768)
 if [ "$QUICK" = 1 ]; then
@@ -55,6 +58,7 @@ if [ "$QUICK" = 1 ]; then
   CTX128=(--config.shape_transformers=False)
   CHUNK_CONTEXTS=()
   SWEEP=(--contexts=256 --steps=2 --repeats=1 --splits=0,2 --iters=0/3 --warps=4 --interpret)
+  SELECT=(--select_entries=64 --select_rows=2 --steps=2 --repeats=1 --interpret)
   PROFILE=(--steps=2 --calls=1 --interpret)
   CTX_SMALL=(256 256)
   DEADLINE=$(( $(date +%s) + 3600 ))
@@ -84,8 +88,8 @@ for name in $PARTS; do
     precision) part precision 90 python3 -m pytest -q -p no:cacheprovider \
         tests/sparse_attn/test_scoring_precision.py ;;
     per_layer) part per_layer 170 "${LATENCY[@]}" --config.sections=per_layer,torch_peer \
-        "--config.methods=dense,dense:impl=xla,quest:gqa=group,quest:gqa=group+resa,rectified" \
-        "${EXTRA[@]}" ;;
+        "--config.methods=${PER_LAYER_METHODS:-dense,dense:impl=xla,quest:gqa=group,quest:gqa=group+resa,rectified}" \
+        ${PER_LAYER_CONTEXTS:+"--config.contexts=$PER_LAYER_CONTEXTS"} "${EXTRA[@]}" ;;
     shape_32k) part shape_32k 220 "${LATENCY[@]}" --config.sections=shape_e2e \
         --config.shape_batches=1 \
         "--config.shape_methods=dense,quest:gqa=group,quest:gqa=group+resa" \
@@ -97,6 +101,8 @@ for name in $PARTS; do
         "${CHUNK_CONTEXTS[@]}" "${EXTRA[@]}" ;;
     decode_sweep) part decode_sweep 170 python3 -m experiments.decode_sweep "${SWEEP[@]}" \
         --out="$OUT/decode_sweep.jsonl" ;;
+    select_sweep) part select_sweep 60 python3 -m experiments.decode_sweep --contexts= \
+        "${SELECT[@]}" --out="$OUT/decode_sweep.jsonl" ;;
     profile_128k) part profile_128k 80 python3 -m experiments.profile_step \
         --context="${CTX_SMALL[0]}" --impl=pallas "${PROFILE[@]}" \
         --methods=quest:gqa=group,quest:gqa=group+resa,dense ;;

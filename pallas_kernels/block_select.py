@@ -5,8 +5,10 @@ A decode step keeps the ``count`` best of ``NB`` ranked blocks per (batch, head)
 The kernel finds it with a radix select in one program per row, the row held in registers:
 
   1. every score is mapped to an unsigned key with the same order (``order_keys``);
-  2. 32 counting passes build the ``count``-th largest key ``t`` bit by bit (bit ``i`` of ``t``
-     is set when at least ``count`` keys are ``>=`` the prefix with it set);
+  2. counting passes build the ``count``-th largest key ``t``, ``bits_per_pass`` bits a pass
+     (a digit of ``t`` is the largest one whose prefix at least ``count`` keys are ``>=``; the
+     ``2^bits`` candidate digits are counted together, so a pass costs one reduction's
+     latency and ``32 / bits`` passes run one after the other);
   3. the chosen entries are the keys ``> t`` and, among the keys ``== t``, the lowest ids until
      ``count`` are chosen (``lax.top_k``'s tie rule);
   4. a prefix sum places the chosen ids first, in ascending id order, and the other ids after
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 
 MAX_ENTRIES = 16384  # one row in registers (8 warps: 64 keys per thread); longer rows: XLA
+BITS_PER_PASS = 4  # threshold bits per counting pass (``block_select``)
 
 
 def order_keys(scores):
@@ -60,7 +63,8 @@ def block_select_reference(scores, count, *, n: int):
   return lax.top_k(scores, n)[1].astype(jnp.int32)
 
 
-def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: int, n: int):
+def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: int, n: int,
+                   bits_per_pass: int):
   row = pl.program_id(0)
   ids = jnp.arange(padded, dtype=jnp.int32)
   live = ids < num_entries
@@ -74,7 +78,21 @@ def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: 
     enough = jnp.sum((keys >= cand).astype(jnp.int32)) >= need
     return jnp.where(enough, cand, t)
 
-  t = lax.fori_loop(0, 32, bit, jnp.uint32(0))
+  digits = jnp.arange(1 << bits_per_pass, dtype=jnp.uint32)
+
+  def digit(i, t):
+    shift = (32 - (i + 1) * bits_per_pass).astype(jnp.uint32)
+    # [C]: keys >= each candidate prefix; digit 0 (t itself) always has enough, and the counts
+    # fall as the digit grows, so the largest digit with enough is the number with enough - 1.
+    counts = jnp.sum((keys[None, :] >= (t | (digits << shift))[:, None]).astype(jnp.int32),
+                     axis=1)
+    best = jnp.sum((counts >= need).astype(jnp.int32)) - 1
+    return t | (best.astype(jnp.uint32) << shift)
+
+  if bits_per_pass == 1:
+    t = lax.fori_loop(0, 32, bit, jnp.uint32(0))
+  else:
+    t = lax.fori_loop(0, 32 // bits_per_pass, digit, jnp.uint32(0))
   above = keys > t
   tied = (keys == t) & live
   chosen = above | (tied & (jnp.cumsum(tied.astype(jnp.int32)) <= need - jnp.sum(
@@ -94,9 +112,11 @@ def default_warps(padded: int) -> int:
   return 4 if padded <= 2048 else 8 if padded <= 8192 else 16
 
 
-@functools.partial(jax.jit, static_argnames=("n", "impl", "interpret", "num_warps"))
+@functools.partial(jax.jit, static_argnames=("n", "impl", "interpret", "num_warps",
+                                             "bits_per_pass"))
 def block_select(scores, count, *, n: int, impl: _common.Impl = "auto",
-                 interpret: bool = False, num_warps: int | None = None):
+                 interpret: bool = False, num_warps: int | None = None,
+                 bits_per_pass: int = BITS_PER_PASS):
   """The ``count`` best entries of each row, without sorting.
 
   Args:
@@ -108,6 +128,7 @@ def block_select(scores, count, *, n: int, impl: _common.Impl = "auto",
       ``MAX_ENTRIES`` always take the reference.
     interpret: run the Pallas kernel in interpret mode (CPU).
     num_warps: Triton launch parameter (default ``default_warps``).
+    bits_per_pass: bits of the threshold found per counting pass (1, 2, 4 or 8; static).
 
   Returns:
     ``[R, n]`` int32, the first ``count`` the chosen ids: the kernel lists them in ascending
@@ -116,10 +137,13 @@ def block_select(scores, count, *, n: int, impl: _common.Impl = "auto",
   r, nb = scores.shape
   if not 0 < n <= nb:
     raise ValueError(f"list length n={n} must be in [1, {nb}]")
+  if bits_per_pass not in (1, 2, 4, 8):
+    raise ValueError(f"bits_per_pass must be 1, 2, 4 or 8, got {bits_per_pass}")
   padded = max(16, pl.next_power_of_2(nb))
   if _common.resolve_impl(impl) == "xla" or padded > MAX_ENTRIES:
     return block_select_reference(scores, count, n=n)
-  kernel = functools.partial(_select_kernel, num_entries=nb, padded=padded, n=n)
+  kernel = functools.partial(_select_kernel, num_entries=nb, padded=padded, n=n,
+                             bits_per_pass=bits_per_pass)
   return pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((r, n), jnp.int32),

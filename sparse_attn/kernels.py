@@ -34,6 +34,12 @@ def dense_attention(q, cache: KVCache, positions, scale=None, *, window: int | N
                                         interpret=interpret)
 
 
+# Pipeline stages of the dense decode's split-K kernel. 2 (64-token tiles, one cp.async buffer,
+# 38 KB of shared memory, so more programs share an SM) ran 7% faster than 3 at 32k and 3.5%
+# at 128k on an H100 (experiments/decode_sweep.py; results/latency_gpu/decode_sweep.jsonl).
+DENSE_DECODE_STAGES = 2
+
+
 def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla",
                  interpret: bool = False):
   """Exact attention of one query per head ``q [B, N, D]`` at ``positions [B]`` (the newest
@@ -55,7 +61,8 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
   n_valid = jnp.broadcast_to(blocks[:, None], (b, k)).astype(jnp.int32)
   return pallas_kernels.sparse_decode(q, cache.k, cache.v, idx, n_valid, cache.length,
                                       block_size=cache.block_size, scale=scale, pos=cache.pos,
-                                      impl="pallas", interpret=interpret)
+                                      impl="pallas", interpret=interpret,
+                                      num_stages=DENSE_DECODE_STAGES)
 
 
 def quest_scores(qs, cache: KVCache, *, impl: Impl = "xla", interpret: bool = False):

@@ -45,14 +45,14 @@ def _np_select(s, count, n):
 
 @settings(deadline=None, max_examples=25)
 @given(rows=st.integers(1, 5), nb=st.integers(1, 700), ties=st.booleans(),
-       data=st.data(), seed=st.integers(0, 2**16))
-def test_interpret_chooses_the_reference_set_in_id_order(rows, nb, ties, data, seed):
+       bits=st.sampled_from((1, 2, 4, 8)), data=st.data(), seed=st.integers(0, 2**16))
+def test_interpret_chooses_the_reference_set_in_id_order(rows, nb, ties, bits, data, seed):
   rng = np.random.default_rng(seed)
   n = data.draw(st.integers(1, nb))
   s = _ranked(rng, rows, nb, ties)
   count = rng.integers(0, n + 1, rows).astype(np.int32)
   got = np.asarray(block_select(jnp.asarray(s), jnp.asarray(count), n=n, impl="pallas",
-                                interpret=True))
+                                interpret=True, bits_per_pass=bits))
   np.testing.assert_array_equal(got, _np_select(s, count, n))
   # the reference (lax.top_k: best first, ties lower id first) chooses the same set
   want = np.asarray(block_select_reference(jnp.asarray(s), jnp.asarray(count), n=n))
@@ -68,6 +68,12 @@ def test_order_keys_keep_the_float_order():
   x = jnp.asarray([-np.inf, -3e38, -1.5, -1e-30, 0.0, 1e-30, 2.0, 3e38, np.inf], jnp.float32)
   k = np.asarray(order_keys(x)).astype(np.int64)
   assert np.all(np.diff(k) > 0)
+
+
+def test_bits_per_pass_must_divide_the_key():
+  with pytest.raises(ValueError, match="bits_per_pass"):
+    block_select(jnp.zeros((1, 8)), jnp.ones((1,), jnp.int32), n=2, impl="pallas",
+                 interpret=True, bits_per_pass=3)
 
 
 def test_rows_past_the_register_limit_take_the_reference():
