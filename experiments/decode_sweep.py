@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from configs import latency as latency_config
+from experiments.common import results
 from experiments.latency_lib import per_layer, settings, timing
 import pallas_kernels
 from pallas_kernels import _common
@@ -82,6 +83,12 @@ def kernel_step(b: per_layer.Bench, tiles: dict, steps: int, interpret: bool):
   return lambda: run(q, cache.k, cache.v, cache.pos, cache.length)
 
 
+def _provenance() -> dict:
+  return dict(git=results.git_revision(), machine=results.machine(),
+              device=jax.devices()[0].device_kind, jax=jax.__version__, steps=FLAGS.steps,
+              repeats=FLAGS.repeats)
+
+
 def median_step_us(fn, steps: int, repeats: int) -> tuple[float, float]:
   """(first call s, median us per step over ``repeats`` calls) of a ``steps``-step call."""
   first = timing.call(fn)
@@ -114,9 +121,9 @@ def select_sweep(out, steps: int):
       fn = select_step(rows, entries, FLAGS.select_keep, steps, FLAGS.interpret and impl ==
                        "pallas", impl=impl, bits_per_pass=bits)
       first, us = median_step_us(fn, steps, FLAGS.repeats)
-      row = dict(section="block_select", entries=entries, rows=rows, keep=FLAGS.select_keep,
-                 impl=impl, bits_per_pass=bits, us_per_step=us, first_s=first,
-                 device=jax.devices()[0].device_kind)
+      row = dict(_provenance(), section="block_select", entries=entries, rows=rows,
+                 keep=FLAGS.select_keep, impl=impl, bits_per_pass=bits, us_per_step=us,
+                 first_s=first)
       print(f"select {rows}x{entries} {impl} bits={bits}: {us:.1f} us/step", flush=True)
       if out:
         out.write(json.dumps(row) + "\n")
@@ -155,7 +162,7 @@ def main(argv):
       except Exception as e:  # pylint: disable=broad-except (a launch that does not fit)
         print(f"{ctx} {tiles}: failed ({type(e).__name__}: {str(e)[:160]})", flush=True)
         continue
-      row = dict(context=ctx, dtype=FLAGS.dtype, device=jax.devices()[0].device_kind,
+      row = dict(_provenance(), section="dense_decode", context=ctx, dtype=FLAGS.dtype,
                  us_per_step=us, first_s=first, x_sdpa=sdpa / us, peers_us=peers, **tiles)
       print(f"{ctx} {tiles}: {us:.1f} us/step, x sdpa {sdpa / us:.2f}", flush=True)
       if out:

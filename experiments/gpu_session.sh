@@ -21,11 +21,17 @@
 #      to torch SDPA and cuDNN (experiments/decode_sweep.py);
 #   7. select_sweep: the block select's bits per pass next to lax.top_k at 2048 / 8192 entries;
 #   8. profile_128k, profile_32k: per-op device microseconds of one decode step of Quest, +RESA
-#      and dense (experiments/profile_step.py).
+#      and dense (experiments/profile_step.py);
+#   9. profile_e2e: the same for whole-model steps of the random Llama-3.1-8B at 32k (what the
+#      end-to-end ms per token is made of).
 # PARTS (default: parts 1-5) names the parts to run, in its order; PER_LAYER_CONTEXTS and
 # PER_LAYER_METHODS narrow per_layer (defaults: 8k / 32k / 128k, five methods).
 # Each part runs under its own limit, cut to what is left of TOTAL (570 s) seconds; a part
 # with under 30 s left is skipped.
+# The device tool ships the working tree with the session's first .git, so the records would
+# name that commit "+dirty": commit first and pass the revision the tree is, e.g.
+#   run(command=f"EXPERIMENT_REVISION={sha} bash experiments/gpu_session.sh", ...)
+# (experiments/common/results.py:git_revision).
 # Records go under $OUT (the device tool's output folder; /tmp/gpu_session elsewhere; the part logs
 # together in parts.log, since the tool brings back 8 files at most); commit
 # them under results/latency_gpu with `python -m experiments.merge`. The image lacks
@@ -52,6 +58,7 @@ CHUNK_CONTEXTS=(--config.contexts=32768,131072)
 SWEEP=(--contexts=32768,131072)
 SELECT=(--select_entries=2048,8192)
 PROFILE=(--steps=32 --calls=2)
+PROFILE_E2E=(--shape=llama-3.1-8b --context=32768 --steps=8 --calls=2)
 CTX_SMALL=(131072 32768)
 if [ "$QUICK" = 1 ]; then
   CTX32=()
@@ -60,6 +67,7 @@ if [ "$QUICK" = 1 ]; then
   SWEEP=(--contexts=256 --steps=2 --repeats=1 --splits=0,2 --iters=0/3 --warps=4 --interpret)
   SELECT=(--select_entries=64 --select_rows=2 --steps=2 --repeats=1 --interpret)
   PROFILE=(--steps=2 --calls=1 --interpret)
+  PROFILE_E2E=(--shape=tiny --dtype=float32 --context=128 --steps=2 --calls=1 --interpret)
   CTX_SMALL=(256 256)
   DEADLINE=$(( $(date +%s) + 3600 ))
   EXTRA=(--config.quick=True)
@@ -109,6 +117,8 @@ for name in $PARTS; do
     profile_32k) part profile_32k 60 python3 -m experiments.profile_step \
         --context="${CTX_SMALL[1]}" --impl=pallas "${PROFILE[@]}" \
         --methods=quest:gqa=group,dense ;;
+    profile_e2e) part profile_e2e 240 python3 -m experiments.profile_step --impl=pallas \
+        "${PROFILE_E2E[@]}" --methods=dense,quest:gqa=group,quest:gqa=group+resa ;;
     *) echo "unknown part: $name"; exit 2 ;;
   esac
 done

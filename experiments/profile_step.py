@@ -9,6 +9,14 @@ device per call). ``jax.profiler`` traces ``calls`` calls per method; the trace'
 times (each device plane's ``XLA Ops`` or kernel-stream events; on a CPU the XLA thread lines) are summed and
 divided by the steps, so the table reads "microseconds per decode step" per op. Prints the
 ``top`` ops of each method and the difference of every method's op list to the first method's.
+
+  python -m experiments.profile_step --shape=llama-3.1-8b --context=32768 \
+      --methods=dense,quest:gqa=group,quest:gqa=group+resa --impl=pallas --steps=8
+
+``--shape`` profiles whole-model decode steps instead: a random-weight model of that named
+shape (``experiments.latency_lib.shapes``) over random caches at ``--context`` tokens, stepped
+by ``models.driver.Decoder`` as the end-to-end benchmark (``configs/latency_gpu.py``,
+``shape_e2e``) times it, so its per-op table explains that benchmark's ms per token.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ from absl import app, flags
 import jax
 
 from configs import latency as latency_config
-from experiments.latency_lib import per_layer, settings
+from experiments.latency_lib import per_layer, settings, shape_ours, shapes, timing
 
 FLAGS = flags.FLAGS
 
@@ -42,6 +50,9 @@ def define_flags():
   flags.DEFINE_integer("num_heads", 32, "Query heads.")
   flags.DEFINE_integer("num_kv_heads", 8, "KV heads.")
   flags.DEFINE_integer("head_dim", 128, "Head dim.")
+  flags.DEFINE_string("shape", "", "Profile whole-model decode steps of a random model of this "
+                      "named shape (e.g. llama-3.1-8b, tiny) instead of one attention layer.")
+  flags.DEFINE_integer("batch", 1, "Batch of the whole-model decode (--shape).")
 
 
 def _op_lines(data):
@@ -88,6 +99,41 @@ def profile(cand, calls: int, steps: int) -> dict[str, tuple[float, float]]:
   return {k: (ns / 1e3 / n, c / n) for k, (ns, c) in ops.items()}
 
 
+def model_candidates(s, specs):
+  """``(spec, Candidate)`` per method: ``steps`` whole-model decode steps per call (``--shape``),
+  each method's caches dropped before the next method's are made."""
+  config = shapes.model_config(FLAGS.shape, FLAGS.dtype)
+  model = shapes.random_model(config, s.seed)
+  total = 2 + (2 + FLAGS.calls) * FLAGS.steps  # the warm-up calls and the traced ones
+  for spec in specs:
+    m = shape_ours.make_method(spec, s)
+    got = shape_ours.decoder(model, m, batch=FLAGS.batch, context=FLAGS.context, steps=total)
+    if isinstance(got, str):
+      raise ValueError(f"{spec}: {got}")
+    loop, newest = got
+    keys = list(jax.random.split(jax.random.key(2), total))
+    done = [0]
+
+    def fn(loop=loop, newest=newest, keys=keys, done=done):
+      for _ in range(FLAGS.steps):
+        nxt, _ = loop.step(newest + done[0], keys[done[0]])
+        done[0] += 1
+      return nxt, loop.caches, loop.states
+    yield spec, timing.Candidate(spec, fn, per_call=FLAGS.steps)
+    del loop
+
+
+def layer_candidates(s, specs):
+  """``(spec, Candidate)`` per method: one attention layer's decode steps (or prefill chunk)."""
+  ms = [(spec, per_layer.make_method(spec, s)) for spec in specs]
+  max_new = max([8] + [m.window for _, m in ms])
+  b = per_layer.Bench(s, FLAGS.dtype, FLAGS.context, max_new, s.seed)
+  b.kv_numpy = None
+  for spec, m in ms:
+    yield spec, (b.last_chunk(m, spec, FLAGS.prefill_chunk, 1) if FLAGS.prefill_chunk else
+                 b.candidates(m, spec)[0])
+
+
 def main(argv):
   del argv
   c = latency_config.get_config()
@@ -96,16 +142,13 @@ def main(argv):
                 head_dim=FLAGS.head_dim))
   s = settings.resolve(c)
   specs = settings.split_list(FLAGS.methods)
-  ms = [(spec, per_layer.make_method(spec, s)) for spec in specs]
-  max_new = max([8] + [m.window for _, m in ms])
-  b = per_layer.Bench(s, FLAGS.dtype, FLAGS.context, max_new, s.seed)
-  b.kv_numpy = None
+  what = (f"{FLAGS.shape} (random weights), batch {FLAGS.batch}, whole-model steps"
+          if FLAGS.shape else "one attention layer")
   print(f"{jax.devices()[0].device_kind}, jax {jax.__version__}, {FLAGS.dtype}, "
-        f"context {FLAGS.context}, {FLAGS.steps} steps per call", flush=True)
+        f"context {FLAGS.context}, {what}, {FLAGS.steps} steps per call", flush=True)
   profiles = {}
-  for spec, m in ms:
-    cand = b.last_chunk(m, spec, FLAGS.prefill_chunk, 1) if FLAGS.prefill_chunk else (
-        b.candidates(m, spec)[0])
+  cands = model_candidates(s, specs) if FLAGS.shape else layer_candidates(s, specs)
+  for spec, cand in cands:
     for _ in range(2):  # compile and warm
       jax.block_until_ready(cand.fn())
     prof = profile(cand, FLAGS.calls, 1 if FLAGS.prefill_chunk else FLAGS.steps)

@@ -28,6 +28,18 @@ from pallas_kernels import _common
 NEG_INF = float("-inf")
 
 
+def _as_f32(x):
+  """``x`` in float32, rounded to its own dtype first: on a GPU XLA may drop a round trip
+  through a narrower float (``xla_allow_excess_precision``), so a query pooled in float32 and
+  cast to bfloat16 upstream would reach the dots unrounded here while the kernel reads the
+  rounded array (5e-4 relative apart on an H100)."""
+  if x.dtype == jnp.float32 or not jnp.issubdtype(x.dtype, jnp.floating):
+    return x.astype(jnp.float32)
+  info = jnp.finfo(x.dtype)
+  return lax.reduce_precision(x.astype(jnp.float32), exponent_bits=info.nexp,
+                              mantissa_bits=info.nmant)
+
+
 def block_score_reference(q, kmin, kmax, length, *, block_size: int):
   """Quest Eq. 1 as ``relu(q) . kmax + min(q, 0) . kmin`` in float32: the jnp path
   (``impl="xla"``).
@@ -37,11 +49,11 @@ def block_score_reference(q, kmin, kmax, length, *, block_size: int):
   Returns:
     ``[B, K, G, NB]`` float32.
   """
-  q = q.astype(jnp.float32)
+  q = _as_f32(q)
   exact = dict(preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
   # [B, K, G, NB]
-  score = (jnp.einsum("bkgd,bknd->bkgn", jnp.maximum(q, 0.0), kmax.astype(jnp.float32), **exact)
-           + jnp.einsum("bkgd,bknd->bkgn", jnp.minimum(q, 0.0), kmin.astype(jnp.float32), **exact))
+  score = (jnp.einsum("bkgd,bknd->bkgn", jnp.maximum(q, 0.0), _as_f32(kmax), **exact)
+           + jnp.einsum("bkgd,bknd->bkgn", jnp.minimum(q, 0.0), _as_f32(kmin), **exact))
   starts = jnp.arange(kmin.shape[2]) * block_size
   live = starts[None, :] < length[:, None]
   return jnp.where(live[:, None, None, :], score, NEG_INF)

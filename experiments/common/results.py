@@ -42,7 +42,15 @@ NON_RESULT_FIELDS = ("quick", "workdir", "progress", "batch_size")
 
 
 def git_revision() -> str:
-  """The checkout's HEAD (``+dirty`` if modified), or ``unknown`` outside git."""
+  """The checkout's HEAD (``+dirty`` if modified), or ``unknown`` outside git.
+
+  ``EXPERIMENT_REVISION``, when set, is returned instead: the revision a copy of the code was
+  made from where the copy's own ``.git`` is not that code's (the GPU device tool ships the
+  working tree with the session's first ``.git``; ``experiments/gpu_session.sh``).
+  """
+  declared = os.environ.get("EXPERIMENT_REVISION")
+  if declared:
+    return declared
   here = os.path.dirname(os.path.abspath(__file__))
   try:
     rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,

@@ -79,29 +79,38 @@ def fits(need: int) -> str | None:
           f"+ margin), {free / 2**30:.1f} GiB free on {jax.devices()[0].device_kind}")
 
 
+def decoder(model, m, *, batch: int, context: int, steps: int):
+  """``(Decoder, newest [batch])`` over caches of random K/V at ``context`` tokens with room
+  for ``steps`` more, ready to step (``newest + i`` is step ``i``'s position); or the reason
+  (a string) its caches do not fit."""
+  config = model.config
+  capacity = m.round_capacity(context + steps + m.window + 1)
+  reason = fits(cache_bytes(config, m, batch, capacity))
+  if reason:
+    return reason
+  caches, states = steps_lib.init_caches(config, m, batch, capacity)
+  keys = jax.random.split(jax.random.key(1), config.num_layers)
+  caches = [random_cache.fill(c, keys[i], context=context) for i, c in enumerate(caches)]
+  caches, states = steps_lib.end_prefill(caches, states, config=config, method=m)
+  loop = driver.Decoder(model, m, jnp.zeros((batch, capacity), jnp.int32), caches, states)
+  return loop, np.full((batch,), context, np.int64)
+
+
 def decode_part(model, m, *, batch: int, context: int, n_steps: int, repeats: int) -> dict:
   """Times greedy decode of ``batch`` rows past ``context`` cached tokens.
 
   Returns:
     ``dict(step_ms=, times_ms=, first_call_s=, steps=, warmup_steps=)`` or ``dict(skip=)``.
   """
-  config = model.config
   f = m.rect_interval
   n_steps = -(-n_steps // f) * f if f else n_steps  # whole rectification periods per round
   warm = max(2, f)  # compiles the step (and the rectification, which runs after step f)
   total = warm + repeats * n_steps
-  capacity = m.round_capacity(context + total + m.window + 1)
-  reason = fits(cache_bytes(config, m, batch, capacity))
-  if reason:
-    return dict(skip=reason)
-  caches, states = steps_lib.init_caches(config, m, batch, capacity)
-  keys = jax.random.split(jax.random.key(1), config.num_layers)
-  caches = [random_cache.fill(c, keys[i], context=context) for i, c in enumerate(caches)]
-  caches, states = steps_lib.end_prefill(caches, states, config=config, method=m)
-  loop = driver.Decoder(model, m, jnp.zeros((batch, capacity), jnp.int32), caches, states)
-  del caches, states
+  got = decoder(model, m, batch=batch, context=context, steps=total)
+  if isinstance(got, str):
+    return dict(skip=got)
+  loop, newest = got
   step_keys = list(jax.random.split(jax.random.key(2), total))  # made before any clock runs
-  newest = np.full((batch,), context, np.int64)
 
   def run(i0: int, n: int) -> float:
     t0 = time.perf_counter()
