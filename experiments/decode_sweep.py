@@ -141,7 +141,7 @@ def main(argv):
   if FLAGS.select_entries:
     select_sweep(out, FLAGS.steps)
   for ctx in settings.ints(FLAGS.contexts):
-    b = per_layer.Bench(s, FLAGS.dtype, ctx, 8, s.seed)
+    b = per_layer.Bench(s, FLAGS.dtype, ctx, 8, s.seed, ("box",))
     peers = {}
     for name, cand in (("torch SDPA", lambda: b.torch_sdpa(1)), ("jax SDPA", b.jax_sdpa)):
       try:

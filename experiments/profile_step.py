@@ -127,7 +127,8 @@ def layer_candidates(s, specs):
   """``(spec, Candidate)`` per method: one attention layer's decode steps (or prefill chunk)."""
   ms = [(spec, per_layer.make_method(spec, s)) for spec in specs]
   max_new = max([8] + [m.window for _, m in ms])
-  b = per_layer.Bench(s, FLAGS.dtype, FLAGS.context, max_new, s.seed)
+  b = per_layer.Bench(s, FLAGS.dtype, FLAGS.context, max_new, s.seed,
+                      per_layer.cache_kinds([m for _, m in ms]))
   b.kv_numpy = None
   for spec, m in ms:
     yield spec, (b.last_chunk(m, spec, FLAGS.prefill_chunk, 1) if FLAGS.prefill_chunk else

@@ -5,7 +5,9 @@ kernel on a GPU when it takes the shape, else XLA's), the candidates for our den
 One pre-filled cache per (dtype, context) is threaded through every method's jitted ``decode``
 with the cache and state donated (``donate_argnums``), so the new token's K/V write is in place
 (XLA:CPU honours donation; the write costs ~0.2 ms at 32k instead of a 270 MB copy). All methods
-write the same K/V at the same slots, so sharing the cache changes no timing.
+write the same K/V at the same slots, so sharing the cache changes no timing. The cache keeps the
+block digests the measured methods read (``cache_kinds``: the box alone for Quest, dense and
+ReSA), as each method's own cache would; a step updates every kept kind of the touched block.
 """
 
 from __future__ import annotations
@@ -78,7 +80,8 @@ def prefill_fn(m):
 class Bench:
   """The shared cache and inputs of one (dtype, context)."""
 
-  def __init__(self, s, dtype, context: int, max_new: int, seed: int):
+  def __init__(self, s, dtype, context: int, max_new: int, seed: int,
+               digests=cache_lib.DIGEST_KINDS):
     self.s, self.dtype, self.context = s, jnp.dtype(dtype), context
     hq, hkv, d = s.num_heads, s.num_kv_heads, s.head_dim
     bs = s.block_size
@@ -86,8 +89,8 @@ class Bench:
     keys = jax.random.split(jax.random.key(seed), 6)
     k = jax.random.normal(keys[0], (1, hkv, context, d), self.dtype)
     v = jax.random.normal(keys[1], (1, hkv, context, d), self.dtype)
-    # One cache every candidate steps in turn: it keeps every digest kind any selector reads.
-    cache = cache_lib.init_cache(1, hkv, self.capacity, d, bs, self.dtype)
+    # One cache every candidate steps in turn: it keeps every digest kind they read.
+    cache = cache_lib.init_cache(1, hkv, self.capacity, d, bs, self.dtype, digests)
     pos = jnp.arange(context, dtype=jnp.int32)[None]
     self.cache = jax.jit(write, donate_argnums=(0,))(cache, k, v, pos)
     self.kv_numpy = (np.asarray(k.astype(jnp.float32)), np.asarray(v.astype(jnp.float32)))
@@ -217,11 +220,17 @@ class Bench:
                             lambda: fn(q, k, v), per_call=steps)
 
 
+def cache_kinds(ms) -> tuple[str, ...]:
+  """The digest kinds the methods ``ms`` (``Method``s) keep, in ``DIGEST_KINDS`` order."""
+  kept = {k for m in ms for k in m.cache_digests}
+  return tuple(k for k in cache_lib.DIGEST_KINDS if k in kept)
+
+
 def run_context(s, dtype: str, context: int, specs: list[str], torch_peer: bool) -> list[dict]:
   """Times every method at one (dtype, context); returns one record per timed row."""
   ms = [(spec, make_method(spec, s)) for spec in specs]
   max_new = max([8] + [m.window for _, m in ms] + [m.rect_interval for _, m in ms])
-  b = Bench(s, dtype, context, max_new, s.seed)
+  b = Bench(s, dtype, context, max_new, s.seed, cache_kinds([m for _, m in ms]))
   itemsize = b.dtype.itemsize
   cands, meta = [], {}
   for spec, m in ms:

@@ -18,10 +18,10 @@ from experiments.latency_lib import per_layer, timing
 def run_context(s, context: int, selector: str = "quest:gqa=group") -> list[dict]:
   dtype = jnp.dtype(s.dtypes.split(",")[0])
   chunk = min(s.resa_chunk, context // 2)
-  b = per_layer.Bench(s, dtype, context, 8, s.seed)
+  ms = [(spec, per_layer.make_method(spec, s)) for spec in (selector, selector + "+resa")]
+  b = per_layer.Bench(s, dtype, context, 8, s.seed, per_layer.cache_kinds([m for _, m in ms]))
   b.kv_numpy = None
-  cands = [b.last_chunk(per_layer.make_method(spec, s), spec, chunk, s.seed + 1)
-           for spec in (selector, selector + "+resa")]
+  cands = [b.last_chunk(m, spec, chunk, s.seed + 1) for spec, m in ms]
   timing.interleaved(cands, s.warmup, s.repeats, s.max_seconds_per_context)
   base, resa = cands[0].median_s, cands[1].median_s
   return [dict(section="resa", what="last prefill chunk + end_prefill (one layer)",
