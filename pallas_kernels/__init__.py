@@ -13,6 +13,7 @@ from pallas_kernels._common import (IMPLS, Impl, TileConfig, choose_num_splits, 
 from pallas_kernels.block_score import (block_score, block_score_pooled,
                                         block_score_pooled_reference, block_score_reference)
 from pallas_kernels.block_select import block_select, block_select_reference
+from pallas_kernels.cache_append import cache_append, cache_append_reference
 from pallas_kernels.chunk_attention import chunk_attention, chunk_attention_reference
 from pallas_kernels.softmax import (default_scale, grouped_attention, lse_combine,
                                     scaled_logits, softmax_sum)
@@ -29,7 +30,7 @@ __all__ = [
     "listed_slots_ok", "gather_listed", "gather_prior", "window_slots_ok",
     "default_scale", "grouped_attention", "lse_combine", "scaled_logits", "softmax_sum",
     "block_score", "block_score_pooled", "block_score_reference", "block_score_pooled_reference",
-    "block_select", "block_select_reference",
+    "block_select", "block_select_reference", "cache_append", "cache_append_reference",
     "chunk_attention", "chunk_attention_reference", "split_combine", "split_combine_pairs",
     "sparse_decode", "sparse_decode_reference",
     "sparse_decode_resa", "sparse_decode_resa_reference",

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 # ``[B, H, n * block_size, ...]`` (head h reads kv head h // (H // K)); shared with the kernels'
 # references so both paths gather identically.
 from pallas_kernels import gather_blocks  # pylint: disable=unused-import (re-exported)
+from pallas_kernels import Impl, cache_append, resolve_impl
 
 
 class SlotBuffer:
@@ -224,7 +225,8 @@ def scatter_set(arr, index, values):
   return jax.lax.bitcast_convert_type(out, arr.dtype)
 
 
-def write(cache: KVCache, k_new, v_new, positions, token_positions=None) -> KVCache:
+def write(cache: KVCache, k_new, v_new, positions, token_positions=None, *,
+          impl: Impl = "xla", interpret: bool = False) -> KVCache:
   """Writes keys/values at explicit slots (append and overwrite alike).
 
   Args:
@@ -233,6 +235,8 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None) -> KVCa
     positions: ``[B, S]`` int32 slot of each new entry; negative = skip (padding).
     token_positions: ``[B, S]`` or ``[B, K, S]`` token positions recorded in ``pos``
       (default: ``positions``; differs after compaction).
+    impl, interpret: ``"pallas"`` writes a single token (``S = 1``) into a cache keeping only
+      the box digests in one kernel (``pallas_kernels.cache_append``), the same result.
 
   Returns:
     The cache with the entries written, ``length`` advanced and the digests of every touched
@@ -252,12 +256,17 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None) -> KVCa
       (b, hkv, s)).astype(jnp.int32)
   bi = jnp.arange(b)[:, None, None]
   hi = jnp.arange(hkv)[None, :, None]
+  written = jnp.where(slot < t, slot + 1, 0)
+  length = jnp.maximum(cache.length, jnp.max(written, axis=-1, initial=0))
+  if s == 1 and cache.digest_kinds == ("box",) and resolve_impl(impl) == "pallas":
+    k, v, pos, kmin, kmax = cache_append(
+        cache.k, cache.v, cache.pos, cache.kmin, cache.kmax, k_new[:, :, 0], v_new[:, :, 0],
+        slot[:, 0], tok[:, :, 0], length, block_size=bs, impl="pallas", interpret=interpret)
+    return dataclasses.replace(cache, k=k, v=v, pos=pos, length=length, kmin=kmin, kmax=kmax)
   si = slot[:, None, :]
   k = scatter_set(cache.k, (bi, hi, si), k_new)
   v = scatter_set(cache.v, (bi, hi, si), v_new)
   pos = cache.pos.at[bi, hi, si].set(tok, mode="drop")
-  written = jnp.where(slot < t, slot + 1, 0)
-  length = jnp.maximum(cache.length, jnp.max(written, axis=-1, initial=0))
   new = dataclasses.replace(cache, k=k, v=v, pos=pos, length=length)
   if s >= cache.num_blocks:
     return _refresh_all_digests(new)

@@ -54,7 +54,7 @@ def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool)
                                                 m.resa.prior_update == "incremental")}
     # The prior update read the overwritten slots: order that read before the write.
     k, v = (after(x, state["resa"]["osum"], state["resa"]["ksum"]) for x in (k, v))
-  return write(cache, k, v, positions), state
+  return write(cache, k, v, positions, impl=m.impl, interpret=m.interpret), state
 
 
 def _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed):
