@@ -10,7 +10,6 @@ from experiments.claims import verdicts
 from tests.claim_records import accuracy_records
 
 
-
 def test_claim_figure_comes_from_the_folder_of_the_records_it_read(tmp_path):
   """The EA row reads the aligned run (in ruler_compression/): its figure link goes there, not
   to the part's folder holding the earlier variant's records and plot."""
