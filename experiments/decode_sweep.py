@@ -50,6 +50,9 @@ def define_flags():
                       "blocks, e.g. 8192 = 128k tokens of 16), empty = none.")
   flags.DEFINE_string("select_rows", "8,32", "Block-select sweep: rows (selection heads).")
   flags.DEFINE_float("select_keep", 0.1, "Block-select sweep: fraction of the entries chosen.")
+  flags.DEFINE_string("select_bits", "1,2,4", "Block-select sweep: bits_per_pass values.")
+  flags.DEFINE_string("select_warps", "0", "Block-select sweep: num_warps values (0 = the "
+                      "default for the row length).")
 
 
 def grid(n_blocks: int, programs: int) -> list[dict]:
@@ -117,14 +120,17 @@ def select_sweep(out, steps: int):
   """Times the select kernel per ``bits_per_pass`` and ``lax.top_k`` (``impl="xla"``)."""
   for entries, rows in itertools.product(settings.ints(FLAGS.select_entries),
                                          settings.ints(FLAGS.select_rows)):
-    for impl, bits in (("xla", 1), ("pallas", 1), ("pallas", 2), ("pallas", 4)):
+    runs = [("xla", 1, 0)] + [("pallas", b, w) for b, w in itertools.product(
+        settings.ints(FLAGS.select_bits), settings.ints(FLAGS.select_warps))]
+    for impl, bits, warps in runs:
       fn = select_step(rows, entries, FLAGS.select_keep, steps, FLAGS.interpret and impl ==
-                       "pallas", impl=impl, bits_per_pass=bits)
+                       "pallas", impl=impl, bits_per_pass=bits, num_warps=warps or None)
       first, us = median_step_us(fn, steps, FLAGS.repeats)
       row = dict(_provenance(), section="block_select", entries=entries, rows=rows,
-                 keep=FLAGS.select_keep, impl=impl, bits_per_pass=bits, us_per_step=us,
-                 first_s=first)
-      print(f"select {rows}x{entries} {impl} bits={bits}: {us:.1f} us/step", flush=True)
+                 keep=FLAGS.select_keep, impl=impl, bits_per_pass=bits, num_warps=warps or None,
+                 us_per_step=us, first_s=first)
+      print(f"select {rows}x{entries} {impl} bits={bits} warps={warps or 'default'}: "
+            f"{us:.1f} us/step", flush=True)
       if out:
         out.write(json.dumps(row) + "\n")
         out.flush()
