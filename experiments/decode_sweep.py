@@ -5,14 +5,15 @@ SDPA and cuDNN, and the block select's bits per pass next to ``lax.top_k``.
   python -m experiments.decode_sweep --contexts= --select_entries=2048,8192
 
 One Llama-3.1-8B attention layer (32 q / 8 kv heads, d = 128, batch 1, ``--dtype`` cache), the
-dense decode step as ``kernels.dense_decode`` runs it (``pallas_kernels.sparse_decode`` over
-every block, slot positions loaded) under each ``(num_splits, blocks_per_iter, num_stages,
+dense decode attention ``kernels.dense_decode`` (``pallas_kernels.sparse_decode`` over every
+block, slot positions loaded) under each ``(num_splits, blocks_per_iter, num_stages,
 num_warps)`` of the grid. Each timed call loops ``--steps`` steps on the device, the output of
 one step being the next step's query (so no step is loop-invariant), and the median of
 ``--repeats`` calls is reported per step. Each configuration prints its line as it finishes
 (a run cut short keeps what it measured); ``x sdpa`` is torch SDPA's time over the row's, both
-measured in this run on the same device. The grid's default row is what ``dense_decode`` runs
-today (``num_splits=None``: ``choose_num_splits``; ``blocks_per_iter=None``: shared memory).
+measured in this run on the same device. ``num_splits=None`` is ``choose_num_splits``'s count,
+``blocks_per_iter=None`` the shared-memory fit for the stages; ``dense_decode`` runs
+``num_splits=None, blocks_per_iter=None, num_stages=2`` (``DENSE_DECODE_STAGES``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from experiments.common import results
 from experiments.latency_lib import per_layer, settings, timing
 import pallas_kernels
 from pallas_kernels import _common
+from sparse_attn import kernels
 
 FLAGS = flags.FLAGS
 
@@ -68,22 +70,19 @@ def grid(n_blocks: int, programs: int) -> list[dict]:
 
 
 def kernel_step(b: per_layer.Bench, tiles: dict, steps: int, interpret: bool):
-  """``steps`` dense decode steps of the newest query over ``b``'s cache, one call."""
-  cache, bs = b.cache, b.s.block_size
-  nb = cache.capacity // bs
-  idx = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (1, cache.num_kv_heads, nb))
-  n_valid = jnp.full((1, cache.num_kv_heads), -(-b.context // bs), jnp.int32)
+  """``steps`` dense decode steps (``kernels.dense_decode`` under ``tiles``) of the newest query
+  over ``b``'s cache, one call."""
+  positions = jnp.full((1,), b.context - 1, jnp.int32)
 
   @jax.jit
-  def run(q, k, v, pos, length):
+  def run(q, cache):
     def one(_, q):
-      out, _ = pallas_kernels.sparse_decode(q, k, v, idx, n_valid, length, block_size=bs,
-                                            pos=pos, impl="pallas", interpret=interpret, **tiles)
-      return out
+      return kernels.dense_decode(q, cache, positions, impl="pallas", interpret=interpret,
+                                  **tiles)[0]
     return jax.lax.fori_loop(0, steps, one, q)
 
   q = b.q[:, :, 0]
-  return lambda: run(q, cache.k, cache.v, cache.pos, cache.length)
+  return lambda: run(q, b.cache)
 
 
 def _provenance() -> dict:

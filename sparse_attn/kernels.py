@@ -36,12 +36,12 @@ def dense_attention(q, cache: KVCache, positions, scale=None, *, window: int | N
 
 # Pipeline stages of the dense decode's split-K kernel. 2 (64-token tiles, one cp.async buffer,
 # 38 KB of shared memory, so more programs share an SM) ran 7% faster than 3 at 32k and 3.5%
-# at 128k on an H100 (experiments/decode_sweep.py; results/latency_gpu/decode_sweep.jsonl).
+# at 128k on an H100 (experiments/decode_sweep.py; results/gpu_decode/decode_sweep.jsonl).
 DENSE_DECODE_STAGES = 2
 
 
 def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla",
-                 interpret: bool = False):
+                 interpret: bool = False, num_stages: int = DENSE_DECODE_STAGES, **launch):
   """Exact attention of one query per head ``q [B, N, D]`` at ``positions [B]`` (the newest
   token: every valid slot is at or before it; negative = an inactive row) over the cache ->
   ``(out [B, N, D], lse [B, N])``: dense decode.
@@ -49,7 +49,9 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
   ``"pallas"``: split-K flash decoding, ``pallas_kernels.sparse_decode`` over every block (one
   program per batch x kv head x split, the G query heads of a group together, splits sized to
   fill the GPU), where a query-tiled kernel would run only B x N programs; otherwise
-  ``dense_attention``'s reference. Inactive rows come back empty either way.
+  ``dense_attention``'s reference. Inactive rows come back empty either way. ``num_stages`` and
+  ``launch`` (``num_splits``, ``blocks_per_iter``, ``num_warps``) set the kernel's launch
+  (``experiments/decode_sweep.py`` sweeps them).
   """
   if resolve_impl(impl) != "pallas":
     out, lse = dense_attention(q[:, :, None], cache, positions[:, None], scale, impl="xla")
@@ -62,7 +64,7 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
   return pallas_kernels.sparse_decode(q, cache.k, cache.v, idx, n_valid, cache.length,
                                       block_size=cache.block_size, scale=scale, pos=cache.pos,
                                       impl="pallas", interpret=interpret,
-                                      num_stages=DENSE_DECODE_STAGES)
+                                      num_stages=num_stages, **launch)
 
 
 def quest_scores(qs, cache: KVCache, *, impl: Impl = "xla", interpret: bool = False):
