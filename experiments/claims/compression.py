@@ -67,9 +67,27 @@ def _ea_pair_text(found, rank=False) -> str:
           + f" vs {rival} {100 * mb:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}], n={n})")
 
 
-def _ea_per_length(recs, heatmap) -> str:
+def complete_lengths(recs) -> tuple[list[dict], dict[int, str]]:
+  """``(records of the lengths not still running, {running length: "k of n tasks"})``.
+
+  A RULER grid runs task by task, so a length still running holds a strict subset of the tasks
+  another length holds; pooled with them it would weigh the tasks it has (the needles first)
+  more. Such a length is left out of the pooled numbers and shown on its own."""
+  by_length: dict[int, set] = {}
+  for r in recs:
+    by_length.setdefault(r["length"], set()).add(r["task"])
+  partial = {}
+  for n, tasks in by_length.items():
+    most = max((t for t in by_length.values() if tasks < t), key=len, default=None)
+    if most is not None:
+      partial[n] = f"{len(tasks)} of {len(most)} tasks"
+  return [r for r in recs if r["length"] not in partial], partial
+
+
+def _ea_per_length(recs, heatmap, partial) -> str:
   """EA against its best baseline at each context length of ``recs`` (one kept fraction),
-  when they span several lengths (RULER only: the needle grid's lengths are one grid axis)."""
+  when they span several lengths (RULER only: the needle grid's lengths are one grid axis);
+  a ``partial`` length says how many tasks it has and that it is not pooled."""
   lengths = sorted({r["length"] for r in recs})
   if heatmap or len(lengths) < 2:
     return ""
@@ -77,18 +95,21 @@ def _ea_per_length(recs, heatmap) -> str:
   for length in lengths:
     found = _ea_against_best(_ea_rows([r for r in recs if r["length"] == length], heatmap)[0])
     if found:
-      parts.append(f"at {length} tokens: {_ea_pair_text(found)}")
+      note = f" ({partial[length]}, not pooled)" if length in partial else ""
+      parts.append(f"at {length} tokens{note}: {_ea_pair_text(found)}")
   return "".join(f"; {p}" for p in parts)
 
 
 def _ea_at_other_budgets(records, budget, heatmap) -> str:
-  """EA against its best baseline at every other kept fraction of the records."""
+  """EA against its best baseline at every other kept fraction of the records (RULER: pooled
+  over the lengths whose tasks are all there, ``complete_lengths``)."""
   parts = []
   others = {r.get("budget") for r in records if r.get("protocol") == "query_agnostic"
             and is_heatmap(r) == heatmap and r.get("budget") not in (None, budget)}
   for b in sorted(others, reverse=True):
-    by, variants = _ea_rows([r for r in records if r.get("protocol") == "query_agnostic"
-                             and r.get("budget") == b and is_heatmap(r) == heatmap], heatmap)
+    recs = [r for r in records if r.get("protocol") == "query_agnostic"
+            and r.get("budget") == b and is_heatmap(r) == heatmap]
+    by, variants = _ea_rows(recs if heatmap else complete_lengths(recs)[0], heatmap)
     found = _ea_against_best(by)
     if found:
       parts.append(f"keep {b:g}: {_ea_pair_text(found, rank=True)}"
@@ -110,7 +131,8 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
   # RULER rows read NVIDIA/RULER's generator once it ran (its records replace the variant's);
   # the needle grid keeps its own depth grid and prompts
   records, note = (records, "") if heatmap else verdicts.ruler_records(records)
-  recs = [r for r in records if r.get("budget") == budget]
+  every = [r for r in records if r.get("budget") == budget]
+  recs, partial = (every, {}) if heatmap else complete_lengths(every)
   by, variants = _ea_rows(recs, heatmap)
   found = _ea_against_best(by)
   if found is None:
@@ -125,7 +147,9 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
                    f"{100 * mb:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}])",
               n=n, setting=f"{model_of(recs)}, {lengths} tokens, keep {budget:g}, query-agnostic"
                            f", {len(tasks)} task(s)" + (f" ({tasks[0]})" if len(tasks) == 1 else "")
-                           + (f" ({note})" if note else ""),
+                           + (f" ({note})" if note else "")
+                           + "".join(f"; {n} tokens still running ({k}), not pooled"
+                                     for n, k in sorted(partial.items())),
               verdict=verdict, read=recs,
               why="; ".join(f"{m} {100 * means[m]:.0f}" for m in sorted(means, key=means.get,
                                                                           reverse=True))
@@ -133,7 +157,7 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
                   + _variants_text(by, variants)
                   + ("" if heatmap else f"; per task {rival} -> EA, "
                      + task_differences(by["expected-attention"], by[rival])[2:])
-                  + _ea_per_length(recs, heatmap)
+                  + _ea_per_length(every, heatmap, partial)
                   + _ea_at_other_budgets(records, budget, heatmap))
 
 

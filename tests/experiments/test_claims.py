@@ -387,3 +387,24 @@ def test_leaderboard_counts_a_sample_two_workdirs_ran_once():
   headline = _acc("quest", [1, 0, 1, 0, 0])  # the same first three seeds, then two more
   (row,) = claims_leaderboard.rows(grid + headline)
   assert row["n"] == 5 and row["accuracy"] == 40.0
+
+
+def test_ea_claim_leaves_a_length_still_running_out_of_the_pool():
+  """A length holding a strict subset of another length's tasks (its grid still running) is
+  shown on its own, not pooled: pooled, it would weigh the tasks it has more."""
+  ones, zeros = np.ones(20), np.zeros(20)
+  agnostic = dict(budget=0.5, protocol="query_agnostic")
+  full = []
+  for task in ("cwe", "vt"):
+    full += (_acc("expected-attention", ones, task=task, **agnostic)
+             + _acc("keydiff", zeros, task=task, **agnostic))
+  running = (_acc("expected-attention", zeros, length=8192, task="vt", **agnostic)
+             + _acc("keydiff", ones, length=8192, task="vt", **agnostic))
+  got = claims_compression.ea_vs_baselines(full + running)
+  assert got["n"] == 40 and got["verdict"] == "reproduced"
+  assert "[4096] tokens" in got["setting"]
+  assert "8192 tokens still running (1 of 2 tasks), not pooled" in got["setting"]
+  assert "; at 8192 tokens (1 of 2 tasks, not pooled): EA 0.0 vs keydiff 100.0" in got["why"]
+  # once the length holds every task it is pooled
+  done = running + [dict(r, task="cwe") for r in running]
+  assert claims_compression.ea_vs_baselines(full + done)["n"] == 80
