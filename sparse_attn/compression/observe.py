@@ -9,7 +9,8 @@ attention keep what they need in their state and recompute only that part:
     window, Expected Attention's query statistics, TOVA's current query);
   * ``window_probs``: the softmax of those few queries over the cache (``W x T``, never ``T x T``);
   * ``column_sums``: H2O's accumulated attention of a prefill chunk, computed over query blocks
-    against the chunk's ``lse`` so only ``block x T`` scores exist at a time.
+    and the key tiles each block can see, against the chunk's ``lse``, so only
+    ``block x key_tile`` scores exist at a time.
 """
 
 from __future__ import annotations
@@ -85,8 +86,14 @@ def window_probs(qw, qpos, qvalid, k, kpos, kvalid, scale):
   return jnp.where(den > 0, p / jnp.where(den > 0, den, 1.0), 0.0)
 
 
-def column_sums(q, positions, lse, k, kpos, kvalid, scale, block: int = 256):
+def column_sums(q, positions, lse, k, kpos, kvalid, scale, block: int = 256,
+                key_tile: int = 512):
   """Per-key attention mass summed over the chunk's queries (H2O's accumulated attention).
+
+  Queries are taken ``block`` at a time and each block visits only the key tiles that hold a
+  key it can see (tiles ``0 .. n-1``, ``n`` one past the last tile whose oldest filled slot is
+  at or before the block's newest position, as ``pallas_kernels.chunk_attention`` bounds its
+  tiles): a prefill chunk early in the prompt then scores its prefix, not the whole capacity.
 
   Args:
     q: ``[B, N, S, D]`` queries of the chunk.
@@ -96,6 +103,7 @@ def column_sums(q, positions, lse, k, kpos, kvalid, scale, block: int = 256):
     k: ``[B, K, T, D]``, kpos ``[B, K, T]``, kvalid ``[B, K, T]``: the cache.
     scale: softmax scale.
     block: static number of queries scored at a time.
+    key_tile: static number of cache slots scored at a time.
 
   Returns:
     ``[B, K, T]`` float32: ``sum_s mean_g p[g, s, t]`` (the group's heads averaged).
@@ -112,24 +120,36 @@ def column_sums(q, positions, lse, k, kpos, kvalid, scale, block: int = 256):
   qb = jnp.moveaxis(qp.reshape(b, hkv, g, nb, block, d), 3, 0)
   pb = jnp.moveaxis(pp.reshape(b, nb, block), 1, 0)
   lb = jnp.moveaxis(lp.reshape(b, hkv, g, nb, block), 3, 0)
-  kf = k.astype(jnp.float32)
+  kt = min(key_tile, t)
+  num_tiles = -(-t // kt)
+  never = jnp.iinfo(jnp.int32).max
+  seeable = jnp.where(kvalid & (kpos >= 0), kpos, never)  # [B, K, T]
+  padded = jnp.pad(seeable, ((0, 0), (0, 0), (0, num_tiles * kt - t)), constant_values=never)
+  first = jnp.min(padded.reshape(-1, num_tiles, kt), axis=(0, 2))  # [NT] oldest per tile
+  tile_ids = jnp.arange(1, num_tiles + 1, dtype=jnp.int32)
+  offsets = jnp.arange(kt, dtype=jnp.int32)
 
-  def body(acc, xs):
+  def one_block(acc, xs):
     qi, pi, li = xs
-    logits = jnp.einsum("bkgsd,bktd->bkgst", qi, kf) * scale
-    ok = (kvalid[:, :, None, None, :] & (kpos[:, :, None, None, :] <= pi[:, None, None, :, None])
-          & (pi >= 0)[:, None, None, :, None] & jnp.isfinite(li)[..., None])
-    p = jnp.where(ok, jnp.exp(logits - jnp.where(jnp.isfinite(li), li, 0.0)[..., None]), 0.0)
-    return acc + jnp.sum(p, axis=(2, 3)) / g, None
+    live = (pi >= 0)[:, None, None, :] & jnp.isfinite(li)  # [B, K, G, blk]
+    li = jnp.where(live, li, 0.0)
+    visits = jnp.max(jnp.where(first <= jnp.max(pi), tile_ids, 0))
 
-  acc, _ = jax.lax.scan(body, jnp.zeros((b, hkv, t), jnp.float32), (qb, pb, lb))
+    def one_tile(i, acc):
+      # The last tile is clamped to end at T; slots an earlier tile covered are left out.
+      start = jnp.minimum(i * kt, t - kt)
+      take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, kt, axis=2)
+      kp = jnp.where(start + offsets >= i * kt, take(seeable), never)  # [B, K, kt]
+      logits = jnp.einsum("bkgsd,bktd->bkgst", qi, take(k).astype(jnp.float32)) * scale
+      ok = live[..., None] & (kp[:, :, None, None, :] <= pi[:, None, None, :, None])
+      p = jnp.where(ok, jnp.exp(logits - li[..., None]), 0.0)
+      return jax.lax.dynamic_update_slice_in_dim(
+          acc, take(acc) + jnp.sum(p, axis=(2, 3)) / g, start, axis=2)
+
+    return jax.lax.fori_loop(0, visits, one_tile, acc), None
+
+  acc, _ = jax.lax.scan(one_block, jnp.zeros((b, hkv, t), jnp.float32), (qb, pb, lb))
   return acc
-
-
-def group_mean(x, num_kv_heads: int):
-  """``[B, N, ...]`` -> ``[B, K, ...]``: the mean over each kv head's query group."""
-  b, n = x.shape[:2]
-  return jnp.mean(x.reshape(b, num_kv_heads, n // num_kv_heads, *x.shape[2:]), axis=2)
 
 
 __all__ = ["init_ring", "ring_push", "ring_filled", "window_probs", "column_sums", "group_mean"]

@@ -177,3 +177,36 @@ def test_tova_layer_scope_keeps_one_set_for_every_head():
     methods.make("tova", ratio=0.5, head_budget="adakv")
   with pytest.raises(ValueError, match="scope"):
     methods.make("tova", ratio=0.5, scope="head")
+
+
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), start=st.integers(0, 30),
+                  block=st.sampled_from([3, 8, 64]), key_tile=st.sampled_from([5, 16, 48, 512]))
+@hypothesis.settings(max_examples=12, deadline=None)
+def test_column_sums_match_brute_force(seed, start, block, key_tile):
+  """H2O's accumulated attention of one chunk (positions ``start ..``, some padded) over a
+  cache in shuffled slot order with empty slots, for any query block and key tile (tiles a
+  block cannot see are skipped; the clamped last tile counts no slot twice)."""
+  from sparse_attn.compression import observe  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  s = 10
+  q = rng.normal(size=(B, HQ, s, D))
+  k = rng.normal(size=(B, HKV, T, D))
+  pos = np.tile(np.arange(start, start + s), (B, 1))
+  pos[1, 7:] = -1  # padding rows
+  filled = start + s
+  kpos = np.full((B, HKV, T), -1)
+  for b in range(B):
+    for h in range(HKV):
+      kpos[b, h, rng.permutation(T)[:filled]] = np.arange(filled)
+  kvalid = kpos >= 0
+  z = SCALE * np.einsum("bkgsd,bktd->bkgst", q.reshape(B, HKV, G, s, D), k)
+  see = kvalid[:, :, None, None, :] & (kpos[:, :, None, None, :] <= pos[:, None, None, :, None])
+  z = np.where(see, z, -np.inf)
+  lse = np.log(np.exp(z).sum(-1))  # [B, K, G, s]
+  probs = np.where(see, np.exp(z - np.where(np.isfinite(lse), lse, 0)[..., None]), 0.0)
+  want = probs.sum(3).mean(2)  # [B, K, T]
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  got = observe.column_sums(f32(q), jnp.asarray(pos, jnp.int32), f32(lse.reshape(B, HQ, s)),
+                            f32(k), jnp.asarray(kpos, jnp.int32), jnp.asarray(kvalid), SCALE,
+                            block, key_tile)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=1e-6)
