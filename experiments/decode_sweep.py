@@ -55,6 +55,8 @@ def define_flags():
   flags.DEFINE_string("select_bits", "1,2,4", "Block-select sweep: bits_per_pass values.")
   flags.DEFINE_string("select_warps", "0", "Block-select sweep: num_warps values (0 = the "
                       "default for the row length).")
+  flags.DEFINE_string("select_early", "0,1", "Block-select sweep: early_exit values (0/1; "
+                      "with bits_per_pass 1 only).")
 
 
 def grid(n_blocks: int, programs: int) -> list[dict]:
@@ -116,20 +118,23 @@ def select_step(rows: int, entries: int, keep: float, steps: int, interpret: boo
 
 
 def select_sweep(out, steps: int):
-  """Times the select kernel per ``bits_per_pass`` and ``lax.top_k`` (``impl="xla"``)."""
+  """Times the select kernel per ``bits_per_pass``, ``num_warps`` and ``early_exit``, and
+  ``lax.top_k`` (``impl="xla"``)."""
   for entries, rows in itertools.product(settings.ints(FLAGS.select_entries),
                                          settings.ints(FLAGS.select_rows)):
-    runs = [("xla", 1, 0)] + [("pallas", b, w) for b, w in itertools.product(
-        settings.ints(FLAGS.select_bits), settings.ints(FLAGS.select_warps))]
-    for impl, bits, warps in runs:
+    runs = [("xla", 1, 0, 0)] + [("pallas", b, w, e) for b, w, e in itertools.product(
+        settings.ints(FLAGS.select_bits), settings.ints(FLAGS.select_warps),
+        settings.ints(FLAGS.select_early)) if b == 1 or not e]
+    for impl, bits, warps, early in runs:
       fn = select_step(rows, entries, FLAGS.select_keep, steps, FLAGS.interpret and impl ==
-                       "pallas", impl=impl, bits_per_pass=bits, num_warps=warps or None)
+                       "pallas", impl=impl, bits_per_pass=bits, num_warps=warps or None,
+                       early_exit=bool(early))
       first, us = median_step_us(fn, steps, FLAGS.repeats)
       row = dict(_provenance(), section="block_select", entries=entries, rows=rows,
                  keep=FLAGS.select_keep, impl=impl, bits_per_pass=bits, num_warps=warps or None,
-                 us_per_step=us, first_s=first)
-      print(f"select {rows}x{entries} {impl} bits={bits} warps={warps or 'default'}: "
-            f"{us:.1f} us/step", flush=True)
+                 early_exit=bool(early), us_per_step=us, first_s=first)
+      print(f"select {rows}x{entries} {impl} bits={bits} warps={warps or 'default'} "
+            f"early_exit={bool(early)}: {us:.1f} us/step", flush=True)
       if out:
         out.write(json.dumps(row) + "\n")
         out.flush()

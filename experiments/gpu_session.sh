@@ -19,7 +19,7 @@
 #      kernel vs its in-order branch (cuDNN flash attention), the GPU default;
 #   6. decode_sweep: the dense split-K decode kernel's launch configurations at 32k / 128k next
 #      to torch SDPA and cuDNN (experiments/decode_sweep.py);
-#   7. select_sweep: the block select's bits per pass next to lax.top_k at 2048 / 8192 entries;
+#   7. select_sweep: the block select (warps, early exit) next to lax.top_k at 2048 / 8192 entries;
 #   8. profile_128k, profile_32k: per-op device microseconds of one decode step of Quest, +RESA
 #      and dense (experiments/profile_step.py);
 #   9. profile_e2e: the same for whole-model steps of the random Llama-3.1-8B at 32k (what the
@@ -56,7 +56,7 @@ CTX32=(--config.shape_contexts=32768)
 CTX128=(--config.shape_contexts=131072 --config.shape_transformers=False)
 CHUNK_CONTEXTS=(--config.contexts=32768,131072)
 SWEEP=(--contexts=32768,131072)
-SELECT=(--select_entries=2048,8192 --select_bits=1 --select_warps=0,4,16)
+SELECT=(--select_entries=2048,8192 --select_rows=8 --select_bits=1 --select_warps=0,4,16)
 PROFILE=(--steps=32 --calls=2)
 PROFILE_E2E=(--shape=llama-3.1-8b --context=32768 --steps=8 --calls=2)
 CTX_SMALL=(131072 32768)

@@ -8,7 +8,9 @@ The kernel finds it with a radix select in one program per row, the row held in 
   2. counting passes build the ``count``-th largest key ``t``, ``bits_per_pass`` bits a pass
      (a digit of ``t`` is the largest one whose prefix at least ``count`` keys are ``>=``; the
      ``2^bits`` candidate digits are counted together, so a pass costs one reduction's
-     latency and ``32 / bits`` passes run one after the other);
+     latency and ``32 / bits`` passes run one after the other); with ``early_exit`` (one bit a
+     pass) the passes stop once exactly ``count`` keys are ``>= t``: that set is the answer
+     whatever the lower bits, ~22 passes instead of 32 on distinct scores (8192 entries);
   3. the chosen entries are the keys ``> t`` and, among the keys ``== t``, the lowest ids until
      ``count`` are chosen (``lax.top_k``'s tie rule);
   4. a prefix sum places the chosen ids first, in ascending id order, and the other ids after
@@ -35,6 +37,7 @@ from pallas_kernels import _common
 
 MAX_ENTRIES = 16384  # one row in registers (8 warps: 64 keys per thread); longer rows: XLA
 BITS_PER_PASS = 1  # bits per counting pass: 1 ran fastest on an H100 (decode_sweep.py)
+EARLY_EXIT = False  # not yet timed on a GPU (decode_sweep.py --select_early=0,1 decides)
 
 
 def order_keys(scores):
@@ -64,7 +67,7 @@ def block_select_reference(scores, count, *, n: int):
 
 
 def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: int, n: int,
-                   bits_per_pass: int):
+                   bits_per_pass: int, early_exit: bool):
   row = pl.program_id(0)
   ids = jnp.arange(padded, dtype=jnp.int32)
   live = ids < num_entries
@@ -89,7 +92,18 @@ def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: 
     best = jnp.sum((counts >= need).astype(jnp.int32)) - 1
     return t | (best.astype(jnp.uint32) << shift)
 
-  if bits_per_pass == 1:
+  def bit_counted(carry):
+    i, t, c = carry  # c: the keys >= t
+    cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+    got = jnp.sum((keys >= cand).astype(jnp.int32))
+    enough = got >= need
+    return i + 1, jnp.where(enough, cand, t), jnp.where(enough, got, c)
+
+  if early_exit:
+    # Padding keys (0) count at t = 0, so the loop never stops there with a padded row.
+    _, t, _ = lax.while_loop(lambda carry: (carry[0] < 32) & (carry[2] != need), bit_counted,
+                             (jnp.int32(0), jnp.uint32(0), jnp.int32(padded)))
+  elif bits_per_pass == 1:
     t = lax.fori_loop(0, 32, bit, jnp.uint32(0))
   else:
     t = lax.fori_loop(0, 32 // bits_per_pass, digit, jnp.uint32(0))
@@ -113,10 +127,10 @@ def default_warps(padded: int) -> int:
 
 
 @functools.partial(jax.jit, static_argnames=("n", "impl", "interpret", "num_warps",
-                                             "bits_per_pass"))
+                                             "bits_per_pass", "early_exit"))
 def block_select(scores, count, *, n: int, impl: _common.Impl = "auto",
                  interpret: bool = False, num_warps: int | None = None,
-                 bits_per_pass: int = BITS_PER_PASS):
+                 bits_per_pass: int = BITS_PER_PASS, early_exit: bool = EARLY_EXIT):
   """The ``count`` best entries of each row, without sorting.
 
   Args:
@@ -129,6 +143,8 @@ def block_select(scores, count, *, n: int, impl: _common.Impl = "auto",
     interpret: run the Pallas kernel in interpret mode (CPU).
     num_warps: Triton launch parameter (default ``default_warps``).
     bits_per_pass: bits of the threshold found per counting pass (1, 2, 4 or 8; static).
+    early_exit: stop the one-bit passes once exactly ``count`` keys are at or above the
+      threshold found so far (a data-dependent loop; needs ``bits_per_pass=1``).
 
   Returns:
     ``[R, n]`` int32, the first ``count`` the chosen ids: the kernel lists them in ascending
@@ -139,11 +155,13 @@ def block_select(scores, count, *, n: int, impl: _common.Impl = "auto",
     raise ValueError(f"list length n={n} must be in [1, {nb}]")
   if bits_per_pass not in (1, 2, 4, 8):
     raise ValueError(f"bits_per_pass must be 1, 2, 4 or 8, got {bits_per_pass}")
+  if early_exit and bits_per_pass != 1:
+    raise ValueError(f"early_exit counts one bit a pass, got bits_per_pass={bits_per_pass}")
   padded = max(16, pl.next_power_of_2(nb))
   if _common.resolve_impl(impl) == "xla" or padded > MAX_ENTRIES:
     return block_select_reference(scores, count, n=n)
   kernel = functools.partial(_select_kernel, num_entries=nb, padded=padded, n=n,
-                             bits_per_pass=bits_per_pass)
+                             bits_per_pass=bits_per_pass, early_exit=early_exit)
   return pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((r, n), jnp.int32),

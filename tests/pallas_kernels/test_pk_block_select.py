@@ -45,14 +45,16 @@ def _np_select(s, count, n):
 
 @settings(deadline=None, max_examples=25)
 @given(rows=st.integers(1, 5), nb=st.integers(1, 700), ties=st.booleans(),
-       bits=st.sampled_from((1, 2, 4, 8)), data=st.data(), seed=st.integers(0, 2**16))
+       bits=st.sampled_from((1, 2, 4, 8, "early")), data=st.data(), seed=st.integers(0, 2**16))
 def test_interpret_chooses_the_reference_set_in_id_order(rows, nb, ties, bits, data, seed):
+  """``bits="early"``: one bit a pass, stopping once exactly ``count`` keys are at or above."""
   rng = np.random.default_rng(seed)
   n = data.draw(st.integers(1, nb))
   s = _ranked(rng, rows, nb, ties)
   count = rng.integers(0, n + 1, rows).astype(np.int32)
   got = np.asarray(block_select(jnp.asarray(s), jnp.asarray(count), n=n, impl="pallas",
-                                interpret=True, bits_per_pass=bits))
+                                interpret=True, bits_per_pass=1 if bits == "early" else bits,
+                                early_exit=bits == "early"))
   np.testing.assert_array_equal(got, _np_select(s, count, n))
   # the reference (lax.top_k: best first, ties lower id first) chooses the same set
   want = np.asarray(block_select_reference(jnp.asarray(s), jnp.asarray(count), n=n))
@@ -71,6 +73,9 @@ def test_order_keys_keep_the_float_order():
 
 
 def test_bits_per_pass_must_divide_the_key():
+  with pytest.raises(ValueError, match="early_exit"):
+    block_select(jnp.zeros((1, 8)), jnp.ones((1,), jnp.int32), n=2, impl="pallas",
+                 interpret=True, bits_per_pass=2, early_exit=True)
   with pytest.raises(ValueError, match="bits_per_pass"):
     block_select(jnp.zeros((1, 8)), jnp.ones((1,), jnp.int32), n=2, impl="pallas",
                  interpret=True, bits_per_pass=3)
@@ -82,9 +87,10 @@ def test_rows_past_the_register_limit_take_the_reference():
   np.testing.assert_array_equal(got, block_select_reference(s, jnp.asarray([5]), n=8))
 
 
-@pytest.mark.parametrize("rows,nb,n", [(32, 8192, 410), (9, 256, 13), (14, 16384, 820)])
-def test_lowers_for_cuda(rows, nb, n):
-  fn = functools.partial(block_select, n=n, impl="pallas")
+@pytest.mark.parametrize("rows,nb,n,early", [(32, 8192, 410, False), (9, 256, 13, False),
+                                             (14, 16384, 820, False), (32, 8192, 410, True)])
+def test_lowers_for_cuda(rows, nb, n, early):
+  fn = functools.partial(block_select, n=n, impl="pallas", early_exit=early)
   exported = jax.export.export(
       jax.jit(fn), platforms=["cuda"],
       disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
@@ -93,11 +99,12 @@ def test_lowers_for_cuda(rows, nb, n):
   assert "sort" not in exported.mlir_module()  # no XLA sort anywhere in the selection
 
 
-@pytest.mark.parametrize("nb", [2048, 8192, MAX_ENTRIES])
-def test_compiles_for_sm90_without_spills(nb, tmp_path):
+@pytest.mark.parametrize("nb,early", [(2048, False), (8192, False), (MAX_ENTRIES, False),
+                                      (8192, True)])
+def test_compiles_for_sm90_without_spills(nb, early, tmp_path):
   pytest.importorskip("triton")
   from pallas_kernels import ptx  # pylint: disable=g-import-not-at-top
-  fn = functools.partial(block_select, n=nb // 20, impl="pallas")
+  fn = functools.partial(block_select, n=nb // 20, impl="pallas", early_exit=early)
   [mod] = ptx.triton_modules(fn, S((32, nb), F32), S((32,), I32))
   kernel = ptx.compile_sm90(mod, str(tmp_path))
   assert 0 < kernel.metadata.shared <= ptx.H100_SMEM_PER_BLOCK
