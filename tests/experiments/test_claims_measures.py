@@ -53,6 +53,11 @@ def test_budget_reduction_finds_the_smallest_budget_within_tolerance():
   assert got["verdict"] == "reproduced" and "10.0% -> 5.0% (+50.0%)" in got["ours"]
   same = [dict(r, score=0.0) if r["resa"] and r["knob"] == 0.05 else r for r in recs]
   assert claims_sweeps.budget_reduction(same)["verdict"] == "not reproduced"
+  # why: each arm's best knob, and RESA's gain at equal knobs paired per sample (50 samples,
+  # the two knobs averaged per sample: (0.9 + 0.9) / 2 - (0.7 + 0.9) / 2 = +10 points)
+  assert ("quest:adakv: best 90.0 (knob 0.1) -> +RESA 90.0 (knob 0.05), +RESA - base at the "
+          "same knob +10.0 pts [") in got["why"]
+  assert "(n=50 samples, 2 knobs averaged per sample)" in got["why"]
 
 
 def _layer(method, ctx, times):
