@@ -19,20 +19,16 @@ the same cache. "EA vs each baseline" is paired on the same samples (paired boot
 
 Samples: 5 per (task, length) over the 12 tasks: 60 per method x ratio (the headline cell).
 
-Cost (2 cores): one shared prefill per 5-prompt batch (~1.3x dense for H2O's accumulated
-scores), then per row the question in one chunk (11x faster than one decode step per token:
-``python -m experiments.compaction_bench --spec=expected_attention --context=1024
---question_tokens=60``) and the answer one step at a time. Measured 2026-11-25 with two
-processes split by task (one core each): at 4k, 21 rows (7 methods x kept fractions 0.75 /
-0.25 / 0.1) took 80 min for 6 tasks (630 records, ~13 min a batch: ~5-6 min of prefill, ~20 s
-a row); the 4k grid (29 rows + dense) is then ~3.5 h of one core. At 8k, measured the same
-way: ~24 min a batch for the prefill and dense's row, then ~35 s a compressed row (~50 s on cwe
-and fwe), so one batch of all 29 rows takes ~40 min and the 8k grid (12 batches) ~8 h of one
-core. One process alone (both cores) is the faster way at 8k: ~13 min a batch for the prefill
-and dense's row, then ~5 min for 21 compressed rows, 18 min a batch (fwe and qa, 2026-11-26);
-two processes side by side took ~40 min a batch each. Run it in slices (methods, budgets, tasks
-and lengths are keyed, so slices resume and extend one another), ratio 0.5 first, and join
-slices run in other workdirs with ``python -m experiments.merge``.
+Cost (2 cores): one shared prefill per 5-prompt batch, then per row the question in one chunk
+(11x faster than one decode step per token: ``python -m experiments.compaction_bench
+--spec=expected_attention --context=1024 --question_tokens=60``) and the answer one step at a
+time. H2O's accumulated attention was most of the shared prefill until it visited only the key
+tiles a query block can see (``observe.column_sums``, 2026-11-27): one 8k batch of all 29 rows
+then took ~8 min on both cores in one process (~4 min for the prefill and dense's row, ~6 s a
+compressed row), the 8k grid ~1.6 h; before, ~20.5 min a batch (~14 min of prefill). Two
+processes side by side are slower than one with both cores. Run it in slices (methods, budgets,
+tasks and lengths are keyed, so slices resume and extend one another), ratio 0.5 first, and
+join slices run in other workdirs with ``python -m experiments.merge``.
 """
 
 from configs import accuracy
