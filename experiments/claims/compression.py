@@ -142,7 +142,8 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
              "partly" if d > 0 or hi > 0 else "not reproduced")
   lengths = sorted({r["length"] for r in recs})
   tasks = sorted({r["task"] for r in recs})
-  dense = [float(r["score"]) for r in records if r.get("method") == "dense"]
+  dense = [float(r["score"]) for r in records if r.get("method") == "dense"
+           and r["length"] in lengths]  # the pooled lengths only, as EA's
   return dict(ours=f"EA ({EA_SPEC[heatmap]}) {100 * ma:.1f} vs best baseline {rival} "
                    f"{100 * mb:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}])",
               n=n, setting=f"{model_of(recs)}, {lengths} tokens, keep {budget:g}, query-agnostic"

@@ -405,6 +405,10 @@ def test_ea_claim_leaves_a_length_still_running_out_of_the_pool():
   assert "[4096] tokens" in got["setting"]
   assert "8192 tokens still running (1 of 2 tasks), not pooled" in got["setting"]
   assert "; at 8192 tokens (1 of 2 tasks, not pooled): EA 0.0 vs keydiff 100.0" in got["why"]
+  # dense's mean is over the pooled lengths too
+  dense = (_acc("dense", np.ones(40), None, protocol="query_agnostic")
+           + _acc("dense", np.zeros(20), None, length=8192, task="vt", protocol="query_agnostic"))
+  assert "; dense 100;" in claims_compression.ea_vs_baselines(full + running + dense)["why"]
   # once the length holds every task it is pooled
   done = running + [dict(r, task="cwe") for r in running]
   assert claims_compression.ea_vs_baselines(full + done)["n"] == 80
