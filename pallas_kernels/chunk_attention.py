@@ -52,9 +52,36 @@ from pallas_kernels.softmax import default_scale, grouped_attention
 from pallas_kernels.split_combine import split_combine
 
 _NEVER = jnp.iinfo(jnp.int32).max
+NEVER = _NEVER  # a slot position no query reaches (an empty or invalid slot)
 # The reference's tiles (XLA:CPU): ~0.6 MB of logits per query tile at G = 3.
 REF_KEY_TILE = 256
 REF_QUERY_TILE = 128
+
+
+def key_tiles(key_pos, key_tile: int):
+  """``[NT]`` int32: the oldest position in each ``key_tile``-slot tile of ``key_pos [B, K, T]``
+  (``NEVER`` marks slots nothing attends), over batch and heads; the last tile padded."""
+  t = key_pos.shape[-1]
+  nt = -(-t // key_tile)
+  padded = jnp.pad(key_pos, ((0, 0), (0, 0), (0, nt * key_tile - t)), constant_values=_NEVER)
+  return jnp.min(padded.reshape(-1, nt, key_tile), axis=(0, 2))
+
+
+def tiles_to_visit(first_pos, newest):
+  """Tiles ``0 .. n-1`` a query at position ``newest`` must visit: ``n`` is one past the last
+  tile whose oldest position (``key_tiles``) it can see (tiles past it hold nothing it sees)."""
+  ids = jnp.arange(1, first_pos.shape[0] + 1, dtype=jnp.int32)
+  return jnp.max(jnp.where(first_pos <= newest, ids, 0))
+
+
+def clamped_tile(key_pos, i, key_tile: int):
+  """``(start, key_pos tile)`` of tile ``i``: the last tile is clamped to end at ``T`` and its
+  slots an earlier tile covered read ``NEVER``, so no slot counts twice."""
+  t = key_pos.shape[-1]
+  start = jnp.minimum(i * key_tile, t - key_tile)
+  offsets = jnp.arange(key_tile, dtype=jnp.int32)
+  tile = lax.dynamic_slice_in_dim(key_pos, start, key_tile, axis=2)
+  return start, jnp.where(start + offsets >= i * key_tile, tile, _NEVER)
 
 
 def visibility(q_pos, k_pos, length, window: int | None = None):
@@ -97,9 +124,7 @@ def chunk_attention_reference(q, k, v, q_pos, k_pos, length, *, scale: float | N
   # [B, K, T]: an unreachable position for slots that hold nothing to attend
   key_pos = jnp.where((k_pos >= 0) & (jnp.arange(t)[None, None, :] < length[:, None, None]),
                       k_pos, _NEVER)
-  nt = -(-t // key_tile)
-  padded = jnp.pad(key_pos, ((0, 0), (0, 0), (0, nt * key_tile - t)), constant_values=_NEVER)
-  first_pos = jnp.min(padded.reshape(-1, nt, key_tile), axis=(0, 2))  # [NT] over batch, heads
+  first_pos = key_tiles(key_pos, key_tile)  # [NT] over batch, heads
   qt = min(query_tile, s)
   nq = -(-s // qt)
   pad = nq * qt - s
@@ -134,24 +159,18 @@ def _attend_key_tiles(q, q_pos, k, v, key_pos, first_pos, key_tile: int, scale, 
     ``out [B, N, qt, D]`` in ``q.dtype`` and ``lse [B, N, qt]`` float32.
   """
   b, n, qt, d = q.shape
-  kh, t = k.shape[1], k.shape[2]
+  kh = k.shape[1]
   g = n // kh
   scale = default_scale(d, scale)
-  newest = jnp.max(q_pos)
-  # Tiles past the last one holding a visible key contribute nothing: stop before them.
-  tile_ids = jnp.arange(first_pos.shape[0], dtype=jnp.int32)
-  num_tiles = jnp.max(jnp.where(first_pos <= newest, tile_ids + 1, 0))
+  num_tiles = tiles_to_visit(first_pos, jnp.max(q_pos))
   qp = jnp.where(q_pos >= 0, q_pos, -1)[:, None, None, :, None]  # [B, 1, 1, qt, 1]
   qg = (q.astype(jnp.float32) * scale).reshape(b, kh, g * qt, d)  # [B, K, G*qt, D]
-  offsets = jnp.arange(key_tile, dtype=jnp.int32)
   exact = dict(preferred_element_type=jnp.float32, precision=lax.Precision.HIGHEST)
 
   def tile(i, carry):
     acc, m, l = carry
-    # The last tile is clamped to end at T; slots an earlier tile covered are masked out.
-    start = jnp.minimum(i * key_tile, t - key_tile)
+    start, kp = clamped_tile(key_pos, i, key_tile)
     take = lambda x: lax.dynamic_slice_in_dim(x, start, key_tile, axis=2)
-    kp = jnp.where(start + offsets >= i * key_tile, take(key_pos), _NEVER)
     see = kp[:, :, None, None, :] <= qp  # [B, K, 1, qt, kt]
     if window is not None:
       see &= kp[:, :, None, None, :] > qp - window

@@ -18,6 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from pallas_kernels.chunk_attention import NEVER, clamped_tile, key_tiles, tiles_to_visit
+
 
 def init_ring(batch: int, num_heads: int, window: int, head_dim: int):
   """An empty ring of ``window`` queries: ``{"buf" [B, W, N, D] f32, "pos" [B, W], "n" [B]}``."""
@@ -121,31 +123,24 @@ def column_sums(q, positions, lse, k, kpos, kvalid, scale, block: int = 256,
   pb = jnp.moveaxis(pp.reshape(b, nb, block), 1, 0)
   lb = jnp.moveaxis(lp.reshape(b, hkv, g, nb, block), 3, 0)
   kt = min(key_tile, t)
-  num_tiles = -(-t // kt)
-  never = jnp.iinfo(jnp.int32).max
-  seeable = jnp.where(kvalid & (kpos >= 0), kpos, never)  # [B, K, T]
-  padded = jnp.pad(seeable, ((0, 0), (0, 0), (0, num_tiles * kt - t)), constant_values=never)
-  first = jnp.min(padded.reshape(-1, num_tiles, kt), axis=(0, 2))  # [NT] oldest per tile
-  tile_ids = jnp.arange(1, num_tiles + 1, dtype=jnp.int32)
-  offsets = jnp.arange(kt, dtype=jnp.int32)
+  seeable = jnp.where(kvalid & (kpos >= 0), kpos, NEVER)  # [B, K, T]
+  first = key_tiles(seeable, kt)  # [NT] oldest position per tile
 
   def one_block(acc, xs):
     qi, pi, li = xs
     live = (pi >= 0)[:, None, None, :] & jnp.isfinite(li)  # [B, K, G, blk]
     li = jnp.where(live, li, 0.0)
-    visits = jnp.max(jnp.where(first <= jnp.max(pi), tile_ids, 0))
 
     def one_tile(i, acc):
-      # The last tile is clamped to end at T; slots an earlier tile covered are left out.
-      start = jnp.minimum(i * kt, t - kt)
+      start, kp = clamped_tile(seeable, i, kt)  # [B, K, kt]
       take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, kt, axis=2)
-      kp = jnp.where(start + offsets >= i * kt, take(seeable), never)  # [B, K, kt]
       logits = jnp.einsum("bkgsd,bktd->bkgst", qi, take(k).astype(jnp.float32)) * scale
       ok = live[..., None] & (kp[:, :, None, None, :] <= pi[:, None, None, :, None])
       p = jnp.where(ok, jnp.exp(logits - li[..., None]), 0.0)
       return jax.lax.dynamic_update_slice_in_dim(
           acc, take(acc) + jnp.sum(p, axis=(2, 3)) / g, start, axis=2)
 
+    visits = tiles_to_visit(first, jnp.max(pi))
     return jax.lax.fori_loop(0, visits, one_tile, acc), None
 
   acc, _ = jax.lax.scan(one_block, jnp.zeros((b, hkv, t), jnp.float32), (qb, pb, lb))
