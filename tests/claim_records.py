@@ -7,3 +7,10 @@ def accuracy_records(method, scores, *, task="niah_single_2", length=4096, budge
   return [dict(experiment="accuracy", model="m", method=method, budget=budget, length=length,
                protocol=protocol, task=task, seed=i, depth=0.5, score=float(s), **extra)
           for i, s in enumerate(scores)]
+
+
+def acc(method, scores, budget=0.025, length=4096, protocol="query_aware", task="niah_single_2"):
+  """``accuracy_records`` with the budget, length and protocol positional (the claim tests'
+  short form)."""
+  return accuracy_records(method, scores, task=task, length=length, budget=budget,
+                          protocol=protocol)
