@@ -58,7 +58,7 @@ CHUNK_CONTEXTS=(--config.contexts=32768,131072)
 SWEEP=(--contexts=32768,131072)
 SELECT=(--select_entries=2048,8192 --select_rows=8 --select_bits=1 --select_warps=0,4,16)
 PROFILE=(--steps=32 --calls=2)
-PROFILE_E2E=(--shape=llama-3.1-8b --context=32768 --steps=8 --calls=2)
+PROFILE_E2E=(--shape=llama-3.1-8b --context=32768 --steps=8 --calls=2 --top=30)
 CTX_SMALL=(131072 32768)
 if [ "$QUICK" = 1 ]; then
   CTX32=()
