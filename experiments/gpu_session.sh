@@ -23,7 +23,8 @@
 #   8. profile_128k, profile_32k: per-op device microseconds of one decode step of Quest, +RESA
 #      and dense (experiments/profile_step.py);
 #   9. profile_e2e: the same for whole-model steps of the random Llama-3.1-8B at 32k (what the
-#      end-to-end ms per token is made of).
+#      end-to-end ms per token is made of, next to the untraced wall clock), with the optimized
+#      HLO of those programs ($OUT/hlo_e2e.tgz) to read the profile's fusion names in.
 # PARTS (default: parts 1-5) names the parts to run, in its order; PER_LAYER_CONTEXTS and
 # PER_LAYER_METHODS narrow per_layer (defaults: 8k / 32k / 128k, five methods).
 # Each part runs under its own limit, cut to what is left of TOTAL (570 s) seconds; a part
@@ -117,8 +118,13 @@ for name in $PARTS; do
     profile_32k) part profile_32k 60 python3 -m experiments.profile_step \
         --context="${CTX_SMALL[1]}" --impl=pallas "${PROFILE[@]}" \
         --methods=quest:gqa=group,dense ;;
-    profile_e2e) part profile_e2e 240 python3 -m experiments.profile_step --impl=pallas \
-        "${PROFILE_E2E[@]}" --methods=dense,quest:gqa=group,quest:gqa=group+resa ;;
+    profile_e2e) rm -rf /tmp/hlo_e2e
+      part profile_e2e 240 env "XLA_FLAGS=--xla_dump_to=/tmp/hlo_e2e --xla_dump_hlo_as_text \
+        --xla_dump_hlo_module_re=.*decode_program.*" python3 -m experiments.profile_step \
+        --impl=pallas "${PROFILE_E2E[@]}" --methods=dense,quest:gqa=group,quest:gqa=group+resa
+      # the optimized programs, so the profile's fusion names can be read back as HLO
+      find /tmp/hlo_e2e -name "*decode_program*after_optimizations.txt" 2>/dev/null \
+        | tar czf "$OUT/hlo_e2e.tgz" -T - ;;
     *) echo "unknown part: $name"; exit 2 ;;
   esac
 done

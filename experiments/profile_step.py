@@ -25,6 +25,7 @@ import collections
 import glob
 import os
 import tempfile
+import time
 
 from absl import app, flags
 import jax
@@ -104,7 +105,7 @@ def model_candidates(s, specs):
   each method's caches dropped before the next method's are made."""
   config = shapes.model_config(FLAGS.shape, FLAGS.dtype)
   model = shapes.random_model(config, s.seed)
-  total = 2 + (2 + FLAGS.calls) * FLAGS.steps  # the warm-up calls and the traced ones
+  total = 2 + (3 + FLAGS.calls) * FLAGS.steps  # the warm-up, timed and traced calls
   for spec in specs:
     m = shape_ours.make_method(spec, s)
     got = shape_ours.decoder(model, m, batch=FLAGS.batch, context=FLAGS.context, steps=total)
@@ -152,11 +153,16 @@ def main(argv):
   for spec, cand in cands:
     for _ in range(2):  # compile and warm
       jax.block_until_ready(cand.fn())
-    prof = profile(cand, FLAGS.calls, 1 if FLAGS.prefill_chunk else FLAGS.steps)
+    per_call = 1 if FLAGS.prefill_chunk else FLAGS.steps
+    t0 = time.perf_counter()  # one untraced call: the wall time the device ops sum up against
+    jax.block_until_ready(cand.fn())
+    wall_us = (time.perf_counter() - t0) / per_call * 1e6
+    prof = profile(cand, FLAGS.calls, per_call)
     profiles[spec] = prof
     total = sum(us for us, _ in prof.values())
     launches = sum(c for _, c in prof.values())
-    print(f"\n== {spec}: {total:.1f} us of device ops per step, {launches:.1f} ops per step")
+    print(f"\n== {spec}: {total:.1f} us of device ops per step, {launches:.1f} ops per step; "
+          f"{wall_us:.1f} us per step untraced, wall clock ({wall_us - total:+.1f} us not in ops)")
     for name, (us, cnt) in sorted(prof.items(), key=lambda kv: -kv[1][0])[:FLAGS.top]:
       print(f"  {us:9.2f} us  x{cnt:4.1f}  {name}")
   base_spec = specs[0]

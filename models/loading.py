@@ -46,8 +46,9 @@ class Model:
 
   @functools.cached_property
   def decode_params(self) -> llama.Params:
-    """The parameters in the decode layout (``llama.split_layers``), split once per model."""
-    return llama.split_layers(self.params)
+    """The parameters in the decode layout (``llama.decode_layout``: per-layer, projections
+    fused on a GPU), made once per model."""
+    return llama.decode_layout(self.params)
 
   def in_decode_layout(self) -> "Model":
     """This model with ``params`` in the decode layout only: one copy of the weights where

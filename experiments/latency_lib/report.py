@@ -85,7 +85,8 @@ def shape_table(rows: list[dict]) -> str:
     out.append({
         "phase": r["phase"], "batch": r["batch"], "context": r["context"],
         "method": r["method"], "status": r.get("status", ""),
-        "ms/step" if decode else "s": _f(val), "tok/s": _f(r.get("tok_s")),
+        "ms/step" if decode else "s": _f(val), "host ms/step": _f(r.get("dispatch_ms")),
+        "tok/s": _f(r.get("tok_s")),
         "x dense": _f(dense / val if dense and val else None),
         "x transformers": _f(hf / val if hf and val else None),
         "GB/step": _f((r.get("weight_bytes", 0) + r.get("kv_bytes", 0)) / 1e9 or None),
@@ -94,10 +95,11 @@ def shape_table(rows: list[dict]) -> str:
   devices = sorted({(r.get("shape"), r.get("dtype"), r.get("device"), r.get("backend"),
                      r.get("peak_gbs"), r.get("peak_source")) for r in recs}, key=str)
   head = "\n".join(f"{s} ({dt}, random weights) on {dev} ({be}), peak {_f(pk)} GB/s "
-                    f"({src}); x dense / x transformers: their time over this row's."
+                    f"({src}); x dense / x transformers: their time over this row's; host "
+                    "ms/step: the host's time to issue a step (near ms/step: host-bound)."
                     for s, dt, dev, be, pk, src in devices)
-  cols = ["phase", "batch", "context", "method", "status", "ms/step", "s", "tok/s", "x dense",
-          "x transformers", "GB/step", "bound ms", "of bound", "note"]
+  cols = ["phase", "batch", "context", "method", "status", "ms/step", "host ms/step", "s",
+          "tok/s", "x dense", "x transformers", "GB/step", "bound ms", "of bound", "note"]
   return head + "\n\n" + render.markdown_table(out, cols)
 
 

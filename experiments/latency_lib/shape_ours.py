@@ -100,7 +100,8 @@ def decode_part(model, m, *, batch: int, context: int, n_steps: int, repeats: in
   """Times greedy decode of ``batch`` rows past ``context`` cached tokens.
 
   Returns:
-    ``dict(step_ms=, times_ms=, first_call_s=, steps=, warmup_steps=)`` or ``dict(skip=)``.
+    ``dict(step_ms=, times_ms=, dispatch_ms=, first_call_s=, steps=, warmup_steps=)`` or
+    ``dict(skip=)``; ``dispatch_ms``: the host's time to issue one step (before the sync).
   """
   f = m.rect_interval
   n_steps = -(-n_steps // f) * f if f else n_steps  # whole rectification periods per round
@@ -112,19 +113,24 @@ def decode_part(model, m, *, batch: int, context: int, n_steps: int, repeats: in
   loop, newest = got
   step_keys = list(jax.random.split(jax.random.key(2), total))  # made before any clock runs
 
-  def run(i0: int, n: int) -> float:
+  def run(i0: int, n: int) -> tuple[float, float]:
+    """Seconds until the host has issued ``n`` steps, and until the device finished them."""
     t0 = time.perf_counter()
     for i in range(i0, i0 + n):
       nxt, _ = loop.step(newest + i, step_keys[i])
+    issued = time.perf_counter() - t0
     jax.block_until_ready((nxt, loop.caches, loop.states))
-    return time.perf_counter() - t0
+    return issued, time.perf_counter() - t0
 
-  first = run(0, 1)
+  first = run(0, 1)[1]
   run(1, warm - 1)
-  times = [run(warm + r * n_steps, n_steps) / n_steps for r in range(repeats)]
+  rounds = [run(warm + r * n_steps, n_steps) for r in range(repeats)]
+  times = [t / n_steps for _, t in rounds]
   del loop
   gc.collect()
+  # dispatch_ms close to step_ms: the host sets the pace, not the device
   return dict(step_ms=statistics.median(times) * 1e3, times_ms=[t * 1e3 for t in times],
+              dispatch_ms=statistics.median(d / n_steps for d, _ in rounds) * 1e3,
               first_call_s=first, steps=n_steps, warmup_steps=warm)
 
 

@@ -58,7 +58,8 @@ def model_config(name: str, dtype: str):
 
 
 def random_model(config, seed: int = 0):
-  """A ``models.loading.Model`` of ``config`` with random weights in the decode layout.
+  """A ``models.loading.Model`` of ``config`` with random weights in the decode layout
+  (``llama.decode_layout``: projections fused on a GPU).
 
   Each layer is initialised by its own jitted call (``llama.Block.init``, one compilation for
   all layers), so the device never holds the weights twice (``llama.init_params`` stacks the
@@ -78,7 +79,8 @@ def random_model(config, seed: int = 0):
   x = jnp.zeros((1, 1, e), dt)
   pos = jnp.zeros((1, 1), jnp.int32)
   block = llama.Block(config)
-  init_layer = jax.jit(lambda k: block.init(k, x, pos, lambda q, kk, vv: (q, None))["params"])
+  fuse = llama.fuse_projections if llama.fuse_by_default() else (lambda p: p)
+  init_layer = jax.jit(lambda k: fuse(block.init(k, x, pos, lambda q, kk, vv: (q, None))["params"]))
   k_emb, k_head, k_layers = jax.random.split(jax.random.key(seed), 3)
 
   @jax.jit

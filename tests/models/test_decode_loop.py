@@ -172,3 +172,26 @@ def test_one_program_step_lowers_for_cuda_with_the_pallas_kernels(model, spec, o
   pos = jax.ShapeDtypeStruct((1, 1), np.int32)
   text = export_cuda(step, spec(model.decode_params), hist, pos, spec(caches), spec(states))
   assert TRITON_CALL in text and text.count("func.func public @main") == 1
+
+
+def test_fused_projections_decode_and_forward_the_same(model, dense_tokens, monkeypatch):
+  """The GPU decode layout (q/k/v and gate/up each one matrix, ``llama.fuse_projections``)
+  gives the separate projections' tokens and logits, through ``forward`` and the one-program
+  decode step; fusing twice changes nothing."""
+  fused = llama.decode_layout(model.params, fuse=True)
+  layer = fused["layers"][0]
+  assert set(layer) >= {"qkv_proj", "gate_up_proj"} and "q_proj" not in layer
+  assert layer["qkv_proj"]["kernel"].shape == (CFG.hidden_size, CFG.q_size + 2 * CFG.kv_size)
+  assert layer["qkv_proj"]["bias"].shape == (CFG.q_size + 2 * CFG.kv_size,)  # qkv_bias=True
+  assert llama.fuse_projections(layer) is layer and not llama.fuse_by_default(model.params)
+  one = models.Model(CFG, fused, None, "tiny")
+  tokens = _tokens(2, 24)
+  np.testing.assert_allclose(np.asarray(one.forward(tokens)), np.asarray(model.forward(tokens)),
+                             rtol=1e-5, atol=1e-5)
+  m = methods.make("quest+resa", block_size=8, budget=16)
+  forced = _tokens(1, 48, seed=3)
+  ref = decode.teacher_forced(model, forced, 32, m, prefill_chunk=16)
+  monkeypatch.setattr(models.steps, "fused_by_default", lambda: True)
+  np.testing.assert_allclose(decode.teacher_forced(one, forced, 32, m, prefill_chunk=16), ref,
+                             rtol=1e-5, atol=1e-5)
+  assert decode.generate(one, PROMPT, 8, DENSE, **KW).tokens == dense_tokens
