@@ -195,3 +195,18 @@ def test_fused_projections_decode_and_forward_the_same(model, dense_tokens, monk
   np.testing.assert_allclose(decode.teacher_forced(one, forced, 32, m, prefill_chunk=16), ref,
                              rtol=1e-5, atol=1e-5)
   assert decode.generate(one, PROMPT, 8, DENSE, **KW).tokens == dense_tokens
+
+
+def test_one_program_step_copies_no_donated_leaf():
+  """The GPU step returns its donated buffers first: no cache or state leaf is copied to make
+  room for another output of the same shape (the sampled token once shifted every [B] int32
+  leaf onto its neighbour's buffer, a device copy each per step)."""
+  from models import steps  # pylint: disable=g-import-not-at-top
+  m = methods.make("quest+resa", block_size=8, budget=16)
+  params = llama.decode_layout(llama.init_params(CFG, jax.random.key(0)), fuse=False)
+  caches, states = steps.init_caches(CFG, m, 1, 64)
+  hist, pos = np.zeros((1, 64), np.int32), np.zeros((1, 1), np.int32)
+  text = steps._decode_program.lower(params, hist, pos, caches, states, jax.random.key(0),
+                                     config=CFG, method=m,
+                                     sampling=models.Sampling()).compile().as_text()
+  assert " s32[1]{0} copy(" not in text
