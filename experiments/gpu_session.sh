@@ -14,7 +14,7 @@
 #   3. shape_32k: a random-weight Llama-3.1-8B end to end at batch 1 and 32k (dense prefill;
 #      decode dense, Quest, +RESA), next to transformers, each row with its fraction of the
 #      bandwidth bound;
-#   4. shape_128k: the same model at 128k, dense and Quest (ours only);
+#   4. shape_128k: the same model at 128k, dense, Quest and +RESA (ours only);
 #   5. prefill_chunk: one layer's 4096-query dense prefill chunk at 32k / 128k, chunk_attention's
 #      kernel vs its in-order branch (cuDNN flash attention), the GPU default;
 #   6. decode_sweep: the dense split-K decode kernel's launch configurations at 32k / 128k next
@@ -103,8 +103,9 @@ for name in $PARTS; do
         --config.shape_batches=1 \
         "--config.shape_methods=dense,quest:gqa=group,quest:gqa=group+resa" \
         --config.shape_prefill_methods=dense "${CTX32[@]}" "${EXTRA[@]}" ;;
-    shape_128k) part shape_128k 130 "${LATENCY[@]}" --config.sections=shape_e2e \
-        --config.shape_batches=1 "--config.shape_methods=dense,quest:gqa=group" \
+    shape_128k) part shape_128k 170 "${LATENCY[@]}" --config.sections=shape_e2e \
+        --config.shape_batches=1 \
+        "--config.shape_methods=dense,quest:gqa=group,quest:gqa=group+resa" \
         --config.shape_prefill_methods=dense "${CTX128[@]}" "${EXTRA[@]}" ;;
     prefill_chunk) part prefill_chunk 80 "${LATENCY[@]}" --config.sections=prefill_chunk \
         "${CHUNK_CONTEXTS[@]}" "${EXTRA[@]}" ;;
