@@ -244,7 +244,8 @@ def fuse_projections(layer: Params) -> Params:
 def fuse_by_default(params: Params | None = None) -> bool:
   """Whether the decode layout fuses projections: on a GPU (``fuse_projections``' why), for
   params on one device (a sharded model keeps its per-projection shardings). On a CPU the
-  separate projections are as fast and keep the pinned logits bit for bit."""
+  layout keeps the projections as loaded, and the pinned logits bit for bit (the fused form
+  was not timed there)."""
   one_device = lambda x: getattr(x, "sharding", None) is None or len(x.sharding.device_set) == 1
   return jax.default_backend() == "gpu" and all(map(one_device, jax.tree.leaves(params or {})))
 
@@ -260,7 +261,8 @@ def _fused_layer(layers, i):
 
 def decode_layout(params: Params, fuse: bool | None = None) -> Params:
   """``split_layers(params)``, each layer fused by ``fuse_projections`` when ``fuse`` (None:
-  ``fuse_by_default(params)``), one layer at a time (never two copies of all the weights)."""
+  ``fuse_by_default(params)``), one layer at a time: no unfused per-layer copy of every
+  layer is made on the way (the caller's ``params`` stay as they are)."""
   fuse = fuse_by_default(params) if fuse is None else fuse
   layers = params["layers"]
   if not fuse or is_fused(layers):
