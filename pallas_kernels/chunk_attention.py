@@ -47,48 +47,21 @@ import jax.numpy as jnp
 
 from pallas_kernels import _common
 from pallas_kernels import prompt_attention
+from pallas_kernels.key_tiles import (NEVER, below_length, clamped_tile, seeable_positions,
+                                     tile_first_positions, tiles_to_visit)
 from pallas_kernels._decode_kernel import NEG_INF, _finish, _online_update
 from pallas_kernels.softmax import default_scale, grouped_attention
 from pallas_kernels.split_combine import split_combine
 
-_NEVER = jnp.iinfo(jnp.int32).max
-NEVER = _NEVER  # a slot position no query reaches (an empty or invalid slot)
 # The reference's tiles (XLA:CPU): ~0.6 MB of logits per query tile at G = 3.
 REF_KEY_TILE = 256
 REF_QUERY_TILE = 128
 
 
-def key_tiles(key_pos, key_tile: int):
-  """``[NT]`` int32: the oldest position in each ``key_tile``-slot tile of ``key_pos [B, K, T]``
-  (``NEVER`` marks slots nothing attends), over batch and heads; the last tile padded."""
-  t = key_pos.shape[-1]
-  nt = -(-t // key_tile)
-  padded = jnp.pad(key_pos, ((0, 0), (0, 0), (0, nt * key_tile - t)), constant_values=_NEVER)
-  return jnp.min(padded.reshape(-1, nt, key_tile), axis=(0, 2))
-
-
-def tiles_to_visit(first_pos, newest):
-  """Tiles ``0 .. n-1`` a query at position ``newest`` must visit: ``n`` is one past the last
-  tile whose oldest position (``key_tiles``) it can see (tiles past it hold nothing it sees)."""
-  ids = jnp.arange(1, first_pos.shape[0] + 1, dtype=jnp.int32)
-  return jnp.max(jnp.where(first_pos <= newest, ids, 0))
-
-
-def clamped_tile(key_pos, i, key_tile: int):
-  """``(start, key_pos tile)`` of tile ``i``: the last tile is clamped to end at ``T`` and its
-  slots an earlier tile covered read ``NEVER``, so no slot counts twice."""
-  t = key_pos.shape[-1]
-  start = jnp.minimum(i * key_tile, t - key_tile)
-  offsets = jnp.arange(key_tile, dtype=jnp.int32)
-  tile = lax.dynamic_slice_in_dim(key_pos, start, key_tile, axis=2)
-  return start, jnp.where(start + offsets >= i * key_tile, tile, _NEVER)
-
-
 def visibility(q_pos, k_pos, length, window: int | None = None):
   """``[B, K, S, T]`` bool: query ``i`` may attend slot ``j`` (the module's rule)."""
-  t = k_pos.shape[-1]
-  filled = jnp.arange(t)[None, None, :] < length[:, None, None]
-  kp = jnp.where(filled & (k_pos >= 0), k_pos, _NEVER)[:, :, None, :]  # [B, K, 1, T]
+  # [B, K, 1, T]
+  kp = seeable_positions(k_pos, below_length(length, k_pos.shape[-1]))[:, :, None, :]
   qp = q_pos[:, None, :, None]  # [B, 1, S, 1]
   see = kp <= qp
   if window is not None:
@@ -122,9 +95,8 @@ def chunk_attention_reference(q, k, v, q_pos, k_pos, length, *, scale: float | N
     return out.reshape(b, n, s, d), lse.reshape(b, n, s)
   key_tile = min(key_tile, t)
   # [B, K, T]: an unreachable position for slots that hold nothing to attend
-  key_pos = jnp.where((k_pos >= 0) & (jnp.arange(t)[None, None, :] < length[:, None, None]),
-                      k_pos, _NEVER)
-  first_pos = key_tiles(key_pos, key_tile)  # [NT] over batch, heads
+  key_pos = seeable_positions(k_pos, below_length(length, t))
+  first_pos = jnp.min(tile_first_positions(key_pos, key_tile), axis=(0, 1))  # [NT]
   qt = min(query_tile, s)
   nq = -(-s // qt)
   pad = nq * qt - s
@@ -152,7 +124,7 @@ def _attend_key_tiles(q, q_pos, k, v, key_pos, first_pos, key_tile: int, scale, 
   ``l`` and unnormalised output, rescaled by ``exp(m_old - m_new)`` per key tile.
 
   Args:
-    k, v: ``[B, K, T, D]``; key_pos: ``[B, K, T]`` slot positions (``_NEVER``: not
+    k, v: ``[B, K, T, D]``; key_pos: ``[B, K, T]`` slot positions (``NEVER``: not
       attendable); first_pos: ``[NT]`` smallest position of each key tile.
 
   Returns:
@@ -202,18 +174,14 @@ def visible_tiles(q_pos, k_pos, length, *, query_tile: int, key_tile: int):
   A key tile is needed iff one of its filled slots holds a position at or before the tile's
   newest query; the count is one past the last such tile (exact for any slot order).
   """
-  b, kh, t = k_pos.shape
+  b, t = k_pos.shape[0], k_pos.shape[2]
   s = q_pos.shape[1]
-  nt, nq = -(-t // key_tile), -(-s // query_tile)
-  filled = jnp.arange(t)[None, None, :] < length[:, None, None]
-  kp = jnp.where(filled & (k_pos >= 0), k_pos, _NEVER)
-  kp = jnp.pad(kp, ((0, 0), (0, 0), (0, nt * key_tile - t)), constant_values=_NEVER)
-  first = jnp.min(kp.reshape(b, kh, nt, key_tile), axis=-1)  # [B, K, NT]
+  nq = -(-s // query_tile)
+  # [B, K, NT]
+  first = tile_first_positions(seeable_positions(k_pos, below_length(length, t)), key_tile)
   qp = jnp.pad(q_pos, ((0, 0), (0, nq * query_tile - s)), constant_values=-1)
   newest = jnp.max(qp.reshape(b, nq, query_tile), axis=-1)  # [B, Q]
-  need = first[:, :, None, :] <= newest[:, None, :, None]  # [B, K, Q, NT]
-  ids = jnp.arange(1, nt + 1, dtype=jnp.int32)
-  return jnp.max(jnp.where(need, ids, 0), axis=-1).astype(jnp.int32)
+  return tiles_to_visit(first[:, :, None, :], newest[:, None, :])
 
 
 def _chunk_kernel(q_ref, qpos_ref, k_ref, v_ref, kpos_ref, length_ref, tiles_ref, o_ref, lse_ref,
@@ -244,7 +212,7 @@ def _chunk_kernel(q_ref, qpos_ref, k_ref, v_ref, kpos_ref, length_ref, tiles_ref
     if cdt == jnp.float32:
       v = v.astype(cdt)
     kp = plgpu.load(kpos_ref.at[slots], mask=filled, other=-1)
-    kp = jnp.where(kp >= 0, kp, _NEVER)
+    kp = jnp.where(kp >= 0, kp, NEVER)
     see = kp[None, :] <= qpos[:, None]  # [R, key_tile]
     if window is not None:
       see &= kp[None, :] > qpos[:, None] - window

@@ -18,7 +18,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.chunk_attention import NEVER, clamped_tile, key_tiles, tiles_to_visit
+from pallas_kernels.key_tiles import (clamped_tile, seeable_positions, tile_first_positions,
+                                     tiles_to_visit)
 
 
 def init_ring(batch: int, num_heads: int, window: int, head_dim: int):
@@ -123,8 +124,8 @@ def column_sums(q, positions, lse, k, kpos, kvalid, scale, block: int = 256,
   pb = jnp.moveaxis(pp.reshape(b, nb, block), 1, 0)
   lb = jnp.moveaxis(lp.reshape(b, hkv, g, nb, block), 3, 0)
   kt = min(key_tile, t)
-  seeable = jnp.where(kvalid & (kpos >= 0), kpos, NEVER)  # [B, K, T]
-  first = key_tiles(seeable, kt)  # [NT] oldest position per tile
+  seeable = seeable_positions(kpos, kvalid)  # [B, K, T]
+  first = jnp.min(tile_first_positions(seeable, kt), axis=(0, 1))  # [NT] oldest per tile
 
   def one_block(acc, xs):
     qi, pi, li = xs
