@@ -167,7 +167,7 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
               budget=e.budget, task=task, length=target, num_tokens=s.num_tokens,
               context_tokens=split[i][1], depth=s.depth, seed=s.seed,
               score=scoring.score(pred, s.answers, s.metric), metric=s.metric,
-              answers=list(s.answers), prediction=pred[:300], new_tokens=len(row),
+              answers=list(s.answers), prediction=pred, new_tokens=len(row),
               attended_tokens=attended_tokens(m, s.num_tokens),
               kv_kept=kept[i] if kept else None, batch_seconds=secs, batch_size=len(batch),
               generator=ruler.GENERATOR)

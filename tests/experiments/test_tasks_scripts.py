@@ -248,3 +248,19 @@ def test_report_over_all_results(root):
     assert os.path.exists(os.path.join(root, "report", link)), link
   n = sum(len(results.read_records(p)) for p in results.find_results(root))
   assert n > 0 and json.dumps(n)
+
+
+def test_predictions_are_stored_whole(tmp_path, monkeypatch):
+  """A record's score re-derives from its stored prediction: nothing is cut (a long answer
+  used to be cut to 300 characters, so its score could not be checked from the record)."""
+  from experiments.tasks import scoring
+  from models import loading
+  decode = loading.Model.decode
+  monkeypatch.setattr(loading.Model, "decode", lambda self, ids: "x" * 400 + decode(self, ids))
+  cfg = _quick("accuracy")
+  with cfg.unlocked():
+    cfg.methods, cfg.tasks, cfg.num_samples = ("dense",), ("niah_single_1",), 1
+  recs = accuracy.run(cfg, str(tmp_path), write=False)
+  assert recs and all(len(r["prediction"]) > 400 for r in recs)
+  assert all(scoring.score(r["prediction"], r["answers"], r["metric"]) == r["score"]
+             for r in recs)
