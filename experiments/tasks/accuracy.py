@@ -30,7 +30,9 @@ from sparse_attn.protocol import PrefillGroup
 EXPERIMENT = "accuracy"
 # In every record's key (extending them reuses finished rows); reporting-only fields ignored.
 KEYED = ("model", "protocol", "methods", "budgets", "tasks", "lengths")
-IGNORED = ("pairs", "heatmap")
+# A sample is a pure function of its seed (``ruler.generate``), so a larger ``num_samples``
+# extends a workdir with the new seeds instead of refusing it as another config.
+IGNORED = ("pairs", "heatmap", "num_samples")
 PROTOCOLS = ("query_aware", "query_agnostic")
 CAPACITY_ROUND = 256
 

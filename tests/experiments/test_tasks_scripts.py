@@ -264,3 +264,16 @@ def test_predictions_are_stored_whole(tmp_path, monkeypatch):
   assert recs and all(len(r["prediction"]) > 400 for r in recs)
   assert all(scoring.score(r["prediction"], r["answers"], r["metric"]) == r["score"]
              for r in recs)
+
+
+def test_more_samples_extend_a_workdir(tmp_path):
+  """``num_samples`` 1 -> 2 resumes: only the new seed's rows are computed."""
+  cfg = _quick("accuracy")
+  with cfg.unlocked():
+    cfg.methods, cfg.tasks, cfg.num_samples = ("dense",), ("niah_single_1",), 1
+  first = accuracy.run(cfg, str(tmp_path), write=False)
+  with cfg.unlocked():
+    cfg.num_samples = 2
+  both = accuracy.run(cfg, str(tmp_path), write=False)
+  assert [r["seed"] for r in first] == [0] and sorted(r["seed"] for r in both) == [0, 1]
+  assert [r for r in both if r["seed"] == 0][0]["time"] == first[0]["time"]  # not rerun
