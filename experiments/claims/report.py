@@ -79,9 +79,9 @@ def claim_rows(records: dict[str, list[dict]], root: str,
              else f"no `{e.name}` records under `{root}` yet")
       row.update(ours="-", n=0, setting="-", verdict="not run", why=why, figure="")
     else:
-      dirty = verdicts.dirty_note(recs, measure, got)
-      if dirty:  # such records cannot be tied to code: the row says so
-        got = dict(got, setting=f"{got['setting']}; ⚠ {dirty}")
+      # records that cannot be tied to code: the row says so
+      for note in verdicts.provenance_notes(recs, measure, got):
+        got = dict(got, setting=f"{got['setting']}; ⚠ {note}")
       where = figure_folder(read, folders or {}, root, c.figure, part.name) if c.figure else ""
       fig = os.path.normpath(os.path.join(where, c.figure)) if c.figure else ""
       row.update(got, figure=f"[{os.path.basename(fig)}]({fig})" if fig and os.path.exists(
@@ -162,13 +162,16 @@ def needle_diagnosis(records) -> str:
   from experiments.analysis import needle_keep  # pylint: disable=g-import-not-at-top
   rows = needle_keep.table(records)
   cfg = records[0].get("config", {})
+  dirty = sum(map(verdicts.is_dirty, records))
+  mark = (f" ⚠ {dirty} of its {len(records)} records are from a modified tree (they cannot be "
+          "tied to code)." if dirty else "")
   return ("## Diagnosis: which tokens compression keeps (needle grid)\n\n"
           f"`needle_keep` ({cfg.get('model')}, {cfg.get('tasks')}, {cfg.get('lengths')} tokens, "
           "50% kept): the share of the needle's tokens each method keeps per layer and kv head, "
           "weighted by the dense model's attention from the question on the needle there "
           "(`weighted_recall`, %), for needles in the first half (`shallow`) and the second "
           "half (`deep`) of the context. Figure: "
-          "[needle_keep.png](needle_keep/needle_keep.png).\n\n"
+          f"[needle_keep.png](needle_keep/needle_keep.png).{mark}\n\n"
           + render.markdown_table(rows, ["method", "weighted_recall", "shallow", "deep",
                                          "needle_recall", "kept", "n"], digits=3))
 

@@ -25,26 +25,52 @@ def _on(records, where: str):
   return [r for r in records if backend(r) == where]
 
 
-def _rounds(records, dtype, context, method):
+def _run_rounds(records, dtype, context, methods) -> dict | None:
+  """``method -> rounds`` of one run that timed every one of ``methods`` at ``(dtype,
+  context)``: the latest such run, so a ratio pairs rounds that ran under the same load (two
+  runs, days apart on different trees, never pair). None when no run timed them all."""
+  runs: dict = {}
   for r in records:
-    if (r.get("section"), r.get("dtype"), r.get("context"), r.get("method")) == (
-        "per_layer", dtype, context, method):
-      return np.asarray(r["times_ms"], np.float64)
-  return None
+    if (r.get("section"), r.get("dtype"), r.get("context")) == ("per_layer", dtype, context) and (
+        r.get("method") in methods):
+      run = runs.setdefault(r.get("run"), {})
+      run.setdefault(r["method"], (r.get("time", ""), np.asarray(r["times_ms"], np.float64)))
+  full = [run for run in runs.values() if all(m in run for m in methods)]
+  if not full:
+    return None
+  latest = max(full, key=lambda run: max(t for t, _ in run.values()))
+  return {m: rounds for m, (_, rounds) in latest.items()}
 
 
 def _overheads(records, method, base=QUEST, dtype="float32"):
-  """Per context: (context, mean overhead, lo, hi, rounds) of ``method`` over ``base``."""
+  """Per context: (context, mean overhead, lo, hi, rounds) of ``method`` over ``base``, the
+  rounds of one run (``_run_rounds``)."""
   out = []
   for ctx in sorted({r["context"] for r in records if r.get("section") == "per_layer"}):
-    a, b = _rounds(records, dtype, ctx, method), _rounds(records, dtype, ctx, base)
-    if a is None or b is None:
+    got = _run_rounds(records, dtype, ctx, (method, base))
+    if got is None:
       continue
+    a, b = got[method], got[base]
     n = min(len(a), len(b))
-    ratio = a[:n] / b[:n] - 1.0
-    m, lo, hi = stats.paired_bootstrap(ratio, np.zeros(n))
+    m, lo, hi = stats.paired_bootstrap(a[:n] / b[:n] - 1.0, np.zeros(n))
     out.append((ctx, m, lo, hi, n))
   return out
+
+
+def overhead_verdict(rows, limit: float) -> str:
+  """The verdict of "the overhead is <= ``limit`` at every context" from per-context
+  ``(context, mean, lo, hi, ...)``: reproduced when every interval lies at or below the limit;
+  not reproduced when one lies wholly above twice the limit; partly when one lies wholly above
+  the limit (none above twice it); inconclusive when an interval holds the limit (too noisy to
+  tell, wherever its mean falls). A context without an interval (NaN bounds) counts its mean."""
+  bounds = [(m, m) if not np.isfinite(lo) else (lo, hi) for _, m, lo, hi, *_ in rows]
+  if all(hi <= limit for _, hi in bounds):
+    return "reproduced"
+  if any(lo > 2 * limit for lo, _ in bounds):
+    return "not reproduced"
+  if any(lo > limit for lo, _ in bounds):
+    return "partly"
+  return "inconclusive"
 
 
 def _overhead_claim(records, method, paper_max, label, *, base=QUEST, where="cpu",
@@ -56,8 +82,7 @@ def _overhead_claim(records, method, paper_max, label, *, base=QUEST, where="cpu
   ours = "; ".join(f"{c // 1024}k {100 * m:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
                    for c, m, lo, hi, _ in rows)
   rounds = min(r[4] for r in rows)  # each interval is over one context's rounds
-  verdict = ("reproduced" if worst[1] <= paper_max or worst[2] <= paper_max else
-             "partly" if worst[1] <= 2 * paper_max else "not reproduced")
+  verdict = overhead_verdict(rows, paper_max)
   if where == "cpu":
     noise = ("CPU rounds at 32k+ vary by tens of percent, so a ratio below 1 there is noise")
     device = "CPU"
@@ -76,8 +101,7 @@ def _overhead_claim(records, method, paper_max, label, *, base=QUEST, where="cpu
 def resa_decode_overhead(records):
   """RESA Table 4: the Online Aggregator adds <= 3.13% to a decode step (Llama-3.1-8B, budget
   500). Ours: per-layer step time of Quest (group-shared) with and without RESA at the same
-  selection; reproduced when the worst context's overhead (or its lower bound) is <= 3.13%,
-  partly when <= 6.26%."""
+  selection; verdict by ``overhead_verdict`` with the limit 3.13%."""
   return _overhead_claim(records, f"{QUEST}+resa", 0.0313, "RESA adds one merge per step")
 
 
@@ -124,16 +148,13 @@ def resa_prefill_overhead(records, where="cpu"):
   8k-128k). Ours: the last chunk + ``end_prefill`` of one layer with and without RESA, per
   context the mean per-round ratio with its 95% interval over that context's interleaved
   rounds (records before rounds were stored give the ratio of medians, no interval);
-  reproduced when the worst context's overhead (or its lower bound) is <= 7.35%, partly when
-  <= 14.7%."""
+  verdict by ``overhead_verdict`` with the limit 7.35% (the paper's upper end)."""
   rows = sorted((r for r in _on(records, where) if r.get("section") == "resa"),
                 key=lambda r: r["context"])
   if not rows:
     return None
   per = [_prefill_overhead(r) for r in rows]  # (context, mean, lo, hi, rounds)
-  worst = max(per, key=lambda p: p[1])
-  pct = min(worst[1], worst[2]) if np.isfinite(worst[2]) else worst[1]
-  verdict = ("reproduced" if pct <= 0.0735 else "partly" if pct <= 0.147 else "not reproduced")
+  verdict = overhead_verdict(per, 0.0735)
   ours = "; ".join(f"{c // 1024}k {100 * m:+.1f}%" + (f" [{100 * lo:+.1f}, {100 * hi:+.1f}]"
                                                       if np.isfinite(lo) else "")
                    for c, m, lo, hi, _ in per)
@@ -176,10 +197,11 @@ def rectified_memory_access(records, context=None, where="cpu", dtype="float32")
     return None
   r = max(rows, key=lambda r: r["context"]) if context is None else next(
       (x for x in rows if x["context"] == context), None)
-  dense = _rounds(records, dtype, r["context"], "dense")
-  if dense is None:
+  got = _run_rounds([x for x in records if x.get("run") == r.get("run")], dtype, r["context"],
+                    (r["method"], "dense"))
+  if got is None:
     return None
-  mine = np.asarray(r["times_ms"], np.float64)
+  mine, dense = got[r["method"]], got["dense"]
   n = min(len(mine), len(dense))
   m, lo, hi = stats.paired_bootstrap(mine[:n] / dense[:n], np.zeros(n))
   model = 1 / 16 + r.get("p_eff", 0.1) + 1 / 32
@@ -189,7 +211,8 @@ def rectified_memory_access(records, context=None, where="cpu", dtype="float32")
   return dict(ours=f"{m:.3f} [{lo:.3f}, {hi:.3f}] of dense (model {model:.3f})", n=n,
               setting=f"one Llama-3.1-8B attention layer, {r['context'] // 1024}k, {dtype}, "
                       f"p_eff {r.get('p_eff', 0.1):.3f}, {device}",
-              verdict=verdict, why="measured step time over dense's, paired per round")
+              verdict=verdict, why="measured step time over dense's, paired per round of the "
+                                       "run that timed both")
 
 
 def rectified_memory_access_gpu(records):

@@ -3,7 +3,9 @@
 Verdicts (``VERDICTS``):
   reproduced      the effect has the paper's sign and at least half its size, and our interval
                   excludes no effect (or our number falls in the paper's range);
-  partly          the sign and at least half the size, but the interval still includes 0;
+  partly          the sign and at least half the size, but the interval still includes 0; or
+                  one part of a claimed shape (a drop without the rise before it), or a
+                  bound missed by less than twice;
   inconclusive    the experiment cannot decide: the interval holds both no effect and the
                   paper's effect, or the setting leaves no room for the effect (no headroom,
                   no gap to close, no knob reaching the target), or the comparison was picked
@@ -40,7 +42,10 @@ def ruler_records(records: list[dict]) -> tuple[list[dict], str]:
   aligned = [r for r in records if r.get("generator") == RULER_GENERATOR]
   if aligned:
     return aligned, ""
-  return records, "earlier RULER variant (fixed depths, own prompts): rerun pending"
+  return records, EARLIER_VARIANT
+
+
+EARLIER_VARIANT = "earlier RULER variant (fixed depths, own prompts): rerun pending"
 
 
 def is_dirty(record: dict) -> bool:
@@ -48,22 +53,49 @@ def is_dirty(record: dict) -> bool:
   return str(record.get("git", "")).endswith("+dirty")
 
 
-def dirty_note(records: list[dict], measure, got: dict) -> str:
-  """A note when records from a modified tree enter a row, else ``""``.
+def is_declared(record: dict) -> bool:
+  """Whether a record's revision was declared (``EXPERIMENT_REVISION``, the GPU sessions)
+  rather than read from the checkout that ran: nothing checked that the files that ran are that
+  revision's. GPU records from before the ``git_declared`` field (a clean revision on a
+  ``gpu`` backend) were all declared that way."""
+  if "git_declared" in record:
+    return bool(record["git_declared"])
+  gpu = record.get("machine", {}).get("backend") == "gpu"
+  return gpu and not is_dirty(record) and record.get("git", "unknown") != "unknown"
 
-  A record enters the row when leaving it out changes what the row says: ``measure`` (records
-  -> row dict or None) is run again on the clean records only and its ``ours`` / ``n`` /
-  ``verdict`` compared with ``got``, the row from every record; dirty records of the experiment that the row does not read (other
-  methods, other lengths) leave no mark.
+
+# What marks a row: (records of this kind, what the mark calls them).
+PROVENANCE = (
+    (is_dirty, "are from a modified tree"),
+    (is_declared, "have a declared revision (EXPERIMENT_REVISION), not one verified against the "
+                  "files that ran"),
+)
+ROW_FIELDS = ("ours", "n", "setting", "verdict", "why")
+
+
+def provenance_note(records: list[dict], measure, got: dict, flagged, what: str) -> str:
+  """A note when ``flagged`` records (``PROVENANCE``) enter a row, else ``""``.
+
+  A record enters the row when leaving it out changes anything the row says: ``measure``
+  (records -> row dict or None) is run again without the flagged records and every field of
+  ``ROW_FIELDS`` compared with ``got``, the row from every record (a number in ``why``, e.g. a
+  variant's score, counts as much as ``ours``); flagged records of the experiment that the row
+  does not read (other methods, other lengths) leave no mark.
   """
-  dirty = sum(map(is_dirty, records))
-  if not dirty:
+  count = sum(map(flagged, records))
+  if not count:
     return ""
-  clean = measure([r for r in records if not is_dirty(r)])
-  same = clean is not None and all(clean.get(k) == got.get(k) for k in ("ours", "n", "verdict"))
-  if same:
+  clean = measure([r for r in records if not flagged(r)])
+  if clean is None:
+    return f"{count} of the experiment's {len(records)} records {what}; the row rests on them alone"
+  changed = [k for k in ROW_FIELDS if clean.get(k) != got.get(k)]
+  if not changed:
     return ""
-  without = (f"without them: {clean['ours']}, n={clean['n']}" if clean is not None
-             else "nothing without them")
-  return (f"{dirty} of the experiment's {len(records)} records are from a modified tree and "
-          f"change this row ({without})")
+  return (f"{count} of the experiment's {len(records)} records {what} and change this row's "
+          f"{', '.join(changed)} (without them: {clean['ours']}, n={clean['n']})")
+
+
+def provenance_notes(records: list[dict], measure, got: dict) -> list[str]:
+  """Every ``PROVENANCE`` note of a row (``provenance_note``)."""
+  return [n for flagged, what in PROVENANCE
+          if (n := provenance_note(records, measure, got, flagged, what))]

@@ -167,6 +167,8 @@ class ResultWriter:
     self.header = dict(config=config_dict(config), machine=machine())
     self.run = run_id(self.header)
     self.meta = dict(git=git_revision(), fingerprint=self.fingerprint, run=self.run)
+    if os.environ.get("EXPERIMENT_REVISION"):  # not read from the checkout: the claims say so
+      self.meta["git_declared"] = True
     check_tied_to_code(workdir, self.meta["git"], _allow_dirty())
     self._header_written = self.run in _runs_with_header(_read_lines(self.path))
     self._done = {(self.fingerprint, r["key"]) for r in mine if "key" in r}

@@ -58,8 +58,28 @@ DIFFERENCES = (
     "qa_2 (HotpotQA) is not generated: its data is not available offline",
     "a one-shot example sits inside the chat turn, before the task (RULER's vt places it "
     "there; its cwe repeats the model template around the example)",
-    "a QA gold document is never placed after the last distractor (RULER's shuffle allows "
-    "it: one position in 20-40)",
+    "qa: RULER's gold document lands where one fixed-seed shuffle (random.Random(42)) puts "
+    "the first entry of the document list, so its slot depends on the document count alone "
+    "(12-32 documents: 2nd or 3rd from last; 20 documents: the 19th) and every sample of a "
+    "length shares it; ours draws the gold's depth uniformly per sample, so the qa rows test "
+    "retrieval from every depth rather than one slot near the end, and the gold is never "
+    "after the last distractor",
+    "qa: RULER shuffles the gold, the same-article and the other documents together; ours "
+    "keeps the same-article distractors first (shuffled among themselves), the rest after, "
+    "then places the gold at its depth, so from 8k up the hard distractors sit early in the "
+    "context. Not adopted yet: it changes every qa sample, and the committed qa records "
+    "(RESA Table 1's qa cells, EA Table 1's) would have to be rerun with it",
+    "qa: RULER's sample i asks SQuAD's i-th question (the first answerable ones, in file "
+    "order); ours draws each sample's question uniformly from the whole dev set (by its seed)",
+    "vt: RULER inserts the chain's lines at distinct noise positions, so at least one noise "
+    "line separates two chain lines; ours draws each line's position on its own, so two can "
+    "be adjacent (3 of 40 contexts and 24 of 40 one-shot examples at 4k)",
+    "RULER sizes the haystack once per task and length (fwe in steps of max_len // 32 words) "
+    "and reuses that size for every sample; ours fits each sample's haystack to the target "
+    "on its own (every prompt within one haystack unit of the target)",
+    "RULER draws its word and needle orders (cwe and fwe word lists, the essay sentence "
+    "order of its needles) from one fixed-seed shuffle per length; ours reshuffles per "
+    "sample (the sample's seed), so samples of one length differ in those orders too",
     "cwe beyond the 8,169 wonderwords words (contexts far above 32k) is refused: RULER then "
     "switches to an English word list that is not available offline",
 )

@@ -35,6 +35,14 @@ def test_lambda_claims_pair_lambda_one_with_zero_and_with_the_best_below():
   assert claims_sweeps.lambda_aggregation_drop(picked)["verdict"] == "inconclusive"
   assert claims_sweeps.lambda_aggregation_drop(
       _lam("cwe", 0.5, base) + _lam("cwe", 1.0, better))["verdict"] == "not reproduced"
+  # drops from lambda = 0 on, never rising first: half the claimed shape
+  falls = _lam("cwe", 0.0, better) + _lam("cwe", 0.5, base) + _lam("cwe", 1.0, base * 0)
+  got = claims_sweeps.lambda_aggregation_drop(falls)
+  assert got["verdict"] == "partly" and "no rise" in got["why"]
+  # records without RULER's generator field: the row says it reads the earlier variant
+  assert "reads 180 records of the earlier RULER variant" in got["why"]
+  aligned = [dict(r, generator="nvidia-ruler") for r in falls]
+  assert "earlier RULER variant" not in claims_sweeps.lambda_aggregation_drop(aligned)["why"]
 
 
 def _budget(family, knob, resa, measured, acc, n=50):
@@ -163,3 +171,67 @@ def test_resa_overheads_give_an_interval_per_context_over_its_rounds():
   old = [{k: v for k, v in r.items() if not k.endswith("times_ms")} for r in pre]
   got = claims_speed.resa_prefill_overhead(old)  # records without rounds: no interval
   assert got["ours"] == "8k +5.0%; 32k +10.0%" and "no interval" in got["why"]
+
+
+def test_rounds_pair_within_one_run_only():
+  """A GPU row divides rounds of one run: an older run's method is never paired with a newer
+  run's base (they ran days apart, under other code)."""
+  base = np.array([10.0, 20.0, 10.0, 20.0])
+  gpu = lambda r, run, t: dict(r, dtype="bfloat16", machine=dict(backend="gpu"), run=run,
+                               time=t, device="H100")
+  old = [gpu(_layer("quest:gqa=group", 8192, base), "old", "2026-11-24"),
+         gpu(_layer("quest:gqa=group+retro:w=8", 8192, base * 1.5), "old", "2026-11-24"),
+         gpu(_layer("dense", 8192, base * 5), "old", "2026-11-24"),
+         gpu(_layer("quest:gqa=group+rect:f=32", 8192, base * 2), "old", "2026-11-24")]
+  new = [gpu(_layer("quest:gqa=group", 8192, base * 3), "new", "2026-11-27"),
+         gpu(_layer("dense", 8192, base * 20), "new", "2026-11-27")]
+  for recs in (new + old, old + new):  # whichever file is read first
+    retro = claims_speed.retro_throughput_loss_gpu(recs)
+    assert "+50.0% [+50.0, +50.0]" in retro["ours"]
+    rect = claims_speed.rectified_memory_access_gpu(recs)
+    assert rect["ours"].startswith("0.400 [0.400, 0.400]")
+
+
+def test_an_overhead_interval_that_holds_the_limit_is_inconclusive():
+  rows = lambda m, lo, hi: [(8192, m, lo, hi, 7)]
+  assert claims_speed.overhead_verdict(rows(0.01, -0.01, 0.03), 0.0313) == "reproduced"
+  assert claims_speed.overhead_verdict(rows(0.032, -0.2, 0.33), 0.0313) == "inconclusive"
+  assert claims_speed.overhead_verdict(rows(0.02, -0.2, 0.33), 0.0313) == "inconclusive"
+  assert claims_speed.overhead_verdict(rows(0.05, 0.04, 0.06), 0.0313) == "partly"
+  assert claims_speed.overhead_verdict(rows(0.5, 0.4, 0.6), 0.0313) == "not reproduced"
+  nan = float("nan")  # a context without rounds counts its mean
+  assert claims_speed.overhead_verdict(rows(0.02, nan, nan), 0.0313) == "reproduced"
+  assert claims_speed.overhead_verdict(rows(0.02, -0.01, 0.03) + rows(0.05, 0.04, 0.06),
+                                       0.0313) == "partly"
+
+
+def test_throughput_at_equal_quality_needs_an_equal_quality_budget():
+  recs = _budget("dense", 0.0, False, 1.0, 0.9)
+  for arm, acc in ((False, 0.5), (True, 0.6)):
+    recs += _budget("quest:adakv", 0.1, arm, 0.1, acc)
+  got = claims_sweeps.throughput_at_equal_quality(recs)
+  assert got["verdict"] == "inconclusive" and got["ours"].startswith("no equal-quality budget")
+  recs = _budget("dense", 0.0, False, 1.0, 0.9)
+  for knob, acc_base, acc_resa in ((0.05, 0.7, 0.9), (0.1, 0.9, 0.9)):
+    recs += _budget("quest:adakv", knob, False, knob, acc_base)
+    recs += _budget("quest:adakv", knob, True, knob, acc_resa)
+  got = claims_sweeps.throughput_at_equal_quality(recs)
+  assert "10.0% -> 5.0%, throughput not timed" in got["ours"]
+
+
+def test_rectified_comparable_to_dense_rules_out_a_three_point_loss():
+  from experiments.claims import tasks as claims_tasks
+  def acc(method, scores):
+    return [dict(experiment="accuracy", model="m", protocol="query_aware", method=method,
+                 budget=None, task=claims_tasks.RESA_TABLE1_TASKS[i % 7], length=4096, seed=i,
+                 depth=0.5, score=float(s), generator="nvidia-ruler")
+            for i, s in enumerate(scores)]
+  ones = np.ones(140)
+  got = claims_tasks.rectified_comparable_to_dense(acc("dense", ones) + acc("rectified", ones))
+  assert got["verdict"] == "reproduced" and got["n"] == 140
+  assert "keep 5% (rectified:p=0.05): not run" in got["why"]
+  half = (np.arange(140) % 2).astype(float)
+  got = claims_tasks.rectified_comparable_to_dense(acc("dense", ones) + acc("rectified", half))
+  assert got["verdict"] == "not reproduced"
+  few = acc("dense", ones[:6]) + acc("rectified", [1, 1, 1, 1, 1, 0])  # too few to tell
+  assert claims_tasks.rectified_comparable_to_dense(few)["verdict"] == "inconclusive"

@@ -100,8 +100,8 @@ def test_records_from_a_modified_tree_are_refused_under_results_and_marked(tmp_p
   recs = [dict(r, git="abc+dirty" if r["seed"] < 3 else "abc") for r in recs]
   (row,) = [r for r in claims.claim_rows({"accuracy": recs}, str(root))
             if r["source"] == "RESA Table 1"]
-  assert "6 of the experiment's 40 records are from a modified tree and change this row" in (
-      row["setting"])
+  assert ("6 of the experiment's 40 records are from a modified tree and change this row's "
+          "ours, n") in row["setting"]
   clean = [dict(r, git="abc") for r in recs]
   others = [dict(r, method="topk", spec="topk", git="abc+dirty") for r in recs]
   (row,) = [r for r in claims.claim_rows({"accuracy": clean + others}, str(root))
@@ -210,3 +210,37 @@ def test_cli_rewrites_the_readme_beside_its_workdir_only(tmp_path):
   assert (tmp_path / "here" / "README.md").read_text(encoding="utf-8") == block
   written = (tmp_path / "README.md").read_text(encoding="utf-8")
   assert "\nold\n" not in written and "| claim | paper | verdict |" in written
+
+
+def test_a_mark_follows_any_field_a_flagged_record_changes():
+  """Dirty records behind only the ``why`` (a variant's score beside the row's numbers) mark
+  the row too; records whose revision was declared are marked apart from dirty ones."""
+  def measure(recs):
+    base = [r for r in recs if r["method"] == "a"]
+    variant = [r for r in recs if r["method"] == "v"]
+    return dict(ours=f"{len(base)}", n=len(base), setting="s", verdict="reproduced",
+                why=f"variant {len(variant)}")
+  recs = [dict(method="a", git="abc")] * 4 + [dict(method="v", git="abc+dirty")] * 2
+  got = measure(recs)
+  (note,) = claims_verdicts.provenance_notes(recs, measure, got)
+  assert "2 of the experiment's 6 records are from a modified tree" in note and "why" in note
+  gpu = [dict(method="a", git="abc", machine=dict(backend="gpu"))] * 3 + [
+      dict(method="a", git="abc", machine=dict(backend="gpu"), git_declared=False)]
+  got = measure(gpu)
+  (note,) = claims_verdicts.provenance_notes(gpu, measure, got)
+  assert note.startswith("3 of the experiment's 4 records have a declared revision")
+  assert claims_verdicts.provenance_notes(gpu[3:], measure, measure(gpu[3:])) == []
+  assert not claims_verdicts.is_declared(dict(git="abc+dirty", machine=dict(backend="gpu")))
+  assert claims_verdicts.is_declared(dict(git="abc", git_declared=True))
+
+
+def test_a_declared_revision_is_stored_as_declared(tmp_path, monkeypatch):
+  monkeypatch.setenv("EXPERIMENT_REVISION", "0123abc")
+  w = results.ResultWriter(str(tmp_path), dict(a=1), "x")
+  w.write(dict(v=1), key="k")
+  (rec,) = w.records()
+  assert rec["git"] == "0123abc" and rec["git_declared"] and claims_verdicts.is_declared(rec)
+  monkeypatch.delenv("EXPERIMENT_REVISION")
+  w = results.ResultWriter(str(tmp_path / "b"), dict(a=1), "x")
+  w.write(dict(v=1), key="k")
+  assert "git_declared" not in w.records()[0]

@@ -221,3 +221,18 @@ def test_qa_multi_refuses_a_target_too_small_for_its_paragraphs(prompter):
     ruler.generate("qa_multi", 512, 0, prompter)
   a, b = (ruler.generate("qa_multi", 1024, 7, prompter, questions=2) for _ in range(2))
   assert a == b
+
+
+def test_qa_differences_from_ruler_are_as_named(prompter):
+  """Two of the qa differences ``ruler.DIFFERENCES`` names, shown on the generator: the gold
+  document's slot varies between samples of one length (RULER's is fixed by the document
+  count), and the questions are drawn across the dev set, not SQuAD's first ones in order."""
+  samples = [ruler.generate("qa", 2048, i, prompter) for i in range(6)]
+  slots = {s.context[:s.needle_spans[0][0]].count("Document ") for s in samples}
+  assert len(slots) > 2
+  first = {it["question"] for it in data.squad()[:50]}
+  asked = [s.prompt.split("Question: ")[-1].split("<|im_end|>")[0] for s in samples]
+  assert set(asked) <= {it["question"] for it in data.squad()} and not set(asked) & first
+  named = " ".join(ruler.DIFFERENCES)
+  assert "random.Random(42)" in named and "SQuAD's i-th question" in named
+  assert "one position in 20-40" not in named  # the old, wrong account of RULER's shuffle
