@@ -236,3 +236,14 @@ def test_qa_differences_from_ruler_are_as_named(prompter):
   named = " ".join(ruler.DIFFERENCES)
   assert "random.Random(42)" in named and "SQuAD's i-th question" in named
   assert "one position in 20-40" not in named  # the old, wrong account of RULER's shuffle
+
+
+def test_vt_chain_lines_can_be_adjacent_as_named(prompter):
+  """``ruler.DIFFERENCES``: RULER keeps a noise line between two chain lines, ours draws each
+  line's position on its own, so two chain lines can touch."""
+  def touching(seed):
+    lines = ruler.generate("vt", 1024, seed, prompter).context.split("\n")
+    at = [i for i, line in enumerate(lines) if line.startswith("VAR ")]
+    return any(b - a == 1 for a, b in zip(at, at[1:]))
+  assert any(touching(seed) for seed in range(4))
+  assert any("at least one noise line separates" in d for d in ruler.DIFFERENCES)
