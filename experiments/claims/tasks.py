@@ -147,6 +147,26 @@ def table1_records(records) -> tuple[list[dict], str]:
        and r.get("task") in RESA_TABLE1_TASKS])
 
 
+def balance_tasks(records, new, base, budget, length) -> tuple[list[dict], str]:
+  """The records with every task of ``new`` vs ``base`` at ``length`` cut to the same number of
+  paired samples (the lowest seeds), so the pooled mean is the mean of the task means, as the
+  papers' tables average them; a slice of a longer run that has extended some tasks only then
+  leaves the row as it was. Returns the records and a note naming the tasks that ran more
+  (``""`` when balanced already)."""
+  common = set(scores(records, new, budget, length)) & set(scores(records, base, budget, length))
+  seeds = collections.defaultdict(list)
+  for task, _, seed, _ in common:
+    seeds[task].append(seed)
+  if not seeds or len({len(v) for v in seeds.values()}) == 1:
+    return records, ""
+  k = min(map(len, seeds.values()))
+  keep = {t: set(sorted(v)[:k]) for t, v in seeds.items()}
+  more = ", ".join(f"{t} {len(v)}" for t, v in sorted(seeds.items()) if len(v) > k)
+  out = [r for r in records if r.get("length") != length
+         or r.get("seed") in keep.get(r.get("task"), ())]
+  return out, f"balanced: {k} samples per task (ran more: {more})"
+
+
 def resa_ruler_gain(records):
   """RESA Table 1: Quest+RESA beats Quest at 2.5% of an 8K context (Llama-3.1-8B: 83.2 ->
   87.4, Llama-3.2-3B: 62.9 -> 71.9, mean over its seven tasks). The why adds dense, the tasks
@@ -160,6 +180,9 @@ def resa_ruler_gain(records):
   if found is None:
     return None
   length = found[0]
+  aware, balance = balance_tasks(aware, "resa-quest", "quest", 0.025, length)
+  found = longest_pair(aware, "resa-quest", "quest", 0.025, lengths=(length,))
+  note = "; ".join(x for x in (note, balance) if x)
   got = gain_claim(aware, "resa-quest", "quest", 0.025, found=found)
   got["verdict"] = verdicts.effect_verdict(*found[1][2:5], RESA_TABLE1_GAIN)
   ran = len({k[0] for k in set(scores(aware, "resa-quest", 0.025, length))

@@ -244,3 +244,15 @@ def test_a_declared_revision_is_stored_as_declared(tmp_path, monkeypatch):
   w = results.ResultWriter(str(tmp_path / "b"), dict(a=1), "x")
   w.write(dict(v=1), key="k")
   assert "git_declared" not in w.records()[0]
+
+
+def test_table1_pools_the_same_number_of_samples_per_task():
+  """A slice that extended one task (45 samples) leaves the headline at the common count."""
+  recs = []
+  for t, n in (("qa", 45), ("niah_single_2", 15)):
+    for m, s in (("quest", 0.0), ("resa-quest", 1.0 if t == "qa" else 0.0)):
+      recs += [dict(r, seed=i) for i, r in enumerate(_acc(m, np.full(n, s), t))]
+  (row,) = [r for r in claims.claim_rows({"accuracy": recs}, "/nonexistent")
+            if r["source"] == "RESA Table 1"]
+  assert row["n"] == 30 and "balanced: 15 samples per task (ran more: qa 45)" in row["setting"]
+  assert row["ours"].startswith("0.0 -> 50.0")
