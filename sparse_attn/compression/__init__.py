@@ -31,8 +31,8 @@ A method is one scorer; the head budget and the decode phase wrap it (kvpress's
 
 import dataclasses
 
-from sparse_attn.compression import (expected_attention, h2o, keydiff, knorm, snapkv,
-                                     streaming_llm, tova)
+from sparse_attn.compression import (cur, expected_attention, h2o, keydiff, knorm, lagkv,
+                                     random_press, snapkv, streaming_llm, tova)
 from sparse_attn.compression.base import CompressionMethod
 from sparse_attn.compression.decode_phase import Phase
 from sparse_attn.compression.head_budget import HeadBudget
@@ -61,4 +61,5 @@ def builder(cls):
 # name -> build(spec, parts, options): validates every option (``builder``)
 BUILDERS: dict = {cls.name: builder(cls) for cls in (
     expected_attention.ExpectedAttention, snapkv.SnapKV, tova.TOVA, keydiff.KeyDiff,
-    knorm.KNorm, streaming_llm.StreamingLLM, h2o.H2O)}
+    knorm.KNorm, streaming_llm.StreamingLLM, h2o.H2O, random_press.RandomPress, cur.CUR,
+    lagkv.LagKV)}

@@ -59,6 +59,14 @@ def numpy_scores(name, p, b, n, budget):
     return -np.sum(unit * anchor, -1) / np.linalg.norm(anchor, axis=-1)
   if name == "streaming_llm":  # Xiao et al. 2024: most recent
     return np.tile(posn.astype(float), (HKV, 1))
+  if name == "random":  # the baseline: the seeded uniform draws themselves
+    return np.asarray(jax.random.uniform(jax.random.key(0), (B, HKV, T)))[b, :, :n]
+  if name.startswith("lagkv"):  # arXiv 2504.04704, as kvpress's LagKVPress
+    return numpy_lagkv(k, p["v"][b, :, :n], LAG[name])
+  if name == "cur":  # arXiv 2509.15038, as kvpress's CURPress: windowed k2 * v2
+    lev = [numpy_windowed((x ** 2).sum(-1), 16) for x in (k, p["v"][b, :, :n])]
+    score = lev[0] * lev[1]
+    return score / score.sum(-1, keepdims=True)
   probs = causal_probs(p, b, n)
   if name == "tova":  # Oren et al. 2024: the last query's attention, all heads averaged
     return np.tile(probs[:, -1].mean(0), (HKV, 1))
@@ -76,6 +84,38 @@ def numpy_scores(name, p, b, n, budget):
   raise ValueError(name)
 
 
+LAG = {"lagkv": 4, "lagkv_short": 16}  # lag 16: row 1 (29 tokens) is below n_sink + 2 lag
+
+
+def numpy_windowed(x, w):
+  """``x [H, n]`` over each run of ``w`` tokens' sum (the last run partial)."""
+  h, n = x.shape
+  runs = np.pad(x, ((0, 0), (0, -n % w))).reshape(h, -1, w)
+  return (runs / runs.sum(-1, keepdims=True)).reshape(h, -1)[:, :n]
+
+
+def numpy_lagkv(k, v, lag):
+  """``[H, n]`` LagKV scores, literally as kvpress's ``LagKVPress.score``."""
+  h, n, d = k.shape
+  if n < N_SINK + 2 * lag:
+    return np.concatenate([np.ones((h, N_SINK)),
+                           np.tile(np.arange(n - N_SINK) / (n - N_SINK), (h, 1))], -1)
+  end = N_SINK + (n - N_SINK) // lag * lag
+
+  def states(x):
+    t = x[:, N_SINK:end].reshape(h, -1, lag, d)
+    ref, cur = t[:, 1:], t[:, :-1]
+    lo, hi = ref.min(2, keepdims=True), ref.max(2, keepdims=True)
+    s = ((cur - lo) / (hi - lo)).std(-1, ddof=1)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+  score = (states(k) + states(v)) / 2
+  rank = score.argsort(-1).argsort(-1) / lag
+  return np.concatenate([np.ones((h, N_SINK)), rank.reshape(h, -1),
+                         np.ones((h, lag + n - end))], -1)
+
+
 def check_kept(keep, score, budget, total=None):
   """``keep [H, n]`` must be the top ``budget`` of ``score`` per head (or ``total`` overall)."""
   score = np.where(np.arange(score.shape[-1]) < N_SINK, np.inf, score)
@@ -91,7 +131,8 @@ def check_kept(keep, score, budget, total=None):
   np.testing.assert_allclose(flat[wrong], cut, rtol=1e-4, atol=1e-7)
 
 
-BASELINES = ["knorm", "keydiff", "streaming_llm", "tova", "tova_group", "h2o", "snapkv"]
+BASELINES = ["knorm", "keydiff", "streaming_llm", "tova", "tova_group", "h2o", "snapkv", "cur",
+             "lagkv", "lagkv_short", "random"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,6 +150,8 @@ def keep_fn(m):
 def method(name, **kw):
   if name == "tova_group":
     name, kw = "tova", dict(kw, scope="group")
+  if name in LAG:
+    name, kw = "lagkv", dict(kw, lag_size=LAG[name])
   return methods.make(name, ratio=0.5, n_sink=N_SINK,
                       **(dict(window_size=WINDOW) if name == "snapkv" else {}), **kw)
 
@@ -210,3 +253,25 @@ def test_column_sums_match_brute_force(seed, start, block, key_tile):
                             f32(k), jnp.asarray(kpos, jnp.int32), jnp.asarray(kvalid), SCALE,
                             block, key_tile)
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["cur", "lagkv"])
+def test_sequence_scorers_follow_positions_not_slots(name):
+  """CUR's windows and LagKV's partitions are runs of tokens: a cache holding the same tokens
+  in shuffled slots (with empty slots between) scores each token the same."""
+  import types  # pylint: disable=g-import-not-at-top
+  m = methods.make(name, ratio=0.5, **(dict(lag_size=4) if name == "lagkv" else {}))
+  p = make_problem(3)
+  rng = np.random.default_rng(0)
+  perm = rng.permutation(T)
+  pos = np.full((B, HKV, T), -1)
+  pos[:, :, :L] = p["pos"][:, None]
+  kv = [np.pad(x, ((0, 0), (0, 0), (0, T - L), (0, 0))) for x in (p["k"], p["v"])]
+  cache = lambda pos, k, v: types.SimpleNamespace(
+      pos=jnp.asarray(pos), valid=jnp.asarray(pos >= 0), k=jnp.asarray(k, jnp.float32),
+      v=jnp.asarray(v, jnp.float32), head_dim=D)
+  ordered = np.asarray(m.scores(cache(pos, *kv), {}, SCALE, None))
+  shuffled = np.asarray(m.scores(cache(pos[..., perm], *(x[:, :, perm] for x in kv)), {}, SCALE,
+                                 None))
+  valid = pos[..., perm] >= 0
+  np.testing.assert_allclose(shuffled[valid], ordered[..., perm][valid], rtol=1e-6)
