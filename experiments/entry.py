@@ -4,7 +4,8 @@
   python -m experiments.NAME ...        # the same: each experiments/NAME.py calls ``main(NAME)``
 
 Defines the flags of ``experiments.common.cli`` (``--mesh`` where the experiment shards), runs
-the experiment's ``run`` and prints the markdown it rendered into the workdir.
+the experiment's ``run`` and prints the markdown it rendered into the workdir (a quick run's
+says under its title that its scores are meaningless).
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def main(name: str) -> None:
     registry.load(experiment.run)(config, workdir, **options)
     path = os.path.join(workdir, experiment.markdown)
     if os.path.exists(path):
+      if config.get("quick", False):
+        cli.mark_quick(path)
       print(open(path, encoding="utf-8").read())
 
   cli.run(run)

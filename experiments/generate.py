@@ -3,14 +3,17 @@ r"""The main job: a sparse method next to dense attention on a long prompt, with
   python -m experiments.generate --method=quest --budget=0.1
   python -m experiments.generate --prompt="Explain sparse attention." --method=quest --budget=0.1
 
-By default the prompt is chapter 1 of *Pride and Prejudice* (bundled, ~1,200 tokens) and a
-question answered near its start (``experiments.common.passage``). Prints both answers side by
-side, then per method the share of the prompt it attends per head (forced sinks and local
-window + blocks chosen by score; ``experiments.common.sparsity``), prefill and decode tokens/s,
-and a warning when a method attends the whole prompt (a prompt shorter than its forced entries
-makes it dense). Progress lines (loading, compiling, prefill chunk i of N, decoding) go to
-stderr. A prompt plus new tokens beyond the model's ``max_position_embeddings`` is refused
-unless ``--allow_long_context``.
+By default the prompt is chapter 1 of *Pride and Prejudice* (bundled, ~1,270 tokens) with a
+password planted near its start, and a question asking for it (``experiments.common.passage``):
+dense answers it, so whether a sparse method still does is the comparison. Prints both answers
+side by side, then per method the share of the prompt it attends per head (forced sinks and
+local window + blocks chosen by score; ``experiments.common.sparsity``), prefill and decode
+tokens/s, whether it answered right (default prompt), a warning when a method attends the whole
+prompt (a prompt shorter than its forced entries, or a budget covering it, makes it dense), and
+a note when a sparse method is slower than dense (``experiments.common.main_report``: at this
+length the cache is a small share of what a decode step reads). Progress lines (loading,
+compiling, prefill chunk i of N, decoding) go to stderr. A prompt plus new tokens beyond the
+model's ``max_position_embeddings`` is refused unless ``--allow_long_context``.
 
 ``--mesh=data:2,model:2,seq:2`` runs both on a device mesh (``--distributed`` first calls
 ``jax.distributed.initialize()``, see ``experiments/common/distributed.py``).
@@ -22,8 +25,6 @@ preceded by a warm-up with the same shapes.
 
 from __future__ import annotations
 
-import textwrap
-
 from absl import flags
 
 from experiments.common import cli, distributed
@@ -31,8 +32,8 @@ from experiments.common import cli, distributed
 FLAGS = flags.FLAGS
 distributed.define_flags()  # --mesh=data:2,model:2,seq:2, --distributed
 flags.DEFINE_string("model", "smollm2-135m-instruct", "Model name or HF directory.")
-flags.DEFINE_string("prompt", None, "Prompt text (default: a bundled Austen chapter and a "
-                    "question, ~1,200 tokens).")
+flags.DEFINE_string("prompt", None, "Prompt text (default: a bundled Austen chapter with a "
+                    "planted password and a question asking for it, ~1,270 tokens).")
 flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
 flags.DEFINE_bool("chat", True, "Wrap the prompt in the model's chat template.")
 flags.DEFINE_string("method", "quest", "Method spec, e.g. quest, arkvale, topk, streaming.")
@@ -70,14 +71,6 @@ def run_one(model, ids, method, sampling, max_new_tokens, prefill_chunk, mesh=No
                          progress=stages.callback(label) if stages else None, **kw)
 
 
-def side_by_side(left_title, left, right_title, right, width) -> str:
-  wrap = lambda s: sum((textwrap.wrap(p, width) or [""] for p in s.split("\n")), [])
-  a, b = [left_title, "-" * width] + wrap(left), [right_title, "-" * width] + wrap(right)
-  a += [""] * (len(b) - len(a))
-  b += [""] * (len(a) - len(b))
-  return "\n".join(f"{x:<{width}} | {y}" for x, y in zip(a, b))
-
-
 def main(argv):
   del argv
   from experiments.common import checks  # pylint: disable=g-import-not-at-top
@@ -86,16 +79,19 @@ def main(argv):
   checks.check_budget(FLAGS.budget, "--budget")
   checks.check_model(FLAGS.model, tiny=False)
   mesh = distributed.mesh_from_flags()
-  from experiments.common import modelzoo, passage, sparsity, specs  # pylint: disable=g-import-not-at-top
-  from experiments.common import stages as stages_lib  # pylint: disable=g-import-not-at-top
-  from sparse_attn import methods  # pylint: disable=g-import-not-at-top
-  import models  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from experiments.common import main_report, modelzoo, passage, sparsity, specs
+  from experiments.common import stages as stages_lib
+  from sparse_attn import methods
+  import models
+  # pylint: enable=g-import-not-at-top
   source, prompt = "--prompt", FLAGS.prompt
   if FLAGS.prompt_file:
     with open(FLAGS.prompt_file, encoding="utf-8") as f:
       source, prompt = FLAGS.prompt_file, f.read()
   elif prompt is None:
     source, prompt = f"{passage.SOURCE} + a question", passage.default_prompt()
+  default = FLAGS.prompt is None and not FLAGS.prompt_file
   specs.build(FLAGS.method, FLAGS.budget, block_size=FLAGS.block_size)
   stages = stages_lib.Stages("generate")
   stages.start(f"loading {FLAGS.model}")
@@ -115,35 +111,17 @@ def main(argv):
     results[name] = run_one(model, ids, m, sampling, FLAGS.max_new_tokens, FLAGS.prefill_chunk,
                             mesh, stages, name)
   print(f"model {FLAGS.model}, prompt {len(ids)} tokens ({source})")
-  if FLAGS.prompt is None and not FLAGS.prompt_file:
-    print(f"question: {passage.QUESTION}")
+  if default:
+    print(f"question: {passage.QUESTION} (planted: {passage.FACT})")
   print()
   texts = {name: model.decode(g.tokens[0]) for name, g in results.items()}
   (l_name, l_text), (r_name, r_text) = texts.items()
-  print(side_by_side(l_name, l_text, r_name, r_text, FLAGS.width))
+  print(main_report.side_by_side(l_name, l_text, r_name, r_text, FLAGS.width))
   print()
-  print(report(results, {"dense": dense, label: method}, len(ids)))
-  print(f"\n{label} {'gives the same text as' if l_text == r_text else 'differs from'} dense.")
-
-
-def report(results, built, context: int) -> str:
-  """Per method: the share of the prompt it attends, tokens/s, new tokens; then warnings.
-
-  Args:
-    results: ``name -> models.Generation``.
-    built: ``name -> Method`` (the same names).
-    context: the prompt's tokens.
-  """
-  from experiments.common import sparsity  # pylint: disable=g-import-not-at-top
-  lines = [f"{'method':<16}{'prefill tok/s':>14}{'decode tok/s':>14}{'new tokens':>12}  "
-           "attends per head (share of the prompt)"]
-  warnings = []
-  for name, g in results.items():
-    att = sparsity.attended(built[name], context)
-    lines.append(f"{name:<16}{g.prefill_tokens_per_second:>14.1f}"
-                 f"{g.decode_tokens_per_second:>14.2f}{len(g.tokens[0]):>12}  {att.describe()}")
-    warnings.append(sparsity.dense_warning(name, att))
-  return "\n".join(lines + [w for w in warnings if w])
+  right = {n: passage.is_right(t) for n, t in texts.items()} if default else None
+  print(main_report.report(results, {"dense": dense, label: method}, len(ids), right=right,
+                           cache_share=sparsity.cache_share(model, len(ids))))
+  print(f"\n{main_report.verdict(label, texts, right)}")
 
 
 if __name__ == "__main__":

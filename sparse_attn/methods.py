@@ -290,6 +290,7 @@ def make(spec: str = "dense", **options) -> Method:
   """
   if isinstance(spec, str) and spec.strip().lower() in PRESETS:
     spec = PRESETS[spec.strip().lower()]
+  typed = spec  # what the caller wrote: an error quotes it, not the keyword options added
   if options:  # the built method's spec names its keyword options too
     spec = with_options(spec, options, ENHANCER_OPTIONS)
   parts = parse_spec(spec)
@@ -298,7 +299,8 @@ def make(spec: str = "dense", **options) -> Method:
     return compression.BUILDERS[name](spec, parts, options)
   if name not in BASE_NAMES:
     valid = sorted(BASE_NAMES + tuple(compression.BUILDERS))
-    raise ValueError(f"unknown method {name!r} in {spec!r}; valid: {valid}; presets: "
+    where = f" in {typed!r}" if str(typed).strip().lower() != name else ""
+    raise ValueError(f"unknown method {name!r}{where}; valid: {valid}; presets: "
                      f"{sorted(PRESETS)}")
   enh, enh_opts = _parse_enhancers(spec, name, rest, options)
   opts = {**inline, **{k: v for k, v in options.items() if k not in enh_opts}}

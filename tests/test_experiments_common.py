@@ -246,3 +246,14 @@ def test_registry_names_a_runner_and_renderer_for_every_experiment():
     assert callable(registry.load(c.measure)), (p.name, c.claim)
   for p, _ in registry.parts():
     assert os.path.exists(os.path.join(ROOT, "configs", f"{p.name}.py")), p.name
+
+
+def test_read_records_says_how_many_lines_of_which_file_it_skipped(tmp_path, caplog):
+  path = tmp_path / "results.jsonl"
+  good = [json.dumps(dict(key=i, x=i)) for i in range(3)]
+  path.write_text("\n".join([good[0], "garbage", good[1], "42", good[2], '{"cut": ']) + "\n")
+  with caplog.at_level("WARNING"):
+    records = results.read_records(str(path))
+  assert [r["key"] for r in records] == [0, 1, 2]
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert warnings == [f"{path}: skipped 3 line(s) that are not a JSON record (line 2, 4, 6)"]

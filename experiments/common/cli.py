@@ -27,7 +27,7 @@ import time
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from experiments.common import distributed, heap, quick
+from experiments.common import config_check, distributed, heap, quick
 
 # Flags defined here become key flags of the entry point that calls define_flags (--help).
 flags.disclaim_key_flags()
@@ -42,6 +42,8 @@ ALLOW_LONG_CONTEXT = flags.DEFINE_bool(
     "Run prompts whose positions (prompt + new tokens) exceed the model's "
     "max_position_embeddings (refused otherwise; RoPE scaling may allow them).")
 QUICK_ROOT = "results_quick"  # quick runs' default workdirs (git-ignored)
+QUICK_NOTE = ("quick mode (--config.quick=True): CI sizes on a tiny random model, so its scores "
+              "are meaningless by design (it checks that the code runs)")
 USER_ERRORS = (app.UsageError, ValueError, OSError)  # OSError: missing model or config file
 _STATE = {}
 
@@ -52,17 +54,11 @@ def fields_help(name: str) -> str:
     config = quick.module_get_config(name)()
   except (ImportError, AttributeError, TypeError) as e:  # help must not fail
     return f"(fields of configs/{name}.py unavailable: {e})"
-  lines = [f"  --config.{k}={_show(v)}" for k, v in config.items()]
+  lines = [f"  --config.{k}={config_check.show(v)}" for k, v in config.items()]
   return ("Fields and defaults (override with --config.FIELD=VALUE). --config.quick=True takes "
           "the CI sizes on a tiny random model (scores meaningless by design: it checks that "
           f"the code runs), explicit fields win, and writes to {QUICK_ROOT}/{name} unless "
           "--workdir is given:\n" + "\n".join(lines))
-
-
-def _show(value) -> str:
-  if isinstance(value, (list, tuple)):
-    return ",".join(str(v) for v in value) if value else "()"
-  return str(value)
 
 
 def define_flags(name: str, mesh: bool = False):
@@ -71,9 +67,12 @@ def define_flags(name: str, mesh: bool = False):
   _STATE["name"] = name
   if mesh:
     distributed.define_flags()
-  config_flags.DEFINE_config_file(
-      "config", os.path.join(_CONFIGS_DIR, f"{name}.py"),
-      f"ml_collections config file for {name}.\n{fields_help(name)}", lock_config=True)
+  try:  # without --config=..., ml_collections applies the --config.FIELD overrides here
+    config_flags.DEFINE_config_file(
+        "config", os.path.join(_CONFIGS_DIR, f"{name}.py"),
+        f"ml_collections config file for {name}.\n{fields_help(name)}", lock_config=True)
+  except (AttributeError, KeyError, flags.Error) as e:
+    _exit_with(_unknown_field(sys.argv) or _one_line(e))
   flags.DEFINE_string("workdir", os.path.join("results", name),
                       "Output directory (results.jsonl, markdown, figures); a rerun resumes "
                       "there if its config is the same. Quick runs (--config.quick=True) "
@@ -99,15 +98,28 @@ def parsed():
   explicit = config_flags.get_override_values(holder).keys()
   get_config = quick.module_get_config(name, config_flags.get_config_filename(holder))
   config = quick.resolve(FLAGS.config, get_config, explicit)
+  config_check.check(config, get_config)  # types and signs, before JAX is imported
   from experiments.common import checks  # pylint: disable=g-import-not-at-top (imports jax)
   checks.check_config(config)
   workdir = FLAGS.workdir
   if config.get("quick", False):
     if not FLAGS["workdir"].present:
       workdir = quick_workdir(name)
-    print(f"{name}: quick mode: CI sizes on a tiny random model (its scores are meaningless by "
-          f"design); writing to {workdir}", file=sys.stderr, flush=True)
+    print(f"{name}: {QUICK_NOTE}; writing to {workdir}", file=sys.stderr, flush=True)
   return config, workdir
+
+
+def mark_quick(path: str) -> None:
+  """Puts ``QUICK_NOTE`` under the title of the markdown file at ``path`` (once): a quick run's
+  written report says its scores are meaningless, not only its stderr."""
+  with open(path, encoding="utf-8") as f:
+    text = f.read()
+  note = f"> **{QUICK_NOTE[0].upper()}{QUICK_NOTE[1:]}.**\n\n"
+  if note in text:
+    return
+  title, sep, rest = text.partition("\n\n") if text.startswith("# ") else ("", "", text)
+  with open(path, "w", encoding="utf-8") as f:
+    f.write(f"{title}{sep}{note}{rest}")
 
 
 def _check_config_file(path: str) -> None:
@@ -139,8 +151,7 @@ def guarded(main):
     except USER_ERRORS as e:
       if _TRACEBACK.value:
         raise
-      print(f"{_program()}: error: {_one_line(e)}", file=sys.stderr, flush=True)
-      sys.exit(1)
+      _exit_with(_one_line(e))
 
   return wrapped
 
@@ -151,12 +162,33 @@ def _program() -> str:
 
 
 def _parse_flags(argv):
-  """absl's flag parsing, with a bad flag or config value reported as one line."""
+  """absl's flag parsing, with a bad flag, config field or config value reported as one line."""
   try:
     return FLAGS(argv)
   except flags.Error as e:
-    print(f"{_program()}: error: {_one_line(e)}", file=sys.stderr, flush=True)
-    sys.exit(1)
+    message = _one_line(e)
+  except (AttributeError, KeyError) as e:  # ml_collections: --config.FIELD the config lacks
+    message = _unknown_field(argv) or _one_line(e)
+  _exit_with(message)
+
+
+def _exit_with(message: str):
+  print(f"{_program()}: error: {message}", file=sys.stderr, flush=True)
+  sys.exit(1)
+
+
+def _unknown_field(argv) -> str | None:
+  """``config_check.unknown_field`` for the ``--config`` file named in ``argv`` (or the
+  default one)."""
+  name = _STATE.get("name")
+  if name is None:
+    return None
+  path = os.path.join(_CONFIGS_DIR, f"{name}.py")
+  for arg in argv:
+    if arg.startswith(("--config=", "-config=")):
+      path = arg.split("=", 1)[1].split(":")[0]
+  shown = os.path.relpath(path) if os.path.isabs(path) else path
+  return config_check.unknown_field(argv, quick.module_get_config(name, path), shown)
 
 
 def run(main):

@@ -14,6 +14,7 @@ import os
 DATA_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
 AUSTEN_NOVELS = ("emma", "mansfieldpark", "northangerabbey", "persuasion", "prideprejudice",
                  "sensesensibility")
+TEXT_SOURCES = ("austen", "essays") + AUSTEN_NOVELS  # long_text's sources
 
 
 @functools.lru_cache(maxsize=None)
@@ -67,4 +68,4 @@ def long_text(source: str = "austen") -> str:
     return austen(source)
   if source == "essays":
     return paul_graham_essays()
-  raise ValueError(f"unknown text source {source!r}; valid: austen, essays, {AUSTEN_NOVELS}")
+  raise ValueError(f"unknown text source {source!r}; valid: {', '.join(TEXT_SOURCES)}")

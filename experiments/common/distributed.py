@@ -33,6 +33,8 @@ def define_flags():
 
 def mesh_from_flags():
   """The ``--mesh`` (after ``jax.distributed.initialize()`` with ``--distributed``), or None."""
+  if FLAGS.mesh is None and not FLAGS.distributed:
+    return None  # without importing JAX: a config error after this comes in a blink
   import jax  # pylint: disable=g-import-not-at-top
 
   from models import sharding  # pylint: disable=g-import-not-at-top

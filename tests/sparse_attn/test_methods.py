@@ -95,6 +95,9 @@ def test_make_parses_specs_and_rejects_unknowns():
   assert methods.make("topk", budget=2048).budget.budget == 2048
   with pytest.raises(ValueError, match="unknown method 'qwest'.*'quest'"):
     methods.make("qwest")
+  with pytest.raises(ValueError, match=r"unknown method 'qwest' in 'qwest\+resa'; valid") as e:
+    methods.make("qwest+resa", budget=0.1, block_size=16)  # keywords the caller never typed
+  assert "block_size" not in str(e.value) and "budget" not in str(e.value)
   with pytest.raises(ValueError, match="unknown option.*'budgett'.*valid options"):
     methods.make("quest", budgett=0.1)
   with pytest.raises(ValueError, match="unknown option"):
