@@ -82,19 +82,28 @@ def lambda_aggregation_drop(records, task="cwe", form="renormalised"):
               why=f"accuracy vs lambda {_curve(records, task, form)}{shape}{note}")
 
 
-def budget_reduction(records):
-  """Fig. 7b: RESA reaches dense - 2 points at a smaller budget (up to 33.2% less with PSA,
-  28.7% with Ada-KV). Ours: per family the smallest measured budget within the tolerance,
-  without and with RESA; reproduced when a family's reduction is >= 16.6% (half the paper's
-  best), partly when > 0; inconclusive when no knob reaches the tolerance in both arms."""
+def _reductions(records):
+  """``(config, rows, reductions)`` of the budget sweep (``budget_reduction.reductions``, only
+  the families with a finite reduction), or None without rows."""
   from experiments.analysis import budget_reduction as sweep  # pylint: disable=g-import-not-at-top
   if not records:
     return None
   cfg = records[0]["config"]
   rows, red = sweep.reductions(records, cfg["tolerance"])
-  red = [r for r in red if np.isfinite(r["reduction"])]
   if not rows:
     return None
+  return cfg, rows, [r for r in red if np.isfinite(r["reduction"])]
+
+
+def budget_reduction(records):
+  """Fig. 7b: RESA reaches dense - 2 points at a smaller budget (up to 33.2% less with PSA,
+  28.7% with Ada-KV). Ours: per family the smallest measured budget within the tolerance,
+  without and with RESA; reproduced when a family's reduction is >= 16.6% (half the paper's
+  best), partly when > 0; inconclusive when no knob reaches the tolerance in both arms."""
+  got = _reductions(records)
+  if got is None:
+    return None
+  cfg, rows, red = got
   n = min(r["n"] for r in rows)
   parts = [f"{r['family']}: {100 * r['budget_base']:.1f}% -> {100 * r['budget_resa']:.1f}% "
            f"({100 * r['reduction']:+.1f}%)" for r in red]
@@ -118,14 +127,10 @@ def throughput_at_equal_quality(records):
   is none, and the row is inconclusive with the arms' best; where one exists, its budgets
   are given and the row stays inconclusive until those budgets' attention steps are timed
   (the sweep times nothing)."""
-  from experiments.analysis import budget_reduction as sweep  # pylint: disable=g-import-not-at-top
-  if not records:
+  got = _reductions(records)
+  if got is None:
     return None
-  cfg = records[0]["config"]
-  rows, red = sweep.reductions(records, cfg["tolerance"])
-  red = [r for r in red if np.isfinite(r["reduction"])]
-  if not rows:
-    return None
+  cfg, rows, red = got
   families = sorted({r["family"] for r in rows})
   if red:
     ours = "; ".join(f"{r['family']}: equal-quality budgets {100 * r['budget_base']:.1f}% -> "
