@@ -1,4 +1,4 @@
-"""Model configuration for the Llama family (Llama, SmolLM2, Qwen2, Mistral).
+"""Model configuration for the Llama family (Llama, SmolLM2, Qwen2, Qwen3, Mistral, Phi-3).
 
 ``ModelConfig`` is a frozen, hashable dataclass (pass it as a static argument to ``jax.jit``).
 ``from_hf_config`` reads a Hugging Face ``config.json`` dict; an option that would change the
@@ -8,9 +8,10 @@ model and that this port does not implement raises ``ValueError`` instead of bei
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3")
 
 # Keys that never change the forward pass (bookkeeping, generation defaults, training-only).
 _INERT_KEYS = frozenset({
@@ -32,13 +33,26 @@ _INERT_KEYS = frozenset({
     "pruned_heads", "torchscript", "return_dict_in_generate", "output_scores",
     "num_return_sequences", "diversity_penalty", "num_beam_groups", "typical_p",
     "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty", "remove_invalid_values",
-    "output_router_logits",
+    "output_router_logits", "original_max_position_embeddings", "partial_rotary_factor",
 })
+_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeConfig:
-  """Rotary embedding parameters (``rope_type`` in default | linear | llama3)."""
+  """Rotary embedding parameters (``rope_type`` in default | linear | llama3 | longrope).
+
+  Attributes:
+    theta: the base; ``factor`` / ``low_freq_factor`` / ``high_freq_factor`` /
+      ``original_max_position_embeddings``: linear and llama3 scaling (and LongRoPE's switch).
+    short_factor, long_factor: LongRoPE's per-frequency divisors ``[D/2]`` (Phi-3 ``su``).
+    attention_factor: LongRoPE's multiplier of ``cos``/``sin`` (so of q and k).
+    freq_factors: per-frequency divisors ``[D/2]`` applied after the scaling (llama.cpp's
+      ``rope_freqs`` tensor of Llama-3.x GGUF files), or None.
+    longrope_long: LongRoPE's factor set: None picks it per call by the call's largest
+      position (transformers' forward); True / False fix the long / short set (a decode run,
+      ``for_context``). Not part of a checkpoint's config.
+  """
 
   theta: float = 10000.0
   rope_type: str = "default"
@@ -46,6 +60,27 @@ class RopeConfig:
   low_freq_factor: float = 1.0
   high_freq_factor: float = 4.0
   original_max_position_embeddings: int = 8192
+  short_factor: tuple[float, ...] | None = None
+  long_factor: tuple[float, ...] | None = None
+  attention_factor: float = 1.0
+  freq_factors: tuple[float, ...] | None = None
+  longrope_long: bool | None = None
+
+  def for_context(self, capacity: int) -> "RopeConfig":
+    """This rope for a decode run whose cache holds up to ``capacity`` positions: LongRoPE's
+    long factors throughout when ``capacity`` exceeds ``original_max_position_embeddings``,
+    else the short ones (other scalings are returned as they are).
+
+    Why one set per run: keys are cached post-RoPE, so every step must rotate alike. This
+    equals transformers' forward over the run's whole sequence, and its ``generate`` once the
+    context has crossed the boundary (``Phi3ForCausalLM.prepare_inputs_for_generation`` then
+    re-encodes the whole cache with the long factors); the tokens transformers emits before
+    that crossing used the short factors, where a run of this capacity uses the long ones.
+    """
+    if self.rope_type != "longrope" or self.longrope_long is not None:
+      return self
+    return dataclasses.replace(
+        self, longrope_long=capacity > self.original_max_position_embeddings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,11 +94,13 @@ class ModelConfig:
     rope: rotary embedding parameters.
     tie_word_embeddings: the LM head reuses the input embedding.
     qkv_bias: q/k/v projections have a bias (Qwen2, Llama ``attention_bias``).
+    qk_norm: per-head RMSNorm of q and k (weights ``[D]``) before RoPE (Qwen3).
     o_bias: the output projection has a bias (Llama ``attention_bias``).
     mlp_bias: gate/up/down have biases (Llama ``mlp_bias``).
-    sliding_window: Mistral-style attention window (None = full attention).
+    sliding_window: Mistral-style attention window on every layer (None = full attention).
     max_position_embeddings: the trained context length (informational).
-    model_type: ``llama`` | ``qwen2`` | ``mistral``.
+    model_type: one of ``SUPPORTED_MODEL_TYPES`` (Phi-3's fused ``qkv_proj`` / ``gate_up_proj``
+      are split on load, ``hf_loader``).
     bos_token_id, eos_token_ids: special ids from the checkpoint (may be empty).
     dtype: compute/param dtype name (``float32`` or ``bfloat16``).
   """
@@ -79,6 +116,7 @@ class ModelConfig:
   rope: RopeConfig = RopeConfig()
   tie_word_embeddings: bool = False
   qkv_bias: bool = False
+  qk_norm: bool = False
   o_bias: bool = False
   mlp_bias: bool = False
   sliding_window: int | None = None
@@ -96,9 +134,14 @@ class ModelConfig:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
     if self.dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-    if self.rope.rope_type not in ("default", "linear", "llama3"):
+    if self.rope.rope_type not in _ROPE_TYPES:
       raise ValueError(f"unsupported rope_type {self.rope.rope_type!r} "
-                       "(supported: default, linear, llama3)")
+                       f"(supported: {', '.join(_ROPE_TYPES)})")
+    for name in ("short_factor", "long_factor", "freq_factors"):
+      got = getattr(self.rope, name)
+      if got is not None and 2 * len(got) != self.head_dim:
+        raise ValueError(f"rope {name} has {len(got)} entries, head_dim {self.head_dim} "
+                         f"needs {self.head_dim // 2}")
 
   @property
   def group_size(self) -> int:
@@ -115,6 +158,12 @@ class ModelConfig:
 
   def replace(self, **kw) -> "ModelConfig":
     return dataclasses.replace(self, **kw)
+
+  def for_context(self, capacity: int) -> "ModelConfig":
+    """The config a decode run with a cache of ``capacity`` positions uses
+    (``RopeConfig.for_context``: one LongRoPE factor set for every step)."""
+    rope = self.rope.for_context(capacity)
+    return self if rope == self.rope else self.replace(rope=rope)
 
   @classmethod
   def from_hf_config(cls, cfg: dict[str, Any], dtype: str = "float32") -> "ModelConfig":
@@ -141,14 +190,19 @@ class ModelConfig:
     hidden = cfg["hidden_size"]
     head_dim = cfg.get("head_dim") or hidden // heads
     window = None
-    if model_type == "mistral":
+    if model_type in ("mistral", "phi3"):
       window = cfg.get("sliding_window")
-    elif model_type == "qwen2" and cfg.get("use_sliding_window", False):
-      raise ValueError("qwen2 with use_sliding_window=True is not supported")
+    elif model_type in ("qwen2", "qwen3") and cfg.get("use_sliding_window", False):
+      raise ValueError(f"{model_type} with use_sliding_window=True is not supported")
     layer_types = cfg.get("layer_types")
     if layer_types is not None and any(t != "full_attention" for t in layer_types):
-      if model_type != "mistral":
+      if model_type not in ("mistral", "phi3"):
         raise ValueError(f"per-layer attention types {sorted(set(layer_types))} not supported")
+    if float(cfg.get("partial_rotary_factor", 1.0)) != 1.0:
+      raise ValueError("partial_rotary_factor != 1 (RoPE on part of each head, e.g. "
+                       "Phi-4-mini) is not supported")
+    if model_type == "phi3" and cfg.get("attention_bias", False):
+      raise ValueError("phi3 with attention_bias=True is not supported")
     eos = cfg.get("eos_token_id")
     eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
     bias = bool(cfg.get("attention_bias", False))
@@ -157,8 +211,10 @@ class ModelConfig:
         intermediate_size=cfg["intermediate_size"], num_layers=cfg["num_hidden_layers"],
         num_heads=heads, num_kv_heads=cfg.get("num_key_value_heads") or heads,
         head_dim=head_dim, rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope=_rope_from_hf(cfg), tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        qkv_bias=bias or model_type == "qwen2", o_bias=bias,
+        rope=_rope_from_hf(cfg),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        qkv_bias=bias or model_type == "qwen2", qk_norm=model_type == "qwen3",
+        o_bias=bias,
         mlp_bias=bool(cfg.get("mlp_bias", False)), sliding_window=window,
         max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
         model_type=model_type, bos_token_id=cfg.get("bos_token_id"), eos_token_ids=eos,
@@ -173,6 +229,13 @@ class ModelConfig:
       rope.update(low_freq_factor=self.rope.low_freq_factor,
                   high_freq_factor=self.rope.high_freq_factor,
                   original_max_position_embeddings=self.rope.original_max_position_embeddings)
+    if self.rope.rope_type == "longrope":
+      rope.update(short_factor=list(self.rope.short_factor),
+                  long_factor=list(self.rope.long_factor),
+                  attention_factor=self.rope.attention_factor,
+                  original_max_position_embeddings=self.rope.original_max_position_embeddings)
+    if self.rope.freq_factors is not None:
+      rope["freq_factors"] = list(self.rope.freq_factors)
     out = {
         "model_type": self.model_type, "vocab_size": self.vocab_size,
         "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
@@ -186,28 +249,55 @@ class ModelConfig:
     }
     if self.model_type != "qwen2":
       out["attention_bias"] = self.qkv_bias
-    if self.model_type == "mistral":
+    if self.model_type in ("mistral", "phi3"):
       out["sliding_window"] = self.sliding_window
     return out
 
 
 def _rope_from_hf(cfg: dict[str, Any]) -> RopeConfig:
-  """Reads ``rope_parameters`` (transformers >= 5) or ``rope_theta`` + ``rope_scaling``."""
+  """Reads ``rope_parameters`` (transformers >= 5) or ``rope_theta`` + ``rope_scaling``.
+
+  LongRoPE (``longrope``, Phi-3's older names ``su`` / ``yarn``) takes ``factor`` as
+  ``max_position_embeddings / original_max_position_embeddings`` unless given, and
+  ``attention_factor = sqrt(1 + log(factor) / log(original))`` for ``factor > 1`` (1 otherwise),
+  as transformers' ``_compute_longrope_parameters`` does.
+  ``freq_factors`` is this port's own key (a GGUF's ``rope_freqs``, kept in converted caches).
+  """
   params = dict(cfg.get("rope_parameters") or {})
   scaling = cfg.get("rope_scaling")
   if scaling:
     params.update(scaling)
   theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
   rope_type = params.pop("rope_type", params.pop("type", "default"))
+  if rope_type in ("su", "yarn") and cfg.get("model_type") == "phi3":
+    rope_type = "longrope"  # transformers' Phi3Config maps both to longrope
+  if float(params.pop("partial_rotary_factor", 1.0)) != 1.0:
+    raise ValueError("partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
+  freq_factors = params.pop("freq_factors", None)
   known = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
+  if rope_type == "longrope":
+    known |= {"short_factor", "long_factor", "attention_factor"}
   extra = sorted(set(params) - known)
   if extra:
     raise ValueError(f"rope options {extra} are not supported (rope_type={rope_type!r})")
-  if rope_type not in ("default", "linear", "llama3"):
-    raise ValueError(f"unsupported rope_type {rope_type!r} (supported: default, linear, llama3)")
-  kw = {k: params[k] for k in known if k in params}
-  if rope_type == "default":
-    kw = {}
-  return RopeConfig(theta=theta, rope_type=rope_type,
-                    **{k: (int(v) if k.startswith("original") else float(v))
-                       for k, v in kw.items()})
+  if rope_type not in _ROPE_TYPES:
+    raise ValueError(f"unsupported rope_type {rope_type!r} (supported: {', '.join(_ROPE_TYPES)})")
+  kw: dict[str, Any] = {}
+  if rope_type == "longrope":
+    original = int(params.get("original_max_position_embeddings")
+                   or cfg.get("original_max_position_embeddings")
+                   or cfg.get("max_position_embeddings", 2048))
+    factor = float(params.get("factor") or cfg.get("max_position_embeddings", 2048) / original)
+    attention = params.get("attention_factor")
+    if attention is None:
+      attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
+    kw = dict(factor=factor, original_max_position_embeddings=original,
+              attention_factor=float(attention),
+              short_factor=tuple(float(f) for f in params["short_factor"]),
+              long_factor=tuple(float(f) for f in params["long_factor"]))
+  elif rope_type != "default":
+    kw = {k: (int(params[k]) if k.startswith("original") else float(params[k]))
+          for k in known if k in params}
+  if freq_factors is not None:
+    kw["freq_factors"] = tuple(float(f) for f in freq_factors)
+  return RopeConfig(theta=theta, rope_type=rope_type, **kw)

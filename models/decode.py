@@ -46,7 +46,7 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMe
     ``(last_hidden [B, E], history [B, T], caches, states)``; ``last_hidden`` is the hidden
     state (pre final norm) of each row's last prompt token.
   """
-  config, params = model.config, model.decode_params
+  config, params = model.config.for_context(capacity), model.decode_params
   b, s = prompts.shape
   if np.any(lengths < 1):
     raise ValueError("every prompt needs at least one token")

@@ -63,7 +63,8 @@ class Decoder:
 
     Returns ``(next_token [B], logits [B, V] float32)``.
     """
-    config, params, method = self.model.config, self.model.decode_params, self.method
+    params, method = self.model.decode_params, self.method
+    config = self.model.config.for_context(self.history.shape[1])
     pos = jnp.asarray(window_positions(newest, method.window))
     nxt, logits, self.history, self.caches, self.states = steps.decode_step(
         params, self.history, pos, self.caches, self.states, key, config=config,

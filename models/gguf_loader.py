@@ -6,7 +6,14 @@ GGUF takes the same path as a safetensors checkpoint.
 
 llama.cpp's converter permutes the rows of Llama's Q and K projections so each head's two
 rotary halves are interleaved (``convert_hf_to_gguf.py``, ``LlamaModel.permute``); we invert it
-to get back Hugging Face's half-split layout. Qwen2 files are written without the permutation.
+to get back Hugging Face's half-split layout. Qwen2 and Qwen3 files are written without the
+permutation.
+
+Llama-3.x files carry their llama3 RoPE scaling as a ``rope_freqs`` tensor ``[D/2]``: per
+frequency, the divisor llama.cpp applies to ``theta^(-2i/D)`` (``ggml_rope_ext``'s
+``freq_factors``; ``LlamaModel.generate_extra_tensors`` computes it from the HF config's
+``factor``, ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``). It
+becomes ``RopeConfig.freq_factors``, so the file's own numbers are used.
 """
 
 from __future__ import annotations
@@ -36,8 +43,11 @@ for _p in "qkv":
   for _s in ("weight", "bias"):
     _LAYER[f"attn_{_p}.{_s}"] = f"self_attn.{_p}_proj.{_s}"
 _LAYER["attn_output.weight"] = "self_attn.o_proj.weight"
+_LAYER["attn_q_norm.weight"] = "self_attn.q_norm.weight"
+_LAYER["attn_k_norm.weight"] = "self_attn.k_norm.weight"
 _PERMUTED_ARCHS = ("llama",)
-_SUPPORTED_ARCHS = {"llama": "llama", "qwen2": "qwen2"}
+_SUPPORTED_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ROPE_FREQS = "rope_freqs.weight"
 
 
 def hf_name(gguf_name: str) -> str:
@@ -77,8 +87,11 @@ def read_metadata(reader) -> dict:
 
 
 def config_from_metadata(meta: dict, has_output: bool, has_qkv_bias: bool,
-                         dtype: str = "float32") -> ModelConfig:
-  """The ``ModelConfig`` a GGUF file describes (raises on unsupported architectures)."""
+                         dtype: str = "float32", rope_freqs=None) -> ModelConfig:
+  """The ``ModelConfig`` a GGUF file describes (raises on unsupported architectures).
+
+  ``rope_freqs``: the file's ``rope_freqs`` tensor ``[D/2]`` (RoPE frequency divisors), or None.
+  """
   arch = meta.get("general.architecture")
   if arch not in _SUPPORTED_ARCHS:
     raise ValueError(f"GGUF architecture {arch!r} is not supported "
@@ -95,6 +108,8 @@ def config_from_metadata(meta: dict, has_output: bool, has_qkv_bias: bool,
     rope.update(rope_type="linear", factor=float(g("rope.scaling.factor")))
   elif scaling not in ("none", None):
     raise ValueError(f"GGUF rope scaling {scaling!r} is not supported")
+  if rope_freqs is not None:
+    rope["freq_factors"] = [float(f) for f in np.asarray(rope_freqs).reshape(-1)]
   vocab = int(g("vocab_size", len(meta["tokenizer.ggml.tokens"])))
   eos = meta.get("tokenizer.ggml.eos_token_id")
   cfg = {
@@ -108,7 +123,7 @@ def config_from_metadata(meta: dict, has_output: bool, has_qkv_bias: bool,
       "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
       "eos_token_id": None if eos is None else int(eos),
   }
-  if arch == "llama":
+  if arch in ("llama", "qwen3"):
     cfg["attention_bias"] = has_qkv_bias
   elif not has_qkv_bias:
     raise ValueError("qwen2 GGUF without q/k/v biases")
@@ -129,10 +144,11 @@ def load_gguf(path: str, dtype: str = "float32"):
   reader = gguf.GGUFReader(path)
   meta = read_metadata(reader)
   by_name = {t.name: t for t in reader.tensors}
-  if "rope_freqs.weight" in by_name:
-    raise ValueError("GGUF with rope_freqs (llama3 rope scaling baked in) is not supported")
+  freqs = by_name.pop(ROPE_FREQS, None)
+  if freqs is not None:
+    freqs = quants.dequantize(freqs.data, freqs.tensor_type).astype(np.float32)
   config = config_from_metadata(meta, "output.weight" in by_name,
-                                "blk.0.attn_q.bias" in by_name, dtype)
+                                "blk.0.attn_q.bias" in by_name, dtype, freqs)
   hf_to_gguf = {hf_name(n): n for n in by_name}
   permute = meta["general.architecture"] in _PERMUTED_ARCHS
 

@@ -35,8 +35,16 @@ LAYER_MAP = {
     "mlp.gate_proj.bias": ("gate_proj", "bias", False),
     "mlp.up_proj.bias": ("up_proj", "bias", False),
     "mlp.down_proj.bias": ("down_proj", "bias", False),
+    "self_attn.q_norm.weight": ("q_norm", "scale", False),
+    "self_attn.k_norm.weight": ("k_norm", "scale", False),
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Phi-3's fused HF tensors (per layer) -> the parts they concatenate on the output axis.
+FUSED_MAP = {
+    "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                  "self_attn.v_proj.weight"),
+    "mlp.gate_up_proj.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight"),
+}
 
 
 class CheckpointError(ValueError):
@@ -103,6 +111,45 @@ def convert_state_dict(config: ModelConfig, tensors: Mapping[str, np.ndarray] | 
   return params
 
 
+def split_fused(config: ModelConfig, names, get):
+  """Phi-3's fused ``qkv_proj`` / ``gate_up_proj`` tensors seen as their parts.
+
+  Args:
+    names: the checkpoint's tensor names; get: ``name -> array``.
+
+  Returns:
+    ``(names, get)`` with every ``FUSED_MAP`` tensor replaced by its parts (rows
+    ``[q | k | v]`` of sizes ``N*D, K*D, K*D``; ``[gate | up]`` of ``F`` each, transformers'
+    ``Phi3Attention`` / ``Phi3MLP`` order); each part reads its fused tensor (lazily).
+  """
+  sizes = {"self_attn.qkv_proj.weight": (config.q_size, config.kv_size, config.kv_size),
+           "mlp.gate_up_proj.weight": (config.intermediate_size,) * 2}
+  parts = {}  # part name -> (fused name, row start, row stop, fused rows)
+  for name in names:
+    prefix, _, rest = name.rpartition("layers.")
+    layer, _, suffix = rest.partition(".")
+    if prefix and suffix in FUSED_MAP:
+      start = 0
+      for part, size in zip(FUSED_MAP[suffix], sizes[suffix], strict=True):
+        parts[f"{prefix}layers.{layer}.{part}"] = (name, start, start + size, sum(sizes[suffix]))
+        start += size
+  if not parts:
+    return names, get
+  fused = {src for src, *_ in parts.values()}
+
+  def get_split(name):
+    if name not in parts:
+      return get(name)
+    src, start, stop, rows = parts[name]
+    arr = np.asarray(get(src))
+    if arr.shape[0] != rows:
+      raise CheckpointError(f"tensor {src!r} has shape {tuple(arr.shape)}, the config expects "
+                            f"{rows} rows")
+    return arr[start:stop]
+
+  return sorted((set(names) - fused) | set(parts)), get_split
+
+
 def read_safetensors(path: str):
   """Lazily reads an HF directory's safetensors (single file or sharded with an index).
 
@@ -147,5 +194,5 @@ def load_hf_dir(path: str, dtype: str = "float32"):
     raise FileNotFoundError(f"{path} has no config.json (expected a Hugging Face model dir)")
   with open(cfg_path) as f:
     config = ModelConfig.from_hf_config(json.load(f), dtype=dtype)
-  names, get = read_safetensors(path)
+  names, get = split_fused(config, *read_safetensors(path))
   return config, convert_state_dict(config, get, names)

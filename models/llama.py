@@ -1,4 +1,5 @@
-"""Flax (Linen) Llama-family decoder: RMSNorm, RoPE, GQA, SwiGLU, optional biases.
+"""Flax (Linen) Llama-family decoder: RMSNorm, RoPE, GQA, SwiGLU, optional biases and
+per-head q/k RMSNorms (Qwen3).
 
 Letters: B batch, S tokens in the step, E hidden size, F MLP size, V vocab, L layers,
 N query heads, K kv heads, D head dim.
@@ -89,6 +90,9 @@ class Block(nn.Module):
       k = dense(c.kv_size, c.qkv_bias, "k_proj")(h)
       v = dense(c.kv_size, c.qkv_bias, "v_proj")(h)
     q, k, v = heads(q, c.num_heads), heads(k, c.num_kv_heads), heads(v, c.num_kv_heads)
+    if c.qk_norm:  # Qwen3: RMSNorm over each head's D channels, before RoPE
+      q = RMSNorm(c.rms_norm_eps, dt, name="q_norm")(q)
+      k = RMSNorm(c.rms_norm_eps, dt, name="k_norm")(k)
     cos, sin = rope_tables if rope_tables is not None else rope_tables_for(c, positions)
     q, k = rope_lib.rotate(q, cos, sin), rope_lib.rotate(k, cos, sin)
     out, aux = attend(q, k, v)
@@ -111,7 +115,7 @@ def rope_tables_for(config: ModelConfig, positions):
   ``cos``/``sin`` into each head's rotation and evaluates them once per head (a 2k-token prefill
   chunk spent ~10x longer in RoPE than in the rotation itself).
   """
-  return rope_lib.tables(positions, rope_lib.inverse_frequencies(config.rope, config.head_dim))
+  return rope_lib.scaled_tables(config.rope, config.head_dim, positions)
 
 
 def softmax_scale(config: ModelConfig) -> float:

@@ -8,24 +8,37 @@ Scalings (``RopeConfig.rope_type``):
   * ``default``: ``inv_freq_i = theta^(-2i/D)``;
   * ``linear``: positions divided by ``factor`` (Chen et al. 2023, position interpolation);
   * ``llama3``: low frequencies divided by ``factor``, high ones kept, a smooth ramp between
-    (Llama 3.1 report, Sec. 3.2 / Meta's reference ``apply_scaling``).
+    (Llama 3.1 report, Sec. 3.2 / Meta's reference ``apply_scaling``);
+  * ``longrope``: each frequency divided by its own factor, ``short_factor`` while a call's
+    positions stay within ``original_max_position_embeddings`` and ``long_factor`` past it, and
+    ``cos``/``sin`` multiplied by ``attention_factor`` (Ding et al. 2024, LongRoPE; Phi-3
+    report's ``su`` scaling). ``forward`` switches per call, on the call's largest position,
+    as transformers' ``longrope_frequency_update``; a decode run fixes one set for all its
+    steps by its cache capacity (``RopeConfig.for_context``), so chunked prefill, decode
+    steps and the cache agree;
+  * ``freq_factors`` (any type): divisors applied last, as llama.cpp applies a GGUF's
+    ``rope_freqs`` (``ggml_rope_ext``'s ``freq_factors``).
 """
 
 from __future__ import annotations
 
 import math
 
+import jax.numpy as jnp
 import numpy as np
 
 from models.config import RopeConfig
 from sparse_attn.compression import rope as rotation
 
 
-def inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
-  """``[D/2]`` float32 inverse frequencies after scaling."""
+def inverse_frequencies(rope: RopeConfig, head_dim: int, long: bool = False) -> np.ndarray:
+  """``[D/2]`` float32 inverse frequencies after scaling (``long``: LongRoPE's long factors)."""
   exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)
   inv = (1.0 / (np.float32(rope.theta) ** exponents)).astype(np.float32)
-  if rope.rope_type == "linear":
+  if rope.rope_type == "longrope":
+    ext = np.asarray(rope.long_factor if long else rope.short_factor, np.float32)
+    inv = (1.0 / (ext * np.float32(rope.theta) ** exponents)).astype(np.float32)
+  elif rope.rope_type == "linear":
     inv = inv / np.float32(rope.factor)
   elif rope.rope_type == "llama3":
     old = rope.original_max_position_embeddings
@@ -40,7 +53,24 @@ def inverse_frequencies(rope: RopeConfig, head_dim: int) -> np.ndarray:
     inv = np.where(medium, smoothed, scaled).astype(np.float32)
   elif rope.rope_type != "default":
     raise ValueError(f"unsupported rope_type {rope.rope_type!r}")
+  if rope.freq_factors is not None:
+    inv = (inv / np.asarray(rope.freq_factors, np.float32)).astype(np.float32)
   return inv
+
+
+def scaled_tables(rope: RopeConfig, head_dim: int, positions):
+  """``cos, sin [B, 1, S, D/2]`` of ``positions [B, S]`` under ``rope``'s scaling: LongRoPE's
+  short or long factors by the call's largest position, times its ``attention_factor``."""
+  cos, sin = tables(positions, inverse_frequencies(rope, head_dim, bool(rope.longrope_long)))
+  if rope.rope_type != "longrope":
+    return cos, sin
+  a = np.float32(rope.attention_factor)
+  if rope.longrope_long is not None:
+    return cos * a, sin * a
+  long_cos, long_sin = tables(positions, inverse_frequencies(rope, head_dim, long=True))
+  use_long = jnp.max(positions) + 1 > rope.original_max_position_embeddings
+  return (jnp.where(use_long, long_cos, cos) * a, jnp.where(use_long, long_sin, sin) * a)
+
 
 
 def apply_rope(x, positions, inv_freq):

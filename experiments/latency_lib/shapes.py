@@ -35,6 +35,12 @@ SHAPES = {
         num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
         rms_norm_eps=1e-5, rope_theta=500000.0, rope_scaling=dict(_LLAMA3_ROPE, factor=32.0),
         max_position_embeddings=131072, tie_word_embeddings=True),
+    # Qwen/Qwen3-8B config.json (the shape): per-head q/k RMSNorm, GQA 32:8, 36 layers.
+    "qwen3-8b": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=4096, intermediate_size=12288,
+        num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
+        attention_bias=False, use_sliding_window=False, tie_word_embeddings=False),
     # CI: every code path in milliseconds (GQA group 2, untied head, Llama-3 RoPE).
     "tiny": dict(
         model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
@@ -101,7 +107,8 @@ def weight_bytes(config, batch: int = 1) -> dict:
 
   Returns:
     ``dict(layers=, head=, embed_rows=, total=)``: every layer's projections, MLP, biases and
-    (float32) norms; the final norm and the LM head (the ``[V, E]`` table when tied); the
+    (float32) norms (Qwen3's q/k norms too); the final norm and the LM head (the ``[V, E]``
+    table when tied); the
     ``batch`` embedding rows looked up.
   """
   e, f, d = config.hidden_size, config.intermediate_size, config.head_dim
@@ -109,7 +116,7 @@ def weight_bytes(config, batch: int = 1) -> dict:
   item = _itemsize(config.dtype)
   mats = e * q + 2 * e * kv + q * e + 3 * e * f
   bias = (q + 2 * kv) * config.qkv_bias + e * config.o_bias + (2 * f + e) * config.mlp_bias
-  layer = (mats + bias) * item + 2 * e * 4
+  layer = (mats + bias) * item + 2 * e * 4 + 2 * d * 4 * config.qk_norm
   layers = config.num_layers * layer
   head = config.vocab_size * e * item + e * 4
   rows = batch * e * item

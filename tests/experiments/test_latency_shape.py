@@ -120,7 +120,8 @@ def test_quick_run_of_the_gpu_benchmark(tmp_path):
 @pytest.mark.parametrize("name", sorted(shapes.SHAPES))
 def test_every_shape_reads_as_a_model_config(name):
   c = shapes.model_config(name, "bfloat16")
-  assert c.rope.rope_type == "llama3" and c.num_heads % c.num_kv_heads == 0
+  assert c.rope.rope_type == ("default" if name.startswith("qwen3") else "llama3")
+  assert c.num_heads % c.num_kv_heads == 0 and c.qk_norm == name.startswith("qwen3")
 
 
 def test_report_keeps_every_part_and_prefers_a_finished_record():

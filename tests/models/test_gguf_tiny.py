@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import models
-from models import loading
+from models import loading, rope
 from tests.models import gguf_writer, tiny
 
 VOCAB = dict(vocab_size=300)
@@ -15,7 +15,8 @@ def _cache(tmp_path, monkeypatch):
   monkeypatch.setenv("SPARSE_ATTN_CACHE", str(tmp_path / "cache"))
 
 
-@pytest.mark.parametrize("name, arch", [("llama_gqa_tied", "llama"), ("qwen2", "qwen2")])
+@pytest.mark.parametrize("name, arch", [("llama_gqa_tied", "llama"), ("qwen2", "qwen2"),
+                                        ("qwen3", "qwen3"), ("llama3_rope", "llama")])
 def test_gguf_logits_match_transformers(name, arch, tmp_path, monkeypatch):
   ref = tiny.make_hf(name, tmp_path / "hf", vocab_size=300)
   gguf_writer.write_gguf(ref, tmp_path / "m.gguf", arch)
@@ -25,6 +26,21 @@ def test_gguf_logits_match_transformers(name, arch, tmp_path, monkeypatch):
   tokens = np.random.default_rng(0).integers(0, 300, (1, 20))
   assert tiny.rel_error(model.forward(tokens), tiny.hf_logits(ref, tokens)) <= 1e-4
   assert model.tokenizer.encode(" t<|endoftext|>") == [256, 257]
+  assert (model.config.rope.freq_factors is not None) == (name == "llama3_rope")
+  again = models.load(str(tmp_path / "m.gguf"))  # from the converted cache: the same model
+  assert again.config == model.config
+
+
+def test_rope_freqs_equal_llama3_scaling(tmp_path):
+  """llama.cpp's ``rope_freqs`` divisors and our llama3 scaling give the same frequencies."""
+  ref = tiny.make_hf("llama3_rope", tmp_path / "hf", vocab_size=300)
+  gguf_writer.write_gguf(ref, tmp_path / "m.gguf")
+  config = models.load(str(tmp_path / "m.gguf")).config
+  hf = models.load(ref).config
+  assert hf.rope.rope_type == "llama3" and config.rope.rope_type == "default"
+  d = config.head_dim
+  np.testing.assert_allclose(rope.inverse_frequencies(config.rope, d),
+                             rope.inverse_frequencies(hf.rope, d), rtol=1e-6)
 
 
 def test_q8_dequantized_close(tmp_path, monkeypatch):

@@ -22,6 +22,19 @@ def test_logits_match_transformers(name, tmp_path):
   assert tiny.rel_error(ours, ref) <= 1e-4
 
 
+def test_phi3_su_config_reads_as_longrope():
+  """A Phi-3-mini-128k-style config.json (``rope_scaling.type = "su"``, top-level
+  ``original_max_position_embeddings``)."""
+  cfg = ModelConfig.from_hf_config(_hf_config(
+      model_type="phi3", max_position_embeddings=131072, original_max_position_embeddings=4096,
+      rope_theta=10000.0, rope_scaling=dict(type="su", short_factor=[1.0, 1.5],
+                                            long_factor=[2.0, 4.0])))
+  assert cfg.rope.rope_type == "longrope" and cfg.rope.factor == 32.0
+  assert cfg.rope.attention_factor == pytest.approx(1.1902380714238083)  # Phi-3-mini-128k's
+  assert cfg.rope.for_context(4096).longrope_long is False
+  assert cfg.rope.for_context(4097).longrope_long is True
+
+
 def test_config_fields(tmp_path):
   tiny.make_hf("qwen2", tmp_path)
   cfg = models.load(str(tmp_path)).config
@@ -43,6 +56,13 @@ def _hf_config(**kw):
     (dict(rope_scaling=dict(rope_type="yarn", factor=2.0)), "yarn"),
     (dict(rope_scaling=dict(rope_type="linear", factor=2.0, beta=1)), "beta"),
     (dict(model_type="qwen2", use_sliding_window=True), "sliding"),
+    (dict(model_type="qwen3", use_sliding_window=True, sliding_window=4), "sliding"),
+    (dict(model_type="phi3", partial_rotary_factor=0.75), "partial_rotary_factor"),
+    (dict(model_type="phi3", rope_parameters=dict(rope_type="default",
+                                                  partial_rotary_factor=0.5)), "partial"),
+    (dict(model_type="phi3", rope_scaling=dict(type="su", short_factor=[1.0] * 2,
+                                               long_factor=[1.0] * 3)), "long_factor"),
+    (dict(model_type="gemma2"), "unsupported model_type"),
 ])
 def test_unsupported_options_raise(bad, match):
   with pytest.raises(ValueError, match=match):

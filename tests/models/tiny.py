@@ -13,6 +13,11 @@ BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_lay
             num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
             max_position_embeddings=256)
 
+# Phi3Config's default ids exceed the tiny vocab; no EOS, so transformers' min_new_tokens never
+# suppresses a token the greedy comparison expects.
+PHI3_IDS = dict(bos_token_id=1, eos_token_id=None, pad_token_id=0)
+LONGROPE_ORIGINAL = 16  # phi3_longrope switches to its long factors past 16 positions
+
 # name -> (transformers config class name, kwargs)
 CONFIGS = {
     "llama_gqa_tied": ("LlamaConfig", dict(tie_word_embeddings=True)),
@@ -26,21 +31,34 @@ CONFIGS = {
         rope_scaling=dict(rope_type="linear", factor=4.0))),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=False, rope_theta=1e6)),
     "mistral_window": ("MistralConfig", dict(sliding_window=8, head_dim=16)),
+    "qwen3": ("Qwen3Config", dict(head_dim=24, tie_word_embeddings=False, rope_theta=1e6)),
+    "qwen3_bias_tied": ("Qwen3Config", dict(head_dim=16, num_key_value_heads=1,
+                                            attention_bias=True, tie_word_embeddings=True)),
+    "phi3_window": ("Phi3Config", dict(sliding_window=8, **PHI3_IDS)),
+    "phi3_longrope": ("Phi3Config", dict(
+        max_position_embeddings=256, original_max_position_embeddings=LONGROPE_ORIGINAL,
+        rope_scaling=dict(rope_type="longrope", short_factor=[1.0 + 0.2 * i for i in range(8)],
+                          long_factor=[1.5 + 0.7 * i for i in range(8)]), **PHI3_IDS)),
 }
+# The families each new model_type brings (tests parametrize over them).
+NEW_FAMILIES = ("qwen3", "qwen3_bias_tied", "phi3_window", "phi3_longrope")
 MODEL_CLASS = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM",
-               "MistralConfig": "MistralForCausalLM"}
+               "MistralConfig": "MistralForCausalLM", "Qwen3Config": "Qwen3ForCausalLM",
+               "Phi3Config": "Phi3ForCausalLM"}
 
 
-def make_hf(name: str, path, seed: int = 0, **overrides) -> str:
+def make_hf(name: str, path, seed: int = 0, max_shard_size=None, **overrides) -> str:
   """Saves a random transformers model of config ``name`` (``BASE`` updated by ``overrides``)
-  into ``path`` (in a child process, ``tests.isolated``); returns the path."""
-  isolated.run(_make_hf, name, str(path), seed, overrides)
+  into ``path`` (in a child process, ``tests.isolated``); returns the path. ``max_shard_size``
+  (e.g. ``"20KB"``) saves it sharded, with ``model.safetensors.index.json``."""
+  isolated.run(_make_hf, name, str(path), seed, overrides, max_shard_size)
   return str(path)
 
 
-def hf_logits(path, tokens: np.ndarray) -> np.ndarray:
-  """transformers' float32 logits ``[B, S, V]`` of the model saved at ``path``."""
-  return isolated.run(_hf_logits, str(path), np.asarray(tokens))
+def hf_logits(path, tokens: np.ndarray, dtype: str = "float32") -> np.ndarray:
+  """transformers' logits ``[B, S, V]`` (as float32) of the model saved at ``path``, run in
+  ``dtype``."""
+  return isolated.run(_hf_logits, str(path), np.asarray(tokens), dtype)
 
 
 def hf_greedy(path, prompt: np.ndarray, new: int) -> list[int]:
@@ -48,7 +66,7 @@ def hf_greedy(path, prompt: np.ndarray, new: int) -> list[int]:
   return isolated.run(_hf_greedy, str(path), np.asarray(prompt), new)
 
 
-def _make_hf(name, path, seed, overrides):
+def _make_hf(name, path, seed, overrides, max_shard_size=None):
   import torch
   import transformers
 
@@ -62,18 +80,20 @@ def _make_hf(name, path, seed, overrides):
         p.add_(torch.randn_like(p) * 0.1)
       else:
         p.normal_(0.0, 0.08)
-  model.save_pretrained(path)
+  model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
 
 
-def _load(path):
+def _load(path, dtype="float32"):
+  import torch
   import transformers
-  return transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+  return transformers.AutoModelForCausalLM.from_pretrained(
+      path, dtype=getattr(torch, dtype)).eval()
 
 
-def _hf_logits(path, tokens):
+def _hf_logits(path, tokens, dtype="float32"):
   import torch
   with torch.no_grad():
-    return _load(path)(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
+    return _load(path, dtype)(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
 
 
 def _hf_greedy(path, prompt, new):
