@@ -31,14 +31,15 @@ PROTOCOLS = {"query_aware": 0, "query_agnostic": 1}  # the papers' main protocol
 def rows(records) -> list[dict]:
   """One row per (benchmark, protocol, method, budget, length) (the needle grid's lengths
   pooled, ``"1024-4096"``): ``share`` of the context read per head (``accuracy_report.attended_share``; None for dense), mean accuracy (%) with a 95%
-  interval (Wilson for 0/1 scores, bootstrap otherwise), tasks averaged and samples; dense first
-  in each (benchmark, protocol, length) group, then by accuracy. A sample two workdirs both ran
-  (same task, length, seed and depth: e.g. a grid and a headline rerun) counts once."""
+  interval (Wilson for 0/1 scores, bootstrap otherwise), tasks averaged and samples (each task
+  cut to the cell's smallest count, ``accuracy_report.balanced``); dense first in each (benchmark, protocol,
+  length) group, then by accuracy. A sample two workdirs both ran (same task, length, seed and
+  depth: e.g. a grid and a headline rerun) counts once."""
   cells = collections.defaultdict(dict)
   for r in records:
     cells[(_benchmark(r), r.get("protocol", ""), r["method"], r.get("budget"),
            r.get("length"))][sample_key(r)] = r
-  cells = {k: list(v.values()) for k, v in cells.items()}
+  cells = {k: accuracy_report.balanced(list(v.values())) for k, v in cells.items()}
   cells = _pool_lengths(cells, "needle grid")
   out = []
   for (bench, proto, method, budget, length), rs in cells.items():

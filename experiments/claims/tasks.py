@@ -154,16 +154,13 @@ def balance_tasks(records, new, base, budget, length) -> tuple[list[dict], str]:
   leaves the row as it was. Returns the records and a note naming the tasks that ran more
   (``""`` when balanced already)."""
   common = set(scores(records, new, budget, length)) & set(scores(records, base, budget, length))
-  seeds = collections.defaultdict(list)
-  for task, _, seed, _ in common:
-    seeds[task].append(seed)
-  if not seeds or len({len(v) for v in seeds.values()}) == 1:
+  seeds = collections.Counter(k[0] for k in common)
+  if len(set(seeds.values())) <= 1:
     return records, ""
-  k = min(map(len, seeds.values()))
-  keep = {t: set(sorted(v)[:k]) for t, v in seeds.items()}
-  more = ", ".join(f"{t} {len(v)}" for t, v in sorted(seeds.items()) if len(v) > k)
-  out = [r for r in records if r.get("length") != length
-         or r.get("seed") in keep.get(r.get("task"), ())]
+  keep = accuracy_report.balanced_keys(common)
+  k = min(seeds.values())
+  more = ", ".join(f"{t} {n}" for t, n in sorted(seeds.items()) if n > k)
+  out = [r for r in records if r.get("length") != length or sample_key(r) in keep]
   return out, f"balanced: {k} samples per task (ran more: {more})"
 
 

@@ -65,6 +65,24 @@ def attended_share(rs) -> float | None:
   return float(np.mean(shares)) if shares else None
 
 
+def balanced_keys(keys) -> set:
+  """The sample ids ``(task, length, seed, depth)`` with every task cut to the smallest task's
+  count (lowest seeds first): a run that extended some tasks (the RESA headline's 45 samples
+  per task, a task at a time) must not weight a mean over tasks toward them, so the mean stays
+  the mean of the task means, as the papers average their tables."""
+  by = collections.defaultdict(list)
+  for k in keys:
+    by[k[0]].append(k)
+  n = min(map(len, by.values()), default=0)
+  return {k for ks in by.values() for k in sorted(ks, key=lambda k: (k[2], str(k[3])))[:n]}
+
+
+def balanced(rs) -> list[dict]:
+  """``rs`` (one method) with every task cut to the same count (``balanced_keys``), in order."""
+  keep = balanced_keys(_sample_id(r) for r in rs)
+  return [r for r in rs if _sample_id(r) in keep]
+
+
 def tables(records) -> list[str]:
   """Markdown sections: one table per (model, protocol, context length)."""
   by = collections.defaultdict(lambda: collections.defaultdict(list))
@@ -80,12 +98,13 @@ def tables(records) -> list[str]:
         if (label, t) in cells:
           row[t] = _fmt(cell([r["score"] for r in cells[(label, t)]]))
       mine = [r for t in tasks for r in cells.get((label, t), [])]
-      row["avg"] = _fmt(cell([r["score"] for r in mine]))
+      row["avg"] = _fmt(cell([r["score"] for r in balanced(mine)]))
       row["attended"] = _attended(mine)
       rows.append(row)
     title = (f"### Accuracy (%), model `{model}`, context {length} tokens, "
              f"{PROTOCOL_TITLES.get(protocol, protocol)}\n\n"
-             "Cells: mean string-match score [95% Wilson interval] and the number of samples; "
+             "Cells: mean string-match score [95% Wilson interval] and the number of samples "
+             "(avg: every task cut to the row's smallest task count); "
              "attended: tokens per head at the first answer token (forced + chosen), or the "
              "tokens per kv head a compression method kept.")
     out.append(title + "\n\n" + render.markdown_table(rows, ["method"] + tasks
@@ -109,7 +128,8 @@ def _pairs(records) -> list[tuple[str, str]]:
 
 
 def paired_rows(records) -> list[dict]:
-  """One row per (model, protocol, length, pair, budget) with both methods on >= 1 sample."""
+  """One row per (model, protocol, length, pair, budget) with both methods on >= 1 sample (the
+  common samples, every task cut to the same count: ``balanced_keys``)."""
   index = collections.defaultdict(dict)
   for r in records:
     index[(r["model"], _protocol(r), r["length"], r["spec"], r["budget"])][_sample_id(r)] = r
@@ -120,7 +140,7 @@ def paired_rows(records) -> list[dict]:
       if spec != a:
         continue
       other = index.get((model, protocol, length, b, budget))
-      common = sorted(set(mine) & set(other or {}), key=str)
+      common = sorted(balanced_keys(set(mine) & set(other or {})), key=str)
       if not common:
         continue
       xa = np.array([mine[k]["score"] for k in common], float)
@@ -160,10 +180,13 @@ def paired_section(records) -> str | None:
 
 
 def figure(records, workdir: str, name: str = "accuracy_vs_length.png"):
-  """Average accuracy vs context length per method (one panel per model and protocol)."""
+  """Average accuracy vs context length per method (one panel per model and protocol; every
+  task cut to the same count, ``balanced``)."""
   by = collections.defaultdict(lambda: collections.defaultdict(list))
   for r in records:
-    by[(r["model"], _protocol(r))][(r["method"], r["length"])].append(r["score"])
+    by[(r["model"], _protocol(r))][(r["method"], r["length"])].append(r)
+  by = {k: {c: [r["score"] for r in balanced(rs)] for c, rs in cells.items()}
+        for k, cells in by.items()}
   if not by:
     return None
   fig, axes = render.new_figure(ncols=len(by))

@@ -256,3 +256,15 @@ def test_table1_pools_the_same_number_of_samples_per_task():
             if r["source"] == "RESA Table 1"]
   assert row["n"] == 30 and "balanced: 15 samples per task (ran more: qa 45)" in row["setting"]
   assert row["ours"].startswith("0.0 -> 50.0")
+
+
+def test_leaderboard_and_pairs_cut_every_task_to_the_same_count():
+  from experiments.claims import leaderboard  # pylint: disable=g-import-not-at-top
+  from experiments.tasks import accuracy_report  # pylint: disable=g-import-not-at-top
+  recs = ([dict(r, seed=i) for i, r in enumerate(_acc("quest", np.ones(45), "qa"))]
+          + [dict(r, seed=i) for i, r in enumerate(_acc("quest", np.zeros(15), "niah_single_2"))])
+  recs = [dict(r, generator="nvidia-ruler") for r in recs]
+  (row,) = leaderboard.rows(recs)
+  assert row["accuracy"] == 50.0 and row["n"] == 30  # not 75.0 over 60 samples
+  keys = accuracy_report.balanced_keys(accuracy_report._sample_id(r) for r in recs)  # pylint: disable=protected-access
+  assert sorted(k[2] for k in keys if k[0] == "qa") == list(range(15))
