@@ -36,8 +36,8 @@ _ITEMS = {"depths": (0.0, 1.0), "layers": (0,)}
 def _choices(field: str):
   """The names ``field`` accepts, or None (imported lazily: each is light, none loads JAX)."""
   if field == "tasks":
-    from experiments.tasks import ruler  # pylint: disable=g-import-not-at-top (numpy only)
-    return ruler.TASKS
+    from experiments.common import task_names  # pylint: disable=g-import-not-at-top
+    return task_names.TASKS
   if field == "protocol":
     return PROTOCOLS
   if field in _TEXT_FIELDS:

@@ -35,12 +35,10 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from experiments.common.task_names import TASKS
 from experiments.tasks import haystack as hs
 from experiments.tasks import ruler_templates as tpl
 
-TASKS = ("passkey", "niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1",
-         "niah_multikey_2", "niah_multikey_3", "niah_multivalue", "niah_multiquery", "vt", "cwe",
-         "fwe", "qa", "qa_multi")
 NIAH_TASKS = tuple(t for t in TASKS if t.startswith(("passkey", "niah")))
 # RULER's generation caps per task (passkey is not RULER's: its 5-digit key needs few tokens).
 MAX_NEW_TOKENS = dict({t: tpl.TOKENS_TO_GENERATE["niah"] for t in NIAH_TASKS}, passkey=12,
