@@ -92,7 +92,9 @@ def main(argv):
   elif prompt is None:
     source, prompt = f"{passage.SOURCE} + a question", passage.default_prompt()
   default = FLAGS.prompt is None and not FLAGS.prompt_file
-  specs.build(FLAGS.method, FLAGS.budget, block_size=FLAGS.block_size)
+  # Built before the model loads, so a bad spec fails at once. specs.build: a budget means the
+  # kept fraction for every family (methods.make turns it into a compression ratio).
+  method = specs.build(FLAGS.method, FLAGS.budget, block_size=FLAGS.block_size)
   stages = stages_lib.Stages("generate")
   stages.start(f"loading {FLAGS.model}")
   model = models.load(FLAGS.model, dtype=FLAGS.dtype)
@@ -101,10 +103,7 @@ def main(argv):
                          allow=cli.ALLOW_LONG_CONTEXT.value)
   sampling = models.Sampling(FLAGS.temperature, FLAGS.top_p, FLAGS.seed)
   dense = methods.make("dense", block_size=FLAGS.block_size)
-  # specs.build: a budget means the kept fraction for every family (compression: ratio =
-  # 1 - budget), and methods that model RoPE get the model's frequencies.
-  method = specs.build(FLAGS.method, FLAGS.budget, block_size=FLAGS.block_size,
-                       rope_inv_freq=modelzoo.rope_inv_freq(model))
+  method = method.with_rope(modelzoo.rope_inv_freq(model))  # for methods that model RoPE
   label = FLAGS.method if FLAGS.budget is None else f"{FLAGS.method}@{FLAGS.budget:g}"
   results = {}
   for name, m in (("dense", dense), (label, method)):

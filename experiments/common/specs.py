@@ -1,17 +1,20 @@
 """Method specs x budgets from a config -> labelled methods.
 
-A config lists ``methods`` (spec strings for ``sparse_attn.methods.make``) and ``budgets``
-(fractions of the context kept). Each spec is crossed with every budget, except:
+A config lists ``methods`` (spec strings) and ``budgets`` (fractions of the context kept). A
+spec is the grammar of ``sparse_attn.methods.make`` (``sparse_attn.spec``: ``name:k=v+enhancer``,
+paper presets included) and ``budget`` means what it means there, the fraction kept, for every
+family (a compression method takes it as ``ratio = 1 - budget``, in ``methods.make``). Each
+spec is crossed with every budget, except ``dense`` (no budget) and specs that fix their own
+budget inline (``quest:budget=256``, ``quest:p=0.1``, ``snapkv:ratio=0.5``). Paper presets
+(``sparse_attn.methods.PRESETS``) take inline overrides (``rectified:p=0.05``,
+``expected-attention:eps=0``); a preset whose budget is a rule of its own (ReSA's ``p``,
+RetroAttention's ``min_tokens``) is not crossed with the budgets, the others (``resa-quest``,
+``expected-attention``) take each budget in place of theirs.
 
-* ``dense`` (no budget), and specs that fix their own budget inline (``quest:budget=256``,
-  ``quest:p=0.1``);
-* compression methods (``snapkv``, ``expected_attention``, ...) take ``ratio = 1 - budget``
-  (the fraction evicted), so "budget 0.05" means the same kept fraction for every family;
+Experiment-only additions to the grammar (``methods.make`` knows none of them; ``parse`` splits
+them off once, into a ``ParsedSpec``):
+
 * ``+track`` / ``+reuse[:every=k]`` wrap a plain selector (``experiments.common.reuse``);
-* paper presets (``sparse_attn.methods.PRESETS``) are specs too, with inline overrides
-  (``rectified:p=0.05``, ``expected-attention:eps=0``); a preset whose budget is a rule of its
-  own (ReSA's ``p``, RetroAttention's ``min_tokens``) is not crossed with the budgets, the
-  others (``resa-quest``, ``expected-attention``) take each budget in place of theirs;
 * ``spec@b`` runs at budget ``b`` only (``resa-quest:lam=0.25@0.025``: one row, labelled and
   paired like the crossed ones);
 * ``+calibrated:fit=DIR`` after a ``+resa`` spec with lambda 1 decodes with the per-head lambda
@@ -27,33 +30,105 @@ import os
 from typing import Callable
 
 from sparse_attn import budget as budget_lib
-from sparse_attn import compression, methods
+from sparse_attn import methods
 from sparse_attn.spec import parse_spec, parse_value
 
 from experiments.common import checkpoint, reuse
 
 _OWN_BUDGET = ("budget", "p", "ratio", "max_tokens")
 _OWN_RULE = ("p", "min_tokens")  # a preset with one of these keeps its own budget rule
+_WRAPPERS = ("track", "reuse")
 
 
-def _preset(base_spec: str):
-  """``("rectified", {"p": 0.05})`` when the spec's first part names a preset, else None."""
-  parts = parse_spec(base_spec)
+@dataclasses.dataclass(frozen=True)
+class ParsedSpec:
+  """One spec string split once (``parse``) into what ``build`` and ``expand`` read.
+
+  Attributes:
+    text: the spec without its ``@b`` (an ``Entry``'s ``spec``).
+    base: what ``methods.make`` builds: ``text`` without ``+track``/``+reuse``/``+calibrated``.
+    family: the base method (``resa-quest`` -> ``quest``; ``base_name``).
+    preset: the preset ``base`` names (``"rectified"``), else None.
+    preset_options: the inline overrides of the preset, ``((key, value), ...)``.
+    wrapper: ``"track"``, ``"reuse"`` or None; ``every``: its reuse interval (0: none).
+    fit: ``+calibrated``'s directory, else None.
+    at_budget: ``b`` of ``spec@b``, else None.
+    own_budget: the spec keeps its own budget (dense, an inline budget, a preset's own rule).
+  """
+
+  text: str
+  base: str
+  family: str
+  preset: str | None = None
+  preset_options: tuple = ()
+  wrapper: str | None = None
+  every: int = 0
+  fit: str | None = None
+  at_budget: float | int | None = None
+  own_budget: bool = False
+
+
+def _split_calibrated(spec: str, parsed):
+  """``"resa-quest+calibrated:fit=DIR"`` -> ``("resa-quest", "DIR")``; else ``(spec, None)``."""
+  found = [i for i, (name, _) in enumerate(parsed) if name == "calibrated"]
+  if not found:
+    return spec, None
+  i = found[0]
+  opts = parsed[i][1]
+  if len(found) > 1 or i != len(parsed) - 1 or set(opts) != {"fit"}:
+    raise ValueError(f"+calibrated takes one option, fit=DIR, and comes last; got {spec!r}")
+  return "+".join(spec.split("+")[:i]), str(opts["fit"])
+
+
+def _split_wrappers(spec: str):
+  """``"quest+reuse:every=2"`` -> ``("quest", "reuse", 2)``; no wrapper -> ``(spec, None, 0)``."""
+  kept, wrapper, every = [], None, 0
+  for raw, (name, opts) in zip(spec.split("+"), parse_spec(spec)):  # the one spec grammar
+    if name not in _WRAPPERS:
+      kept.append(raw)
+      continue
+    if set(opts) - {"every"}:
+      raise ValueError(f"unknown option(s) {sorted(set(opts) - {'every'})} for +{name} in "
+                       f"{spec!r}; valid: ['every']")
+    wrapper, every = name, int(opts.get("every", 2 if name == "reuse" else 0))
+  return "+".join(kept), wrapper, every
+
+
+def parse(spec: str) -> ParsedSpec:
+  """Splits ``spec`` (``base[+track|+reuse:every=k][+calibrated:fit=DIR][@b]``) once.
+
+  Raises ValueError for a malformed spec: the grammar's errors, ``+calibrated`` not last or
+  with other options, a wrapper option other than ``every``, enhancers after a preset, a bad
+  ``@b``.
+  """
+  text, at, only = spec.partition("@")
+  at_budget = budget_lib.parse_budget(parse_value(only)) if at else None
+  without_fit, fit = _split_calibrated(text, parse_spec(text))
+  base, wrapper, every = _split_wrappers(without_fit)
+  parts = parse_spec(base)
   name, inline = parts[0]
-  if name not in methods.PRESETS:
-    return None
-  if len(parts) > 1:
-    raise ValueError(f"a preset takes no enhancers after it, got {base_spec!r}; give options "
+  preset = name if name in methods.PRESETS else None
+  if preset and len(parts) > 1:
+    raise ValueError(f"a preset takes no enhancers after it, got {base!r}; give options "
                      f"inline ({name}:key=value)")
-  return name, inline
+  made = parse_spec(methods.PRESETS[preset]) if preset else parts
+  family = made[0][0]
+  own = (family == "dense"
+         or bool(preset) and any(k in _OWN_RULE for _, opts in made for k in opts)
+         or any(k in _OWN_BUDGET for _, opts in parts for k in opts))
+  return ParsedSpec(text=text, base=base, family=family, preset=preset,
+                    preset_options=tuple(inline.items()) if preset else (), wrapper=wrapper,
+                    every=every, fit=fit, at_budget=at_budget, own_budget=own)
 
 
-def base_name(spec: str) -> str:
+def _parsed(spec) -> ParsedSpec:
+  return spec if isinstance(spec, ParsedSpec) else parse(spec)
+
+
+def base_name(spec) -> str:
   """The method family of a spec (``resa-quest`` -> ``quest``, ``expected-attention`` ->
-  ``expected_attention``)."""
-  base, _, _ = _split_wrappers(_split_calibrated(spec)[0])
-  preset = _preset(base)
-  return parse_spec(methods.PRESETS[preset[0]] if preset else base)[0][0]
+  ``expected_attention``); ``spec``: a string or a ``ParsedSpec``."""
+  return _parsed(spec).family
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,19 +140,6 @@ class Entry:
   budget: float | None
   method: object
   after_prefill: Callable | None = None  # states -> states, once after the prompt's prefill
-
-
-def _split_calibrated(spec: str):
-  """``"resa-quest+calibrated:fit=DIR"`` -> ``("resa-quest", "DIR")``; else ``(spec, None)``."""
-  raws, parsed = spec.split("+"), parse_spec(spec)
-  found = [i for i, (name, _) in enumerate(parsed) if name == "calibrated"]
-  if not found:
-    return spec, None
-  i = found[0]
-  opts = parsed[i][1]
-  if len(found) > 1 or i != len(parsed) - 1 or set(opts) != {"fit"}:
-    raise ValueError(f"+calibrated takes one option, fit=DIR, and comes last; got {spec!r}")
-  return "+".join(raws[:i]), str(opts["fit"])
 
 
 def _head_params_after_prefill(spec: str, method, fit: str):
@@ -94,59 +156,33 @@ def _head_params_after_prefill(spec: str, method, fit: str):
   return lambda states: resa.set_head_params(states, params["log_lam"], params.get("beta"))
 
 
-def _split_wrappers(spec: str):
-  """``"quest+reuse:every=2"`` -> ``("quest", "reuse", 2)``; no wrapper -> ``(spec, None, 0)``."""
-  kept, wrapper, every = [], None, 0
-  for raw, (name, opts) in zip(spec.split("+"), parse_spec(spec)):  # the one spec grammar
-    if name not in ("track", "reuse"):
-      kept.append(raw)
-      continue
-    if set(opts) - {"every"}:
-      raise ValueError(f"unknown option(s) {sorted(set(opts) - {'every'})} for +{name} in "
-                       f"{spec!r}; valid: ['every']")
-    wrapper, every = name, int(opts.get("every", 2 if name == "reuse" else 0))
-  return "+".join(kept), wrapper, every
+def build(spec, budget: float | None = None, *, rope_inv_freq=None, **options):
+  """The method of ``spec`` (a string or a ``ParsedSpec``) at ``budget`` (fraction kept; None
+  = the spec's ``@b``, else its own/default).
 
-
-def build(spec: str, budget: float | None = None, *, rope_inv_freq=None, **options):
-  """The method of ``spec`` at ``budget`` (fraction kept; None = the spec's own/default).
-
-  ``budget`` goes through ``sparse_attn.budget.parse_budget``, the validation of
-  ``methods.make``: a whole number > 1 is a token count, ``1.5`` raises its ValueError.
+  ``budget`` goes through ``sparse_attn.budget.parse_budget`` (a whole number > 1 is a token
+  count, ``1.5`` raises its ValueError) and then to ``methods.make`` as ``budget``, which a
+  compression method takes as ``ratio = 1 - budget`` (a token count raises there).
 
   ``rope_inv_freq`` (the model's ``[D/2]`` RoPE frequencies) is given to methods that model
   RoPE (Expected Attention's pre-RoPE query statistics) unless the spec sets their own.
   """
-  base_spec, wrapper, every = _split_wrappers(_split_calibrated(spec)[0])
-  name = base_name(base_spec)
-  preset = _preset(base_spec)
-  opts = dict(preset[1] if preset else {}, **options)
-  if budget is not None and name != "dense":
-    b = budget_lib.parse_budget(budget)  # the ValueError methods.make gives (1.5 is refused)
-    if name in compression.BUILDERS:
-      if isinstance(b, int):
-        raise ValueError(f"{name} keeps a fraction of the context: give a budget in (0, 1], "
-                         f"got the token count {b}")
-      opts["ratio"] = round(1.0 - b, 6)
-    else:
-      opts["budget"] = b
-  m = methods.make(preset[0] if preset else base_spec, **opts)
+  p = _parsed(spec)
+  budget = p.at_budget if budget is None else budget
+  opts = dict(p.preset_options, **options)
+  if budget is not None and p.family != "dense":
+    opts["budget"] = budget_lib.parse_budget(budget)
+  m = methods.make(p.preset or p.base, **opts)
   if rope_inv_freq is not None:
     m = m.with_rope(rope_inv_freq)
-  if wrapper is not None:
-    m = reuse.TrackedMethod.wrap(m, spec if budget is None else f"{spec}@{budget}", every)
+  if p.wrapper is not None:
+    m = reuse.TrackedMethod.wrap(m, p.text if budget is None else f"{p.text}@{budget}", p.every)
   return m
 
 
-def has_own_budget(spec: str) -> bool:
-  base, _, _ = _split_wrappers(_split_calibrated(spec)[0])
-  if base_name(base) == "dense":
-    return True
-  preset = _preset(base)
-  if preset and any(k in _OWN_RULE for _, inline in parse_spec(methods.PRESETS[preset[0]])
-                    for k in inline):
-    return True
-  return any(k in _OWN_BUDGET for _, inline in parse_spec(base) for k in inline)
+def has_own_budget(spec) -> bool:
+  """Whether ``spec`` (a string or a ``ParsedSpec``) keeps its own budget (not crossed)."""
+  return _parsed(spec).own_budget
 
 
 def expand(specs, budgets, **options) -> list[Entry]:
@@ -156,17 +192,17 @@ def expand(specs, budgets, **options) -> list[Entry]:
   """
   out = []
   for spec in specs:
-    spec, at, only = spec.partition("@")
-    if at:
-      b = budget_lib.parse_budget(parse_value(only))
-      if has_own_budget(spec):
-        raise ValueError(f"{spec!r} has a budget rule of its own; '@{only}' would not apply")
-      rows = [(f"{spec}@{b:g}", float(b), build(spec, b, **options))]
-    elif has_own_budget(spec) or not budgets:
-      rows = [(spec, None, build(spec, None, **options))]
+    p = parse(spec)
+    if p.at_budget is not None:
+      if p.own_budget:
+        raise ValueError(f"{p.text!r} has a budget rule of its own; "
+                         f"'@{spec.partition('@')[2]}' would not apply")
+      b = p.at_budget
+      rows = [(f"{p.text}@{b:g}", float(b), build(p, b, **options))]
+    elif p.own_budget or not budgets:
+      rows = [(p.text, None, build(p, None, **options))]
     else:
-      rows = [(f"{spec}@{b:g}", float(b), build(spec, b, **options)) for b in budgets]
-    fit = _split_calibrated(spec)[1]
-    out += [Entry(label, spec, b, m, None if fit is None else
-                  _head_params_after_prefill(spec, m, fit)) for label, b, m in rows]
+      rows = [(f"{p.text}@{b:g}", float(b), build(p, b, **options)) for b in budgets]
+    out += [Entry(label, p.text, b, m, None if p.fit is None else
+                  _head_params_after_prefill(p.text, m, p.fit)) for label, b, m in rows]
   return out

@@ -12,6 +12,11 @@ returned object has the per-layer interface of ``sparse_attn.methods.Method``.
 
 Common options (``base.CompressionMethod``): ``ratio``, ``phase``, ``n_sink``, ``head_budget``,
 ``floor``, ``interval``, ``max_tokens``, ``decode_slots``, ``block_size``; each method adds its own.
+``budget`` (the fraction of the context kept, as for a selector) may stand for ``ratio``, the
+fraction evicted: ``make("snapkv", budget=0.1) == make("snapkv", ratio=0.9)`` (the built
+method's spec says ``ratio``). Giving both at one level (both inline or both as keywords)
+raises; a keyword overrides an inline one (``make("expected-attention", budget=0.1)``). A token
+count (an int budget) raises: a compression method keeps a fraction of the context.
 
 A method is one scorer; the head budget and the decode phase wrap it (kvpress's
 ``AdaKVPress`` / ``DecodingPress`` pattern). Modules:
@@ -31,11 +36,46 @@ A method is one scorer; the head budget and the decode phase wrap it (kvpress's
 
 import dataclasses
 
+from sparse_attn import budget as budget_lib
 from sparse_attn.compression import (cur, expected_attention, h2o, keydiff, knorm, lagkv,
                                      random_press, snapkv, streaming_llm, tova)
 from sparse_attn.compression.base import CompressionMethod
 from sparse_attn.compression.decode_phase import Phase
 from sparse_attn.compression.head_budget import HeadBudget
+from sparse_attn.spec import with_options
+
+
+def budget_as_ratio(spec: str, parts, options: dict):
+  """``(spec, parts, options)`` with a ``budget`` (fraction kept) turned into ``ratio = 1 -
+  budget`` (rounded to 6 digits), the spec string rewritten to say ``ratio``; unchanged without
+  a ``budget``. ``parts[0]`` holds the inline options with the keyword ``options`` merged in
+  (``methods.make`` writes them into the spec), so an inline key not among ``options`` was
+  written inline. Raises ValueError for both at one level and for a token count."""
+  (name, inline), rest = parts[0], parts[1:]
+  written = {k for k in inline if k not in options}  # given inline only
+  for level, keys in (("as keywords", set(options)), ("inline", written)):
+    if {"budget", "ratio"} <= keys:
+      raise ValueError(f"{name!r} takes budget (the fraction kept) or ratio (the fraction "
+                       f"evicted), not both; got both {level} in {spec!r}")
+  if "budget" not in inline:
+    return spec, parts, options
+  if "ratio" in options:  # a keyword ratio overrides the inline budget
+    inline = {k: v for k, v in inline.items() if k != "budget"}
+  else:
+    b = budget_lib.parse_budget(inline["budget"])  # the ValueError of every entry point
+    if isinstance(b, int):
+      raise ValueError(f"{name} keeps a fraction of the context: give a budget in (0, 1], "
+                       f"got the token count {b}")
+    ratio = round(1.0 - b, 6)
+    if "ratio" in inline:  # the keyword budget takes the place of the inline ratio
+      inline = {k: ratio if k == "ratio" else v for k, v in inline.items() if k != "budget"}
+    else:
+      inline = {("ratio" if k == "budget" else k): (ratio if k == "budget" else v)
+                for k, v in inline.items()}
+  options = {k: v for k, v in options.items() if k not in ("budget", "ratio")}  # in inline
+  parts = [(name, inline), *rest]
+  return "+".join(with_options(n, o, {}) for n, o in parts), parts, options
+
 
 def builder(cls):
   """``build(spec, parts, options)`` for ``compression.BUILDERS``: validates every option."""
@@ -43,6 +83,7 @@ def builder(cls):
   own = tuple(f.name for f in dataclasses.fields(cls) if f.name not in common + ("spec",))
 
   def build(spec, parts, options):
+    spec, parts, options = budget_as_ratio(spec, parts, options)
     (name, inline), rest = parts[0], parts[1:]
     if rest:
       raise ValueError(f"compression method {name!r} takes no enhancers, got "

@@ -97,3 +97,52 @@ def test_calibrated_rows_set_the_saved_per_head_lambda_after_prefill(tmp_path, m
     specs.expand(["resa-quest+calibrated:fit=elsewhere@0.1"], [])
   with pytest.raises(ValueError, match="comes last"):
     specs.expand(["quest+calibrated:fit=fit+resa@0.1"], [])
+
+
+def test_a_budget_reaches_methods_make_as_is():
+  """``specs.build`` hands the budget to ``methods.make``, which turns it into a ratio."""
+  from sparse_attn import methods  # pylint: disable=g-import-not-at-top
+  assert specs.build("snapkv", 0.1) == methods.make("snapkv", budget=0.1) == methods.make(
+      "snapkv", ratio=0.9)
+  assert specs.build("snapkv:budget=0.25", None) == methods.make("snapkv", ratio=0.75)
+  assert specs.has_own_budget("snapkv:budget=0.25")
+
+
+def test_each_spec_is_parsed_once(monkeypatch):
+  calls = []
+  parse = specs.parse
+  monkeypatch.setattr(specs, "parse", lambda s: calls.append(s) or parse(s))
+  labels = [e.label for e in specs.expand(
+      ["dense", "quest+reuse:every=3", "resa-quest:lam=0.25@0.025", "rectified"], [0.1, 0.2])]
+  assert labels == ["dense", "quest+reuse:every=3@0.1", "quest+reuse:every=3@0.2",
+                    "resa-quest:lam=0.25@0.025", "rectified"]
+  assert calls == ["dense", "quest+reuse:every=3", "resa-quest:lam=0.25@0.025", "rectified"]
+
+
+@pytest.mark.parametrize("spec,fields", [
+    ("dense", dict(base="dense", family="dense", own_budget=True)),
+    ("snapkv", dict(base="snapkv", family="snapkv", own_budget=False)),
+    ("quest:budget=256", dict(family="quest", own_budget=True)),
+    ("quest+track", dict(base="quest", wrapper="track", every=0)),
+    ("quest+reuse", dict(base="quest", wrapper="reuse", every=2)),
+    ("expected-attention:eps=0@0.5", dict(
+        text="expected-attention:eps=0", base="expected-attention:eps=0",
+        family="expected_attention", preset="expected-attention",
+        preset_options=(("eps", 0),), at_budget=0.5, own_budget=False)),
+    ("rectified", dict(preset="rectified", family="quest", own_budget=True)),
+    ("resa-quest+calibrated:fit=dir@0.025", dict(
+        text="resa-quest+calibrated:fit=dir", base="resa-quest", fit="dir", at_budget=0.025)),
+    ("quest@256", dict(at_budget=256)),
+])
+def test_parsed_spec_fields(spec, fields):
+  p = specs.parse(spec)
+  assert {k: getattr(p, k) for k in fields} == fields
+  assert specs.base_name(spec) == p.family and specs.has_own_budget(spec) == p.own_budget
+
+
+@pytest.mark.parametrize("spec,match", [
+    ("quest+reuse:every=2,k=1", "unknown option"), ("resa-quest+retro", "no enhancers"),
+    ("quest+calibrated:fit=a+resa", "comes last"), ("quest@1.5", "must be in")])
+def test_malformed_specs_raise_when_parsed(spec, match):
+  with pytest.raises(ValueError, match=match):
+    specs.parse(spec)

@@ -174,6 +174,27 @@ def test_spec_inline_options_and_registry():
   hash(methods.make("expected_attention", ratio=0.5, rope_inv_freq=np.ones(8)))
 
 
+def test_a_budget_is_the_fraction_kept():
+  """``budget`` means what it means for a selector: ``ratio = 1 - budget``, the same method
+  (its spec says ``ratio``); a keyword overrides an inline one; both at one level or a token
+  count raise."""
+  for name in NAMES:
+    assert methods.make(name, budget=0.1) == methods.make(name, ratio=0.9)
+  assert methods.make("snapkv:budget=0.25") == methods.make("snapkv:ratio=0.75")
+  assert methods.make("snapkv:ratio=0.5", budget=0.1).ratio == 0.9
+  assert methods.make("snapkv:budget=0.5", ratio=0.25).ratio == 0.25
+  ea = methods.make("expected-attention", budget=0.1)  # the preset's inline ratio=0.5
+  assert ea == methods.make("expected-attention", ratio=0.9) and ea.head_budget == "adakv"
+  for spec, kw in (("snapkv", dict(budget=0.1, ratio=0.5)), ("snapkv:budget=0.1,ratio=0.5", {})):
+    with pytest.raises(ValueError, match="budget .* or ratio .*, not both"):
+      methods.make(spec, **kw)
+  for b in (256, 256.0):
+    with pytest.raises(ValueError, match="keeps a fraction of the context.*token count 256"):
+      methods.make("snapkv", budget=b)
+  with pytest.raises(ValueError, match=r"a fractional budget must be in \(0, 1\], got 1.5"):
+    methods.make("tova", budget=1.5)
+
+
 def test_end_prefill_under_jit_needs_decode_slots():
   m = methods.make("knorm", ratio=0.5)
   p = problem()
