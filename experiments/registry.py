@@ -22,7 +22,8 @@ class Claim:
   """One row of the claims report.
 
   ``measure(records)`` reads the records of the part's experiment (every workdir's) and returns
-  ``dict(ours=, n=, setting=, verdict=, why=)``, or None when they hold nothing for the claim.
+  an ``experiments.claims.row.Measured`` (ours, n, setting, verdict, why), or None when they
+  hold nothing for the claim.
   ``figure`` is relative to the part's workdir.
   """
   claim: str

@@ -7,5 +7,6 @@
 ``tasks`` (RULER and long-generation accuracy of the selectors), ``compression`` (Expected
 Attention against the eviction baselines), ``sweeps`` (lambda and budget sweeps),
 ``generation`` (perplexity and retro's effective budget), ``speed`` (latency and memory);
-``verdicts`` holds the shared verdict rules and ``leaderboard`` the accuracy leaderboard.
+``row`` holds ``Measured``, what every measure returns, ``verdicts`` the shared verdict rules
+and ``leaderboard`` the accuracy leaderboard.
 """

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.claims import verdicts
+from experiments.claims.row import Measured
 from experiments.claims.tasks import (base_label, is_heatmap, model_of, paired, pts,
                                       sample_key, task_differences)
 
@@ -144,22 +145,21 @@ def ea_vs_baselines(records, budget=0.5, heatmap=False):
   tasks = sorted({r["task"] for r in recs})
   dense = [float(r["score"]) for r in records if r.get("method") == "dense"
            and r["length"] in lengths]  # the pooled lengths only, as EA's
-  return dict(ours=f"EA ({EA_SPEC[heatmap]}) {100 * ma:.1f} vs best baseline {rival} "
-                   f"{100 * mb:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}])",
-              n=n, setting=f"{model_of(recs)}, {lengths} tokens, keep {budget:g}, query-agnostic"
-                           f", {len(tasks)} task(s)" + (f" ({tasks[0]})" if len(tasks) == 1 else "")
-                           + (f" ({note})" if note else "")
-                           + "".join(f"; {n} tokens still running ({k}), not pooled"
-                                     for n, k in sorted(partial.items())),
-              verdict=verdict, read=recs,
-              why="; ".join(f"{m} {100 * means[m]:.0f}" for m in sorted(means, key=means.get,
-                                                                          reverse=True))
-                  + (f"; dense {100 * np.mean(dense):.0f}" if dense else "")
-                  + _variants_text(by, variants)
-                  + ("" if heatmap else f"; per task {rival} -> EA, "
-                     + task_differences(by["expected-attention"], by[rival])[2:])
-                  + _ea_per_length(every, heatmap, partial)
-                  + _ea_at_other_budgets(records, budget, heatmap))
+  setting = (f"{model_of(recs)}, {lengths} tokens, keep {budget:g}, query-agnostic, "
+             f"{len(tasks)} task(s)" + (f" ({tasks[0]})" if len(tasks) == 1 else "")
+             + (f" ({note})" if note else "")
+             + "".join(f"; {n} tokens still running ({k}), not pooled"
+                       for n, k in sorted(partial.items())))
+  why = ("; ".join(f"{m} {100 * means[m]:.0f}" for m in sorted(means, key=means.get, reverse=True))
+         + (f"; dense {100 * np.mean(dense):.0f}" if dense else "")
+         + _variants_text(by, variants)
+         + ("" if heatmap else f"; per task {rival} -> EA, "
+            + task_differences(by["expected-attention"], by[rival])[2:])
+         + _ea_per_length(every, heatmap, partial)
+         + _ea_at_other_budgets(records, budget, heatmap))
+  return Measured(ours=f"EA ({EA_SPEC[heatmap]}) {100 * ma:.1f} vs best baseline {rival} "
+                       f"{100 * mb:.1f} ({pts(d)} pts [{pts(lo)}, {pts(hi)}])",
+                  n=n, setting=setting, verdict=verdict, why=why, read=recs)
 
 
 def ea_vs_baselines_niah(records):

@@ -10,6 +10,7 @@ import collections
 import numpy as np
 
 from configs import perplexity as perplexity_config
+from experiments.claims.row import Measured
 from experiments.common import stats
 
 SPARSE = perplexity_config.RESA_SELECTION + ",p=0.1"
@@ -52,11 +53,11 @@ def rectification_closes_gap(records, x=1024):
           f"no gap to close (sparse@{x} not above decode-only)")
   drift = (f"sparse decoding drifts over {x} steps; rectified stays {pr - pb:+.2f} ppl from "
            "decode-only" if gap > 0 else f"sparse decoding shows no drift over {x} steps")
-  return dict(ours=f"{head} (ppl {pd}decode-only {pb:.2f}, "
-                   f"sparse@{x} {ps:.2f}, rectified@{x} {pr:.2f})",
-              n=n, setting=f"{records[0].get('model')}, {records[0].get('length')} tokens, "
-                           f"p=0.1, f=32, {len(docs)} documents x 32 scored tokens",
-              verdict=verdict, why=f"{drift}; {per_doc}")
+  return Measured(ours=f"{head} (ppl {pd}decode-only {pb:.2f}, "
+                       f"sparse@{x} {ps:.2f}, rectified@{x} {pr:.2f})",
+                  n=n, setting=f"{records[0].get('model')}, {records[0].get('length')} tokens, "
+                               f"p=0.1, f=32, {len(docs)} documents x 32 scored tokens",
+                  verdict=verdict, why=f"{drift}; {per_doc}")
 
 
 MIN_PROMPTS = 20  # independent prompts a Fig. 2c verdict needs
@@ -107,8 +108,8 @@ def retro_effective_budget(records):
   else:
     parts.append(f"intervals over {n} prompts")
   r0 = by_w[min(by_w)][0]
-  return dict(ours="; ".join(parts), n=n,
-              setting=f"{r0.get('model')}, prompt {r0.get('prompt_length')}, "
-                      f"{r0.get('new_tokens')} generated, Quest b=0.15",
-              verdict=verdict, why="keys a query saw once it left the window / its nominal "
-                                   "budget, averaged over layers, heads and steps")
+  return Measured(ours="; ".join(parts), n=n,
+                  setting=f"{r0.get('model')}, prompt {r0.get('prompt_length')}, "
+                          f"{r0.get('new_tokens')} generated, Quest b=0.15",
+                  verdict=verdict, why="keys a query saw once it left the window / its nominal "
+                                       "budget, averaged over layers, heads and steps")

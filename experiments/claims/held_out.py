@@ -21,6 +21,7 @@ import numpy as np
 
 from experiments.claims import tasks as task_claims
 from experiments.claims import verdicts
+from experiments.claims.row import Measured
 
 LAMS = (1.0, 0.5, 0.25)  # larger first: ties go to the preset's lam
 BUDGET = 0.025
@@ -81,7 +82,7 @@ def resa_held_out_lam(records):
     other = held_out_pair(aware, base, length)
     if other is not None:
       why.append(f"{name} with held-out lam {task_claims.pair_text(other[0])}, n={other[0][5]})")
-  return dict(
+  return Measured(
       ours=task_claims.pair_text(got) + ")", n=n,
       setting=(f"{task_claims.model_of(aware)}, {length} tokens, budget {BUDGET:g}, Quest, lam "
                f"from {{{', '.join(f'{lam:g}' for lam in LAMS)}}} (renormalised), RESA Table "
@@ -118,7 +119,7 @@ def resa_calibrated_lam(records):
                                 task_claims.scores(aware, base, BUDGET, length))
       if pair is not None:
         why.append(f"{base} with the same fit {task_claims.pair_text(pair)}, n={pair[5]})")
-  return dict(
+  return Measured(
       ours=task_claims.pair_text(got) + ")", n=n,
       setting=(f"{task_claims.model_of(aware)}, {length} tokens, budget {BUDGET:g}, Quest, "
                "per-head lam fitted on a novel (renormalised), RESA Table 1's tasks"

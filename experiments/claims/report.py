@@ -64,15 +64,15 @@ def claim_rows(records: dict[str, list[dict]], root: str,
                experiments=registry.EXPERIMENTS,
                folders: dict[int, str] | None = None) -> list[dict]:
   """One row per registered claim: the paper's number, ours measured on ``records``
-  (experiment -> records), the verdict; a claim without records is "not run". A measure may
-  return the records it read under ``read``: with ``folders`` (``folders_of``) the row's
-  figure is then taken from the folder holding most of them (``figure_folder``)."""
+  (experiment -> records; each measure returns a ``row.Measured``), the verdict; a claim
+  without records is "not run". A measure may say which records it read (``Measured.read``):
+  with ``folders`` (``folders_of``) the row's figure is then taken from the folder holding
+  most of them (``figure_folder``)."""
   rows = []
   for c, part, e in registry.claims(experiments):
     recs = records.get(e.name, [])
     measure = registry.load(c.measure)
     got = measure(recs) if recs else None
-    read = got.pop("read", None) if got else None
     row = dict(claim=c.claim, source=c.source, paper=c.paper)
     if got is None:
       why = (f"the `{e.name}` records hold no rows for this claim yet" if recs
@@ -80,12 +80,12 @@ def claim_rows(records: dict[str, list[dict]], root: str,
       row.update(ours="-", n=0, setting="-", verdict="not run", why=why, figure="")
     else:
       # records that cannot be tied to code: the row says so
-      for note in verdicts.provenance_notes(recs, measure, got):
-        got = dict(got, setting=f"{got['setting']}; ⚠ {note}")
-      where = figure_folder(read, folders or {}, root, c.figure, part.name) if c.figure else ""
+      notes = verdicts.provenance_notes(recs, measure, got)
+      got = got.plus(setting="".join(f"; ⚠ {note}" for note in notes))
+      where = figure_folder(got.read, folders or {}, root, c.figure, part.name) if c.figure else ""
       fig = os.path.normpath(os.path.join(where, c.figure)) if c.figure else ""
-      row.update(got, figure=f"[{os.path.basename(fig)}]({fig})" if fig and os.path.exists(
-          os.path.join(root, fig)) else "")
+      shown = fig and os.path.exists(os.path.join(root, fig))
+      row.update(got.columns(), figure=f"[{os.path.basename(fig)}]({fig})" if shown else "")
     rows.append(row)
   return rows
 

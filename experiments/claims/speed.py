@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from experiments.claims.row import Measured
 from experiments.common import stats
 
 QUEST = "quest:gqa=group"
@@ -90,12 +91,13 @@ def _overhead_claim(records, method, paper_max, label, *, base=QUEST, where="cpu
     noise = "device-looped steps (dispatch excluded); profile in latency_gpu/PROFILE.md"
     device = next((r.get("device", "GPU") for r in _on(records, where)
                    if r.get("section") == "per_layer"), "GPU") + ", Pallas kernels"
-  return dict(ours=ours, n=rounds,
-              setting=f"one Llama-3.1-8B attention layer (32 q / 8 kv heads, d=128), {dtype}, "
-                      f"batch 1, {base} vs {method}, {device}",
-              verdict=verdict,
-              why=f"{label}; worst {100 * worst[1]:+.1f}% at {worst[0] // 1024}k; per context, "
-                  f"a 95% interval over its >= {rounds} paired rounds (interleaved); {noise}")
+  return Measured(
+      ours=ours, n=rounds,
+      setting=f"one Llama-3.1-8B attention layer (32 q / 8 kv heads, d=128), {dtype}, "
+              f"batch 1, {base} vs {method}, {device}",
+      verdict=verdict,
+      why=f"{label}; worst {100 * worst[1]:+.1f}% at {worst[0] // 1024}k; per context, "
+          f"a 95% interval over its >= {rounds} paired rounds (interleaved); {noise}")
 
 
 def resa_decode_overhead(records):
@@ -126,11 +128,11 @@ def retro_throughput_loss(records):
 
 def _not_comparable(got):
   """A Retro Table 6 row: the measured loss stays, the verdict waits for an end-to-end row."""
-  if got is not None:
-    got["why"] += ("; the paper's loss is of a whole model's step at batch 8, ours of one "
-                   "attention layer (an upper bound): not comparable until an end-to-end row")
-    got["verdict"] = "not comparable"
-  return got
+  if got is None:
+    return None
+  return got.plus(why="; the paper's loss is of a whole model's step at batch 8, ours of one "
+                      "attention layer (an upper bound): not comparable until an end-to-end row",
+                  verdict="not comparable")
 
 
 def retro_throughput_loss_gpu(records):
@@ -159,14 +161,15 @@ def resa_prefill_overhead(records, where="cpu"):
                                                       if np.isfinite(lo) else "")
                    for c, m, lo, hi, _ in per)
   rounds = min(p[4] for p in per)
-  return dict(ours=ours, n=rounds, setting=f"one Llama-3.1-8B attention layer, last {rows[0]['chunk']}-"
-              f"token chunk + end_prefill, {rows[0]['dtype']}, {rows[0]['selector']}, "
-              f"{where.upper()}",
-              verdict=verdict,
-              why=(f"per context, a 95% interval over its {rounds} paired rounds" if rounds > 1
-                   else "ratio of medians (no rounds recorded: no interval; rerun latency)")
-                  + "; the prior's two passes over the cache are separate XLA dots (mu_Q K^T "
-                    "and p V), not fused into the chunk's attention")
+  return Measured(
+      ours=ours, n=rounds,
+      setting=f"one Llama-3.1-8B attention layer, last {rows[0]['chunk']}-token chunk + "
+              f"end_prefill, {rows[0]['dtype']}, {rows[0]['selector']}, {where.upper()}",
+      verdict=verdict,
+      why=(f"per context, a 95% interval over its {rounds} paired rounds" if rounds > 1
+           else "ratio of medians (no rounds recorded: no interval; rerun latency)")
+          + "; the prior's two passes over the cache are separate XLA dots (mu_Q K^T "
+            "and p V), not fused into the chunk's attention")
 
 
 def _prefill_overhead(r) -> tuple:
@@ -208,11 +211,11 @@ def rectified_memory_access(records, context=None, where="cpu", dtype="float32")
   verdict = ("reproduced" if m <= 1.5 * model else "partly" if m <= 3 * model
              else "not reproduced")
   device = "CPU" if where == "cpu" else f"{r.get('device', 'GPU')}, Pallas kernels"
-  return dict(ours=f"{m:.3f} [{lo:.3f}, {hi:.3f}] of dense (model {model:.3f})", n=n,
-              setting=f"one Llama-3.1-8B attention layer, {r['context'] // 1024}k, {dtype}, "
-                      f"p_eff {r.get('p_eff', 0.1):.3f}, {device}",
-              verdict=verdict, why="measured step time over dense's, paired per round of the "
-                                       "run that timed both")
+  return Measured(ours=f"{m:.3f} [{lo:.3f}, {hi:.3f}] of dense (model {model:.3f})", n=n,
+                  setting=f"one Llama-3.1-8B attention layer, {r['context'] // 1024}k, {dtype}, "
+                          f"p_eff {r.get('p_eff', 0.1):.3f}, {device}",
+                  verdict=verdict, why="measured step time over dense's, paired per round of "
+                                       "the run that timed both")
 
 
 def rectified_memory_access_gpu(records):
@@ -234,11 +237,11 @@ def ea_memory(records):
   growth = (ea["peak_rss_mb"] - ea["base_rss_mb"]) / max(
       dense["peak_rss_mb"] - dense["base_rss_mb"], 1e-9)
   verdict = _band(ratio, (0.45, 0.6), (0.6, 0.8))
-  return dict(ours=f"cache {ratio:.3f}x dense ({ea['cache_bytes'] / 2**20:.0f} vs "
-                   f"{dense['cache_bytes'] / 2**20:.0f} MB); peak-RSS growth {growth:.2f}x",
-              n=1, setting=f"Llama-3.1-8B-shaped KV cache ({ea['layers']} layers), "
-                           f"{ea['context']} tokens, {ea.get('dtype', '')}, {ea['method']}",
-              verdict=verdict, why="bytes of the compacted cache; RSS includes activations")
+  return Measured(ours=f"cache {ratio:.3f}x dense ({ea['cache_bytes'] / 2**20:.0f} vs "
+                       f"{dense['cache_bytes'] / 2**20:.0f} MB); peak-RSS growth {growth:.2f}x",
+                  n=1, setting=f"Llama-3.1-8B-shaped KV cache ({ea['layers']} layers), "
+                               f"{ea['context']} tokens, {ea.get('dtype', '')}, {ea['method']}",
+                  verdict=verdict, why="bytes of the compacted cache; RSS includes activations")
 
 
 def _band(x, ok, part) -> str:

@@ -12,6 +12,7 @@ import numpy as np
 
 from experiments.claims import tasks
 from experiments.claims import verdicts
+from experiments.claims.row import Measured
 
 
 def _by_sample(records, **match) -> dict:
@@ -39,12 +40,12 @@ def lambda_retrieval_gain(records, task="niah_multikey_2", form="renormalised"):
     return None
   m1, m0, d, a, b, n, p = got
   curve = _curve(records, task, form)
-  return dict(ours=f"{100 * m0:.1f} -> {100 * m1:.1f} ({tasks.pts(d)} pts "
-                   f"[{tasks.pts(a)}, {tasks.pts(b)}], McNemar p={p:.2g})",
-              n=n, setting=f"{tasks.model_of(records)}, {task}, "
-                           f"{_lengths(records)} tokens, {_method(records)}",
-              verdict=tasks.gain_verdict(d, a, b),
-              why=f"accuracy vs lambda {curve}{note}")
+  return Measured(ours=f"{100 * m0:.1f} -> {100 * m1:.1f} ({tasks.pts(d)} pts "
+                       f"[{tasks.pts(a)}, {tasks.pts(b)}], McNemar p={p:.2g})",
+                  n=n, setting=f"{tasks.model_of(records)}, {task}, "
+                               f"{_lengths(records)} tokens, {_method(records)}",
+                  verdict=tasks.gain_verdict(d, a, b),
+                  why=f"accuracy vs lambda {curve}{note}")
 
 
 def lambda_aggregation_drop(records, task="cwe", form="renormalised"):
@@ -74,12 +75,12 @@ def lambda_aggregation_drop(records, task="cwe", form="renormalised"):
   verdict = ("not reproduced" if d >= 0 else
              ("reproduced" if rises else "partly") if drops else "inconclusive")
   shape = "" if rises else "; no rise: no lambda in (0, 1) scores above lambda = 0"
-  return dict(ours=f"lambda={best:g}: {100 * mb:.1f} -> lambda=1: {100 * m1:.1f} "
-                   f"({tasks.pts(d)} pts [{tasks.pts(a)}, {tasks.pts(b)}])",
-              n=n, setting=f"{tasks.model_of(records)}, {task}, "
-                           f"{_lengths(records)} tokens, {_method(records)}",
-              verdict=verdict,
-              why=f"accuracy vs lambda {_curve(records, task, form)}{shape}{note}")
+  return Measured(ours=f"lambda={best:g}: {100 * mb:.1f} -> lambda=1: {100 * m1:.1f} "
+                       f"({tasks.pts(d)} pts [{tasks.pts(a)}, {tasks.pts(b)}])",
+                  n=n, setting=f"{tasks.model_of(records)}, {task}, "
+                               f"{_lengths(records)} tokens, {_method(records)}",
+                  verdict=verdict,
+                  why=f"accuracy vs lambda {_curve(records, task, form)}{shape}{note}")
 
 
 def _reductions(records):
@@ -114,10 +115,10 @@ def budget_reduction(records):
          + (f"; no knob within tolerance for {unmet}" if unmet else "")
          + "".join(f"; {_arms_text(records, rows, fam)}" for fam in sorted({r["family"]
                                                                             for r in rows})))
-  return dict(ours="; ".join(parts) or "no family within the tolerance in both arms", n=n,
-              setting=f"{tasks.model_of(records)}, {', '.join(cfg['tasks'])}, "
-                      f"{_lengths(records)} tokens, measured budgets",
-              verdict=verdict if red else "inconclusive", why=why)
+  return Measured(ours="; ".join(parts) or "no family within the tolerance in both arms", n=n,
+                  setting=f"{tasks.model_of(records)}, {', '.join(cfg['tasks'])}, "
+                          f"{_lengths(records)} tokens, measured budgets",
+                  verdict=verdict if red else "inconclusive", why=why)
 
 
 def throughput_at_equal_quality(records):
@@ -141,10 +142,10 @@ def throughput_at_equal_quality(records):
     why = (f"dense {rows[0]['dense']:.1f}%; tolerance {100 * cfg['tolerance']:g} pts; nothing "
            "to time at equal quality" + "".join(f"; {_arms_text(records, rows, fam)}"
                                                 for fam in families))
-  return dict(ours=ours, n=min(r["n"] for r in rows),
-              setting=f"{tasks.model_of(records)}, {', '.join(cfg['tasks'])}, "
-                      f"{_lengths(records)} tokens, families {', '.join(families)}",
-              verdict="inconclusive", why=why)
+  return Measured(ours=ours, n=min(r["n"] for r in rows),
+                  setting=f"{tasks.model_of(records)}, {', '.join(cfg['tasks'])}, "
+                          f"{_lengths(records)} tokens, families {', '.join(families)}",
+                  verdict="inconclusive", why=why)
 
 
 def _arms_text(records, rows, family) -> str:

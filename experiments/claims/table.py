@@ -1,9 +1,9 @@
 """Measures of RESA's analysis claims (SVD of the logits, attention error) on our records.
 
 Each measure (registered with its claim in ``experiments.registry``) takes the experiment's
-records and returns ``dict(ours=, n=, setting=, verdict=, why=)``, or None when the records hold
-nothing for it. The verdict rules, here and in the other ``experiments.claims`` modules, are
-stated next to each measure: "reproduced" when our number falls in the paper's
+records and returns a ``row.Measured`` (ours, n, setting, verdict, why), or None when the
+records hold nothing for it. The verdict rules, here and in the other ``experiments.claims``
+modules, are stated next to each measure: "reproduced" when our number falls in the paper's
 range (or its interval covers the paper's number), "partly" when the effect has the paper's sign
 and at least half its size, "not reproduced" otherwise; effect sizes with intervals use
 ``verdicts.effect_verdict``, which adds "inconclusive" (see that module).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from experiments.claims.row import Measured
 from experiments.common import stats
 
 
@@ -58,10 +59,10 @@ def principal_share(records):
     return None
   share = np.concatenate([np.asarray(r["share"]) for r in rs])
   m, lo, hi = _mean_ci(share)
-  return dict(ours=_fmt_ci(m, lo, hi, pct=True), n=len(share),
-              setting=f"{_model(records)}, {length} tokens, every layer x head",
-              verdict=_verdict(m, 0.40, 0.50, 0.30, 0.60),
-              why=f"per-head share ranges {100 * share.min():.0f}-{100 * share.max():.0f}%")
+  return Measured(ours=_fmt_ci(m, lo, hi, pct=True), n=len(share),
+                  setting=f"{_model(records)}, {length} tokens, every layer x head",
+                  verdict=_verdict(m, 0.40, 0.50, 0.30, 0.60),
+                  why=f"per-head share ranges {100 * share.min():.0f}-{100 * share.max():.0f}%")
 
 
 def sigma1_linear(records):
@@ -76,9 +77,9 @@ def sigma1_linear(records):
   med, frac = float(np.median(r2)), float(np.mean(r2 > 0.9))
   verdict = ("reproduced" if med >= 0.9 and frac >= 0.75 else
              "partly" if med >= 0.8 else "not reproduced")
-  return dict(ours=f"median R^2 {med:.3f}; {100 * frac:.0f}% of heads > 0.9", n=len(r2),
-              setting=f"{_model(records)}, lengths {[int(x) for x in lengths]}",
-              verdict=verdict, why="linear fit sigma_1 ~ a * length + b per head")
+  return Measured(ours=f"median R^2 {med:.3f}; {100 * frac:.0f}% of heads > 0.9", n=len(r2),
+                  setting=f"{_model(records)}, lengths {[int(x) for x in lengths]}",
+                  verdict=verdict, why="linear fit sigma_1 ~ a * length + b per head")
 
 
 def rank1_cosine(records):
@@ -94,13 +95,13 @@ def rank1_cosine(records):
   cos = np.abs(np.concatenate([np.asarray(r[field], np.float64).ravel() for r in rs]))
   m, lo, hi = _mean_ci(cos)
   med = float(np.median(cos))
-  return dict(ours=f"median abs cos {med:.3f}; mean {_fmt_ci(m, lo, hi)}", n=len(cos),
-              setting=f"{_model(records)}, {length} tokens, {field}",
-              verdict=_verdict(med, 0.9, 1.0, 0.7, 1.0),
-              why=f"{100 * np.mean(cos < 0.5):.0f}% of heads below 0.5" + (
-                  "; signed row mean (rows with u_1i < 0 count against): median "
-                  f"{np.median(np.concatenate([r['row_cosine'] for r in rs])):.3f}"
-                  if "row_cosine" in rs[0] else ""))
+  return Measured(ours=f"median abs cos {med:.3f}; mean {_fmt_ci(m, lo, hi)}", n=len(cos),
+                  setting=f"{_model(records)}, {length} tokens, {field}",
+                  verdict=_verdict(med, 0.9, 1.0, 0.7, 1.0),
+                  why=f"{100 * np.mean(cos < 0.5):.0f}% of heads below 0.5" + (
+                      "; signed row mean (rows with u_1i < 0 count against): median "
+                      f"{np.median(np.concatenate([r['row_cosine'] for r in rs])):.3f}"
+                      if "row_cosine" in rs[0] else ""))
 
 
 # ---------------------------------------------------------------- RESA Fig. 6a (attention_error)
@@ -116,14 +117,14 @@ def _score_error_reduction_one(records, budget, selector):
   med = row["head_reduction_median"]
   base = next(r for r in records if r.get("spec") == selector and r.get("budget") == budget)
   heads = np.asarray(base["score_l1"]).shape[-1]
-  return dict(ours=f"median {100 * med:.1f}% [q25 {100 * row['head_reduction_q25']:.1f}%, "
-                   f"q75 {100 * row['head_reduction_q75']:.1f}%]", n=heads,
-              setting=f"{_model(records)}, prompt {base['prefill_len']}, {selector} "
-                      f"{budget:g} (+ forced)",
-              verdict=_verdict(med, 0.55, 1.0, 0.275, 1.0),
-              why=f"{100 * row['heads_reduced']:.0f}% of heads reduced; relative L2 score error "
-                  f"-{100 * row['score_rel_l2_reduction']:.0f}%, output error "
-                  f"{-100 * row['out_rel_l2_reduction']:+.0f}%" + resa_decomposition.why(row))
+  return Measured(ours=f"median {100 * med:.1f}% [q25 {100 * row['head_reduction_q25']:.1f}%, "
+                       f"q75 {100 * row['head_reduction_q75']:.1f}%]", n=heads,
+                  setting=f"{_model(records)}, prompt {base['prefill_len']}, {selector} "
+                          f"{budget:g} (+ forced)",
+                  verdict=_verdict(med, 0.55, 1.0, 0.275, 1.0),
+                  why=f"{100 * row['heads_reduced']:.0f}% of heads reduced; relative L2 score "
+                      f"error -{100 * row['score_rel_l2_reduction']:.0f}%, output error "
+                      f"{-100 * row['out_rel_l2_reduction']:+.0f}%" + resa_decomposition.why(row))
 
 
 def score_error_reduction(records, budget=0.05, selector="quest"):
@@ -143,8 +144,8 @@ def score_error_reduction(records, budget=0.05, selector="quest"):
   if len(got) <= 1:
     return next(iter(got.values()), None)
   order = ("not reproduced", "partly", "reproduced")
-  return dict(ours="; ".join(f"{m}: {g['ours']}" for m, g in got.items()),
-              n=sum(g["n"] for g in got.values()),
-              setting=" | ".join(g["setting"] for g in got.values()),
-              verdict=min((g["verdict"] for g in got.values()), key=order.index),
-              why=" | ".join(f"{m}: {g['why']}" for m, g in got.items()))
+  return Measured(ours="; ".join(f"{m}: {g.ours}" for m, g in got.items()),
+                  n=sum(g.n for g in got.values()),
+                  setting=" | ".join(g.setting for g in got.values()),
+                  verdict=min((g.verdict for g in got.values()), key=order.index),
+                  why=" | ".join(f"{m}: {g.why}" for m, g in got.items()))

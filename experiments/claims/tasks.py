@@ -18,6 +18,7 @@ import collections
 import numpy as np
 
 from experiments.claims import verdicts
+from experiments.claims.row import Measured
 from experiments.common import stats
 from experiments.tasks import accuracy_report
 
@@ -108,7 +109,7 @@ def gain_claim(records, new, base, budget, protocol=None, lengths=(8192, 4096, 2
   if found is not None:
     length, got = found
     d, lo, hi, n, p = got[2:]
-    return dict(
+    return Measured(
         ours=pair_text(got) + (f", McNemar p={p:.2g})" if np.isfinite(p) else ")"),
         n=n, setting=f"{model_of(records)}, {length} tokens, " + (
             f"budget {budget:g}" if budget is not None else f"{base} vs {new}"),
@@ -181,41 +182,42 @@ def resa_ruler_gain(records):
   found = longest_pair(aware, "resa-quest", "quest", 0.025, lengths=(length,))
   note = "; ".join(x for x in (note, balance) if x)
   got = gain_claim(aware, "resa-quest", "quest", 0.025, found=found)
-  got["verdict"] = verdicts.effect_verdict(*found[1][2:5], RESA_TABLE1_GAIN)
   ran = len({k[0] for k in set(scores(aware, "resa-quest", 0.025, length))
               & set(scores(aware, "quest", 0.025, length))})
-  got["setting"] += (", RESA lam 1 (its preset), RESA Table 1's 7 tasks" + ("" if ran == len(RESA_TABLE1_TASKS) else
-                     f" ({ran} of {len(RESA_TABLE1_TASKS)} ran so far)")
-                     + (f" ({note})" if note else ""))
+  setting = (", RESA lam 1 (its preset), RESA Table 1's 7 tasks"
+             + ("" if ran == len(RESA_TABLE1_TASKS) else
+                f" ({ran} of {len(RESA_TABLE1_TASKS)} ran so far)")
+             + (f" ({note})" if note else ""))
   pair = lambda new, base, at: paired(scores(aware, new, 0.025, at), scores(aware, base, 0.025, at))
+  why = ""
   dense = scores(aware, "dense", None, length)
   if dense:
-    got["why"] += f"; dense {100 * np.mean(list(dense.values())):.1f}"
+    why += f"; dense {100 * np.mean(list(dense.values())):.1f}"
   read = accuracy_report.attended_share(
       [r for r in aware if base_label(r.get("method")) == "quest" and r.get("budget") == 0.025
        and r.get("length") == length])
   if read is not None:  # the forced sinks + local window come on top of the budget
-    got["why"] += f"; Quest reads {100 * read:.1f}% of the context per head"
-  got["why"] += task_differences(scores(aware, "resa-quest", 0.025, length),
-                                 scores(aware, "quest", 0.025, length))
+    why += f"; Quest reads {100 * read:.1f}% of the context per head"
+  why += task_differences(scores(aware, "resa-quest", 0.025, length),
+                          scores(aware, "quest", 0.025, length))
   for base, (name, paper) in RESA_TABLE1_OTHERS.items():
     other = pair(f"resa-{base}", base, length)
     if other:
-      got["why"] += f"; {name} {pair_text(other)}, n={other[5]}; paper {paper})"
-  got["why"] += _closer_to_dense(aware, length)
+      why += f"; {name} {pair_text(other)}, n={other[5]}; paper {paper})"
+  why += _closer_to_dense(aware, length)
   for shorter in sorted({r.get("length") for r in aware if r.get("length", 0) < length},
                         reverse=True):
     other = pair("resa-quest", "quest", shorter)
     if other:
-      got["why"] += f"; at {shorter} tokens {pair_text(other)}, n={other[5]})"
+      why += f"; at {shorter} tokens {pair_text(other)}, n={other[5]})"
   for budget in sorted({r.get("budget") for r in aware if base_label(r.get("method")) == "quest"
                         and r.get("length") == length and r.get("budget") not in (None, 0.025)}):
     other = paired(scores(aware, "resa-quest", budget, length),
                    scores(aware, "quest", budget, length))
     if other:  # the gain against the budget (the paper reports other budgets in its appendix)
-      got["why"] += f"; at budget {budget:g} {pair_text(other)}, n={other[5]})"
-  got["read"] = aware
-  return got
+      why += f"; at budget {budget:g} {pair_text(other)}, n={other[5]})"
+  return got.plus(setting=setting, why=why, read=aware,
+                  verdict=verdicts.effect_verdict(*found[1][2:5], RESA_TABLE1_GAIN))
 
 
 def _closer_to_dense(aware, length, budget=0.025) -> str:
@@ -253,20 +255,21 @@ def retro_longgen_gain(records):
   if base is None:
     return None
   got = gain_claim(qa, "retro", base, None)
+  if got is None:
+    return None
+  why = ""
   dense = scores(qa, "dense")
-  if got and dense:  # the headroom a gain over Quest could use
-    got["why"] += f"; dense {100 * np.mean(list(dense.values())):.1f} on the same prompts"
-  if got:
-    pair = paired(scores(qa, "retro"), scores(qa, base))
-    room = paired(dense, scores(qa, base)) if dense else None
-    got["verdict"] = ("inconclusive" if room is not None and room[2] < RETRO_TABLE1_GAIN
-                      else verdicts.effect_verdict(*pair[2:5], RETRO_TABLE1_GAIN))
-    if room is not None and room[2] < RETRO_TABLE1_GAIN:
-      got["why"] += (f"; no headroom: Quest is {pts(room[2])} pts from dense, less than the "
-                     f"paper's gain of {pts(RETRO_TABLE1_GAIN)}")
-  if got:
-    got["why"] += _other_pairs(qa, ("retro", base))
-  return got
+  if dense:  # the headroom a gain over Quest could use
+    why += f"; dense {100 * np.mean(list(dense.values())):.1f} on the same prompts"
+  pair = paired(scores(qa, "retro"), scores(qa, base))
+  room = paired(dense, scores(qa, base)) if dense else None
+  verdict = ("inconclusive" if room is not None and room[2] < RETRO_TABLE1_GAIN
+             else verdicts.effect_verdict(*pair[2:5], RETRO_TABLE1_GAIN))
+  if room is not None and room[2] < RETRO_TABLE1_GAIN:
+    why += (f"; no headroom: Quest is {pts(room[2])} pts from dense, less than the "
+            f"paper's gain of {pts(RETRO_TABLE1_GAIN)}")
+  why += _other_pairs(qa, ("retro", base))
+  return got.plus(why=why, verdict=verdict)
 
 
 def _other_pairs(records, main) -> str:
@@ -328,9 +331,9 @@ def rectified_comparable_to_dense(records):
   for m, got in parts.items():
     why += (f"; keep {100 * RESA_TABLE2_KEEP[m]:g}% ({m}): {pair_text(got)}, n={got[5]})"
             if got else f"; keep {100 * RESA_TABLE2_KEEP[m]:g}% ({m}): not run")
-  return dict(ours=f"dense {pair_text(main)}" + (f", McNemar p={p:.2g})" if np.isfinite(p)
-                                                  else ")"),
-              n=n, setting=f"{model_of(aware)}, rectified p=0.1 (keep 10%), f=32, group-shared "
-                           f"selection, RESA Table 1's 7 tasks (ReSA's mix adds fwe, vt, cwe)"
-                           + (f" ({note})" if note else ""),
-              verdict=verdict, why=why, read=aware)
+  return Measured(
+      ours=f"dense {pair_text(main)}" + (f", McNemar p={p:.2g})" if np.isfinite(p) else ")"),
+      n=n, setting=f"{model_of(aware)}, rectified p=0.1 (keep 10%), f=32, group-shared "
+                   f"selection, RESA Table 1's 7 tasks (ReSA's mix adds fwe, vt, cwe)"
+                   + (f" ({note})" if note else ""),
+      verdict=verdict, why=why, read=aware)

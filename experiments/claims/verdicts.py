@@ -19,6 +19,8 @@ Verdicts (``VERDICTS``):
 
 from __future__ import annotations
 
+from experiments.claims.row import ROW_FIELDS, Measured
+
 VERDICTS = ("reproduced", "partly", "inconclusive", "not reproduced", "not comparable",
             "not run")
 RULER_GENERATOR = "nvidia-ruler"  # experiments.tasks.ruler.GENERATOR (no jax import here)
@@ -70,14 +72,11 @@ PROVENANCE = (
     (is_declared, "have a declared revision (EXPERIMENT_REVISION), not one verified against the "
                   "files that ran"),
 )
-ROW_FIELDS = ("ours", "n", "setting", "verdict", "why")
-
-
-def provenance_note(records: list[dict], measure, got: dict, flagged, what: str) -> str:
+def provenance_note(records: list[dict], measure, got: Measured, flagged, what: str) -> str:
   """A note when ``flagged`` records (``PROVENANCE``) enter a row, else ``""``.
 
   A record enters the row when leaving it out changes anything the row says: ``measure``
-  (records -> row dict or None) is run again without the flagged records and every field of
+  (records -> ``row.Measured`` or None) is run again without the flagged records and every field of
   ``ROW_FIELDS`` compared with ``got``, the row from every record (a number in ``why``, e.g. a
   variant's score, counts as much as ``ours``); flagged records of the experiment that the row
   does not read (other methods, other lengths) leave no mark.
@@ -88,14 +87,14 @@ def provenance_note(records: list[dict], measure, got: dict, flagged, what: str)
   clean = measure([r for r in records if not flagged(r)])
   if clean is None:
     return f"{count} of the experiment's {len(records)} records {what}; the row rests on them alone"
-  changed = [k for k in ROW_FIELDS if clean.get(k) != got.get(k)]
+  changed = [k for k in ROW_FIELDS if getattr(clean, k) != getattr(got, k)]
   if not changed:
     return ""
   return (f"{count} of the experiment's {len(records)} records {what} and change this row's "
-          f"{', '.join(changed)} (without them: {clean['ours']}, n={clean['n']})")
+          f"{', '.join(changed)} (without them: {clean.ours}, n={clean.n})")
 
 
-def provenance_notes(records: list[dict], measure, got: dict) -> list[str]:
+def provenance_notes(records: list[dict], measure, got: Measured) -> list[str]:
   """Every ``PROVENANCE`` note of a row (``provenance_note``)."""
   return [n for flagged, what in PROVENANCE
           if (n := provenance_note(records, measure, got, flagged, what))]

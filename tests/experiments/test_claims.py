@@ -21,37 +21,37 @@ def test_resa_gain_is_paired_and_judged_by_its_interval():
   better = np.maximum(base, (rng.random(60) < 0.5))  # never worse, often better
   recs = _acc("quest", base) + _acc("resa-quest", better)
   got = claims_tasks.resa_ruler_gain(recs)
-  assert got["n"] == 60 and got["verdict"] == "reproduced"
-  assert f"{100 * base.mean():.1f} -> {100 * better.mean():.1f}" in got["ours"]
+  assert got.n == 60 and got.verdict == "reproduced"
+  assert f"{100 * base.mean():.1f} -> {100 * better.mean():.1f}" in got.ours
   same = claims_tasks.resa_ruler_gain(_acc("quest", base) + _acc("resa-quest", base))
-  assert same["verdict"] == "not reproduced"
+  assert same.verdict == "not reproduced"
   # unpaired samples (other seeds) are not compared
   shifted = [dict(r, seed=r["seed"] + 100) for r in _acc("resa-quest", better)]
   assert claims_tasks.resa_ruler_gain(_acc("quest", base) + shifted) is None
   # the accuracy experiment labels rows spec@budget
   labelled = _acc("quest@0.025", base) + _acc("resa-quest@0.025", better)
-  assert claims_tasks.resa_ruler_gain(labelled)["ours"] == got["ours"]
-  assert "differs on 1 of 1 tasks: niah_single_2 " in got["why"]
+  assert claims_tasks.resa_ruler_gain(labelled).ours == got.ours
+  assert "differs on 1 of 1 tasks: niah_single_2 " in got.why
   assert claims_tasks.task_differences({("a", 1): 1.0, ("b", 1): 0.0, ("b", 2): 1.0},
                                        {("a", 1): 1.0, ("b", 1): 1.0, ("b", 2): 1.0}) == (
       "; differs on 1 of 2 tasks: b 100 -> 50")
   # the table's other selectors, on the same samples, join the why
   both = recs + _acc("arkvale@0.025", better) + _acc("resa-arkvale@0.025", base)
-  why = claims_tasks.resa_ruler_gain(both)["why"]
+  why = claims_tasks.resa_ruler_gain(both).why
   assert f"ArkVale {100 * better.mean():.1f} -> {100 * base.mean():.1f}" in why
   assert "n=60; paper +4.0, +4.5" in why and "top-k" not in why
   # at 8k the row reads 8k; 4k's pair follows in its why (the gain's trend with length)
   longer = [dict(r, length=8192) for r in _acc("quest", better) + _acc("resa-quest", base)]
   at8k = claims_tasks.resa_ruler_gain(recs + longer)
-  assert "8192 tokens" in at8k["setting"] and at8k["verdict"] == "not reproduced"
-  trend = at8k["why"].split("; at 4096 tokens ")[1]
-  assert trend == got["ours"].split(", McNemar")[0] + ", n=60)"
+  assert "8192 tokens" in at8k.setting and at8k.verdict == "not reproduced"
+  trend = at8k.why.split("; at 4096 tokens ")[1]
+  assert trend == got.ours.split(", McNemar")[0] + ", n=60)"
   # the share of the context Quest reads at the claim's length (budget + forced tokens)
-  assert "reads" not in got["why"]
+  assert "reads" not in got.why
   read = [dict(r, attended_tokens=dict(total=t), num_tokens=8192)
           for r, t in zip(longer[:60], np.r_[np.full(30, 300), np.full(30, 356)])]
   assert "; Quest reads 4.0% of the context per head" in claims_tasks.resa_ruler_gain(
-      recs + read + longer[60:])["why"]
+      recs + read + longer[60:]).why
 
 
 def test_resa_gain_counts_answers_identical_to_dense():
@@ -61,11 +61,11 @@ def test_resa_gain_counts_answers_identical_to_dense():
   topk = said(_acc("topk", ones), ["a"] * 20 + ["b"] * 40)
   resa_topk = said(_acc("resa-topk", base), ["a"] * 50 + ["b"] * 10)
   recs = _acc("quest", base) + _acc("resa-quest", base) + dense + topk + resa_topk
-  why = claims_tasks.resa_ruler_gain(recs)["why"]
+  why = claims_tasks.resa_ruler_gain(recs).why
   # Quest's rows hold no answers: only top-k is counted
   assert "; answers identical to dense's without -> with RESA: Ideal top-k 20 -> 50 of 60" in why
   assert "Quest 0" not in why
-  assert "identical" not in claims_tasks.resa_ruler_gain(recs[:-60])["why"]
+  assert "identical" not in claims_tasks.resa_ruler_gain(recs[:-60]).why
 
 
 def test_svd_claims_follow_their_rules():
@@ -73,16 +73,16 @@ def test_svd_claims_follow_their_rules():
   recs = [dict(experiment="svd_analysis", config=dict(model="m"), kind="spectrum", layer=l,
                length=s, share=[0.45, 0.42], key_cosine=[0.95, 0.97], cosine=[0.2, -0.3],
                s=[[s * 0.01 + l, 1.0], [s * 0.02, 1.0]]) for l in range(2) for s in lengths]
-  assert claims_table.principal_share(recs)["verdict"] == "reproduced"
+  assert claims_table.principal_share(recs).verdict == "reproduced"
   # the paper's row-wise |cos| (key_cosine), not the Frobenius cosine (low here)
-  assert claims_table.rank1_cosine(recs)["verdict"] == "reproduced"
-  assert "key_cosine" in claims_table.rank1_cosine(recs)["setting"]
+  assert claims_table.rank1_cosine(recs).verdict == "reproduced"
+  assert "key_cosine" in claims_table.rank1_cosine(recs).setting
   rows = [dict(r, row_cosine=[-0.95, 0.5]) for r in recs]  # the signed row mean: shown only
   got = claims_table.rank1_cosine(rows)
-  assert got["ours"].startswith("median abs cos 0.960") and "signed row mean" in got["why"]
-  assert claims_table.sigma1_linear(recs)["verdict"] == "reproduced"
+  assert got.ours.startswith("median abs cos 0.960") and "signed row mean" in got.why
+  assert claims_table.sigma1_linear(recs).verdict == "reproduced"
   low = [dict(r, share=[0.2, 0.25]) for r in recs]
-  assert claims_table.principal_share(low)["verdict"] == "not reproduced"
+  assert claims_table.principal_share(low).verdict == "not reproduced"
 
 
 def test_report_lists_unrun_claims_and_timings(tmp_path):
@@ -197,14 +197,14 @@ def test_score_error_reduction_uses_the_per_head_statistic():
       rec[m] = base * scale
     recs.append(rec)
   got = claims_table.score_error_reduction(recs)
-  assert got["verdict"] == "reproduced" and got["ours"].startswith("median 60.0%")
+  assert got.verdict == "reproduced" and got.ours.startswith("median 60.0%")
   weak = [dict(r, score_l1=base * 0.9) if "+" in r["spec"] else r for r in recs]
-  assert claims_table.score_error_reduction(weak)["verdict"] == "not reproduced"
+  assert claims_table.score_error_reduction(weak).verdict == "not reproduced"
   # two models are measured apart (never pooled) and the weakest verdict decides
   other = [dict(r, config=dict(model="other")) for r in weak]
   both = claims_table.score_error_reduction(recs + other)
-  assert both["verdict"] == "not reproduced" and both["n"] == 8
-  assert both["ours"].startswith("m: median 60.0%") and "other: median 10.0%" in both["ours"]
+  assert both.verdict == "not reproduced" and both.n == 8
+  assert both.ours.startswith("m: median 60.0%") and "other: median 10.0%" in both.ours
 
 
 def test_retro_longgen_gain_pairs_retro_with_its_quest_and_shows_dense():
@@ -214,15 +214,15 @@ def test_retro_longgen_gain_pairs_retro_with_its_quest_and_shows_dense():
           + [dict(r, spec=q) for r in _acc(q, half, None, task="qa_multi")]
           + _acc("retro", ones, None, task="qa_multi"))
   got = claims_tasks.retro_longgen_gain(recs)
-  assert got["verdict"] == "reproduced" and got["n"] == 40
-  assert "dense 100.0" in got["why"]
+  assert got.verdict == "reproduced" and got.n == 40
+  assert "dense 100.0" in got.why
   # the config's other pairs (w = 4, a lower budget) are shown, paired, where both rows ran
   q05, r05 = "quest:budget=0.05,min_tokens=64", "retro:budget=0.05,min_tokens=64"
   pairs = [("retro", q), ("retro:w=4", q), (r05, q05)]
   more = [dict(r, config=dict(pairs=pairs)) for r in
           recs + _acc(q05, np.zeros(40), None, task="qa_multi")
           + _acc(r05, half, None, task="qa_multi")]
-  why = claims_tasks.retro_longgen_gain(more)["why"]
+  why = claims_tasks.retro_longgen_gain(more).why
   assert f"; {r05} vs {q05}: 0.0 -> 50.0 (+50.0 pts [" in why and why.endswith("n=40)")
   assert "retro:w=4" not in why  # not run: not shown
 
@@ -285,7 +285,7 @@ def test_resa_gain_names_the_other_budgets_at_its_length():
   recs = (_acc("quest@0.025", base, 0.025) + _acc("resa-quest@0.025", base, 0.025)
           + _acc("quest@0.1", base, 0.1) + _acc("resa-quest@0.1", np.ones(20), 0.1))
   got = claims_tasks.resa_ruler_gain(recs)
-  assert "; at budget 0.1 50.0 -> 100.0 (+50.0 pts" in got["why"] and got["n"] == 20
+  assert "; at budget 0.1 50.0 -> 100.0 (+50.0 pts" in got.why and got.n == 20
 
 
 def test_leaderboard_counts_a_sample_two_workdirs_ran_once():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from experiments.claims import report as claims
+from experiments.claims import row as claims_row
 from experiments.claims import sweeps as claims_sweeps
 from experiments.claims import tasks as claims_tasks
 from experiments.claims import verdicts as claims_verdicts
@@ -42,27 +43,27 @@ def test_resa_table1_averages_the_papers_seven_tasks_with_the_effect_rule():
                                              task)
   flat = _acc("quest", np.ones(20), "cwe") + _acc("resa-quest", np.zeros(20), "cwe")
   got = claims_tasks.resa_ruler_gain(recs + flat)  # cwe is not a Table 1 column: left out
-  assert got["n"] == 140 and "RESA Table 1's 7 tasks" in got["setting"]
-  assert "cwe" not in got["why"]
+  assert got.n == 140 and "RESA Table 1's 7 tasks" in got.setting
+  assert "cwe" not in got.why
   d, lo, hi = claims_tasks.paired(claims_tasks.scores(recs, "resa-quest"),
                                   claims_tasks.scores(recs, "quest"))[2:5]
-  assert got["verdict"] == claims_verdicts.effect_verdict(d, lo, hi, 0.042)
+  assert got.verdict == claims_verdicts.effect_verdict(d, lo, hi, 0.042)
   small = [r for r in recs if r["seed"] < 5]  # 35 samples, +0: the interval decides nothing
   flip = lambda r: (r["seed"] + (r["method"] == "quest") + SEVEN.index(r["task"])) % 2
   same = [dict(r, score=float(flip(r))) for r in small]
-  assert claims_tasks.resa_ruler_gain(same)["verdict"] == "inconclusive"
+  assert claims_tasks.resa_ruler_gain(same).verdict == "inconclusive"
 
 
 def test_ruler_claims_prefer_records_of_rulers_generator():
   old = _acc("quest", np.zeros(20), "qa") + _acc("resa-quest", np.ones(20), "qa")
   got = claims_tasks.resa_ruler_gain(old)
-  assert "earlier RULER variant" in got["setting"] and got["verdict"] == "reproduced"
-  assert "(1 of 7 ran so far)" in got["setting"]  # a partial task mix is named
+  assert "earlier RULER variant" in got.setting and got.verdict == "reproduced"
+  assert "(1 of 7 ran so far)" in got.setting  # a partial task mix is named
   new = [dict(r, seed=r["seed"] + 100, generator="nvidia-ruler", score=1.0 - r["score"])
          for r in old]
   got = claims_tasks.resa_ruler_gain(old + new)  # the aligned records alone decide
-  assert got["n"] == 20 and got["verdict"] == "not reproduced"
-  assert "earlier RULER variant" not in got["setting"]
+  assert got.n == 20 and got.verdict == "not reproduced"
+  assert "earlier RULER variant" not in got.setting
 
 
 def test_retro_longgen_gain_without_headroom_is_inconclusive():
@@ -71,11 +72,11 @@ def test_retro_longgen_gain_without_headroom_is_inconclusive():
   room = ([dict(r, spec=q) for r in _acc(q, half, "qa_multi", budget=None)]
           + _acc("retro", half, "qa_multi", budget=None))
   full = room + _acc("dense", np.ones(40), "qa_multi", budget=None)
-  assert claims_tasks.retro_longgen_gain(full)["verdict"] == "not reproduced"  # +0 with room
+  assert claims_tasks.retro_longgen_gain(full).verdict == "not reproduced"  # +0 with room
   tight = room + _acc("dense", np.r_[np.ones(20), np.zeros(19), [1.0]], "qa_multi",
                       budget=None)  # Quest is 2.5 points from dense: less than the +2.6
   got = claims_tasks.retro_longgen_gain(tight)
-  assert got["verdict"] == "inconclusive" and "no headroom" in got["why"]
+  assert got.verdict == "inconclusive" and "no headroom" in got.why
 
 
 def test_budget_reduction_without_a_knob_in_tolerance_is_inconclusive():
@@ -86,7 +87,7 @@ def test_budget_reduction_without_a_knob_in_tolerance_is_inconclusive():
           for f, k, resa, acc in (("dense", 0.0, False, 0.9), ("quest", 0.1, False, 0.5),
                                   ("quest", 0.1, True, 0.5)) for i in range(50)]
   got = claims_sweeps.budget_reduction(recs)
-  assert got["verdict"] == "inconclusive" and "no knob within tolerance" in got["why"]
+  assert got.verdict == "inconclusive" and "no knob within tolerance" in got.why
 
 
 def test_records_from_a_modified_tree_are_refused_under_results_and_marked(tmp_path):
@@ -163,7 +164,7 @@ def test_held_out_lam_is_chosen_without_the_task_it_scores():
   assert chosen == {"niah_single_2": 1.0, "niah_single_3": 1.0, "qa": 1.0}
   assert got[2] == pytest.approx(2 / 3) and each[0.25][2] == pytest.approx(1 / 3)
   row = held_out.resa_held_out_lam(recs)
-  assert row["n"] == 30 and row["verdict"] == "reproduced" and "qa 1" in row["why"]
+  assert row.n == 30 and row.verdict == "reproduced" and "qa 1" in row.why
 
 
 def test_held_out_lam_ties_go_to_the_larger_lam_and_missing_rows_give_none():
@@ -186,9 +187,9 @@ def test_calibrated_lam_row_pairs_the_fitted_rows_with_their_selector():
     recs += _acc("arkvale", np.ones(20), task, generator="nvidia-ruler")
     recs += _acc(fit.format("arkvale"), np.ones(20), task, generator="nvidia-ruler")
   row = held_out.resa_calibrated_lam(recs)
-  assert row["n"] == 40 and row["verdict"] == "reproduced" and row["ours"].startswith("0.0 -> 100")
-  assert "from results/calib/calibration_lambda (" in row["why"]  # the budget suffix cut
-  assert "arkvale with the same fit" in row["why"]
+  assert row.n == 40 and row.verdict == "reproduced" and row.ours.startswith("0.0 -> 100")
+  assert "from results/calib/calibration_lambda (" in row.why  # the budget suffix cut
+  assert "arkvale with the same fit" in row.why
   assert held_out.resa_calibrated_lam([r for r in recs if "calibrated" not in r["method"]]) is None
 
 
@@ -218,8 +219,8 @@ def test_a_mark_follows_any_field_a_flagged_record_changes():
   def measure(recs):
     base = [r for r in recs if r["method"] == "a"]
     variant = [r for r in recs if r["method"] == "v"]
-    return dict(ours=f"{len(base)}", n=len(base), setting="s", verdict="reproduced",
-                why=f"variant {len(variant)}")
+    return claims_row.Measured(ours=f"{len(base)}", n=len(base), setting="s",
+                               verdict="reproduced", why=f"variant {len(variant)}")
   recs = [dict(method="a", git="abc")] * 4 + [dict(method="v", git="abc+dirty")] * 2
   got = measure(recs)
   (note,) = claims_verdicts.provenance_notes(recs, measure, got)
@@ -268,3 +269,18 @@ def test_leaderboard_and_pairs_cut_every_task_to_the_same_count():
   assert row["accuracy"] == 50.0 and row["n"] == 30  # not 75.0 over 60 samples
   keys = accuracy_report.balanced_keys(accuracy_report._sample_id(r) for r in recs)  # pylint: disable=protected-access
   assert sorted(k[2] for k in keys if k[0] == "qa") == list(range(15))
+
+
+def test_a_measure_returns_a_typed_row():
+  """``row.Measured``: frozen; ``columns`` are the table's (``read`` is not one, nor compared)."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  got = claims_row.Measured(ours="1", n=2, setting="s", verdict="reproduced", why="w",
+                            read=[dict(a=1)])
+  assert got.columns() == dict(ours="1", n=2, setting="s", verdict="reproduced", why="w")
+  assert got == dataclasses.replace(got, read=None)
+  with pytest.raises(dataclasses.FrozenInstanceError):
+    got.why = "x"  # pylint: disable=assignment-from-no-return
+  more = got.plus(setting="; t", why="; x", verdict="partly")
+  assert (more.setting, more.why, more.verdict, more.read) == ("s; t", "w; x", "partly", [dict(a=1)])
+  recs = _acc("quest", np.zeros(20), "qa") + _acc("resa-quest", np.ones(20), "qa")
+  assert isinstance(claims_tasks.resa_ruler_gain(recs), claims_row.Measured)

@@ -8,6 +8,7 @@ import types
 
 from experiments import registry, report, reproduce
 from experiments.claims import report as claims_report
+from experiments.claims import row as claims_row
 
 
 def _toy_module():
@@ -20,8 +21,9 @@ def _toy_module():
 
   def measure(records):
     hits = [r["hit"] for r in records]
-    return dict(ours=f"{sum(hits)}/{len(hits)}", n=len(hits), setting="toy setting",
-                verdict="reproduced" if all(hits) else "not reproduced", why="toy why")
+    return claims_row.Measured(ours=f"{sum(hits)}/{len(hits)}", n=len(hits),
+                               setting="toy setting", why="toy why",
+                               verdict="reproduced" if all(hits) else "not reproduced")
 
   mod.run, mod.render, mod.measure = None, render, measure
   return mod

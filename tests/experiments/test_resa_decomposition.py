@@ -173,7 +173,7 @@ def test_summary_table_and_report_row(generic):
   assert row["out_rel_l2_true_value"] == pytest.approx(
       float(np.mean(recs[1]["out_rel_l2_true_value"])))
   got = claims_table.score_error_reduction(recs)
-  assert "the output error comes from" in got["why"]
+  assert "the output error comes from" in got.why
   # Records written before the decomposition existed still render, without the clause.
   old = [{k: v for k, v in r.items() if k not in rd.HEAD_FIELDS} for r in recs]
-  assert "comes from" not in claims_table.score_error_reduction(old)["why"]
+  assert "comes from" not in claims_table.score_error_reduction(old).why
