@@ -2,7 +2,8 @@
 
 Public modules: ``cache`` (KVCache pytree), ``reference`` (exact attention), ``merge``
 (flash-decoding combine), ``budget``, ``scoring``, ``selection``, ``sparse`` (sparse decode,
-jnp), ``kernels`` (Pallas or jnp per op), ``selector`` (which entries a step attends),
+jnp), ``kernels`` (Pallas or jnp per op), ``selectors`` (which entries a step attends: a
+registry open like the compression methods), ``placement`` (one device or a shard),
 ``methods`` (spec strings -> methods: a selector plus enhancers), ``protocol`` (the per-layer
 interface every method implements).
 
@@ -21,7 +22,7 @@ Shape letters, one table for ``sparse_attn``, ``models`` and ``pallas_kernels`` 
 """
 
 from sparse_attn import (budget, cache, kernels, merge, methods, reference, scoring, selection,
-                         sparse)
+                         selectors, sparse)
 from sparse_attn.cache import KVCache, init_cache, write
 from sparse_attn.merge import merge_n
 from sparse_attn.methods import Method, make

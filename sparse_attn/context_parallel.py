@@ -5,29 +5,30 @@ shard, NB blocks (global), n blocks per shard, D head dim. ``SH`` is the number 
 
 Shard ``i`` of the ``seq`` axis holds slots ``[i t, (i + 1) t)`` of every cache array (``t`` a
 multiple of the block size, so blocks and their digests are whole on one shard) and the matching
-slice of RESA's prior logits; ``length`` and every per-head statistic are replicated. One decode
-step of a block selector (Quest, ArkVale) on each shard:
+slice of RESA's prior logits; ``length`` and every per-head statistic are replicated. Each shard
+runs the method's own decode pipeline (``enhancers.compose.decode``) on its local cache, with the
+placement :class:`SeqShards` supplying the steps that differ:
 
   1. the new token's K/V is written by the shard that owns its slot (with RESA, that shard updates
      ``Z``, ``Z O_est`` and the key sum for the new key and the copies are taken from it);
-  2. block scores are local; each shard ranks its blocks exactly as one device would
-     (``selection.rank_scores``: forced entries first, positions outside the context last) and
-     keeps its best ``min(n_max, n)``; the candidates (score, global block id) are all-gathered
-     and one final top-``n_max`` picks the global selection. Any block of the global top-k is in
-     its shard's top-k, so the selected set equals one device's;
-  3. each shard attends the selected blocks it holds (``kernels.sparse_decode``, or RESA's
-     true and prior partials, ``kernels.resa_partials``) and the per-shard ``(out, lse)`` are
-     merged exactly
-     (``merge.merge_n``); RESA's seen-prior counts are summed and its aggregator runs on the
-     merged partials with the replicated totals.
+  2. block scores are the selector's own, on the local blocks; each shard ranks its blocks exactly
+     as one device would (``selection.rank_scores``: forced entries first, positions outside the
+     context last) and keeps its best ``min(n_max, n)``; the candidates (score, global block id)
+     are all-gathered and one final top-``n_max`` picks the global selection. Any block of the
+     global top-k is in its shard's top-k, so the selected set equals one device's;
+  3. each shard attends the selected blocks it holds and the per-shard ``(out, lse)`` are merged
+     exactly (``merge.merge_n``); with RESA the true and prior partials are merged, the
+     seen-prior counts summed, and the aggregator runs on the merged partials with the
+     replicated totals.
 
 RESA's prior is formed the same way at the end of the prompt: local prior logits, the max shift
 and the sums ``Z``, ``Z O_est``, ``sum k`` reduced across shards (``resa.form_prior(seq_axis=)``).
 
-Supported: ``quest`` and ``arkvale`` with a fixed budget (``gqa`` head or group), with or without
-RESA and rectification (whose dense pass runs under GSPMD). Adaptive budgets (``topp``, ``adakv``),
-retro windows, token-level selectors and ``Method`` subclasses with their own ``select`` (or
-``attend``, ``decode``, ``end_prefill``) decode under GSPMD on the sharded arrays instead.
+Supported: any block selector with a fixed budget rule (``Selector.context_parallel``: Quest,
+ArkVale, a ``BlockSelector`` of your own), with or without RESA and rectification (whose dense
+pass runs under GSPMD), decoded by ``methods.Method``'s pipeline (``Method.context_parallel``).
+Adaptive budgets (``topp``, ``adakv``), retro windows and token-level selectors decode under
+GSPMD on the sharded arrays instead.
 """
 
 from __future__ import annotations
@@ -39,42 +40,25 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
-from sparse_attn import kernels, reference
+from sparse_attn import reference
 from sparse_attn.cache import write
-from sparse_attn.enhancers import resa
 from sparse_attn.merge import merge_n
-from sparse_attn.ordering import after
 from sparse_attn.protocol import AttentionMethod, PrefillGroup
 from sparse_attn.selection import Selection, rank_scores, selected_count
-from sparse_attn.selector import BLOCK_SELECTORS
 
 SEQ = "seq"
 _RESA_SHARED = ("pmax", "zsum", "osum", "ksum", "kcount")  # replicated running statistics
 
 
-# The Method steps this module re-implements from the selector's block scores; a subclass that
-# replaces one of them (a custom selector overriding ``select``) is not decoded here.
-_REIMPLEMENTED = ("select", "attend", "decode", "end_prefill")
-
-
-def own_pipeline(m) -> tuple[str, ...]:
-  """The steps of ``_REIMPLEMENTED`` that ``type(m)`` overrides (``methods.Method``'s)."""
-  from sparse_attn.methods import Method  # pylint: disable=g-import-not-at-top (no cycle)
-  if not isinstance(m, Method):
-    return ()
-  return tuple(f for f in _REIMPLEMENTED if getattr(type(m), f) is not getattr(Method, f))
-
-
 def supports(m: AttentionMethod) -> bool:
-  """Whether ``m`` (a ``methods.Method``) decodes context-parallel here.
-
-  A subclass overriding ``select`` (``notebooks/custom_selector.ipynb``), ``attend``,
-  ``decode`` or ``end_prefill`` is not: scoring it with its selector's ``block_scores`` would
-  silently be Quest, so it decodes under GSPMD on the sharded arrays, with its own selection.
-  """
-  sel = m.selector if m.prefill_group == PrefillGroup.DENSE else None
-  return (sel is not None and sel.name in BLOCK_SELECTORS and m.window == 1
-          and sel.topp is None and sel.adakv is None and not own_pipeline(m))
+  """Whether ``m`` decodes context-parallel here: a method whose decode is the shared pipeline
+  (``context_parallel`` class flag, ``methods.Method``'s), with a selector that supports it
+  (``Selector.context_parallel``) one query per step (no retro window) and no
+  sliding window."""
+  sel = getattr(m, "selector", None)
+  return (getattr(m, "context_parallel", False) and m.prefill_group == PrefillGroup.DENSE
+          and sel is not None and sel.context_parallel and m.window == 1
+          and getattr(m, "sliding_window", None) is None)
 
 
 def usable(m: AttentionMethod, cache_spec, mesh) -> bool:
@@ -85,11 +69,6 @@ def usable(m: AttentionMethod, cache_spec, mesh) -> bool:
   return supports(m) and k[2] == SEQ and kmin[2] == SEQ and heads_ok
 
 
-def _local_view(cache, offset):
-  """The shard's cache with ``length`` counted in its own slots."""
-  return dataclasses.replace(cache, length=jnp.clip(cache.length - offset, 0, cache.capacity))
-
-
 def _merge_shards(out, lse):
   """Exact merge of per-shard partials ``(out [..., D], lse [...])`` over the ``seq`` axis."""
   outs = jax.lax.all_gather(out.astype(jnp.float32), SEQ)  # [SH, ..., D]
@@ -97,26 +76,26 @@ def _merge_shards(out, lse):
   return merge_n(outs, lses, axis=0)
 
 
-def global_selection(m, scores, length, num_blocks: int, capacity: int):
+def global_selection(budget, block_size: int, scores, length, num_blocks: int, capacity: int):
   """Global top-k block selection from local ``scores [B, H, n]`` (inside ``shard_map``).
 
   Returns the shard's ``Selection`` (local block ids of the selected blocks it holds).
   """
-  bs = m.block_size
+  bs = block_size
   n_loc = scores.shape[-1]
   first = jax.lax.axis_index(SEQ) * n_loc  # global id of the shard's first block
   ids = jnp.arange(num_blocks, dtype=jnp.int32)[None, :]
   valid = ids * bs < length[:, None]  # [B, NB]
-  forced = m.budget.forced(length, num_blocks, bs)
+  forced = budget.forced(length, num_blocks, bs)
   local = lambda x: jax.lax.dynamic_slice_in_dim(x, first, n_loc, axis=1)
   ranked = rank_scores(scores, local(valid), local(forced))  # [B, H, n]
-  n_max = min(m.budget.max_count(capacity, bs), num_blocks)
+  n_max = min(budget.max_count(capacity, bs), num_blocks)
   top_v, top_i = jax.lax.top_k(ranked, min(n_max, n_loc))
   pool_v = jax.lax.all_gather(top_v, SEQ, axis=2, tiled=True)  # [B, H, SH * min(n_max, n)]
   pool_i = jax.lax.all_gather(top_i + first, SEQ, axis=2, tiled=True)
   _, pick = jax.lax.top_k(pool_v, n_max)
   gidx = jnp.take_along_axis(pool_i, pick, axis=-1)  # [B, H, n_max] global block ids
-  total = m.budget.total(length, jnp.sum(forced, axis=-1).astype(jnp.int32), bs)
+  total = budget.total(length, jnp.sum(forced, axis=-1).astype(jnp.int32), bs)
   n = selected_count(valid, forced, total, n_max)  # [B], as selection.select_blocks
   listed = jnp.arange(n_max)[None, None, :] < n[:, None, None]
   own = listed & (gidx >= first) & (gidx < first + n_loc)
@@ -137,47 +116,80 @@ def _owner_update(st, new, owned, written):
   return out
 
 
+@dataclasses.dataclass(frozen=True)
+class SeqShards:
+  """This shard's place in a cache split over ``seq`` (a ``placement``; inside ``shard_map``).
+
+  Attributes:
+    capacity: global slots T; num_blocks: global blocks NB; local: this shard's slots t.
+    offset: this shard's first global slot (traced); length: ``[B]`` global context length
+      after this step's write (traced).
+  """
+
+  capacity: int
+  num_blocks: int
+  local: int
+  offset: jax.Array
+  length: jax.Array
+
+  seq_axis = SEQ
+  fused = False
+
+  @classmethod
+  def here(cls, cache, capacity: int, num_blocks: int, positions=None) -> "SeqShards":
+    """The placement of the local ``cache`` shard; the length counts ``positions [B, S]``."""
+    length = cache.length
+    if positions is not None:
+      ok = (positions >= 0) & (positions < capacity)
+      length = jnp.maximum(length, jnp.max(jnp.where(ok, positions + 1, 0), axis=-1))
+    return cls(capacity, num_blocks, cache.capacity, jax.lax.axis_index(SEQ) * cache.capacity,
+               length)
+
+  def _local_length(self, length):
+    return jnp.clip(length - self.offset, 0, self.local)
+
+  def view(self, cache):
+    return dataclasses.replace(cache, length=self._local_length(cache.length))
+
+  def slots(self, positions):
+    slot = positions - self.offset
+    mine = (positions >= 0) & (positions < self.capacity) & (slot >= 0) & (slot < self.local)
+    return jnp.where(mine, slot, -1)
+
+  def store(self, cache, k, v, slots, positions, *, impl, interpret):
+    del impl, interpret  # a shard's slots are not its positions: the jnp write
+    cache = write(cache, k, v, slots, token_positions=positions)
+    return dataclasses.replace(cache, length=self._local_length(self.length))
+
+  def share(self, old, new, slots, positions):
+    written = jnp.any((positions >= 0) & (positions < self.capacity), axis=-1)
+    return _owner_update(old, new, jnp.any(slots >= 0, axis=-1), written)
+
+  def select_blocks(self, scores, cache, budget, *, impl, interpret) -> Selection:
+    del impl, interpret
+    return global_selection(budget, cache.block_size, scores, self.length, self.num_blocks,
+                            self.capacity)
+
+  def merge(self, out, lse):
+    return _merge_shards(out, lse)
+
+  def sum(self, x):
+    return jax.lax.psum(x, SEQ)
+
+  def finish(self, cache):
+    return dataclasses.replace(cache, length=self.length)
+
+
 def _local_decode(m, q, k, v, cache, state, positions, *, scale, capacity, num_blocks):
-  t_loc = cache.capacity
-  offset = jax.lax.axis_index(SEQ) * t_loc
-  ok = (positions >= 0) & (positions < capacity)  # [B, 1]
-  length = jnp.maximum(cache.length, jnp.max(jnp.where(ok, positions + 1, 0), axis=-1))
-  slot = positions - offset
-  mine = ok & (slot >= 0) & (slot < t_loc)
-  slot = jnp.where(mine, slot, -1)
-  local = _local_view(cache, offset)
-  k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
-  if m.resa:
-    st = state["resa"]
-    new = resa.update_prior(st, local, k, v, slot, scale, m.resa.prior_update == "incremental")
-    st = _owner_update(st, new, jnp.any(mine, -1), jnp.any(ok, -1))
-    state = {**state, "resa": st}
-    k, v = (after(x, st["osum"], st["ksum"]) for x in (k, v))  # read old slots before writing
-  local = write(local, k, v, slot, token_positions=positions)
-  local = dataclasses.replace(local, length=jnp.clip(length - offset, 0, t_loc))
-  qd = q[:, :, 0]
-  sel = global_selection(m, m.selector.block_scores(qd, local, impl=m.impl, interpret=m.interpret), length, num_blocks, capacity)
-  if m.resa:
-    st = state["resa"]
-    true, prior_seen, seen = kernels.resa_partials(qd, local, sel, st["prior"], scale,
-                                                   impl=m.impl, interpret=m.interpret)
-    true, prior_seen = _merge_shards(*true), _merge_shards(*prior_seen)
-    covered = jax.lax.psum(seen, SEQ) >= resa.prior_count(st, qd.shape[1])
-    out, _ = resa.aggregate(true, prior_seen, resa.total(st),
-                            resa.online_bias(st, qd, scale, m.resa.lam_form), m.resa.lam,
-                            covered, m.resa.lam_form)
-  else:
-    out, lse = kernels.sparse_decode(qd, local, sel, scale, impl=m.impl, interpret=m.interpret)
-    out, _ = _merge_shards(out, lse)
-  cache = dataclasses.replace(local, length=length)
-  return out[:, :, None].astype(q.dtype), cache, state
+  place = SeqShards.here(cache, capacity, num_blocks, positions)
+  return m.decode(q, k, v, cache, state, positions, scale=scale, place=place)
 
 
 def decode(m, q, k, v, cache, state, positions, scale, *, mesh, specs):
   """``m.decode`` with the cache's slots split over ``seq`` (see the module docstring).
 
   Args:
-    m: a supported ``methods.Method`` (``supports``).
+    m: a supported method (``supports``).
     q: ``[B, Hq, 1, D]``; k, v: ``[B, K, 1, D]``; positions: ``[B, 1]`` (global slots).
     cache, state: global arrays sharded by ``specs = (cache_spec, state_spec)`` (PartitionSpec
       pytrees; slots and blocks over ``seq``, kv heads over the same axis as the query heads).
@@ -195,14 +207,12 @@ def decode(m, q, k, v, cache, state, positions, scale, *, mesh, specs):
   return jax.shard_map(fn, mesh=mesh, in_specs=(qspec, qspec, qspec, cache_spec, state_spec,
                                                 pspec),
                        out_specs=(qspec, cache_spec, state_spec), check_vma=False)(
-                           q, k, v, cache, state,
-                                                                  positions)
+                           q, k, v, cache, state, positions)
 
 
-def _local_end_prefill(m, cache, state, *, scale):
-  local = _local_view(cache, jax.lax.axis_index(SEQ) * cache.capacity)
-  st = resa.form_prior(state["resa"], local, scale, m.resa.typical_query, seq_axis=SEQ)
-  return cache, {**state, "resa": st}
+def _local_end_prefill(m, cache, state, *, scale, capacity, num_blocks):
+  place = SeqShards.here(cache, capacity, num_blocks)
+  return m.end_prefill(cache, state, scale=scale, place=place)
 
 
 def end_prefill(m, cache, state, scale, *, mesh, specs):
@@ -210,6 +220,7 @@ def end_prefill(m, cache, state, scale, *, mesh, specs):
   if not m.resa:
     return m.end_prefill(cache, state, scale=scale)
   scale = reference.default_scale(cache.head_dim, scale)
-  fn = functools.partial(_local_end_prefill, m, scale=scale)
+  fn = functools.partial(_local_end_prefill, m, scale=scale, capacity=cache.capacity,
+                         num_blocks=cache.num_blocks)
   run = jax.shard_map(fn, mesh=mesh, in_specs=specs, out_specs=specs, check_vma=False)
   return jax.jit(run)(cache, state)

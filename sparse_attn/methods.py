@@ -27,8 +27,8 @@ from typing import Any, ClassVar
 
 import jax.numpy as jnp
 
-from pallas_kernels import Impl
-from sparse_attn import compression, kernels, selection, sliding_window, sparse
+from pallas_kernels import Impl, resolve_impl
+from sparse_attn import compression, placement, selection, selectors, sliding_window
 from sparse_attn.budget import Budget
 from sparse_attn.cache import DIGEST_KINDS, KVCache, init_cache
 from sparse_attn.enhancers import compose
@@ -36,11 +36,9 @@ from sparse_attn.enhancers import options as enhancer_options
 from sparse_attn.enhancers import rectify as rect_lib
 from sparse_attn.presets import PRESETS
 from sparse_attn.protocol import PrefillGroup
-from sparse_attn import selector as selector_lib
-from sparse_attn.selector import Selector
+from sparse_attn.selectors import Selector
 from sparse_attn.spec import parse_spec, with_options
 
-BASE_NAMES = ("dense",) + selector_lib.NAMES
 COMMON_OPTIONS = ("block_size", "impl", "interpret")
 ENHANCER_OPTIONS = enhancer_options.OPTIONS
 
@@ -50,13 +48,16 @@ class Method:
   """A decoding attention method (static configuration; all functions are pure).
 
   A method is a selector (None = dense) plus optional enhancers, applied by one pipeline
-  (``enhancers.compose``: select -> attend -> RESA aggregate -> retro merge).
+  (``enhancers.compose``: write -> select -> attend -> RESA aggregate -> retro merge), the same
+  on one device and on each shard of a context-parallel cache. New selection rules are
+  ``selectors.Selector`` subclasses (``Method(selector=MySelector(budget=0.1))``), not
+  subclasses of this class: a subclass may not replace ``select`` or ``attend``.
 
   Attributes:
-    spec: the canonical spec string.
-    selector: which entries a decode step attends (``selector.Selector``: name, budget, gqa,
-      variant, topp, adakv), or None for dense attention.
-    block_size: cache block (page) size.
+    spec: the canonical spec string ("" = from the selector: ``"dense"`` or its name).
+    selector: which entries a decode step attends (a ``selectors.Selector``: Quest, ArkVale,
+      TopK, Streaming or your own, with its budget), or None for dense attention.
+    block_size: cache block (page) size (None = the selector's, else 16).
     impl: ``"auto" | "pallas" | "xla"`` for the attention ops.
     interpret: run Pallas kernels in interpret mode.
     resa: RESA residual estimation (``enhancers.options.Resa``: lam, lam_form, typical_query,
@@ -67,13 +68,13 @@ class Method:
     sliding_window: Mistral's attention window (None = unlimited); set from the model by
       ``with_sliding_window`` (``models.generate`` does it), see ``sparse_attn.sliding_window``.
     digests: the block digest kinds the cache keeps (``cache.DIGEST_KINDS``); None: the box
-      (every cache's, DESIGN.md) plus what the selector reads (``cache_digests``). A shared
+      (every cache's, docs/architecture.md) plus what the selector reads (``cache_digests``). A shared
       prefill keeps the union of its members'.
   """
 
-  spec: str = "dense"
+  spec: str = ""
   selector: Selector | None = None
-  block_size: int = 16
+  block_size: int | None = None
   impl: Impl = "auto"
   interpret: bool = False
   resa: enhancer_options.Resa | None = None
@@ -85,8 +86,31 @@ class Method:
   # Methods of one prefill group (with the same block size and capacity) end the prompt with
   # identical caches, so experiments share one prefill among them (dense prefill: every Method).
   prefill_group: ClassVar[PrefillGroup | None] = PrefillGroup.DENSE
+  # Its decode is the shared pipeline, which runs on a shard of the cache too
+  # (``context_parallel``); a subclass with a decode of its own sets this False.
+  context_parallel: ClassVar[bool] = True
+
+  def __init_subclass__(cls, **kwargs):
+    super().__init_subclass__(**kwargs)
+    own = [f for f in ("select", "attend") if f in cls.__dict__]
+    if own:  # it would be bypassed where the pipeline selects (context-parallel decode)
+      raise TypeError(
+          f"{cls.__name__} overrides Method.{own[0]}: a selection rule is a Selector, not a "
+          "Method subclass. Subclass sparse_attn.selectors.BlockSelector (write block_scores) "
+          "or Selector (write select) and decode with Method(selector=YourSelector(budget=0.1))"
+          "; selectors.register(YourSelector) makes its name a spec string")
 
   def __post_init__(self):
+    if self.selector is not None and not isinstance(self.selector, Selector):
+      raise TypeError(f"selector must be a sparse_attn.selectors.Selector, got "
+                      f"{type(self.selector).__name__}")
+    if self.block_size is None:
+      object.__setattr__(self, "block_size", self.selector.block_size if self.selector else 16)
+    if not self.spec:
+      object.__setattr__(self, "spec", self.selector.label if self.selector else "dense")
+    if self.selector is None and parse_spec(self.spec)[0][0] != "dense":  # a custom method must not run dense unasked
+      raise ValueError(f"{type(self).__name__}(spec={self.spec!r}) has no selector, so it "
+                       f"would decode as dense attention; give selector=... (or spec='dense')")
     if self.selector is not None and self.selector.block_size != self.block_size:
       raise ValueError(f"selector block_size {self.selector.block_size} != the method's "
                        f"{self.block_size}")
@@ -116,7 +140,7 @@ class Method:
   @property
   def name(self) -> str:
     """``"dense"`` or the selector's name."""
-    return "dense" if self.selector is None else self.selector.name
+    return "dense" if self.selector is None else self.selector.label
 
   @property
   def budget(self) -> Budget | None:
@@ -189,7 +213,7 @@ class Method:
   @property
   def cache_digests(self) -> tuple[str, ...]:
     """The digest kinds this method's cache keeps: ``digests``, else the box digests (kmin,
-    kmax: part of every cache, DESIGN.md) and the ones the selector reads."""
+    kmax: part of every cache, docs/architecture.md) and the ones the selector reads."""
     if self.digests is not None:
       return self.digests
     reads = self.selector.digests if self.selector else ()
@@ -212,22 +236,25 @@ class Method:
     """
     return compose.prefill(self, q, k, v, cache, state, positions, scale)
 
-  def end_prefill(self, cache: KVCache, state, *, scale=None):
-    return compose.end_prefill(self, cache, state, scale)
+  def end_prefill(self, cache: KVCache, state, *, scale=None, place=placement.ONE_DEVICE):
+    """RESA forms its prior; ``place``: where the cache lives (``sparse_attn.placement``)."""
+    return compose.end_prefill(self, cache, state, scale, place)
 
   def rectify(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
     """Dense re-encoding of recent tokens (overwrites their K/V); same contract as prefill."""
     return compose.rectify(self, q, k, v, cache, state, positions, scale)
 
-  def decode(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
+  def decode(self, q, k, v, cache: KVCache, state, positions, *, scale=None,
+             place=placement.ONE_DEVICE):
     """Appends the new token's K/V and attends. ``q [B, Hq, W, D]`` -> ``out [B, Hq, W, D]``.
 
     ``W == window``: with RetroAttention the window's past tokens are re-embedded (their K/V
-    overwritten) and their outputs updated; otherwise ``W == 1``.
+    overwritten) and their outputs updated; otherwise ``W == 1``. ``place``: where the cache
+    lives (``sparse_attn.placement``; ``context_parallel`` passes a shard's).
     """
     if q.shape[2] != self.window:
       raise ValueError(f"{self.spec} decodes {self.window} query per step, got {q.shape[2]}")
-    return compose.decode(self, q, k, v, cache, state, positions, scale)
+    return compose.decode(self, q, k, v, cache, state, positions, scale, place)
 
   def extend(self, q, k, v, cache: KVCache, state, positions, *, scale=None):
     """Reads a chunk after ``end_prefill`` (a query-agnostic question): dense only.
@@ -243,22 +270,12 @@ class Method:
     return compose.prefill(self, q, k, v, cache, state, positions, scale)
 
   def select(self, q, cache: KVCache, scale=None) -> selection.Selection:
-    """The selection of the current queries ``q [B, Hq, D]`` (``Selector.select``)."""
-    return self.selector.select(q, cache, scale, impl=self.impl, interpret=self.interpret,
-                                windowed=self.sliding_window is not None)
+    """The selection of the current queries ``q [B, Hq, D]`` (the selector's ``select``)."""
+    return compose.select(self, q, cache, scale)
 
   def attend(self, q, cache: KVCache, positions, scale=None):
     """Decode attention of ``q [B, Hq, D]`` at ``positions [B]`` -> ``(out, lse)`` (no RESA)."""
-    impl = self.impl
-    if self.sliding_window is not None:
-      cache = sliding_window.visible(cache, positions, self.sliding_window)
-      impl = "xla"  # the Pallas kernels bound keys by `length`, not by position
-    if self.is_dense:
-      return kernels.dense_decode(q, cache, positions, scale, impl=impl,
-                                  interpret=self.interpret)
-    sel = self.select(q, cache, scale)
-    out, lse = kernels.sparse_decode(q, cache, sel, scale, impl=impl, interpret=self.interpret)
-    return sparse.mask_rows(out, lse, positions)
+    return compose.attend(self, q, cache, positions, scale)
 
 
 def _check_options(name: str, options: dict, valid: tuple[str, ...]):
@@ -271,9 +288,9 @@ def make(spec: str = "dense", **options) -> Method:
   """Builds a method from a spec string and options.
 
   Args:
-    spec: ``"dense"``, ``"quest"``, ``"arkvale"``, ``"topk"``, ``"streaming"`` (options may
-      also be given inline: ``"quest:gqa=group"``), a compression method, or a paper preset
-      name (``PRESETS``: ``"resa-quest"``, ``"rectified"``, ``"retro"``, ...).
+    spec: ``"dense"``, a selector (``selectors.SELECTORS``: ``"quest"``, ``"arkvale"``,
+      ``"topk"``, ``"streaming"`` and any ``selectors.register``-ed; options may also be given
+      inline: ``"quest:gqa=group"``), a compression method, or a paper preset name (``PRESETS``: ``"resa-quest"``, ``"rectified"``, ``"retro"``, ...).
     **options: ``budget`` (float fraction in (0, 1] or int token count), ``p`` / ``n_min`` /
       ``n_local`` (ReSA's dynamic rule), ``n_sink``, ``local_window``, ``forced_count``
       (``extra``/``inside``, see ``sparse_attn.budget``), ``min_tokens``, ``gqa``, ``variant``,
@@ -297,18 +314,19 @@ def make(spec: str = "dense", **options) -> Method:
   (name, inline), rest = parts[0], parts[1:]
   if name in compression.BUILDERS:
     return compression.BUILDERS[name](spec, parts, options)
-  if name not in BASE_NAMES:
-    valid = sorted(BASE_NAMES + tuple(compression.BUILDERS))
+  base_names = ("dense",) + tuple(selectors.SELECTORS)
+  if name not in base_names:
+    valid = sorted(base_names + tuple(compression.BUILDERS))
     where = f" in {typed!r}" if str(typed).strip().lower() != name else ""
     raise ValueError(f"unknown method {name!r}{where}; valid: {valid}; presets: "
                      f"{sorted(PRESETS)}")
   enh, enh_opts = _parse_enhancers(spec, name, rest, options)
   opts = {**inline, **{k: v for k, v in options.items() if k not in enh_opts}}
-  valid = COMMON_OPTIONS + (() if name == "dense" else selector_lib.OPTIONS)
+  valid = COMMON_OPTIONS + (() if name == "dense" else selectors.options(name))
   valid += tuple(o for e in enh for o in ENHANCER_OPTIONS[e])
   _check_options(name, opts, valid)
   impl = opts.get("impl", "auto")
-  kernels.resolve_impl(impl)
+  resolve_impl(impl)
   block_size = int(opts.get("block_size", 16))
   if block_size <= 0:
     raise ValueError(f"block_size must be positive, got {block_size}")
@@ -316,7 +334,7 @@ def make(spec: str = "dense", **options) -> Method:
                 interpret=bool(opts.get("interpret", False)))
   if name == "dense":
     return Method(**common)
-  return Method(**common, selector=Selector.from_options(name, opts, block_size),
+  return Method(**common, selector=selectors.build(name, opts, block_size),
                 **enhancer_options.configs(enh, enh_opts))
 
 
@@ -333,7 +351,7 @@ def _parse_enhancers(spec: str, name: str, rest, options: dict):
     enh_opts.update(inline)
   if enh and name == "dense":
     raise ValueError(f"enhancers {enh} need a selector, not 'dense' ({spec!r}); valid "
-                     f"selectors: {sorted(selector_lib.NAMES)}")
+                     f"selectors: {sorted(selectors.SELECTORS)}")
   for e in enh:  # keyword options of a present enhancer override inline ones, as for selectors
     for o in ENHANCER_OPTIONS[e]:
       if o in options:

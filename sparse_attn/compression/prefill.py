@@ -15,15 +15,16 @@ has the same shape.
 ``end_prefill`` changes the cache shape, so it runs between the jitted prefill and decode. With
 concrete lengths it sizes the buffer from the data; under ``jit``/``vmap`` (traced lengths) it
 needs the static option ``decode_slots`` (the prompt then is assumed to fill
-``capacity - decode_slots`` slots) and is then jittable. The functions take the method
-(``base.CompressionMethod``) as a static configuration.
+``capacity - decode_slots`` slots) and is then jittable. The functions take the method as a
+static configuration (``Press``: the part of ``base.CompressionMethod`` they read; this module
+never imports ``base``, which builds on it).
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
@@ -32,11 +33,27 @@ from sparse_attn.cache import KVCache
 from sparse_attn.compression import compact as compact_lib
 from sparse_attn.compression import decode_phase
 
-if TYPE_CHECKING:  # base imports this module
-  from sparse_attn.compression.base import CompressionMethod
 
 
-def decode_capacity(method: CompressionMethod, context: int, decode_room: int) -> int:
+class Press(Protocol):
+  """What these functions read of a compression method (``base.CompressionMethod``)."""
+
+  ratio: float
+  max_tokens: int | None
+  block_size: int
+  decode_slots: int | None
+  head_rule: Any
+  decode_phase: Any
+  compresses_prefill: bool
+  compresses_decode: bool
+
+  def round_capacity(self, n: int) -> int: ...
+  def keep_mask(self, cache, state, scale, kept): ...
+  def compact_state(self, state, idx): ...
+  def prefill_keep(self, cache, state, scale): ...
+
+
+def decode_capacity(method: Press, context: int, decode_room: int) -> int:
   """Cache slots while decoding: ``1 - ratio`` of the ``context - decode_room`` prompt tokens
   kept, plus the room for the generated ones."""
   if not method.compresses_prefill:
@@ -45,7 +62,7 @@ def decode_capacity(method: CompressionMethod, context: int, decode_room: int) -
   return method.round_capacity(kept + decode_room)
 
 
-def keep(method: CompressionMethod, cache: KVCache, state, scale=None):
+def keep(method: Press, cache: KVCache, state, scale=None):
   """The slots ``end_prefill`` keeps and the decode-phase budget.
 
   Args:
@@ -64,7 +81,7 @@ def keep(method: CompressionMethod, cache: KVCache, state, scale=None):
   return cache.valid, budget
 
 
-def capacity(method: CompressionMethod, cache: KVCache, kept_slots, budget) -> int:
+def capacity(method: Press, cache: KVCache, kept_slots, budget) -> int:
   """Static slots of the compacted cache (per head; all heads' for the flat layout).
 
   Args:
@@ -97,7 +114,7 @@ def capacity(method: CompressionMethod, cache: KVCache, kept_slots, budget) -> i
   return method.round_capacity(need)
 
 
-def compact(method: CompressionMethod, cache: KVCache, state, kept_slots, budget, slots: int):
+def compact(method: Press, cache: KVCache, state, kept_slots, budget, slots: int):
   """Compacts ``kept_slots [B, K, T]`` into ``slots`` slots in the rule's layout and starts the
   decode phase's counters -> ``(cache, state)``."""
   new, idx, per_head = method.head_rule.layout.from_heads(cache, kept_slots, slots,
@@ -108,7 +125,7 @@ def compact(method: CompressionMethod, cache: KVCache, state, kept_slots, budget
   return new, state
 
 
-def end_prefill(method: CompressionMethod, cache: KVCache, state, scale=None):
+def end_prefill(method: Press, cache: KVCache, state, scale=None):
   """Prefill compression and re-allocation of the buffer -> ``(cache, state)``."""
   if not (method.compresses_prefill or method.compresses_decode):
     return cache, state

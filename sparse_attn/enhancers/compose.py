@@ -3,7 +3,11 @@
 One decode step is ``write -> select -> attend (kernels) -> RESA aggregate -> retro merge``; a
 stage runs only when its enhancer config (``m.resa``, ``m.retro``) is set, and dense is the
 pipeline without a selector. Each function has the contract of the matching ``Method`` method
-(``sparse_attn.protocol``). The state is a dict with an optional ``"resa"`` part
+(``sparse_attn.protocol``); ``decode`` and ``end_prefill`` also take a placement
+(``sparse_attn.placement``): on one device the identity, under context parallelism one shard of
+the cache (``context_parallel.SeqShards``), so the same pipeline runs on a shard's local cache
+with the exact cross-shard merge. The functions read the method's configuration (selector,
+enhancer options) and never call back into it. The state is a dict with an optional ``"resa"`` part
 (``enhancers.resa``) and an optional ``"retro"`` part (``enhancers.retro``), both fixed-shape
 pytrees; it is empty for a plain selector.
 
@@ -15,8 +19,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
-from sparse_attn import kernels, reference, sparse
-from sparse_attn.cache import KVCache, write
+from sparse_attn import kernels, placement, reference, sliding_window, sparse
+from sparse_attn.cache import KVCache
 from sparse_attn.enhancers import resa, retro
 from sparse_attn.merge import merge_n
 from sparse_attn.ordering import after
@@ -47,14 +51,18 @@ def _dense_entries(m, cache: KVCache, out, lse, positions):
   return e
 
 
-def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool):
+def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool,
+           place=placement.ONE_DEVICE):
+  """Writes the new K/V where ``place`` keeps their slots; RESA's prior follows them."""
   k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
+  cache, slots = place.view(cache), place.slots(positions)
   if m.resa and prior_formed:
-    state = {**state, "resa": resa.update_prior(state["resa"], cache, k, v, positions, scale,
-                                                m.resa.prior_update == "incremental")}
+    st = state["resa"]
+    new = resa.update_prior(st, cache, k, v, slots, scale, m.resa.prior_update == "incremental")
+    state = {**state, "resa": place.share(st, new, slots, positions)}
     # The prior update read the overwritten slots: order that read before the write.
     k, v = (after(x, state["resa"]["osum"], state["resa"]["ksum"]) for x in (k, v))
-  return write(cache, k, v, positions, impl=m.impl, interpret=m.interpret), state
+  return place.store(cache, k, v, slots, positions, impl=m.impl, interpret=m.interpret), state
 
 
 def _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed):
@@ -76,10 +84,12 @@ def prefill(m, q, k, v, cache, state, positions, scale=None):
   return _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed=False)
 
 
-def end_prefill(m, cache, state, scale=None):
+def end_prefill(m, cache, state, scale=None, place=placement.ONE_DEVICE):
+  """RESA forms its prior (statistics reduced over ``place``'s devices); nothing else."""
   if m.resa:
     scale = reference.default_scale(cache.head_dim, scale)
-    prior = resa.form_prior(state["resa"], cache, scale, m.resa.typical_query)
+    prior = resa.form_prior(state["resa"], place.view(cache), scale, m.resa.typical_query,
+                            seq_axis=place.seq_axis)
     state = {**state, "resa": prior}
   return cache, state
 
@@ -93,29 +103,58 @@ def rectify(m, q, k, v, cache, state, positions, scale=None):
   return _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed=True)
 
 
-def decode(m, q, k, v, cache, state, positions, scale=None):
+def select(m, q, cache, scale=None, place=placement.ONE_DEVICE):
+  """The selector's choice for the current queries ``q [B, Hq, D]``."""
+  return m.selector.select(q, cache, scale, impl=m.impl, interpret=m.interpret,
+                           windowed=m.sliding_window is not None, place=place)
+
+
+def attend(m, q, cache: KVCache, positions, scale=None, place=placement.ONE_DEVICE):
+  """Decode attention of ``q [B, Hq, D]`` at ``positions [B]`` -> ``(out, lse)`` (no RESA);
+  padding rows (position < 0) give 0."""
+  impl = m.impl
+  if m.sliding_window is not None:
+    cache = sliding_window.visible(cache, positions, m.sliding_window)
+    impl = "xla"  # the Pallas kernels bound keys by `length`, not by position
+  if m.selector is None:
+    return kernels.dense_decode(q, cache, positions, scale, impl=impl, interpret=m.interpret)
+  sel = select(m, q, cache, scale, place)
+  out, lse = place.merge(*kernels.sparse_decode(q, cache, sel, scale, impl=impl,
+                                                interpret=m.interpret))
+  return sparse.mask_rows(out, lse, positions)
+
+
+def decode(m, q, k, v, cache, state, positions, scale=None, place=placement.ONE_DEVICE):
   """One decode step over the window ``positions [B, w]`` (newest last)."""
   scale = reference.default_scale(q.shape[-1], scale)
-  cache, state = _write(m, cache, state, k, v, positions, scale, prior_formed=True)
+  cache, state = _write(m, cache, state, k, v, positions, scale, prior_formed=True,
+                        place=place)
   if m.window == 1:
-    out = _single(m, q[:, :, 0], cache, state, positions[:, 0], scale)
-    return out[:, :, None].astype(q.dtype), cache, state
+    out = _single(m, q[:, :, 0], cache, state, positions[:, 0], scale, place)
+    return out[:, :, None].astype(q.dtype), place.finish(cache), state
   out, state = _retro_step(m, q, cache, state, positions, scale)
   return out.astype(q.dtype), cache, state
 
 
-def _single(m, q, cache, state, positions, scale):
+def _single(m, q, cache, state, positions, scale, place):
   """Sparse attention of the newest query at ``positions [B]``, RESA-completed when on (RESA
   Eq. 3-5); padding rows (position < 0) return 0."""
   if not m.resa:
-    return m.attend(q, cache, positions, scale)[0]
-  sel = m.select(q, cache, scale)
+    return attend(m, q, cache, positions, scale, place)[0]
+  sel = select(m, q, cache, scale, place)
   st = state["resa"]
-  out, lse = kernels.resa_attend(
-      q, cache, sel, st["prior"], scale, resa.Aggregator(m.resa.lam, m.resa.lam_form),
-      (*resa.total(st), resa.online_bias(st, q, scale, m.resa.lam_form),
-       resa.prior_count(st, q.shape[1])),
-      impl=m.impl, interpret=m.interpret)
+  bias = resa.online_bias(st, q, scale, m.resa.lam_form)
+  if place.fused:  # the aggregator is the split combine's epilogue
+    out, lse = kernels.resa_attend(
+        q, cache, sel, st["prior"], scale, resa.Aggregator(m.resa.lam, m.resa.lam_form),
+        (*resa.total(st), bias, resa.prior_count(st, q.shape[1])),
+        impl=m.impl, interpret=m.interpret)
+  else:  # partials over this device's keys, merged, then aggregated
+    true, prior_seen, seen = kernels.resa_partials(q, cache, sel, st["prior"], scale,
+                                                   impl=m.impl, interpret=m.interpret)
+    covered = place.sum(seen) >= resa.prior_count(st, q.shape[1])
+    out, lse = resa.aggregate(place.merge(*true), place.merge(*prior_seen), resa.total(st),
+                              bias, m.resa.lam, covered, m.resa.lam_form)
   return sparse.mask_rows(out, lse, positions)[0]
 
 
@@ -155,7 +194,7 @@ def _retro_step(m, q, cache, state, positions, scale):
   t = positions[:, -1]
   last_seen = rs["last_seen"]
   current = retro.current_entry(t, m.granularity, last_seen.shape[-1])
-  sel = m.select(q[:, :, -1], cache, scale)
+  sel = select(m, q[:, :, -1], cache, scale)
   cached = retro.lookup(rs["ring"], positions[:, :-1])
   full = jnp.concatenate([cached["full"], jnp.zeros((b, 1), bool)], axis=1)  # [B, w]
   use = retro.entry_mask(last_seen, sel, positions, full, current)  # [B, H, w, n]

@@ -17,8 +17,9 @@ import pytest
 import models
 from models import decode, driver, llama, sharding, steps
 from models.config import ModelConfig, RopeConfig
-from sparse_attn import methods, selection
+from sparse_attn import context_parallel, methods
 from sparse_attn.protocol import PrefillGroup
+from tests.sparse_attn import toy_selector  # pylint: disable=unused-import (registers it)
 
 pytestmark = pytest.mark.skipif(jax.device_count() < 8, reason="needs 8 (virtual) devices")
 
@@ -184,20 +185,12 @@ def test_explicit_axes_mesh_of_jax_make_mesh(model):
   assert _rel(got, _reference(model, "quest")) <= 1e-5
 
 
-@dataclasses.dataclass(frozen=True)
-class _AntiQuest(methods.Method):
-  """A selector written as a ``Method`` subclass (``notebooks/custom_selector.ipynb``): the
-  blocks Quest ranks lowest, so a seq mesh that scored it as Quest would show."""
-
-  def select(self, q, cache, scale=None):
-    scores = self.selector.block_scores(q, cache, impl=self.impl, interpret=self.interpret)
-    return selection.select_blocks(-scores, cache, self.budget)
-
-
-def test_custom_selector_subclass_keeps_its_selection_on_a_seq_mesh(model):
-  anti = _AntiQuest(**vars(METHODS["quest"]()))
-  one = _teacher_forced(model, anti)
+def test_a_selector_of_ones_own_decodes_context_parallel_with_its_own_scores(model):
+  """The toy selector (tests/sparse_attn/toy_selector.py: one file, one registry line) decodes
+  context-parallel on a seq mesh, scoring each shard's local blocks, and equals one device."""
+  toy = methods.make("centroid", budget=0.1, **SEL)
+  assert context_parallel.supports(toy)
+  one = _teacher_forced(model, toy)
   assert _rel(one, _reference(model, "quest")) > 1e-3  # it selects otherwise than Quest
-  got = _teacher_forced(model, anti, sharding.make_mesh(1, 2, 4))
+  got = _teacher_forced(model, toy, sharding.make_mesh(1, 2, 4))
   assert _rel(got, one) <= 1e-5
-

@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sparse_attn import cache as cache_lib
-from sparse_attn.selector import Selector
+from sparse_attn import selectors
 
 TOL = {jnp.float32: dict(atol=2e-5, rtol=2e-5), jnp.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
@@ -30,7 +30,6 @@ def filled_cache(rng, b, hkv, t, d, lengths, block_size=16, dtype=jnp.float32, s
 
 
 def select(name, q, cache, budget, **options):
-  """The selection of selector ``name`` (``Selector`` options: gqa, variant, ...) on the jnp
-  path."""
-  sel = Selector(name=name, budget=budget, block_size=cache.block_size, **options)
+  """The selection of selector ``name`` (its options: gqa, variant, ...) on the jnp path."""
+  sel = selectors.SELECTORS[name](budget=budget, block_size=cache.block_size, **options)
   return sel.select(q, cache, impl="xla")

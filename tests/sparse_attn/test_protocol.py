@@ -6,12 +6,12 @@ from typing import ClassVar
 
 import pytest
 
-from sparse_attn import compression, methods, selector
+from sparse_attn import compression, methods, selectors
 from sparse_attn.compression import CompressionMethod, HeadBudget, Phase
 from sparse_attn.protocol import AttentionMethod, Choice, PrefillGroup
 
 # Every registered name, every paper preset, and enhanced selectors.
-SPECS = (("dense",) + selector.NAMES + tuple(sorted(compression.BUILDERS))
+SPECS = (("dense",) + tuple(sorted(selectors.SELECTORS)) + tuple(sorted(compression.BUILDERS))
          + tuple(sorted(methods.PRESETS))
          + ("quest+resa", "arkvale+resa+rect", "quest+retro:w=2", "topk+rect:f=8"))
 # The protocol's members: its annotated attributes and its methods / properties.

@@ -43,7 +43,7 @@ def _decode(spec, impl, dtype, t=8192, hq=32, hk=8, d=128):
                                          v[:, :, s:s + 4096], cache, state, pos[:, s:s + 4096])
   cache, state = m.end_prefill(cache, state)
   sel = jax.jit(m.select)(q[:, :, t], cache)
-  scores = jax.jit(functools.partial(m.selector.block_scores, impl=m.impl,
+  scores = jax.jit(functools.partial(m.selector.scores, impl=m.impl,
                                      interpret=m.interpret))(q[:, :, t], cache)
   out, _, _ = jax.jit(m.decode)(q[:, :, t:], k[:, :, t:], v[:, :, t:], cache, state,
                                 jnp.array([[t]]))

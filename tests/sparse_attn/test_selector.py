@@ -1,4 +1,4 @@
-"""The Selector config: validated once, hashable, and the one selection path of every Method."""
+"""The selectors: validated once, hashable, and the one selection path of every Method."""
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +8,7 @@ import pytest
 from sparse_attn import methods, selection
 from sparse_attn.budget import Budget
 from sparse_attn.cache import init_cache, write
-from sparse_attn.selector import Selector
+from sparse_attn.selectors import ArkVale, Quest
 from tests.sparse_attn import helpers
 
 
@@ -21,24 +21,23 @@ def _cache(rng, b=2, hkv=2, t=96, d=16, bs=8, lengths=(90, 41)):
   return write(cache, k, v, jnp.asarray(pos))
 
 
-@pytest.mark.parametrize("bad, match", [
-    (dict(name="oracle"), "unknown selector"),
-    (dict(gqa="layer"), "gqa must be one of"),
-    (dict(variant="box"), "variant must be one of"),
-    (dict(name="topk", topp=0.9), "block selectors"),
-    (dict(topp=0.9, adakv=0.2), "either topp or adakv"),
-    (dict(topp=1.5), r"topp must be in \(0, 1\]"),
-    (dict(adakv=-0.1), r"adakv floor must be in \[0, 1\]"),
+@pytest.mark.parametrize("spec, bad, match", [
+    ("oracle", {}, "unknown method 'oracle'"),
+    ("quest", dict(gqa="layer"), "gqa must be one of"),
+    ("arkvale", dict(variant="box"), "variant must be one of"),
+    ("topk", dict(topp=0.9), r"unknown option\(s\) \['topp'\] for 'topk'"),
+    ("quest", dict(topp=0.9, adakv=0.2), "either topp or adakv"),
+    ("quest", dict(topp=1.5), r"topp must be in \(0, 1\]"),
+    ("quest", dict(adakv=-0.1), r"adakv floor must be in \[0, 1\]"),
 ])
-def test_invalid_options_are_refused_with_the_valid_ones(bad, match):
-  kw = {**dict(name="quest", budget=Budget(budget=0.1), block_size=8), **bad}
+def test_invalid_options_are_refused_with_the_valid_ones(spec, bad, match):
   with pytest.raises(ValueError, match=match):
-    Selector(**kw)
+    methods.make(spec, budget=0.1, block_size=8, **bad)
 
 
 def test_make_builds_the_selector_and_validates_through_it():
   m = methods.make("arkvale:variant=cuboid,gqa=group", budget=0.2, block_size=8, topp=0.8)
-  assert m.selector == Selector("arkvale", Budget(budget=0.2), 8, "group", "cuboid", topp=0.8)
+  assert m.selector == ArkVale(Budget(budget=0.2), 8, "group", variant="cuboid", topp=0.8)
   assert (m.name, m.granularity, m.selection_heads(8, 2)) == ("arkvale", 8, 2)
   assert methods.make("arkvale").selector.variant == "cuboid-mean"  # ArkVale's own default
   assert methods.make("arkvale:variant=sphere").selector.digests == ("box", "sphere")
@@ -47,7 +46,7 @@ def test_make_builds_the_selector_and_validates_through_it():
   with pytest.raises(ValueError, match="topp must be a number"):
     methods.make("quest", topp=True)
   with pytest.raises(ValueError, match="block_size 8 != the method's 16"):
-    methods.Method(selector=Selector("quest", Budget(budget=0.1), 8))
+    methods.Method(selector=Quest(Budget(budget=0.1), 8), block_size=16)
   hash(m)  # a jit static argument
 
 
