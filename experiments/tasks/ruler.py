@@ -31,13 +31,15 @@ Scoring is RULER's string match: ``all`` (recall of every reference) or ``part``
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable
 
 import numpy as np
 
 from experiments.common.task_names import TASKS
 from experiments.tasks import haystack as hs
+from experiments.tasks import ruler_qa, ruler_words
 from experiments.tasks import ruler_templates as tpl
+from experiments.tasks.ruler_built import from_layout, split_template
 
 NIAH_TASKS = tuple(t for t in TASKS if t.startswith(("passkey", "niah")))
 # RULER's generation caps per task (passkey is not RULER's: its 5-digit key needs few tokens).
@@ -45,7 +47,7 @@ MAX_NEW_TOKENS = dict({t: tpl.TOKENS_TO_GENERATE["niah"] for t in NIAH_TASKS}, p
                       vt=tpl.TOKENS_TO_GENERATE["vt"], cwe=tpl.TOKENS_TO_GENERATE["cwe"],
                       fwe=tpl.TOKENS_TO_GENERATE["fwe"], qa=tpl.TOKENS_TO_GENERATE["qa"])
 TOKENS_PER_ANSWER = 24  # qa_multi: generated tokens per question ("Answer i: ..." + a line)
-DEFAULT_QUESTIONS = 8
+DEFAULT_QUESTIONS = ruler_qa.DEFAULT_QUESTIONS
 VT_EXAMPLE_TOKENS = 500  # RULER's vt one-shot example fills 500 tokens
 DIFFERENCES = (
     "the target counts the prompt's tokens (chat template and answer prefix included); "
@@ -134,37 +136,6 @@ class Prompter:
 
   def count(self, text: str) -> int:
     return len(self.ids(text))
-
-
-@dataclasses.dataclass(frozen=True)
-class Built:
-  """A task instance before its length is fitted.
-
-  ``context(n)`` assembles the haystack of ``n`` units (``(text, needle spans)``) and
-  ``answers(n)`` its references; ``hi`` bounds the search over ``n``; a target that does not
-  fit ``min_units`` units is refused.
-  """
-
-  head: str
-  tail: str
-  prefix: str
-  context: Callable[[int], tuple[str, list[tuple[int, int]]]]
-  answers: Callable[[int], Sequence]
-  hi: int
-  depth: float | None
-  metric: str = "all"
-  min_units: int = 0
-
-
-def split_template(template: str) -> tuple[str, str]:
-  """``(head, tail)`` around a template's ``{context}``."""
-  head, tail = template.split("{context}")
-  return head, tail
-
-
-def from_layout(layout: hs.Layout, prefix: str, answers, hi: int, depth, metric="all") -> Built:
-  return Built(layout.head, layout.tail, prefix, layout.context, lambda n: tuple(answers), hi,
-               depth, metric)
 
 
 def _positions(rng, count: int, essay: bool) -> list[float]:
@@ -267,7 +238,6 @@ def _vt(rng, target, depth, hops=4, prompter=None, **_):
 # ---------------------------------------------------------------- generation
 
 def _builders() -> dict[str, Callable]:
-  from experiments.tasks import ruler_qa, ruler_words  # they import this module's helpers
   niah = lambda **fixed: (lambda rng, t, d, **k: _niah(rng, t, d, **fixed, **k))
   return {
       "passkey": _passkey,

@@ -16,9 +16,10 @@ import numpy as np
 
 from experiments.common import data
 from experiments.tasks import haystack as hs
-from experiments.tasks import ruler
 from experiments.tasks import ruler_templates as tpl
+from experiments.tasks.ruler_built import Built, split_template
 
+DEFAULT_QUESTIONS = 8  # qa_multi's questions per prompt (``ruler.generate``'s default)
 _DOC = "Document \x00:\n"  # numbered once the order is final (hs.number_documents)
 
 
@@ -33,7 +34,7 @@ def _paragraphs() -> tuple[list[str], dict[str, list[str]]]:
   return sorted({item["context"] for item in squad}), by_article
 
 
-def qa(rng, target, depth, **_) -> ruler.Built:
+def qa(rng, target, depth, **_) -> Built:
   squad = data.squad()
   item = squad[int(rng.integers(len(squad)))]
   while len(item["context"]) + len(item["question"]) > 2 * target:  # the gold must fit
@@ -45,15 +46,15 @@ def qa(rng, target, depth, **_) -> ruler.Built:
            [rest[i] for i in rng.permutation(len(rest))])
   units = [_DOC + p for p in order]
   position = float(rng.uniform()) if depth is None else float(depth)
-  head, tail = ruler.split_template(tpl.QA.replace("{query}", item["question"]))
+  head, tail = split_template(tpl.QA.replace("{query}", item["question"]))
   layout = hs.Layout(head, units, [(_DOC + item["context"], position)], tail, sep="\n\n",
                      post=hs.number_documents)
   hi = min(len(units), max(1, target // 40))
-  return ruler.Built(head, tail, tpl.QA_PREFIX, layout.context, lambda n: item["answers"], hi,
+  return Built(head, tail, tpl.QA_PREFIX, layout.context, lambda n: item["answers"], hi,
                      round(position, 4), metric="part")
 
 
-def qa_multi(rng, target, depth, questions=ruler.DEFAULT_QUESTIONS, **_) -> ruler.Built:
+def qa_multi(rng, target, depth, questions=DEFAULT_QUESTIONS, **_) -> Built:
   """``questions`` SQuAD items with distinct paragraphs; golds at evenly spread depths."""
   del depth
   squad = data.squad()
@@ -84,5 +85,5 @@ def qa_multi(rng, target, depth, questions=ruler.DEFAULT_QUESTIONS, **_) -> rule
           "number) followed by a short answer only; answer every question.\n\n" + asked)
   layout = hs.Layout(head, units, golds, tail, sep="\n\n", post=hs.number_documents)
   answers = tuple(tuple(it["answers"]) for it in items)
-  return ruler.Built(head, tail, "Answer 1:", layout.context, lambda n: answers,
+  return Built(head, tail, "Answer 1:", layout.context, lambda n: answers,
                      min(len(units), max(1, target // 40)), None, metric="each")

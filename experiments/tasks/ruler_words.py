@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.tasks import haystack as hs
-from experiments.tasks import ruler
 from experiments.tasks import ruler_templates as tpl
+from experiments.tasks.ruler_built import Built, split_template
 
 NUM_COMMON = 10
 FWE_ALPHA = 2.0
@@ -41,19 +41,19 @@ def _word_list(seed: int, num_words: int, common_repeats: int, rare_repeats: int
   return _numbered(listed[i] for i in rng.permutation(len(listed))), common
 
 
-def cwe(rng, target, depth, **_) -> ruler.Built:
+def cwe(rng, target, depth, **_) -> Built:
   del depth
   seed = int(rng.integers(2 ** 31))
   short = target < 4096
   ex_words, ex_common, ex_rare = (20, 3, 1) if short else (40, 10, 3)
   common_repeats, rare_repeats = (6, 1) if short else (30, 3)
-  head, tail = ruler.split_template(tpl.CWE)
+  head, tail = split_template(tpl.CWE)
   ex_list, ex_answer = _word_list(seed + 1, ex_words, ex_common, ex_rare)
   example = head + ex_list + tail + tpl.CWE_PREFIX + " " + _numbered(ex_answer)
   context = lambda n: (_word_list(seed, n, common_repeats, rare_repeats)[0], [])
   answers = lambda n: _word_list(seed, n, common_repeats, rare_repeats)[1]
   hi = min(len(hs.common_words()), max(NUM_COMMON + 1, target // rare_repeats // 3))
-  return ruler.Built(example + "\n" + head, tail, tpl.CWE_PREFIX, context, answers, hi, None,
+  return Built(example + "\n" + head, tail, tpl.CWE_PREFIX, context, answers, hi, None,
                      min_units=NUM_COMMON + 1)
 
 
@@ -74,7 +74,7 @@ def zipf_counts(num_words: int, vocab_size: int, alpha: float = FWE_ALPHA) -> np
   return (num_words * k ** -alpha / hs.zeta(alpha)).astype(int)
 
 
-def fwe(rng, target, depth, **_) -> ruler.Built:
+def fwe(rng, target, depth, **_) -> Built:
   del depth
   vocab = _coded_vocab(rng, max(8, (target - tpl.TOKENS_TO_GENERATE["fwe"]) // 50))
   seed = int(rng.integers(2 ** 31))
@@ -85,8 +85,8 @@ def fwe(rng, target, depth, **_) -> ruler.Built:
     order = np.random.default_rng((seed, n)).permutation(len(words))
     return " ".join(words[i] for i in order), []
 
-  head, tail = ruler.split_template(tpl.FWE)
+  head, tail = split_template(tpl.FWE)
   # the answers need distinct counts: ranks 2, 3, 4, 5 strictly decreasing
   floor = next(n for n in range(1, 10 ** 4) if np.all(np.diff(zipf_counts(n, 5)[1:]) < 0))
-  return ruler.Built(head, tail, tpl.FWE_PREFIX, context, lambda n: tuple(vocab[1:4]),
+  return Built(head, tail, tpl.FWE_PREFIX, context, lambda n: tuple(vocab[1:4]),
                      4 * target, None, min_units=floor)

@@ -1,9 +1,11 @@
-"""The ``models`` package's modules import each other without cycles (function-level imports
-included): a cycle makes import order matter and hides which module owns what."""
+"""The ``models`` and ``experiments`` packages' modules import each other without cycles
+(function-level imports included): a cycle makes import order matter and hides which module owns
+what."""
 
 import ast
 import pathlib
 
+import experiments
 import models
 
 PKG = pathlib.Path(models.__file__).parent
@@ -62,3 +64,34 @@ def test_sources_is_a_leaf_and_loading_builds_on_it():
 
 def test_cycle_finder_sees_a_cycle():
   assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def _dotted_graph(package) -> dict[str, set[str]]:
+  """Dotted module -> the modules of ``package`` (subpackages included) it imports anywhere in
+  its body; ``from pkg import name`` counts ``pkg.name`` when that is a module, else ``pkg``."""
+  root = pathlib.Path(package.__file__).parent
+  name = package.__name__
+  mods = {}
+  for path in root.rglob("*.py"):
+    parts = path.relative_to(root.parent).with_suffix("").parts
+    mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+  graph = {}
+  for mod, path in mods.items():
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+        found |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in mods else node.module
+                  for a in node.names}
+      elif isinstance(node, ast.Import):
+        found |= {a.name for a in node.names}
+    graph[mod] = {m for m in found if m in mods and m != mod and m.split(".")[0] == name}
+  return graph
+
+
+def test_experiments_modules_import_without_cycles():
+  """E.g. ``experiments.tasks.ruler`` imports ``ruler_qa`` / ``ruler_words``, which take what
+  they share with it from ``ruler_built``, never from ``ruler``."""
+  g = _dotted_graph(experiments)
+  assert {"experiments.tasks.ruler_qa", "experiments.tasks.ruler_words"} <= g[
+      "experiments.tasks.ruler"]
+  assert _cycle(g) is None, f"import cycle: {' -> '.join(_cycle(g))}"
