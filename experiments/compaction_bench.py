@@ -5,7 +5,7 @@ r"""Cost of prefill compression's compaction (``end_prefill``) and the compacted
 Prefills a random prompt of ``--context`` tokens on the model (default the embedded SmolLM2),
 then times ``end_prefill`` over all layers twice: the first call includes compilation (one per
 distinct compacted shape), the second is the steady state. Prints the cache bytes after
-compaction next to a dense cache of the same prompt (``bytes / dense``, DESIGN invariant 5).
+compaction next to a dense cache of the same prompt (``bytes / dense``).
 With ``--decode_steps`` it also reports decode tokens/s of ``models.generate`` on the compacted
 cache; with ``--question_tokens`` the time to read a question of that many tokens through the
 compacted cache (the query-agnostic protocol) in one chunk (``decoding.extend``) and one decode

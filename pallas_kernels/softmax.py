@@ -3,9 +3,9 @@
 ``scaled_logits`` is the one ``q . k`` product of the jnp paths, ``softmax_sum`` attends masked
 logits exactly and returns ``(out, lse)``, ``grouped_attention`` is the two together for GQA
 query groups, and ``lse_combine`` merges partials over disjoint key sets (the flash-decoding
-combine). Empty rows and all-empty parts give ``out = 0, lse = -inf`` (DESIGN invariant 7). The
-Pallas kernels run the same recurrences on chip; this module is their reference and is written
-once.
+combine). Empty rows and all-empty parts give ``out = 0, lse = -inf``, never NaN
+(docs/architecture.md, "The method protocol"). The Pallas kernels run the same recurrences on
+chip; this module is their reference and is written once.
 
 Letters: B batch, P program heads (kv or selection heads), R query rows of a head, L keys,
 K kv heads, G query heads per kv head, S queries, T keys, D head dim.

@@ -1,7 +1,7 @@
 """The per-layer method interface every attention method implements (a ``typing.Protocol``).
 
 Dense and the selector methods (``methods.Method``), the compression methods
-(``compression.base.CompressionMethod``), experiment wrappers (``experiments.tasks.reuse``) and
+(``compression.base.CompressionMethod``), experiment wrappers (``experiments.common.reuse``) and
 the sharded wrapper (``models.sharding.ShardedMethod``) all implement it, so the decode loop
 (``models.steps``, ``models.driver``) calls these and nothing else: no type or attribute probes.
 

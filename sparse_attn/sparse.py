@@ -17,7 +17,8 @@ def mask_rows(out, lse, positions):
 
   A selection is chosen per head without looking at the query's position, so a padding row
   (``positions [B] < 0``) would attend whatever its query selected; this enforces the
-  ``(out, lse)`` contract of an empty row (DESIGN invariant 7) on every sparse path.
+  ``(out, lse)`` contract of an empty row (docs/architecture.md, "The method protocol")
+  on every sparse path.
 
   Args:
     out: ``[B, Hq, ..., D]``; lse: ``[B, Hq, ...]``; positions: ``[B]`` int.

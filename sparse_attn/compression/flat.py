@@ -8,7 +8,7 @@ total ``K n`` is fixed. In the per-head layout ``[B, K, T, D]`` every head would
 the largest head (at ratio 0.5 on SmolLM2 that buffer is ~70% of dense, not 50%). The flat layout
 stores the kept tokens of all heads of a layer in one buffer ``k, v [B, Tf, D]`` with a kv-head id
 per slot, so the buffer holds exactly the kept tokens plus the decode room, rounded up once per
-layer to a multiple of ``block_size`` (less than one block of padding, DESIGN invariant 5). After
+layer to a multiple of ``block_size`` (less than one block of padding). After
 compaction the heads' tokens are contiguous (head 0's first, each in token order: per-head
 offsets into the buffer); each decode step appends ``K`` slots, one per head. Because the layer
 total is the same for every layer, every layer compacts to the same shape (compiled once).

@@ -14,7 +14,7 @@ Positions (option ``positions``):
     of a head attends as if at position ``i`` and the query at its own cache index. Keys are
     stored post-RoPE, so this re-rotates them by ``cache index - original position`` at attend
     time (RoPE rotations compose) and needs the model's RoPE frequencies (``rope_theta`` or
-    ``rope_inv_freq``; ``experiments.tasks.specs.build`` passes the model's). Valid slots hold
+    ``rope_inv_freq``; ``experiments.common.specs.build`` passes the model's). Valid slots hold
     increasing positions (appends go to ``length``, compaction keeps slot order), so a key's
     cache index is the count of valid slots before it.
 """

@@ -24,7 +24,7 @@ def _tokens(b, n, seed=0):
 
 
 def test_all_enhancers_with_full_selection_equal_dense(model):
-  """Invariants 2-4 through every layer: full selection + RESA + rect + retro == dense."""
+  """Through every layer: full selection + RESA + rect + retro == dense."""
   m = methods.make("quest+resa+rect:f=3+retro:w=3", budget=1.0, block_size=8)
   tokens = _tokens(2, 30)
   tf = decode.teacher_forced(model, tokens, 14, m)

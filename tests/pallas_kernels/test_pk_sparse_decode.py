@@ -104,7 +104,7 @@ def test_empty_and_length_zero_rows_are_zero_not_nan():
 
 
 def test_large_bf16_logits_are_finite():
-  """|q.k| ~ 1e4 in bf16 (DESIGN invariant 7): logits and lse stay in float32."""
+  """|q.k| ~ 1e4 in bf16: logits and lse stay in float32 (docs/architecture.md)."""
   case = Case(batch=1, hkv=1, group=4, head_dim=64, block_size=16, num_blocks=8, list_len=5,
               per_head=False, dtype=jnp.bfloat16, seed=11)
   q, k, v, idx, n_valid, length, _ = case.arrays()

@@ -141,7 +141,7 @@ def test_methods_keep_the_digests_their_selector_reads():
   from sparse_attn import methods  # pylint: disable=g-import-not-at-top
   kinds = lambda m: tuple(k for k in cache_lib.DIGEST_KINDS
                           if m.init_cache(1, 2, 64, 8).has_digests(k))
-  assert kinds(methods.make("dense", block_size=8)) == ("box",)  # DESIGN.md: every cache
+  assert kinds(methods.make("dense", block_size=8)) == ("box",)  # every cache's (cache.py)
   assert kinds(methods.make("quest+resa", budget=0.25, block_size=8)) == ("box",)
   assert kinds(methods.make("arkvale", budget=0.25, block_size=8)) == ("box", "mean_box")
   assert kinds(methods.make("arkvale:variant=sphere", budget=0.25, block_size=8)) == (

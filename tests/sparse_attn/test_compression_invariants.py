@@ -1,4 +1,4 @@
-"""Invariant 5 for every compression method: ratio 0 is dense; ratio r really shrinks the cache.
+"""For every compression method: ratio 0 is dense; ratio r really shrinks the cache.
 
 Also: sinks are always kept, bad ratios / options raise, and the prompt tokens kept per head are
 exactly ``ceil((1 - r) L)`` in a physically smaller buffer (``KVCache.nbytes``).
@@ -211,7 +211,7 @@ def adakv_opts(name):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_adakv_cache_bytes_equal_kept_tokens(name):
-  """Invariant 5 with Ada-KV budgets: the flat buffer holds the kept tokens and the decode room,
+  """The same with Ada-KV budgets: the flat buffer holds the kept tokens and the decode room,
   padded to a multiple of ``block_size`` once per layer (less than one block)."""
   ratio, n_sink, bs = 0.5, 2, 8
   m = methods.make(name, ratio=ratio, n_sink=n_sink, head_budget="adakv", block_size=bs,
@@ -278,8 +278,8 @@ def test_adakv_flat_cache_against_numpy(seed, skew):
 
 
 def test_adakv_flat_cache_masked_row_and_jit():
-  """A padding row (position -1) writes nothing and returns 0 on the flat cache (invariant 7),
-  and the jitted decode equals the plain call (invariant 6)."""
+  """A padding row (position -1) writes nothing and returns 0 on the flat cache (the
+  empty-row contract), and the jitted decode equals the plain call."""
   m = methods.make("knorm", ratio=0.5, head_budget="adakv")
   p = problem(4)
   _, _, cache = run(m, p, steps=0)

@@ -1,4 +1,4 @@
-"""DESIGN invariant 7 on the decode path: a padding row (position -1) attends nothing.
+"""The empty-row contract on the decode path: a padding row (position -1) attends nothing.
 
 A decode step whose row ``b`` carries position -1 returns ``out = 0`` there (``lse = -inf`` from
 ``Method.attend``), for every method the registry builds, while the other rows equal a call

@@ -40,7 +40,7 @@ def test_sparse_decode_equals_masked_dense_attention(seed, name, g, bs, frac, dt
   np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want_o[:, :, 0], np.float32),
                              **helpers.tol(dtype))
   np.testing.assert_allclose(lse, want_l[:, :, 0], **helpers.tol(dtype))
-  if frac == 1.0 and name != "streaming":  # invariant 1: full budget == dense
+  if frac == 1.0 and name != "streaming":  # a full budget is dense
     dense_o, dense_l = reference.attention(q[:, :, None], c.k, c.v, kv_length=c.length)
     np.testing.assert_allclose(np.asarray(out, np.float32),
                                np.asarray(dense_o[:, :, 0], np.float32), **helpers.tol(dtype))
