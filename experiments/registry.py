@@ -3,8 +3,10 @@
 ``python -m experiments NAME`` (or the older ``python -m experiments.NAME``) runs
 ``Experiment.run``; ``experiments.reproduce`` runs every ``Part`` in order; ``experiments.report``
 renders each experiment's records with ``Experiment.render``; ``experiments.claims`` measures
-each part's ``Claim`` rows. Adding an experiment with a claim row means: its code (a module
-with ``run`` and ``render``), its config ``configs/PART.py``, and one ``Experiment`` here.
+each part's ``Claim`` rows. Adding an experiment with a claim row means at least its code (a
+module with ``run`` and ``render``), its config ``configs/PART.py``, the claim's measure in
+``experiments/claims/`` and one ``Experiment`` here (docs/architecture.md, "Adding an experiment
+with a claim row", lists what ``accuracy`` spans).
 
 Runners, renderers and measures are named ``"module:function"`` and imported when used, so
 reading the registry (``--help``, a one-line user error, ``reproduce --dry_run``) stays cheap.
