@@ -16,6 +16,7 @@ from sparse_attn.selectors.arkvale import ArkVale
 from sparse_attn.selectors.base import BlockSelector, Selector
 from sparse_attn.selectors.quest import Quest
 from sparse_attn.selectors.token import Streaming, TopK
+from sparse_attn.selectors.twilight import Twilight
 
 BUDGET_OPTIONS = ("budget", "p", "n_min", "n_local", "n_sink", "local_window", "forced_count",
                   "min_tokens")
@@ -25,6 +26,7 @@ SELECTORS: dict[str, type[Selector]] = {
     "arkvale": ArkVale,
     "topk": TopK,
     "streaming": Streaming,
+    "twilight": Twilight,
 }
 
 
