@@ -107,13 +107,13 @@ def global_selection(budget, block_size: int, scores, length, num_blocks: int, c
 
 def _owner_update(st, new, owned, written):
   """RESA statistics after a write: the owning shard's, copied to all (``owned, written [B]``)."""
-  out = dict(new)
+  out = {}
   for name in _RESA_SHARED:
-    x = new[name]
+    x = getattr(new, name)
     mask = owned.reshape((-1,) + (1,) * (x.ndim - 1))
     got = jax.lax.psum(jnp.where(mask, x, jnp.zeros_like(x)), SEQ)
-    out[name] = jnp.where(written.reshape(mask.shape), got, st[name])
-  return out
+    out[name] = jnp.where(written.reshape(mask.shape), got, getattr(st, name))
+  return dataclasses.replace(new, **out)
 
 
 @dataclasses.dataclass(frozen=True)

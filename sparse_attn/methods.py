@@ -225,7 +225,7 @@ class Method:
                       self.cache_digests)
 
   def init_state(self, batch, num_q_heads, num_kv_heads, head_dim, capacity,
-                 dtype=jnp.float32) -> Any:
+                 dtype=jnp.float32) -> compose.MethodState:
     del dtype
     return compose.init_state(self, batch, num_q_heads, num_kv_heads, head_dim, capacity)
 

@@ -114,10 +114,10 @@ def step_metrics(method, q, out, cache, state, positions, scale):
   est = jnp.where(sel, s, NEG_INF)
   res["attended"] = jnp.sum(sel, -1) / jnp.maximum(jnp.sum(vis, -1), 1)
   if method.resa:
-    st = state["resa"]
+    st = state.resa
     bias = resa_lib.bias(st, q, scale)  # [B, N]
-    unsel = vis & ~sel & jnp.isfinite(st["prior"])
-    prior_u = jnp.where(unsel, st["prior"], NEG_INF)
+    unsel = vis & ~sel & jnp.isfinite(st.prior)
+    prior_u = jnp.where(unsel, st.prior, NEG_INF)
     lam = method.resa.lam
     if lam > 0:
       est = jnp.where(unsel, prior_u + bias[..., None] + jnp.log(lam), est)

@@ -42,7 +42,7 @@ class StateProbe:
 
   def __call__(self, label, step, states):
     states = steps.stack_layers(states)
-    if isinstance(states, dict) and "retro" in states:
+    if getattr(states, "retro", None) is not None:
       self._retro(label, step, states)
     if isinstance(states, dict) and "overlap" in states:
       ov = np.asarray(states["overlap"])

@@ -7,9 +7,9 @@ pipeline without a selector. Each function has the contract of the matching ``Me
 (``sparse_attn.placement``): on one device the identity, under context parallelism one shard of
 the cache (``context_parallel.SeqShards``), so the same pipeline runs on a shard's local cache
 with the exact cross-shard merge. The functions read the method's configuration (selector,
-enhancer options) and never call back into it. The state is a dict with an optional ``"resa"`` part
-(``enhancers.resa``) and an optional ``"retro"`` part (``enhancers.retro``), both fixed-shape
-pytrees; it is empty for a plain selector.
+enhancer options) and never call back into it. The state is a ``MethodState`` with an optional ``resa`` part
+(``resa.ResaState``) and an optional ``retro`` part (``retro.RetroState``), both fixed-shape
+pytrees; both are None for dense and a plain selector.
 
 Letters: B batch, K kv heads, N query heads, H selection heads, S queries per head (the retro
 window ``w`` in decode), T slots, D head dim.
@@ -17,6 +17,9 @@ window ``w`` in decode), T slots, D head dim.
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 
 from sparse_attn import kernels, placement, reference, sliding_window, sparse
@@ -26,15 +29,32 @@ from sparse_attn.merge import merge_n
 from sparse_attn.ordering import after
 
 
-def init_state(m, batch, num_q_heads, num_kv_heads, head_dim, capacity) -> dict:
-  state = {}
-  if m.resa:
-    state["resa"] = resa.init_state(batch, num_q_heads, num_kv_heads, head_dim, capacity)
-  if m.window > 1:
-    state["retro"] = retro.init_state(
-        batch, num_q_heads, m.selection_heads(num_q_heads, num_kv_heads),
-        capacity // m.granularity, m.window, head_dim, m.resa)
-  return state
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class MethodState:
+  """A ``methods.Method``'s per-layer state: its enhancers' parts (None when off)."""
+
+  resa: resa.ResaState | None = None
+  retro: retro.RetroState | None = None
+
+
+def _typed(state):
+  """``state``; an empty dict (the stateless methods' old spelling) is ``MethodState()``.
+
+  The pipeline reads a part of the state only when the method's configuration says it has
+  one (``m.resa``, ``m.window > 1``), so a subclass keeping a state of its own (an experiment
+  wrapper with its own ``decode``) passes through prefill untouched.
+  """
+  return MethodState() if isinstance(state, dict) and not state else state
+
+
+def init_state(m, batch, num_q_heads, num_kv_heads, head_dim, capacity) -> MethodState:
+  return MethodState(
+      resa=resa.init_state(batch, num_q_heads, num_kv_heads, head_dim, capacity)
+      if m.resa else None,
+      retro=retro.init_state(batch, num_q_heads, m.selection_heads(num_q_heads, num_kv_heads),
+                             capacity // m.granularity, m.window, head_dim, m.resa)
+      if m.window > 1 else None)
 
 
 def _dense_entries(m, cache: KVCache, out, lse, positions):
@@ -57,11 +77,11 @@ def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool,
   k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
   cache, slots = place.view(cache), place.slots(positions)
   if m.resa and prior_formed:
-    st = state["resa"]
+    st = state.resa
     new = resa.update_prior(st, cache, k, v, slots, scale, m.resa.prior_update == "incremental")
-    state = {**state, "resa": place.share(st, new, slots, positions)}
+    state = dataclasses.replace(state, resa=place.share(st, new, slots, positions))
     # The prior update read the overwritten slots: order that read before the write.
-    k, v = (after(x, state["resa"]["osum"], state["resa"]["ksum"]) for x in (k, v))
+    k, v = (after(x, state.resa.osum, state.resa.ksum) for x in (k, v))
   return place.store(cache, k, v, slots, positions, impl=m.impl, interpret=m.interpret), state
 
 
@@ -70,27 +90,29 @@ def _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed):
   cache, state = _write(m, cache, state, k, v, positions, scale, prior_formed)
   out, lse = kernels.dense_attention(q, cache, positions, scale, window=m.sliding_window,
                                      impl=m.impl, interpret=m.interpret)
-  if "retro" in state:
-    ring = retro.store(state["retro"]["ring"], positions,
+  if m.window > 1:
+    ring = retro.store(state.retro.ring, positions,
                        _dense_entries(m, cache, out, lse, positions))
-    state = {**state, "retro": {**state["retro"], "ring": ring}}
+    state = dataclasses.replace(state, retro=dataclasses.replace(state.retro, ring=ring))
   return out, cache, state
 
 
 def prefill(m, q, k, v, cache, state, positions, scale=None):
   """Dense causal prefill; RESA accumulates the prompt's queries (chunk by chunk)."""
+  state = _typed(state)
   if m.resa:
-    state = {**state, "resa": resa.accumulate_queries(state["resa"], q, positions)}
+    state = dataclasses.replace(state, resa=resa.accumulate_queries(state.resa, q, positions))
   return _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed=False)
 
 
 def end_prefill(m, cache, state, scale=None, place=placement.ONE_DEVICE):
   """RESA forms its prior (statistics reduced over ``place``'s devices); nothing else."""
+  state = _typed(state)
   if m.resa:
     scale = reference.default_scale(cache.head_dim, scale)
-    prior = resa.form_prior(state["resa"], place.view(cache), scale, m.resa.typical_query,
+    prior = resa.form_prior(state.resa, place.view(cache), scale, m.resa.typical_query,
                             seq_axis=place.seq_axis)
-    state = {**state, "resa": prior}
+    state = dataclasses.replace(state, resa=prior)
   return cache, state
 
 
@@ -100,6 +122,7 @@ def rectify(m, q, k, v, cache, state, positions, scale=None):
   The RESA prior follows the overwritten keys; the retro output cache takes the dense outputs
   (marked ``full``: nothing left to add retrospectively).
   """
+  state = _typed(state)
   return _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed=True)
 
 
@@ -126,6 +149,7 @@ def attend(m, q, cache: KVCache, positions, scale=None, place=placement.ONE_DEVI
 
 def decode(m, q, k, v, cache, state, positions, scale=None, place=placement.ONE_DEVICE):
   """One decode step over the window ``positions [B, w]`` (newest last)."""
+  state = _typed(state)
   scale = reference.default_scale(q.shape[-1], scale)
   cache, state = _write(m, cache, state, k, v, positions, scale, prior_formed=True,
                         place=place)
@@ -142,15 +166,15 @@ def _single(m, q, cache, state, positions, scale, place):
   if not m.resa:
     return attend(m, q, cache, positions, scale, place)[0]
   sel = select(m, q, cache, scale, place)
-  st = state["resa"]
+  st = state.resa
   bias = resa.online_bias(st, q, scale, m.resa.lam_form)
   if place.fused:  # the aggregator is the split combine's epilogue
     out, lse = kernels.resa_attend(
-        q, cache, sel, st["prior"], scale, resa.Aggregator(m.resa.lam, m.resa.lam_form),
+        q, cache, sel, st.prior, scale, resa.Aggregator(m.resa.lam, m.resa.lam_form),
         (*resa.total(st), bias, resa.prior_count(st, q.shape[1])),
         impl=m.impl, interpret=m.interpret)
   else:  # partials over this device's keys, merged, then aggregated
-    true, prior_seen, seen = kernels.resa_partials(q, cache, sel, st["prior"], scale,
+    true, prior_seen, seen = kernels.resa_partials(q, cache, sel, st.prior, scale,
                                                    impl=m.impl, interpret=m.interpret)
     covered = place.sum(seen) >= resa.prior_count(st, q.shape[1])
     out, lse = resa.aggregate(place.merge(*true), place.merge(*prior_seen), resa.total(st),
@@ -164,43 +188,43 @@ def _window_priors(st, cache: KVCache, positions):
   Returns ``(O_est [B,N,w,D], log Z [B,N,w], count [B,N,w])`` over the prior-set keys at or
   before each query (the window holds the only keys after a past query).
   """
-  b, n, t = st["prior"].shape
+  b, n, t = st.prior.shape
   w = positions.shape[1]
   g = n // cache.num_kv_heads
   slot = jnp.clip(positions, 0, t - 1)
   # [B, N, w]
-  pw = jnp.take_along_axis(st["prior"], jnp.broadcast_to(slot[:, None], (b, n, w)), axis=-1)
+  pw = jnp.take_along_axis(st.prior, jnp.broadcast_to(slot[:, None], (b, n, w)), axis=-1)
   pw = jnp.where((positions >= 0)[:, None], pw, -jnp.inf)
   bi, ki = jnp.arange(b)[:, None, None], jnp.arange(cache.num_kv_heads)[None, :, None]
   vw = jnp.repeat(cache.v[bi, ki, slot[:, None, :]].astype(jnp.float32), g, axis=1)
-  ew = jnp.where(jnp.isfinite(pw), jnp.exp(pw - st["pmax"][..., None]), 0.0)  # [B, N, w]
+  ew = jnp.where(jnp.isfinite(pw), jnp.exp(pw - st.pmax[..., None]), 0.0)  # [B, N, w]
   after = jnp.arange(w)[None, :] > jnp.arange(w)[:, None]  # [i, j]: key j after query i
   zf = jnp.einsum("bnj,ij->bni", ew, after.astype(jnp.float32))
   of = jnp.einsum("bnj,bnjd,ij->bnid", ew, vw, after.astype(jnp.float32))
   cf = jnp.einsum("bnj,ij->bni", jnp.isfinite(pw).astype(jnp.int32), after.astype(jnp.int32))
-  z = jnp.maximum(st["zsum"][..., None] - zf, 0.0)
+  z = jnp.maximum(st.zsum[..., None] - zf, 0.0)
   pos = z > 0
-  o_est = jnp.where(pos[..., None], (st["osum"][:, :, None] - of)
+  o_est = jnp.where(pos[..., None], (st.osum[:, :, None] - of)
                     / jnp.where(pos, z, 1.0)[..., None], 0.0)
-  log_z = jnp.where(pos, st["pmax"][..., None] + jnp.log(jnp.where(pos, z, 1.0)), -jnp.inf)
+  log_z = jnp.where(pos, st.pmax[..., None] + jnp.log(jnp.where(pos, z, 1.0)), -jnp.inf)
   count = resa.prior_count(st, n)[..., None] - cf
   return o_est, log_z, count
 
 
 def _retro_step(m, q, cache, state, positions, scale):
   """RetroAttention (Choi et al. 2025, Eq. 2, 6-9, Algorithm 2) over the window of ``w`` queries."""
-  rs = state["retro"]
+  rs = state.retro
   b, n, w, d = q.shape
   t = positions[:, -1]
-  last_seen = rs["last_seen"]
+  last_seen = rs.last_seen
   current = retro.current_entry(t, m.granularity, last_seen.shape[-1])
   sel = select(m, q[:, :, -1], cache, scale)
-  cached = retro.lookup(rs["ring"], positions[:, :-1])
+  cached = retro.lookup(rs.ring, positions[:, :-1])
   full = jnp.concatenate([cached["full"], jnp.zeros((b, 1), bool)], axis=1)  # [B, w]
   use = retro.entry_mask(last_seen, sel, positions, full, current)  # [B, H, w, n]
-  st = state.get("resa")
+  st = state.resa
   true, prior_part, seen, exposed = kernels.window_partials(
-      q, cache, sel, use, positions, st["prior"] if m.resa else None, scale, impl=m.impl,
+      q, cache, sel, use, positions, st.prior if m.resa else None, scale, impl=m.impl,
       interpret=m.interpret)
 
   def with_cache(new, old_o, old_l):
@@ -223,7 +247,8 @@ def _retro_step(m, q, cache, state, positions, scale):
     out, _ = resa.aggregate(true, prior_part, (o_est, log_z), b, m.resa.lam, covered,
                             m.resa.lam_form)
   out = jnp.where((positions >= 0)[:, None, :, None], out, 0.0)
-  rs = dict(ring=retro.store(rs["ring"], positions, entries),
-            last_seen=retro.stamp(last_seen, sel, t, current),
-            retired_pos=positions[:, 0], retired_exposed=entries["exposed"][:, :, 0])
-  return out, {**state, "retro": rs}
+  rs = retro.RetroState(ring=retro.store(rs.ring, positions, entries),
+                        last_seen=retro.stamp(last_seen, sel, t, current),
+                        retired_pos=positions[:, 0],
+                        retired_exposed=entries["exposed"][:, :, 0])
+  return out, dataclasses.replace(state, retro=rs)

@@ -19,7 +19,7 @@ attends the selected set ``I`` exactly and replaces every unselected logit by a 
 Letters: B batch, K kv heads, G query heads per kv head, N = K*G query heads, H selection heads,
 R = N // H rows per selection head, S queries per head, T slots, L gathered slots, D head dim.
 
-State (a dict of fixed-shape arrays, per layer):
+State (``ResaState``, a pytree of fixed-shape arrays, per layer):
   ``qsum [B,N,D]``, ``qcount [B]``, ``qlast [B,N,D]``, ``qlast_pos [B]``: prompt query statistics
   (accumulated over prefill chunks); ``mu_q [B,N,D]``; ``ksum [B,K,D]``, ``kcount [B,K]``: sum and
   count of the keys in the prior set (``mu_K = ksum / kcount``); ``prior [B,N,T]`` f32 ``P_j``
@@ -49,12 +49,36 @@ LAM_FORMS = ("renormalised", "literal")
 NEG_INF = float("-inf")
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class ResaState:
+  """RESA's per-layer state (the module docstring gives each field's meaning and shape).
+
+  ``head_log_lam``, ``head_beta``: optional per-query-head aggregator parameters
+  ``[B, N]`` (``with_head_params``), None for the paper's scalar lambda.
+  """
+
+  qsum: jax.Array
+  qcount: jax.Array
+  qlast: jax.Array
+  qlast_pos: jax.Array
+  mu_q: jax.Array
+  ksum: jax.Array
+  kcount: jax.Array
+  prior: jax.Array
+  pmax: jax.Array
+  zsum: jax.Array
+  osum: jax.Array
+  head_log_lam: jax.Array | None = None
+  head_beta: jax.Array | None = None
+
+
 def init_state(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-               capacity: int) -> dict:
+               capacity: int) -> ResaState:
   """An empty RESA state (no prompt seen, empty prior)."""
   f32 = jnp.float32
   bn, bnd = (batch, num_q_heads), (batch, num_q_heads, head_dim)
-  return dict(
+  return ResaState(
       qsum=jnp.zeros(bnd, f32), qcount=jnp.zeros((batch,), f32), qlast=jnp.zeros(bnd, f32),
       qlast_pos=jnp.full((batch,), -1, jnp.int32), mu_q=jnp.zeros(bnd, f32),
       ksum=jnp.zeros((batch, num_kv_heads, head_dim), f32),
@@ -63,20 +87,20 @@ def init_state(batch: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
       pmax=jnp.zeros(bn, f32), zsum=jnp.zeros(bn, f32), osum=jnp.zeros(bnd, f32))
 
 
-def accumulate_queries(state: dict, q, positions) -> dict:
+def accumulate_queries(state: ResaState, q, positions) -> ResaState:
   """Adds a prefill chunk's queries ``q [B,N,S,D]`` at ``positions [B,S]`` to the statistics."""
   ok = positions >= 0  # [B, S]
   qf = q.astype(jnp.float32)
-  qsum = state["qsum"] + jnp.einsum("bnsd,bs->bnd", qf, ok.astype(jnp.float32))
-  qcount = state["qcount"] + jnp.sum(ok, axis=-1).astype(jnp.float32)
+  qsum = state.qsum + jnp.einsum("bnsd,bs->bnd", qf, ok.astype(jnp.float32))
+  qcount = state.qcount + jnp.sum(ok, axis=-1).astype(jnp.float32)
   last = jnp.argmax(jnp.where(ok, positions, -1), axis=-1)  # [B]
   last_pos = jnp.max(jnp.where(ok, positions, -1), axis=-1)
-  newer = last_pos > state["qlast_pos"]
+  newer = last_pos > state.qlast_pos
   # [B, N, D]
   q_at = jnp.take_along_axis(qf, last[:, None, None, None], axis=2)[:, :, 0]
-  qlast = jnp.where(newer[:, None, None], q_at, state["qlast"])
-  return {**state, "qsum": qsum, "qcount": qcount, "qlast": qlast,
-          "qlast_pos": jnp.maximum(last_pos, state["qlast_pos"])}
+  qlast = jnp.where(newer[:, None, None], q_at, state.qlast)
+  return dataclasses.replace(state, qsum=qsum, qcount=qcount, qlast=qlast,
+                             qlast_pos=jnp.maximum(last_pos, state.qlast_pos))
 
 
 def _prior_logits(mu_q, k, scale):
@@ -89,8 +113,8 @@ def _prior_logits(mu_q, k, scale):
   return (p * scale).reshape(b, n, -1)
 
 
-def form_prior(state: dict, cache: KVCache, scale: float, typical_query: str = "mean",
-               seq_axis: str | None = None) -> dict:
+def form_prior(state: ResaState, cache: KVCache, scale: float, typical_query: str = "mean",
+               seq_axis: str | None = None) -> ResaState:
   """The Prior Estimator (RESA Sec. 4.2, Eq. 2) over every valid key of the cache.
 
   ``seq_axis``: under ``shard_map`` with the cache's slots split over this mesh axis, the max
@@ -100,9 +124,9 @@ def form_prior(state: dict, cache: KVCache, scale: float, typical_query: str = "
   pmax_all = (lambda x: x) if seq_axis is None else (lambda x: jax.lax.pmax(x, seq_axis))
   sum_all = (lambda x: x) if seq_axis is None else (lambda x: jax.lax.psum(x, seq_axis))
   if typical_query == "mean":
-    mu_q = state["qsum"] / jnp.maximum(state["qcount"], 1.0)[:, None, None]
+    mu_q = state.qsum / jnp.maximum(state.qcount, 1.0)[:, None, None]
   elif typical_query == "last":
-    mu_q = state["qlast"]
+    mu_q = state.qlast
   else:
     raise ValueError(f"typical_query must be one of {TYPICAL_QUERIES}, got {typical_query!r}")
   valid = cache.valid  # [B, K, T]
@@ -119,31 +143,31 @@ def form_prior(state: dict, cache: KVCache, scale: float, typical_query: str = "
   ksum = jnp.einsum("bkt,bktd->bkd", valid.astype(jnp.float32), cache.k.astype(jnp.float32),
                     precision=jax.lax.Precision.HIGHEST)
   kcount = jnp.sum(valid, axis=-1).astype(jnp.int32)
-  return {**state, "mu_q": mu_q, "prior": prior, "pmax": pmax,
-          "zsum": sum_all(jnp.sum(w, axis=-1)), "osum": sum_all(osum), "ksum": sum_all(ksum),
-          "kcount": sum_all(kcount)}
+  return dataclasses.replace(state, mu_q=mu_q, prior=prior, pmax=pmax,
+                             zsum=sum_all(jnp.sum(w, axis=-1)), osum=sum_all(osum),
+                             ksum=sum_all(ksum), kcount=sum_all(kcount))
 
 
-def update_prior(state: dict, cache: KVCache, k_new, v_new, positions, scale: float,
-                 incremental: bool = True) -> dict:
+def update_prior(state: ResaState, cache: KVCache, k_new, v_new, positions, scale: float,
+                 incremental: bool = True) -> ResaState:
   """Keeps the prior exact when keys are written at ``positions [B,S]`` (call before ``write``).
 
   ``cache`` is the cache *before* the write: an overwritten slot's old prior logit, value and key
   are subtracted from ``Z``, ``Z O_est`` and the key sum, the new key's are added. A new slot joins
   the prior set only when ``incremental``; an overwritten slot keeps its membership.
   """
-  b, n, t = state["prior"].shape
+  b, n, t = state.prior.shape
   kh = cache.num_kv_heads
   g = n // kh
   ok = (positions >= 0) & (positions < t)  # [B, S]
   slot = jnp.clip(positions, 0, t - 1).astype(jnp.int32)
   # [B, N, S]
-  old_p = jnp.take_along_axis(state["prior"], jnp.broadcast_to(slot[:, None], (b, n, slot.shape[1])),
+  old_p = jnp.take_along_axis(state.prior, jnp.broadcast_to(slot[:, None], (b, n, slot.shape[1])),
                               axis=-1)
   old_in = jnp.isfinite(old_p) & ok[:, None]
   new_in = jnp.broadcast_to(ok[:, None], old_in.shape) if incremental else old_in
   # [B, N, S]: the new keys' prior logits (the new keys play the role of the slots)
-  new_p = jnp.where(new_in, _prior_logits(state["mu_q"], k_new, scale), NEG_INF)
+  new_p = jnp.where(new_in, _prior_logits(state.mu_q, k_new, scale), NEG_INF)
   bi = jnp.arange(b)[:, None, None]
   ki = jnp.arange(kh)[None, :, None]
   si = slot[:, None, :]
@@ -151,52 +175,52 @@ def update_prior(state: dict, cache: KVCache, k_new, v_new, positions, scale: fl
   old_k = cache.k[bi, ki, si].astype(jnp.float32)  # [B, K, S, D]
   new_v = jnp.repeat(v_new.astype(jnp.float32), g, axis=1)
   # Running max shift: rescale the sums when a new logit exceeds it.
-  pmax = jnp.maximum(state["pmax"], jnp.max(jnp.where(new_in, new_p, NEG_INF), axis=-1))
+  pmax = jnp.maximum(state.pmax, jnp.max(jnp.where(new_in, new_p, NEG_INF), axis=-1))
   pmax = jnp.where(jnp.isfinite(pmax), pmax, 0.0)
-  rescale = jnp.exp(state["pmax"] - pmax)
+  rescale = jnp.exp(state.pmax - pmax)
   w_old = jnp.where(old_in, jnp.exp(old_p - pmax[..., None]), 0.0)  # [B, N, S]
   w_new = jnp.where(new_in, jnp.exp(new_p - pmax[..., None]), 0.0)
-  zsum = state["zsum"] * rescale - jnp.sum(w_old, -1) + jnp.sum(w_new, -1)
-  osum = (state["osum"] * rescale[..., None] - jnp.einsum("bns,bnsd->bnd", w_old, old_v)
+  zsum = state.zsum * rescale - jnp.sum(w_old, -1) + jnp.sum(w_new, -1)
+  osum = (state.osum * rescale[..., None] - jnp.einsum("bns,bnsd->bnd", w_old, old_v)
           + jnp.einsum("bns,bnsd->bnd", w_new, new_v))
   old_in_k, new_in_k = old_in[:, ::g], new_in[:, ::g]  # membership is shared by a kv group
-  ksum = (state["ksum"] - jnp.einsum("bks,bksd->bkd", old_in_k.astype(jnp.float32), old_k)
+  ksum = (state.ksum - jnp.einsum("bks,bksd->bkd", old_in_k.astype(jnp.float32), old_k)
           + jnp.einsum("bks,bksd->bkd", new_in_k.astype(jnp.float32), k_new.astype(jnp.float32)))
-  kcount = state["kcount"] - jnp.sum(old_in_k, -1) + jnp.sum(new_in_k, -1)
+  kcount = state.kcount - jnp.sum(old_in_k, -1) + jnp.sum(new_in_k, -1)
   ni = jnp.arange(n)[None, :, None]
   put = jnp.where(ok, slot, t)[:, None, :]
-  prior = state["prior"].at[jnp.arange(b)[:, None, None], ni, put].set(after(new_p, old_p),
+  prior = state.prior.at[jnp.arange(b)[:, None, None], ni, put].set(after(new_p, old_p),
                                                                        mode="drop")
-  return {**state, "prior": prior, "pmax": pmax, "zsum": jnp.maximum(zsum, 0.0), "osum": osum,
-          "ksum": ksum, "kcount": kcount.astype(jnp.int32)}
+  return dataclasses.replace(state, prior=prior, pmax=pmax, zsum=jnp.maximum(zsum, 0.0),
+                             osum=osum, ksum=ksum, kcount=kcount.astype(jnp.int32))
 
 
-def total(state: dict):
+def total(state: ResaState):
   """``(O_est [B,N,D], log Z [B,N])`` of the whole prior set (``0, -inf`` when it is empty)."""
-  z = state["zsum"]
+  z = state.zsum
   pos = z > 0
-  o_est = jnp.where(pos[..., None], state["osum"] / jnp.where(pos, z, 1.0)[..., None], 0.0)
-  return o_est, jnp.where(pos, state["pmax"] + jnp.log(jnp.where(pos, z, 1.0)), NEG_INF)
+  o_est = jnp.where(pos[..., None], state.osum / jnp.where(pos, z, 1.0)[..., None], 0.0)
+  return o_est, jnp.where(pos, state.pmax + jnp.log(jnp.where(pos, z, 1.0)), NEG_INF)
 
 
-def mu_k(state: dict):
+def mu_k(state: ResaState):
   """``[B, K, D]`` mean key of the prior set (0 when empty)."""
-  return state["ksum"] / jnp.maximum(state["kcount"], 1)[..., None].astype(jnp.float32)
+  return state.ksum / jnp.maximum(state.kcount, 1)[..., None].astype(jnp.float32)
 
 
-def bias(state: dict, q, scale: float):
+def bias(state: ResaState, q, scale: float):
   """``b = scale * (q - mu_Q) . mu_K`` (RESA Eq. 4) for ``q [B,N,D]`` or ``[B,N,S,D]``."""
   mk = mu_k(state)
   b, n = q.shape[:2]
   g = n // mk.shape[1]
   mkn = jnp.repeat(mk, g, axis=1)  # [B, N, D]
-  dq = q.astype(jnp.float32) - (state["mu_q"] if q.ndim == 3 else state["mu_q"][:, :, None])
+  dq = q.astype(jnp.float32) - (state.mu_q if q.ndim == 3 else state.mu_q[:, :, None])
   if q.ndim == 3:
     return scale * jnp.einsum("bnd,bnd->bn", dq, mkn, precision=jax.lax.Precision.HIGHEST)
   return scale * jnp.einsum("bnsd,bnd->bns", dq, mkn, precision=jax.lax.Precision.HIGHEST)
 
 
-def online_bias(state: dict, q, scale: float, form: str = "renormalised"):
+def online_bias(state: ResaState, q, scale: float, form: str = "renormalised"):
   """The bias the aggregator adds to every unselected prior logit: Eq. 4's ``b``, or, with
   per-head parameters in the state (``with_head_params``), ``beta_h b + log lam_h``.
 
@@ -204,18 +228,18 @@ def online_bias(state: dict, q, scale: float, form: str = "renormalised"):
   reading of lambda only; the literal form refuses them.
   """
   b = bias(state, q, scale)
-  if "head_log_lam" not in state:
+  if state.head_log_lam is None:
     return b
   if form != "renormalised":
     raise ValueError("per-head lambda (head_log_lam) is the renormalised reading of lambda; "
                      f"this method uses lam_form={form!r}")
   expand = (lambda x: x) if q.ndim == 3 else (lambda x: x[..., None])
-  if "head_beta" in state:
-    b = expand(state["head_beta"]) * b
-  return b + expand(state["head_log_lam"])
+  if state.head_beta is not None:
+    b = expand(state.head_beta) * b
+  return b + expand(state.head_log_lam)
 
 
-def with_head_params(state: dict, log_lam, beta=None) -> dict:
+def with_head_params(state: ResaState, log_lam, beta=None) -> ResaState:
   """A RESA state whose aggregator uses per-query-head ``log lam [N]`` (and bias slope
   ``beta [N]``, RESA's 1 when None): ``b' = beta_h b + log lam_h`` (``online_bias``).
 
@@ -223,12 +247,10 @@ def with_head_params(state: dict, log_lam, beta=None) -> dict:
   open limitation; ``experiments.resa_calibrate`` fits these per layer and head. The values
   are broadcast over the batch and kept through prefill, decode and rectification.
   """
-  b, n = state["mu_q"].shape[:2]
+  b, n = state.mu_q.shape[:2]
   put = lambda x: jnp.broadcast_to(jnp.asarray(x, jnp.float32), (b, n))
-  out = {**state, "head_log_lam": put(log_lam)}
-  if beta is not None:
-    out["head_beta"] = put(beta)
-  return out
+  return dataclasses.replace(state, head_log_lam=put(log_lam),
+                             head_beta=state.head_beta if beta is None else put(beta))
 
 
 def set_head_params(layer_states, log_lam, beta=None):
@@ -238,28 +260,28 @@ def set_head_params(layer_states, log_lam, beta=None):
   CPU) or stacked on a leading ``[L]`` axis; the same structure is returned.
   """
   stacked = not isinstance(layer_states, list)
-  first = layer_states if stacked else (layer_states[0] if layer_states else {})
-  if "resa" not in first:
-    raise ValueError("per-head RESA parameters need a +resa method's states (no 'resa' entry)")
+  first = layer_states if stacked else (layer_states[0] if layer_states else None)
+  if getattr(first, "resa", None) is None:
+    raise ValueError("per-head RESA parameters need a +resa method's states (no resa part)")
   log_lam = jnp.asarray(log_lam, jnp.float32)
   beta = None if beta is None else jnp.asarray(beta, jnp.float32)
-  n_layers = first["resa"]["mu_q"].shape[0] if stacked else len(layer_states)
+  n_layers = first.resa.mu_q.shape[0] if stacked else len(layer_states)
   if log_lam.ndim != 2 or log_lam.shape[0] != n_layers or (
       beta is not None and beta.shape != log_lam.shape):
     raise ValueError(f"log_lam (and beta) must be [L={n_layers}, N], got {log_lam.shape}"
                      + ("" if beta is None else f" and {beta.shape}"))
   if stacked:
     put = jax.vmap(lambda st, ll, bt=None: with_head_params(st, ll, bt))
-    args = (layer_states["resa"], log_lam) + (() if beta is None else (beta,))
-    return {**layer_states, "resa": put(*args)}
-  return [{**s, "resa": with_head_params(s["resa"], log_lam[i],
-                                         None if beta is None else beta[i])}
+    args = (layer_states.resa, log_lam) + (() if beta is None else (beta,))
+    return dataclasses.replace(layer_states, resa=put(*args))
+  return [dataclasses.replace(s, resa=with_head_params(s.resa, log_lam[i],
+                                                       None if beta is None else beta[i]))
           for i, s in enumerate(layer_states)]
 
 
-def prior_count(state: dict, num_q_heads: int):
+def prior_count(state: ResaState, num_q_heads: int):
   """``[B, N]`` int32 keys in the prior set, per query head."""
-  return jnp.repeat(state["kcount"], num_q_heads // state["kcount"].shape[1], axis=1)
+  return jnp.repeat(state.kcount, num_q_heads // state.kcount.shape[1], axis=1)
 
 
 def aggregate(true, prior_seen, prior_total, b, lam: float, covered=None,

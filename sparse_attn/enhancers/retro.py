@@ -23,14 +23,37 @@ State (fixed shapes):
 
 from __future__ import annotations
 
+import dataclasses
+
+import jax
 import jax.numpy as jnp
 
 MAX_WINDOW = 8
 NEG_INF = float("-inf")
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class RetroState:
+  """RetroAttention's per-layer state.
+
+  Attributes:
+    ring: the output cache of the window's past queries, a dict of ``[B, (N,) w - 1, ...]``
+      arrays keyed by entry field (``pos``, ``out``, ``lse``, ``exposed``, ``full``; with RESA
+      also ``pout``, ``plse``, ``seen``): ``lookup`` / ``store`` read and write it.
+    last_seen: ``[B, H, NE]`` the last step at which each entry was attended (-1 never).
+    retired_pos, retired_exposed: ``[B]``, ``[B, N]`` the query that left the window at the
+      last step and the keys it attended (``effective_budget``).
+  """
+
+  ring: dict
+  last_seen: jax.Array
+  retired_pos: jax.Array
+  retired_exposed: jax.Array
+
+
 def init_state(batch: int, num_q_heads: int, sel_heads: int, num_entries: int, w: int,
-               head_dim: int, with_prior: bool) -> dict:
+               head_dim: int, with_prior: bool) -> RetroState:
   """An empty retro state for window ``w >= 2``."""
   nw = w - 1
   bnw = (batch, num_q_heads, nw)
@@ -40,9 +63,10 @@ def init_state(batch: int, num_q_heads: int, sel_heads: int, num_entries: int, w
   if with_prior:
     ring.update(pout=jnp.zeros(bnw + (head_dim,)), plse=jnp.full(bnw, NEG_INF),
                 seen=jnp.zeros(bnw, jnp.int32))
-  return dict(ring=ring, last_seen=jnp.full((batch, sel_heads, num_entries), -1, jnp.int32),
-              retired_pos=jnp.full((batch,), -1, jnp.int32),
-              retired_exposed=jnp.zeros((batch, num_q_heads), jnp.int32))
+  return RetroState(ring=ring,
+                    last_seen=jnp.full((batch, sel_heads, num_entries), -1, jnp.int32),
+                    retired_pos=jnp.full((batch,), -1, jnp.int32),
+                    retired_exposed=jnp.zeros((batch, num_q_heads), jnp.int32))
 
 
 def _take(x, idx):
@@ -136,10 +160,10 @@ def stamp(last_seen, sel, t, current):
       val.astype(jnp.int32), mode="drop")
 
 
-def effective_budget(state: dict):
+def effective_budget(state):
   """Fig. 2c: ``(retired_pos [B], retired_exposed [B,N])`` of the query that left the window at
   the last step (keys it attended, the union over its steps), and the ring's running counts
   ``(pos [B,W], exposed [B,N,W])``."""
-  state = state.get("retro", state)  # a method's layer state or its retro part
-  ring = state["ring"]
-  return (state["retired_pos"], state["retired_exposed"]), (ring["pos"], ring["exposed"])
+  state = getattr(state, "retro", state)  # a method's layer state or its retro part
+  ring = state.ring
+  return (state.retired_pos, state.retired_exposed), (ring["pos"], ring["exposed"])

@@ -35,7 +35,7 @@ def test_presets_take_budgets_unless_their_rule_is_their_own():
   resa = by["resa-quest@0.025"]
   assert resa.resa and resa.budget.budget == 0.025 and resa.budget.forced_count == "extra"
   assert by["rectified:p=0.02"].budget.p == 0.02 and by["rectified:p=0.02"].rect_interval == 32
-  assert by["retro"].budget.min_tokens == 256 and by["retro"].window == 2
+  assert by.retro.budget.min_tokens == 256 and by.retro.window == 2
   ea = by["expected-attention:eps=0@0.5"]
   assert ea.eps == 0 and ea.ratio == pytest.approx(0.5) and ea.head_budget == "adakv"
   assert specs.base_name("resa-arkvale") == "arkvale"
@@ -90,7 +90,7 @@ def test_calibrated_rows_set_the_saved_per_head_lambda_after_prefill(tmp_path, m
   *_, states = decode.prefill(model, tokens, np.array([40]), row.method, 64, 16)
   states = row.after_prefill(states)
   for layer, st in enumerate(states):
-    np.testing.assert_allclose(st["resa"]["head_log_lam"][0], log_lam[layer], rtol=1e-6)
+    np.testing.assert_allclose(st.resa.head_log_lam[0], log_lam[layer], rtol=1e-6)
   with pytest.raises(ValueError, match="lam = 1"):
     specs.expand(["resa-quest:lam=0.5+calibrated:fit=fit@0.1"], [])
   with pytest.raises(ValueError, match="no calibration at"):

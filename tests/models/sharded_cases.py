@@ -110,8 +110,8 @@ def test_cache_and_state_leaves_are_sharded(model, shape):
                                               method.round_capacity(CAPACITY), CHUNK)
   loop = driver.Decoder(m, method, history, caches, states)
   loop.step(lengths, jax.random.key(0))
-  cache, state = loop.caches[0], loop.states[0]["resa"]
-  for leaf in (cache.k, cache.v, cache.kmin, cache.pos, state["prior"]):
+  cache, state = loop.caches[0], loop.states[0].resa
+  for leaf in (cache.k, cache.v, cache.kmin, cache.pos, state.prior):
     assert _shard_smaller(leaf), (shape, leaf.shape, leaf.sharding)
   sizes = dict(zip(sharding.AXES, shape))  # the memory plan's arithmetic == the real shards
   held = sharding.cache_bytes_per_device(loop.caches)
@@ -146,7 +146,7 @@ def test_experiment_loops_on_a_mesh_equal_one_device(model):
   want = decoding.lockstep(model, TOKENS, PREFILL, run_map, prefill_chunk=CHUNK)
   priors = []  # RESA's prior logits after each step: really sharded on the mesh
   hook = lambda label, step, states: priors.append(
-      steps.stack_layers(states)["resa"]["prior"]) if label == "quest+resa" else None
+      steps.stack_layers(states).resa.prior) if label == "quest+resa" else None
   got = decoding.lockstep(sharding.shard(model, mesh), TOKENS, PREFILL, run_map,
                           prefill_chunk=CHUNK, mesh=mesh, hook=hook)
   assert priors and all(_shard_smaller(p) for p in priors)

@@ -56,8 +56,8 @@ def test_rectify_overwrites_kv_digests_and_attends_densely(spec):
       np.testing.assert_allclose(a, b, atol=1e-6)
   want, _ = dense_over_cache(q, new, pos)
   np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
-  if "retro" in state:  # the output cache takes the dense outputs, with nothing left to add
-    ring = state["retro"]["ring"]
+  if state.retro is not None:  # the output cache takes the dense outputs, with nothing left to add
+    ring = state.retro.ring
     np.testing.assert_array_equal(np.sort(np.asarray(ring["pos"]), -1), [[32, 33]] * B)
     assert np.all(np.asarray(ring["full"]))
     for s, p in enumerate(np.asarray(ring["pos"])[0]):

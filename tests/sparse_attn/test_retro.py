@@ -1,5 +1,6 @@
 """RetroAttention (Choi et al. 2025): merged outputs vs attention over each query's exposure."""
 
+import dataclasses
 import hypothesis
 import hypothesis.strategies as st
 import jax
@@ -174,7 +175,7 @@ def test_per_head_lambda_is_each_heads_scalar_lambda_in_the_window():
   def outputs(m, head_log_lam=None):
     run = Run(m, 6, 25, 3)
     if head_log_lam is not None:
-      run.state = {**run.state, "resa": resa.with_head_params(run.state["resa"], head_log_lam)}
+      run.state = dataclasses.replace(run.state, resa=resa.with_head_params(run.state.resa, head_log_lam))
     return np.stack([run.step(t)[0] for t in range(25, 28)])
 
   got = outputs(_make("quest", "+resa+retro:w=2"), np.log(lams))
