@@ -37,6 +37,7 @@ class TrackedMethod(methods.Method):
 
   reuse_every: int = 0
   prefill_group: ClassVar[PrefillGroup | None] = None  # its own state: never shares a prefill
+  context_parallel: ClassVar[bool] = False  # its own decode: not the shared pipeline
 
   @classmethod
   def wrap(cls, base: methods.Method, spec: str, reuse_every: int = 0) -> "TrackedMethod":
