@@ -87,9 +87,16 @@ def _shares_union(m, union) -> bool:
 
 def _project(full, like):
   """The part of the union's state ``full`` that has the structure of ``like`` (a subset of
-  its dict keys at every level: RESA without retro drops the ring's RESA entries, ...)."""
+  its dict keys and set dataclass fields at every level: RESA without retro drops the ring's
+  RESA entries and the retro part, ...)."""
+  if like is None:
+    return None
   if isinstance(like, dict):
     return {k: _project(full[k], v) for k, v in like.items()}
+  if dataclasses.is_dataclass(like):  # a typed state (compose.MethodState, resa.ResaState)
+    return dataclasses.replace(like, **{f.name: _project(getattr(full, f.name),
+                                                         getattr(like, f.name))
+                                        for f in dataclasses.fields(like)})
   if full.shape != like.shape or full.dtype != like.dtype:
     raise AssertionError(f"union state {full.shape} {full.dtype} != {like.shape} {like.dtype}")
   return full
