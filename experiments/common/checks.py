@@ -35,11 +35,17 @@ def _known_models() -> tuple:
 
 
 def check_model(name: str, tiny: bool = True) -> None:
-  """A model name that loads: ``tiny-random`` (experiments only: ``tiny``), a registered name,
-  a .gguf file or a Hugging Face directory (checked for existence, not loaded)."""
+  """A model name that loads: ``tiny-random`` or ``random:SHAPE[:DIR]`` (experiments only:
+  ``tiny``), a registered name, a .gguf file or a Hugging Face directory (checked for existence,
+  not loaded)."""
   from experiments.common import modelzoo  # pylint: disable=g-import-not-at-top
   known = ((modelzoo.TINY,) if tiny else ()) + _known_models()
   if name in known or (name.endswith(".gguf") and os.path.isfile(name)) or os.path.isdir(name):
+    return
+  random = modelzoo.parse_random(name) if tiny else None  # random:SHAPE[:DIR] (experiments)
+  if random:
+    if random[1] and not os.path.isfile(os.path.join(random[1], "tokenizer.json")):
+      raise FileNotFoundError(f"model {name!r}: {random[1]} holds no tokenizer.json")
     return
   raise FileNotFoundError(f"model {name!r} is neither a known name ({', '.join(known)}) nor an "
                           "existing .gguf file or Hugging Face directory")

@@ -1,8 +1,15 @@
-"""Models for experiments: any name/path ``models.load`` takes, plus ``tiny-random``.
+"""Models for experiments: any name/path ``models.load`` takes, plus ``tiny-random`` and
+``random:SHAPE``.
 
 ``tiny-random`` is a 2-layer random Llama with SmolLM2's real tokenizer (read from the embedded
 GGUF's metadata, no weights converted), used by the ``--config.quick=True`` CI runs: it exercises
 every code path of an experiment in seconds; its numbers mean nothing.
+
+``random:SHAPE`` (``random:llama-3.1-8b``; the shapes of ``experiments.latency_lib.shapes``) is a
+model of that checkpoint's shape with random weights and a real tokenizer: SmolLM2's, whose ids
+fit any of those vocabularies. ``random:SHAPE:DIR`` reads the tokenizer from ``DIR``
+(``tokenizer.json``, as ``TextTokenizer.save`` writes it), where the SmolLM2 GGUF is not
+installed (a GPU machine). What it costs to run is real; its accuracies mean nothing.
 """
 
 from __future__ import annotations
@@ -10,6 +17,7 @@ from __future__ import annotations
 import functools
 
 TINY = "tiny-random"
+RANDOM = "random:"
 # jax and models are imported inside the functions: ``TINY`` and the name checks of
 # ``experiments.common.checks`` must not pay for them.
 
@@ -38,11 +46,51 @@ def tiny_random(seed: int = 0):
   return Model(config, params, tok, TINY)
 
 
-def load_model(name: str, mesh=None):
-  """``tiny-random`` or anything ``models.load`` accepts (a registered name or an HF dir);
-  with a device ``mesh``, its parameters placed there (``models.shard``)."""
+def parse_random(name: str) -> tuple[str, str | None] | None:
+  """``(shape, tokenizer dir or None)`` of a ``random:SHAPE[:DIR]`` name; None for other names.
+
+  Raises:
+    ValueError: an unknown shape (the message lists the known ones).
+  """
+  if not name.startswith(RANDOM):
+    return None
+  shape, _, tok_dir = name[len(RANDOM):].partition(":")
+  from experiments.latency_lib import shapes  # pylint: disable=g-import-not-at-top (no jax)
+  if shape not in shapes.SHAPES:
+    raise ValueError(f"model {name!r}: unknown shape {shape!r}; known: "
+                     f"{', '.join(RANDOM + s for s in sorted(shapes.SHAPES))}")
+  return shape, tok_dir or None
+
+
+def random_shape(name: str, dtype: str = "bfloat16", seed: int = 0):
+  """The ``random:SHAPE[:DIR]`` model (a ``models.loading.Model``, decode layout) in ``dtype``."""
+  import dataclasses  # pylint: disable=g-import-not-at-top
+  from experiments.latency_lib import shapes  # pylint: disable=g-import-not-at-top
+  from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
+  shape, tok_dir = parse_random(name)
+  tok = tokenizer_lib.from_hf_dir(tok_dir) if tok_dir else smollm2_tokenizer()
+  config = shapes.model_config(shape, dtype)
+  if tok.vocab_size > config.vocab_size:
+    raise ValueError(f"the tokenizer's {tok.vocab_size} ids do not fit {shape}'s vocabulary "
+                     f"of {config.vocab_size}")
+  config = dataclasses.replace(config, eos_token_ids=tuple(tok.eos_ids))
+  return dataclasses.replace(shapes.random_model(config, seed), tokenizer=tok, name=name)
+
+
+def load_model(name: str, mesh=None, dtype: str = ""):
+  """``tiny-random``, ``random:SHAPE[:DIR]`` or anything ``models.load`` accepts (a registered
+  name or an HF dir); with a device ``mesh``, its parameters placed there (``models.shard``).
+
+  ``dtype``: parameters and compute (``"bfloat16"`` on a GPU); empty: the loader's default
+  (float32; ``random:`` shapes bfloat16).
+  """
   import models  # pylint: disable=g-import-not-at-top
-  model = tiny_random() if name == TINY else models.load(name)
+  if name == TINY:
+    model = tiny_random()
+  elif parse_random(name):
+    model = random_shape(name, dtype or "bfloat16")
+  else:
+    model = models.load(name, **({"dtype": dtype} if dtype else {}))
   return model if mesh is None else models.shard(model, mesh)
 
 

@@ -13,18 +13,37 @@ Protocols (``config.protocol``):
   query_agnostic  the context is prefilled and compressed, then the question is read through
                   the decode path (Expected Attention / kvpress: the cache is compressed once,
                   for any question).
+
+Batching (``config.batch_plan``):
+  False  (the CPU configs) the samples of one (task, length) in batches of ``batch_size``;
+         per batch one shared prefill serves every method (``decoding.prefill_all``);
+  True   (``configs/accuracy_gpu.py``) every method on its own, with the batch that fits the
+         device's free memory (``experiments.tasks.batch_plan``; ``batch_size`` > 0 overrides
+         it), over the samples of one length across tasks (``batch_across_tasks``), in batches
+         of one shape (``planned.batches``: one compiled decode program per method and
+         length), a compression method prefilling in sub-batches (``planned.prefill``); the
+         decode step is ``decode_step`` (``auto``: one device program on a GPU, per-layer calls
+         on a CPU; ``program`` / ``per_layer`` force one). Each record adds the plan
+         (``plan_batch``, ``plan_bytes`` ...), the device's peak bytes so far (``peak_bytes``;
+         None on a CPU) and the rows the batch ran. A batch that runs out of device memory is
+         retried at half the batch. Predictions equal the shared-prefill loop's
+         (``tests/experiments/test_accuracy_gpu.py``).
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+import hashlib
+import json
+import os
 import time
 
 import numpy as np
 
 from experiments.common import checks, cli, config_check, modelzoo, results, specs
-from experiments.tasks import accuracy_report, decoding, ruler, scoring
+from experiments.tasks import accuracy_report, batch_plan, decoding, planned, ruler, scoring
 from sparse_attn.protocol import PrefillGroup
 
 EXPERIMENT = "accuracy"
@@ -32,7 +51,11 @@ EXPERIMENT = "accuracy"
 KEYED = ("model", "protocol", "methods", "budgets", "tasks", "lengths")
 # A sample is a pure function of its seed (``ruler.generate``), so a larger ``num_samples``
 # extends a workdir with the new seeds instead of refusing it as another config.
-IGNORED = ("pairs", "heatmap", "num_samples")
+# The planned run's fields (batching, decode step, prefill chunk, sample cache) change how a
+# prediction is computed, not what it is.
+IGNORED = ("pairs", "heatmap", "num_samples", "batch_plan", "prefill_batch", "memory_margin",
+           "decode_step", "prefill_chunk", "batch_across_tasks", "sample_cache")
+DECODE_STEPS = {"auto": None, "program": True, "per_layer": False}  # -> decoding.greedy's fused
 PROTOCOLS = config_check.PROTOCOLS  # checked there before anything loads
 CAPACITY_ROUND = 256
 
@@ -111,7 +134,7 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
     allow_long_context: run lengths beyond the model's ``max_position_embeddings`` (refused
       otherwise, before any sample is generated).
   """
-  model = modelzoo.load_model(config.model, mesh).in_decode_layout()  # one copy of the weights
+  model = modelzoo.load_model(config.model, mesh, config.get("dtype", "")).in_decode_layout()
   checks.check_positions(max(config.lengths), _max_new_tokens(config),
                          model.config.max_position_embeddings, allow=allow_long_context,
                          flag="--allow_long_context")
@@ -122,9 +145,18 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
     raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")
   writer = results.ResultWriter(workdir, config, experiment, keyed=KEYED + tuple(keyed),
                                 ignore=IGNORED)
-  samples = ruler.dataset(config.tasks, config.lengths, config.num_samples, prompter,
-                          list(config.depths), config.seed, config.haystack,
-                          **_task_options(config))
+  samples = _dataset(config, prompter)
+  if config.get("decode_step", "auto") not in DECODE_STEPS:
+    raise ValueError(f"decode_step must be one of {tuple(DECODE_STEPS)}, "
+                     f"got {config.decode_step!r}")
+  fused = DECODE_STEPS[config.get("decode_step", "auto")]
+  if config.get("batch_plan", False):
+    _run_planned(config, model, prompter, entries, samples, writer, protocol, experiment,
+                 fields, mesh)
+    records = writer.records()
+    if write:
+      accuracy_report.write_outputs(records, workdir)
+    return records
   groups = collections.defaultdict(list)
   for s in samples:
     groups[(s.task, s.target)].append(s)
@@ -158,23 +190,13 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
         if protocol == "query_agnostic":
           # one chunk where the method reads chunks (dense, compression); selectors step
           read = (decoding.extend if m.is_dense or m.prefill_group == PrefillGroup.COMPRESSION
-                  else decoding.extend_stepwise)
+                  else functools.partial(decoding.extend_stepwise, fused=fused))
           pre = read(model, pre, m, suffix, suffix_lengths)
-        rows = decoding.greedy(model, pre, m, max_new)
+        rows = decoding.greedy(model, pre, m, max_new, fused=fused)
         secs = time.perf_counter() - t0
         for i, (s, row) in enumerate(zip(batch, rows)):
-          pred = model.decode(row)
-          rec = dict(
-              model=config.model, protocol=protocol, method=e.label, spec=e.spec,
-              budget=e.budget, task=task, length=target, num_tokens=s.num_tokens,
-              context_tokens=split[i][1], depth=s.depth, seed=s.seed,
-              score=scoring.score(pred, s.answers, s.metric), metric=s.metric,
-              answers=list(s.answers), prediction=pred, new_tokens=len(row),
-              attended_tokens=attended_tokens(m, s.num_tokens),
-              kv_kept=kept[i] if kept else None, batch_seconds=secs, batch_size=len(batch),
-              generator=ruler.GENERATOR)
-          if s.metric == "each":
-            rec["question_scores"] = scoring.per_question(pred, s.answers)
+          rec = _record(config, model, protocol, e, m, s, row, split[i][1],
+                        kept[i] if kept else None, batch_seconds=secs, batch_size=len(batch))
           rec.update(fields(e) if fields else {})
           writer.write(rec, key=key(e, s))
         progress.update(len(batch), e.label)
@@ -183,6 +205,164 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
   if write:
     accuracy_report.write_outputs(records, workdir)
   return records
+
+
+def _record(config, model, protocol, e, m, s: ruler.Sample, row, context_tokens, kept,
+            **extra) -> dict:
+  """One accuracy record: sample ``s`` answered ``row`` (ids) by entry ``e`` (method ``m``)."""
+  pred = model.decode(row)
+  rec = dict(
+      model=config.model, protocol=protocol, method=e.label, spec=e.spec, budget=e.budget,
+      task=s.task, length=s.target, num_tokens=s.num_tokens, context_tokens=context_tokens,
+      depth=s.depth, seed=s.seed, score=scoring.score(pred, s.answers, s.metric),
+      metric=s.metric, answers=list(s.answers), prediction=pred, new_tokens=len(row),
+      attended_tokens=attended_tokens(m, s.num_tokens), kv_kept=kept,
+      generator=ruler.GENERATOR, **extra)
+  if s.metric == "each":
+    rec["question_scores"] = scoring.per_question(pred, s.answers)
+  return rec
+
+
+def _run_planned(config, model, prompter, entries, samples, writer, protocol, experiment,
+                 fields, mesh) -> None:
+  """The planned loop (module docstring, ``batch_plan=True``): per length, per method, batches
+  of the size its memory plan chose; writes the records."""
+  if mesh is not None:
+    raise ValueError("batch_plan plans one device's memory; run without --mesh (or set "
+                     "--config.batch_plan=False)")
+  fused = DECODE_STEPS[config.get("decode_step", "auto")]
+  step_name = "program" if (_steps_fused() if fused is None else fused) else "per_layer"
+  chunk = int(config.get("prefill_chunk", 512))
+  key = lambda e, s: _key(config.model, protocol, e.label, s)
+  groups = collections.defaultdict(list)
+  for s in samples:
+    groups[s.target if config.get("batch_across_tasks", True) else (s.task, s.target)].append(s)
+  progress = cli.Progress(len(samples) * len(entries), experiment)
+  for group in groups.values():
+    split = {id(s): context_split(prompter, s) for s in group}
+    if protocol == "query_agnostic":
+      longest = max(n for _, n in split.values())
+    else:
+      longest = max(len(ids) for ids, _ in split.values())
+    max_new = config.max_new_tokens or max(s.max_new_tokens for s in group)
+    total = max(len(ids) for ids, _ in split.values())
+    capacity = -(-(total + max_new + 1) // CAPACITY_ROUND) * CAPACITY_ROUND
+    for e in entries:
+      todo = [s for s in group if not writer.done(key(e, s))]
+      progress.update(len(group) - len(todo))
+      if not todo:
+        continue
+      m = batch_plan.with_decode_slots(e.method, capacity, longest)
+      plan = batch_plan.plan(model, m, capacity=capacity, longest_prompt=longest,
+                             prefill_chunk=chunk, max_batch=len(todo),
+                             margin_fraction=config.get("memory_margin", 0.1),
+                             override=config.batch_size,
+                             prefill_override=config.get("prefill_batch", 0))
+      pending, retries, index = list(todo), 0, 0
+      while pending:
+        parts = planned.batches(pending, plan.batch)
+        size = len(parts[0])  # every batch padded to it: one shape, one compiled program
+        for rows in parts:
+          try:
+            out, secs, kept = _planned_batch(model, protocol, m, e, rows, size, split, plan,
+                                             capacity, chunk, max_new, fused)
+          except Exception as err:  # pylint: disable=broad-except (a device OOM is retried)
+            if not planned.is_oom(err) or plan.batch == 1:
+              raise
+            plan, retries = plan.halved(), retries + 1
+            print(f"{experiment}: {e.label} ran out of device memory at batch {size}; "
+                  f"retrying at {plan.batch}", flush=True)
+            break
+          peak = batch_plan.peak_bytes()
+          for i, (s, row) in enumerate(zip(rows, out)):
+            cut = row if config.max_new_tokens else row[:s.max_new_tokens]  # its task's cap
+            rec = _record(config, model, protocol, e, m, s, cut, split[id(s)][1],
+                          kept[i] if kept else None, batch_seconds=secs, batch_size=len(rows),
+                          rows_run=size, batch_index=index, capacity=capacity,
+                          decode_step=step_name, peak_bytes=peak, oom_retries=retries,
+                          **plan.record())
+            rec.update(fields(e) if fields else {})
+            writer.write(rec, key=key(e, s))
+          progress.update(len(rows), e.label)
+          pending, index = pending[len(rows):], index + 1
+
+
+def _planned_batch(model, protocol, m, e, rows, size, split, plan, capacity, chunk, max_new,
+                   fused):
+  """One batch of the planned loop -> ``(token rows of the real samples, seconds, kv kept)``.
+
+  ``rows`` is padded to ``size`` rows (the padding repeats its last sample and is dropped).
+  """
+  n = len(rows)
+  run = planned.padded(rows, size)
+  ids = [split[id(s)] for s in run]
+  t0 = time.perf_counter()
+  if protocol == "query_agnostic":
+    prompts, lengths = pad([x[:k] for x, k in ids])
+    suffix, suffix_lengths = pad([x[k:] for x, k in ids])
+  else:
+    prompts, lengths = pad([x for x, _ in ids])
+  pre = planned.prefill(model, prompts, lengths, m, capacity, prefill_batch=plan.prefill_batch,
+                        prefill_chunk=chunk)
+  if e.after_prefill is not None:
+    pre = dataclasses.replace(pre, states=e.after_prefill(pre.states))
+  kept = kv_kept(pre) if m.prefill_group == PrefillGroup.COMPRESSION else None
+  if protocol == "query_agnostic":
+    read = (decoding.extend if m.is_dense or m.prefill_group == PrefillGroup.COMPRESSION
+            else functools.partial(decoding.extend_stepwise, fused=fused))
+    pre = read(model, pre, m, suffix, suffix_lengths)
+  out = decoding.greedy(model, pre, m, max_new, fused=fused)
+  return out[:n], time.perf_counter() - t0, kept[:n] if kept else None
+
+
+def _steps_fused() -> bool:
+  """Whether the decode step runs as one device program by default here (a GPU)."""
+  from models import steps  # pylint: disable=g-import-not-at-top
+  return steps.fused_by_default()
+
+
+def _dataset(config, prompter) -> list[ruler.Sample]:
+  """``ruler.dataset`` of the config; with ``sample_cache`` (a directory), read from / written to
+  a JSON file there named by everything a sample depends on (the tokenizer included), so runs
+  in several processes (one per method) generate the prompts once."""
+  args = (config.tasks, config.lengths, config.num_samples, prompter, list(config.depths),
+          config.seed, config.haystack)
+  cache = config.get("sample_cache", "")
+  if not cache:
+    return ruler.dataset(*args, **_task_options(config))
+  tok = prompter.tokenizer
+  ident = json.dumps(dict(generator=ruler.GENERATOR, tasks=list(config.tasks),
+                          lengths=list(config.lengths), n=config.num_samples,
+                          depths=list(config.depths), seed=config.seed,
+                          haystack=config.haystack, chat=prompter.chat,
+                          options=_task_options(config),
+                          tokenizer=_tokenizer_id(tok)), sort_keys=True)
+  path = os.path.join(cache, f"ruler_{hashlib.sha1(ident.encode()).hexdigest()[:16]}.json")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      return [_sample(d) for d in json.load(f)["samples"]]
+  samples = ruler.dataset(*args, **_task_options(config))
+  os.makedirs(cache, exist_ok=True)
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(dict(ident=json.loads(ident),
+                   samples=[dataclasses.asdict(s) for s in samples]), f)
+  os.replace(tmp, path)
+  return samples
+
+
+def _tokenizer_id(tok) -> str:
+  """A hash of a tokenizer's vocabulary and chat template (stable across ``tokenizers``
+  versions, unlike its serialized form)."""
+  vocab = sorted(tok.backend.get_vocab(with_added_tokens=True).items())
+  return hashlib.sha1(json.dumps([vocab, tok.chat_template, tok.bos_id, tok.add_bos]).encode()
+                      ).hexdigest()
+
+
+def _sample(d: dict) -> ruler.Sample:
+  d = dict(d, answers=tuple(d["answers"]),
+           needle_spans=tuple(tuple(x) for x in d["needle_spans"]))
+  return ruler.Sample(**d)
 
 
 def _max_new_tokens(config) -> int:

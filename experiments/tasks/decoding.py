@@ -211,11 +211,12 @@ def extend(model, pre: Prefilled, method, suffix: np.ndarray,
 
 
 def extend_stepwise(model, pre: Prefilled, method, suffix: np.ndarray,
-                    suffix_lengths: np.ndarray) -> Prefilled:
+                    suffix_lengths: np.ndarray, *, fused: bool | None = None) -> Prefilled:
   """``extend`` one decode step per token through ``method``'s decode path: any method
   (selectors, decode-phase compression); rows whose suffix is shorter wait (position -1).
 
   ``last`` is the prefill's (the steps keep no hidden state); ``first`` as ``extend``'s.
+  ``fused``: each step as one device program (``models.steps.decode_step``; None: by backend).
   """
   suffix, suffix_lengths, total = _check_suffix(pre, method, suffix, suffix_lengths)
   b = len(pre.lengths)
@@ -228,7 +229,7 @@ def extend_stepwise(model, pre: Prefilled, method, suffix: np.ndarray,
   prompt = jnp.asarray(prompt)
   # pinned: writes inside the prompt are undone after every step
   loop = driver.Decoder(model, sharding.wrap(method, pre.mesh), jnp.copy(prompt), pre.caches,
-                        pre.states, GREEDY, pinned=(in_prompt, prompt))
+                        pre.states, GREEDY, pinned=(in_prompt, prompt), fused=fused)
   first = jnp.zeros((b,), jnp.int32)
   for j in range(int(suffix_lengths.max())):
     newest = np.where(j < suffix_lengths, pre.lengths + j, -1 - method.window).astype(np.int32)
@@ -256,9 +257,11 @@ def _check_suffix(pre: Prefilled, method, suffix, suffix_lengths):
 
 
 def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: bool = True,
-           hook: Callable | None = None) -> list[list[int]]:
+           hook: Callable | None = None, fused: bool | None = None) -> list[list[int]]:
   """Greedy continuation of a prefilled batch (``models.decode.generate``'s schedule).
 
+  ``fused``: each decode step as one device program, the GPU default (``models.steps.
+  decode_step``; None: by backend, True forces it on a CPU too, False the per-layer calls).
   Returns, per row, the generated ids (cut after the first EOS with ``stop_at_eos``).
   """
   config = model.config
@@ -271,7 +274,7 @@ def greedy(model, pre: Prefilled, method, max_new_tokens: int, *, stop_at_eos: b
                                        config=config, sampling=GREEDY)
     history = pre.history.at[jnp.arange(b), jnp.asarray(pre.lengths)].set(nxt, mode="drop")
   loop = driver.Decoder(model, sharding.wrap(method, pre.mesh), history, pre.caches,
-                        pre.states, GREEDY)
+                        pre.states, GREEDY, fused=fused)
   out = [nxt]
   for i in range(1, max_new_tokens):
     if stop_at_eos and i % 8 == 0:
