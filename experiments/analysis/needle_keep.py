@@ -152,5 +152,5 @@ def render_all(records, workdir: str) -> list[dict]:
       "the model reads it); `shallow` / `deep`: `weighted_recall` for needles at depth < 0.5 / "
       ">= 0.5; "
       "`heads_with_needle`: layer x head pairs keeping at least half of the needle (%); `kept`: "
-      "share of the context kept.", md, "![needle_keep](kept_tokens.png)"])
+      "share of the context kept.", md, "![needle_keep](needle_keep.png)"])
   return rows

@@ -4,6 +4,8 @@ copy of results/ (and the README, whose claims head the report rewrites), byte f
 import os
 import shutil
 
+import pytest
+
 from experiments.claims import report as claims
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -21,3 +23,30 @@ def test_committed_report_regenerates_byte_identical(tmp_path):
       "commit what it writes")
   assert readme.read_text(encoding="utf-8") == open(os.path.join(REPO, "README.md"),
                                                     encoding="utf-8").read()
+
+
+def _workdir_groups():
+  """``(workdir, experiment) -> records`` of every committed results file."""
+  from experiments.common import results  # pylint: disable=g-import-not-at-top
+  groups = {}
+  for path in sorted(results.find_results(os.path.join(REPO, "results"))):
+    for r in results.read_records(path):
+      groups.setdefault((os.path.dirname(path), r.get("experiment")), []).append(r)
+  return groups
+
+
+@pytest.mark.slow
+def test_every_committed_workdir_markdown_regenerates_byte_identical(tmp_path):
+  """Each results/<workdir>/<experiment>.md is its renderer's output of the records beside it
+  (a renderer change that alters a committed page must re-render and commit it)."""
+  from experiments import registry, report  # pylint: disable=g-import-not-at-top
+  stale = []
+  for i, ((workdir, name), recs) in enumerate(sorted(_workdir_groups().items())):
+    experiment = registry.get(name)
+    out = tmp_path / str(i)
+    md = report.render_experiment(experiment, recs, str(out))
+    committed = os.path.join(workdir, md)
+    if (not os.path.exists(committed) or open(committed, encoding="utf-8").read()
+        != (out / md).read_text(encoding="utf-8")):
+      stale.append(os.path.relpath(committed, REPO))
+  assert not stale, f"stale rendered pages (re-render them from their records): {stale}"
