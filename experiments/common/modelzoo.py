@@ -5,7 +5,7 @@
 GGUF's metadata, no weights converted), used by the ``--config.quick=True`` CI runs: it exercises
 every code path of an experiment in seconds; its numbers mean nothing.
 
-``random:SHAPE`` (``random:llama-3.1-8b``; the shapes of ``experiments.latency_lib.shapes``) is a
+``random:SHAPE`` (``random:llama-3.1-8b``; the shapes of ``models.shapes``) is a
 model of that checkpoint's shape with random weights and a real tokenizer: SmolLM2's, whose ids
 fit any of those vocabularies. ``random:SHAPE:DIR`` reads the tokenizer from ``DIR``
 (``tokenizer.json``, as ``TextTokenizer.save`` writes it), where the SmolLM2 GGUF is not
@@ -55,7 +55,7 @@ def parse_random(name: str) -> tuple[str, str | None] | None:
   if not name.startswith(RANDOM):
     return None
   shape, _, tok_dir = name[len(RANDOM):].partition(":")
-  from experiments.latency_lib import shapes  # pylint: disable=g-import-not-at-top (no jax)
+  from models import shapes  # pylint: disable=g-import-not-at-top (no jax)
   if shape not in shapes.SHAPES:
     raise ValueError(f"model {name!r}: unknown shape {shape!r}; known: "
                      f"{', '.join(RANDOM + s for s in sorted(shapes.SHAPES))}")
@@ -65,7 +65,7 @@ def parse_random(name: str) -> tuple[str, str | None] | None:
 def random_shape(name: str, dtype: str = "bfloat16", seed: int = 0):
   """The ``random:SHAPE[:DIR]`` model (a ``models.loading.Model``, decode layout) in ``dtype``."""
   import dataclasses  # pylint: disable=g-import-not-at-top
-  from experiments.latency_lib import shapes  # pylint: disable=g-import-not-at-top
+  from models import shapes  # pylint: disable=g-import-not-at-top
   from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
   shape, tok_dir = parse_random(name)
   tok = tokenizer_lib.from_hf_dir(tok_dir) if tok_dir else smollm2_tokenizer()

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.latency_lib import timing, traffic
-from sparse_attn import methods
+from sparse_attn import kernels, methods
 from sparse_attn import cache as cache_lib
 from sparse_attn.cache import write
 from sparse_attn.spec import parse_spec
@@ -264,7 +264,7 @@ def run_context(s, dtype: str, context: int, specs: list[str], torch_peer: bool)
                               num_q_heads=s.num_heads, num_kv_heads=s.num_kv_heads,
                               head_dim=s.head_dim, itemsize=itemsize)
       rec.update(selected_tokens=sel, p_eff=sel / context, window=m.window,
-                 impl=m.impl if m.is_dense else methods.kernels.resolve_impl(m.impl),
+                 impl=m.impl if m.is_dense else kernels.resolve_impl(m.impl),
                  rect_interval=m.rect_interval)
       if m.rect_interval:
         rect_s = by_name[c.name + " [rectify pass]"].median_s

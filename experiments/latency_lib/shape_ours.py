@@ -30,7 +30,7 @@ from experiments.common import heap
 from experiments.latency_lib import per_layer, random_cache, shapes, traffic
 from models import decode, driver, steps as steps_lib
 from models.sampling import Sampling
-from sparse_attn import methods
+from sparse_attn import kernels, methods
 
 MARGIN = 0.05  # of the device's memory, on top of 1 GiB: compiler scratch, logits, activations
 
@@ -182,7 +182,7 @@ def run_parts(s, parts: list[dict], emit) -> None:
                fused=steps_lib.fused_by_default(), model_init_s=init_s, **info)
     try:
       m = make_method(part["method"], s)
-      rec["impl"] = methods.kernels.resolve_impl(m.impl)
+      rec["impl"] = kernels.resolve_impl(m.impl)
       if part["phase"] == "decode":
         got = decode_part(model, m, batch=b, context=ctx, n_steps=s.shape_decode_steps,
                           repeats=s.shape_repeats)

@@ -162,8 +162,9 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
       yield m, Prefilled(last, copy(history), mine_caches, mine, lengths, key[2], mesh=mesh)
       continue
     if key[0] == PrefillGroup.COMPRESSION:  # dense: the union's cache as it is, no state
-      yield m, Prefilled(last, copy(history), copy(caches), [{} for _ in caches], lengths, key[2],
-                         mesh=mesh)
+      empty = m.init_state(len(lengths), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, key[2])
+      yield m, Prefilled(last, copy(history), copy(caches), [empty for _ in caches], lengths,
+                         key[2], mesh=mesh)
       continue
     like = jax.eval_shape(lambda m=m, cap=key[2]: m.init_state(
         len(lengths), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cap))

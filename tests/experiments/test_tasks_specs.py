@@ -35,7 +35,7 @@ def test_presets_take_budgets_unless_their_rule_is_their_own():
   resa = by["resa-quest@0.025"]
   assert resa.resa and resa.budget.budget == 0.025 and resa.budget.forced_count == "extra"
   assert by["rectified:p=0.02"].budget.p == 0.02 and by["rectified:p=0.02"].rect_interval == 32
-  assert by.retro.budget.min_tokens == 256 and by.retro.window == 2
+  assert by["retro"].budget.min_tokens == 256 and by["retro"].window == 2
   ea = by["expected-attention:eps=0@0.5"]
   assert ea.eps == 0 and ea.ratio == pytest.approx(0.5) and ea.head_budget == "adakv"
   assert specs.base_name("resa-arkvale") == "arkvale"
