@@ -24,15 +24,13 @@ tied tokens stay is the top-k's tie order, torch's against ours: 2 of 1,024 kept
 from __future__ import annotations
 
 import math
-import sys
-import types
 
 from absl import app, flags
 import jax.numpy as jnp
 import numpy as np
 
 from experiments.analysis import capture
-from experiments.common import modelzoo
+from experiments.common import modelzoo, peer_kvpress
 from sparse_attn import methods
 
 FLAGS = flags.FLAGS
@@ -44,20 +42,6 @@ PRESSES = {
     "lagkv": ("LagKVPress", {}),
     "random": ("RandomPress", {"seed": 0}),  # different generators: ~(1 - ratio) by design
 }
-
-
-def _kvpress(path: str):
-  if path:
-    sys.path.insert(0, path)
-  for name in ("datasets", "fire"):
-    try:
-      __import__(name)
-    except ImportError:
-      sys.modules[name] = types.SimpleNamespace(load_dataset=None, Fire=None)
-  import kvpress  # pylint: disable=g-import-not-at-top
-  import importlib.metadata  # pylint: disable=g-import-not-at-top
-  kvpress.version = importlib.metadata.version("kvpress")
-  return kvpress
 
 
 def ours_kept(m, k, v, ratio):
@@ -84,7 +68,7 @@ def theirs_kept(press, kvpress, k, v, ratio):
 
 def main(argv):
   del argv
-  kvpress = _kvpress(FLAGS.kvpress_path)
+  kvpress = peer_kvpress.load(FLAGS.kvpress_path)
   model = modelzoo.load_model("smollm2-135m-instruct")
   tokens = capture.text_tokens(model, FLAGS.text, FLAGS.length)
   cap = capture.capture(model, tokens)

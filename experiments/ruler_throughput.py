@@ -46,9 +46,10 @@ import os
 import subprocess
 import sys
 import time
-import types
 
 from absl import app, flags
+
+from experiments.common import peer_kvpress
 
 FLAGS = flags.FLAGS
 TABLE1_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_2", "niah_multikey_3",
@@ -164,19 +165,6 @@ def hf_config(model_name: str) -> dict:
 # ---- the kvpress side ----
 
 
-def _kvpress(path: str):
-  """kvpress, with the modules it imports for presses not used here stubbed when missing."""
-  if path:
-    sys.path.insert(0, path)
-  for name in ("datasets", "fire"):
-    try:
-      __import__(name)
-    except ImportError:
-      sys.modules[name] = types.SimpleNamespace(load_dataset=None, Fire=None)
-  import kvpress  # pylint: disable=g-import-not-at-top
-  return kvpress
-
-
 def press_of(kvpress, spec: str):
   """kvpress's press for one of our specs (``NAME@KEEP``), None for dense."""
   name, _, keep = spec.partition("@")
@@ -193,8 +181,7 @@ def press_of(kvpress, spec: str):
 
 def kvpress_part(spec: str) -> None:
   """One kvpress part in this process: build the model, run the samples, append records."""
-  kvpress = _kvpress(FLAGS.kvpress_path)
-  import importlib.metadata  # pylint: disable=g-import-not-at-top
+  kvpress = peer_kvpress.load(FLAGS.kvpress_path)
   import torch  # pylint: disable=g-import-not-at-top
   import transformers  # pylint: disable=g-import-not-at-top
   from experiments.tasks import accuracy  # pylint: disable=g-import-not-at-top
@@ -223,7 +210,7 @@ def kvpress_part(spec: str) -> None:
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
   versions = dict(torch=torch.__version__, transformers=transformers.__version__,
-                  kvpress=importlib.metadata.version("kvpress"))
+                  kvpress=kvpress.version)
   path = os.path.join(FLAGS.out, "kvpress.jsonl")
   for s in samples:
     ids, n = accuracy.context_split(prompter, s)

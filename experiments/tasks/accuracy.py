@@ -184,15 +184,9 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
       for e, (m, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
                                                          [e.method for e in todo], capacity,
                                                          mesh=mesh)):
-        if e.after_prefill is not None:
-          pre = dataclasses.replace(pre, states=e.after_prefill(pre.states))
-        kept = kv_kept(pre) if m.prefill_group == PrefillGroup.COMPRESSION else None
-        if protocol == "query_agnostic":
-          # one chunk where the method reads chunks (dense, compression); selectors step
-          read = (decoding.extend if m.is_dense or m.prefill_group == PrefillGroup.COMPRESSION
-                  else functools.partial(decoding.extend_stepwise, fused=fused))
-          pre = read(model, pre, m, suffix, suffix_lengths)
-        rows = decoding.greedy(model, pre, m, max_new, fused=fused)
+        rows, kept = _answer(model, pre, e, m, protocol,
+                             (suffix, suffix_lengths) if protocol == "query_agnostic" else None,
+                             max_new, fused)
         secs = time.perf_counter() - t0
         for i, (s, row) in enumerate(zip(batch, rows)):
           rec = _record(config, model, protocol, e, m, s, row, split[i][1],
@@ -304,15 +298,25 @@ def _planned_batch(model, protocol, m, e, rows, size, split, plan, capacity, chu
     prompts, lengths = pad([x for x, _ in ids])
   pre = planned.prefill(model, prompts, lengths, m, capacity, prefill_batch=plan.prefill_batch,
                         prefill_chunk=chunk)
+  out, kept = _answer(model, pre, e, m, protocol,
+                      (suffix, suffix_lengths) if protocol == "query_agnostic" else None,
+                      max_new, fused)
+  return out[:n], time.perf_counter() - t0, kept[:n] if kept else None
+
+
+def _answer(model, pre, e, m, protocol, question, max_new, fused):
+  """After the prompt's prefill ``pre``: the entry's post-prefill hook, the KV a compression
+  method kept, the question read after the prompt (query-agnostic: ``question = (suffix,
+  suffix_lengths)``, one chunk where the method reads chunks (dense, compression), selectors
+  step), then greedy decoding -> ``(token rows, kept or None)``."""
   if e.after_prefill is not None:
     pre = dataclasses.replace(pre, states=e.after_prefill(pre.states))
   kept = kv_kept(pre) if m.prefill_group == PrefillGroup.COMPRESSION else None
   if protocol == "query_agnostic":
     read = (decoding.extend if m.is_dense or m.prefill_group == PrefillGroup.COMPRESSION
             else functools.partial(decoding.extend_stepwise, fused=fused))
-    pre = read(model, pre, m, suffix, suffix_lengths)
-  out = decoding.greedy(model, pre, m, max_new, fused=fused)
-  return out[:n], time.perf_counter() - t0, kept[:n] if kept else None
+    pre = read(model, pre, m, *question)
+  return decoding.greedy(model, pre, m, max_new, fused=fused), kept
 
 
 def _steps_fused() -> bool:
