@@ -234,6 +234,9 @@ class ShardedMethod:
   def with_sliding_window(self, window: int) -> "ShardedMethod":
     return dataclasses.replace(self, inner=self.inner.with_sliding_window(window))
 
+  def with_softcap(self, softcap: float) -> "ShardedMethod":
+    return dataclasses.replace(self, inner=self.inner.with_softcap(softcap))
+
   def round_capacity(self, n: int) -> int:
     """The inner rounding, then a multiple of ``seq * block_size`` (whole blocks per shard)."""
     cap = self.inner.round_capacity(n)

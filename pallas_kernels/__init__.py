@@ -15,8 +15,8 @@ from pallas_kernels.block_score import (block_score, block_score_pooled,
 from pallas_kernels.block_select import block_select, block_select_reference
 from pallas_kernels.cache_append import cache_append, cache_append_reference
 from pallas_kernels.chunk_attention import chunk_attention, chunk_attention_reference
-from pallas_kernels.softmax import (default_scale, grouped_attention, lse_combine,
-                                    scaled_logits, softmax_sum)
+from pallas_kernels.softmax import (check_softcap, default_scale, grouped_attention,
+                                    lse_combine, scaled_logits, soft_cap, softmax_sum)
 from pallas_kernels.split_combine import split_combine, split_combine_pairs
 from pallas_kernels.sparse_decode import (gather_listed, gather_prior, sparse_decode,
                                           sparse_decode_reference)
@@ -28,7 +28,8 @@ from pallas_kernels.sparse_decode_resa import sparse_decode_resa, sparse_decode_
 __all__ = [
     "IMPLS", "Impl", "TileConfig", "choose_num_splits", "resolve_impl", "gather_blocks",
     "listed_slots_ok", "gather_listed", "gather_prior", "window_slots_ok",
-    "default_scale", "grouped_attention", "lse_combine", "scaled_logits", "softmax_sum",
+    "check_softcap", "default_scale", "grouped_attention", "lse_combine", "scaled_logits",
+    "soft_cap", "softmax_sum",
     "block_score", "block_score_pooled", "block_score_reference", "block_score_pooled_reference",
     "block_select", "block_select_reference", "cache_append", "cache_append_reference",
     "chunk_attention", "chunk_attention_reference", "split_combine", "split_combine_pairs",

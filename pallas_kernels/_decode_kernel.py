@@ -28,6 +28,9 @@ Optional extras, all static flags of the same body:
     ``slot < length`` and ``pos >= 0`` (``KVCache.valid``, the jnp path's rule), and under
     ``row_limit`` iff ``pos <= limit``. Without it every slot holds the position equal to its
     index.
+  * ``softcap``: Gemma 2's attention-logit soft-cap, ``s -> cap * tanh(s / cap)`` on the scaled
+    logits before the masks (``softmax.soft_cap``): the softmax, the lse and the split combine
+    all see the capped scores. The RESA prior logits are given as they are.
 
 Letters: B batch, K kv heads, P program heads, R rows, n list length, NS splits, T slots, D head
 dim, J blocks per iteration, A row-bit words per entry.
@@ -45,6 +48,7 @@ import jax.numpy as jnp
 
 from pallas_kernels._common import (MIN_BLOCKS_PER_SPLIT, TileConfig, choose_num_splits,
                                     pad_rows, tokens_per_iter)
+from pallas_kernels.softmax import soft_cap
 from pallas_kernels.split_combine import split_combine_pairs
 
 NEG_INF = float("-inf")
@@ -90,7 +94,8 @@ def split_bounds(n_valid, split, *, list_len: int, max_splits: int, blocks_per_i
 def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: int,
                    blocks_per_iter: int, max_splits: int, num_blocks: int, list_len: int,
                    bit_words: int, bits_per_word: int, with_prior: bool, with_bits: bool,
-                   with_limit: bool, with_pos: bool, rows_per_prior: int = 1):
+                   with_limit: bool, with_pos: bool, rows_per_prior: int = 1,
+                   softcap: float | None = None):
   """Kernel body; refs are one program's views (see ``decode_partials`` for the layout)."""
   it = iter(refs)
   q_ref, k_ref, v_ref, idx_ref, nvalid_ref, length_ref = (next(it) for _ in range(6))
@@ -164,6 +169,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
       v = v.astype(cdt)
     # [Rp, W]
     s = plgpu.dot(q, k, trans_b=True, precision=precision).astype(jnp.float32) * scale
+    s = soft_cap(s, softcap)
     ok = jnp.broadcast_to(use[None, :], s.shape)
     if with_bits:
       w2 = words[None, :] if bit_words == 1 else words
@@ -210,7 +216,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
 def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=None,
                     row_limit=None, pos=None, *, block_size: int, scale: float, tiles: TileConfig,
                     interpret: bool, bits_per_word: int = 1, rows_per_prior: int = 1,
-                    epilogue=None, extras=()):
+                    epilogue=None, extras=(), softcap: float | None = None):
   """Runs the kernel and combines its splits (``split_combine``, a second Pallas pass).
 
   Args:
@@ -227,6 +233,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       ``rows_per_prior``: static.
     epilogue, extras: with ``prior``, an elementwise finish of the merged values run inside the
       split combine (``split_combine_pairs``; RESA's aggregator), extras ``[B, P, R(, D)]``.
+    softcap: static attention-logit soft-cap (``softmax.soft_cap``), None = none.
 
   Returns:
     ``(out [B, P, R, D] f32, lse [B, P, R] f32)``; with ``prior`` also the prior pair and
@@ -251,7 +258,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       blocks_per_iter=per_iter, max_splits=splits, num_blocks=t // block_size, list_len=n,
       bit_words=bit_words, bits_per_word=bits_per_word, with_prior=with_prior,
       with_bits=with_bits, with_limit=with_limit, with_pos=with_pos,
-      rows_per_prior=rows_per_prior)
+      rows_per_prior=rows_per_prior, softcap=softcap)
   head = lambda bi, pi, si: (bi, pi, 0, 0)
   kv = pl.BlockSpec((None, None, t, d), lambda bi, pi, si: (bi, pi // ratio, 0, 0))
   in_specs = [

@@ -5,7 +5,9 @@ queries at token positions ``q_pos`` over a cache of ``T`` slots that holds ``le
 The cache is static-capacity and may be compacted (slot order != position order, holes with
 ``pos = -1``), so causality is by position, not by index: query ``i`` sees slot ``j`` iff
 ``j < length``, ``0 <= k_pos[j] <= q_pos[i]`` (and ``k_pos[j] > q_pos[i] - window`` under a
-sliding window). ``jax.nn.dot_product_attention``'s causal mask is index-aligned and the Pallas
+sliding window). With ``softcap`` (Gemma 2) the scaled logits are soft-capped,
+``cap * tanh(s / cap)`` (``softmax.soft_cap``), before the masks and the softmax, in the kernel
+and the reference alike. ``jax.nn.dot_product_attention``'s causal mask is index-aligned and the Pallas
 ``mha`` op assumes ``S == T``, so neither states this contract in general; this kernel does.
 
 Pallas path (flash attention, Dao et al. 2022, Alg. 1): one program per (batch, kv head, query
@@ -21,7 +23,7 @@ In-order chunks (the Pallas path's ``in_order``): a prefill chunk over a cache w
 holds position ``j`` is two index-aligned attentions (the prefix, the chunk's own causal
 block), which ``prompt_attention`` hands to cuDNN's fused flash attention on a GPU; one
 ``lax.cond`` on the traced state picks it or this kernel, so compacted caches, sliding windows,
-f32 and short chunks keep the kernel.
+soft-capped logits, f32 and short chunks keep the kernel.
 
 Reference (the ``impl="xla"`` path, fast on CPU): the same schedule as XLA loops. A ``scan`` over
 query tiles of ``query_tile`` rows keeps one tile's logits in cache through the matmul, the
@@ -50,7 +52,7 @@ from pallas_kernels import prompt_attention
 from pallas_kernels.key_tiles import (NEVER, below_length, clamped_tile, seeable_positions,
                                      tile_first_positions, tiles_to_visit)
 from pallas_kernels._decode_kernel import NEG_INF, _finish, _online_update
-from pallas_kernels.softmax import default_scale, grouped_attention
+from pallas_kernels.softmax import check_softcap, default_scale, grouped_attention, soft_cap
 from pallas_kernels.split_combine import split_combine
 
 # The reference's tiles (XLA:CPU): ~0.6 MB of logits per query tile at G = 3.
@@ -71,12 +73,12 @@ def visibility(q_pos, k_pos, length, window: int | None = None):
 
 def chunk_attention_reference(q, k, v, q_pos, k_pos, length, *, scale: float | None = None,
                               window: int | None = None, key_tile: int | None = REF_KEY_TILE,
-                              query_tile: int = REF_QUERY_TILE):
+                              query_tile: int = REF_QUERY_TILE, softcap: float | None = None):
   """Plain-jnp causal attention by position (the ``impl="xla"`` path), tiled as the module
   docstring says; equals one masked softmax over every slot for any tile sizes.
 
   Args:
-    q, k, v, q_pos, k_pos, length, scale, window: as ``chunk_attention``.
+    q, k, v, q_pos, k_pos, length, scale, window, softcap: as ``chunk_attention``.
     key_tile: slots per key tile (``None``: one masked softmax over all ``T`` slots).
     query_tile: queries per query tile.
 
@@ -87,11 +89,12 @@ def chunk_attention_reference(q, k, v, q_pos, k_pos, length, *, scale: float | N
     raise ValueError(f"key_tile must be positive or None, got {key_tile}")
   if query_tile <= 0:
     raise ValueError(f"query_tile must be positive, got {query_tile}")
+  softcap = check_softcap(softcap)
   b, n, s, d = q.shape
   kh, t = k.shape[1], k.shape[2]
   if key_tile is None or s == 1:
     ok = visibility(q_pos, k_pos, length, window)[:, :, None]  # [B, K, 1, S, T]
-    out, lse = grouped_attention(q.reshape(b, kh, n // kh, s, d), k, v, ok, scale)
+    out, lse = grouped_attention(q.reshape(b, kh, n // kh, s, d), k, v, ok, scale, softcap)
     return out.reshape(b, n, s, d), lse.reshape(b, n, s)
   key_tile = min(key_tile, t)
   # [B, K, T]: an unreachable position for slots that hold nothing to attend
@@ -109,7 +112,8 @@ def chunk_attention_reference(q, k, v, q_pos, k_pos, length, *, scale: float | N
 
   def one_query_tile(_, xs):
     qi, pi = xs
-    return None, _attend_key_tiles(qi, pi, k, v, key_pos, first_pos, key_tile, scale, window)
+    return None, _attend_key_tiles(qi, pi, k, v, key_pos, first_pos, key_tile, scale, window,
+                                   softcap)
 
   _, (out, lse) = lax.scan(one_query_tile, None, (q_tiles, pos_tiles))
   out = out.transpose(1, 2, 0, 3, 4).reshape(b, n, nq * qt, d)[:, :, :s]
@@ -117,7 +121,8 @@ def chunk_attention_reference(q, k, v, q_pos, k_pos, length, *, scale: float | N
   return out, lse
 
 
-def _attend_key_tiles(q, q_pos, k, v, key_pos, first_pos, key_tile: int, scale, window):
+def _attend_key_tiles(q, q_pos, k, v, key_pos, first_pos, key_tile: int, scale, window,
+                      softcap=None):
   """One query tile ``q [B, N, qt, D]`` at ``q_pos [B, qt]`` over the key tiles it can see.
 
   Flash attention's online softmax (Dao et al. 2022, Alg. 1): a running row max ``m``, sum
@@ -148,7 +153,7 @@ def _attend_key_tiles(q, q_pos, k, v, key_pos, first_pos, key_tile: int, scale, 
       see &= kp[:, :, None, None, :] > qp - window
     # [B, K, G, qt, kt]
     logits = jnp.einsum("bkmd,bktd->bkmt", qg, take(k), **exact).reshape(b, kh, g, qt, key_tile)
-    logits = jnp.where(see, logits, NEG_INF)
+    logits = jnp.where(see, soft_cap(logits, softcap), NEG_INF)
     m_new = jnp.maximum(m, jnp.max(logits, axis=-1))
     m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
     p = jnp.exp(logits - m_safe[..., None])
@@ -186,7 +191,7 @@ def visible_tiles(q_pos, k_pos, length, *, query_tile: int, key_tile: int):
 
 def _chunk_kernel(q_ref, qpos_ref, k_ref, v_ref, kpos_ref, length_ref, tiles_ref, o_ref, lse_ref,
                   *, scale: float, rows: int, head_dim: int, key_tile: int, num_slots: int,
-                  window: int | None, splits: int):
+                  window: int | None, splits: int, softcap: float | None = None):
   """One (batch, kv head, query tile, split) program: ``rows`` query rows over its share of the
   visible key tiles (split ``i`` of ``splits`` takes the ``i``-th run of ``ceil(tiles / splits)``
   tiles; an empty share leaves ``0`` / ``-inf``)."""
@@ -217,7 +222,7 @@ def _chunk_kernel(q_ref, qpos_ref, k_ref, v_ref, kpos_ref, length_ref, tiles_ref
     if window is not None:
       see &= kp[None, :] > qpos[:, None] - window
     s = plgpu.dot(q, k, trans_b=True, precision=precision).astype(jnp.float32) * scale
-    return _online_update(carry, jnp.where(see, s, NEG_INF), v, precision)
+    return _online_update(carry, jnp.where(see, soft_cap(s, softcap), NEG_INF), v, precision)
 
   init = (jnp.zeros((rows, dp), jnp.float32), jnp.full((rows,), NEG_INF, jnp.float32),
           jnp.zeros((rows,), jnp.float32))
@@ -266,12 +271,13 @@ def in_order_implementation(in_order: str | None, dtype, s: int, d: int,
 
 @functools.partial(jax.jit, static_argnames=("scale", "window", "query_tile", "key_tile",
                                              "key_splits", "impl", "interpret", "num_warps",
-                                             "num_stages", "in_order"))
+                                             "num_stages", "in_order", "softcap"))
 def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None,
                     window: int | None = None, query_tile: int | None = None,
                     key_tile: int = 64, key_splits: int | None = None,
                     impl: _common.Impl = "auto", interpret: bool = False, num_warps: int = 4,
-                    num_stages: int = 3, in_order: str | None = "auto"):
+                    num_stages: int = 3, in_order: str | None = "auto",
+                    softcap: float | None = None):
   """Exact causal attention of a query chunk over a cache, by token position.
 
   Args:
@@ -296,7 +302,10 @@ def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None
       chunk before any compaction: ``prompt_attention``): ``"auto"`` (cuDNN's flash attention
       on a GPU for a long 16-bit chunk, ``in_order_implementation``), ``"cudnn"``, ``"xla"``
       or None (always the kernel). The state is checked on the traced arrays; any other chunk
-      runs the kernel.
+      runs the kernel. A soft-capped chunk always runs the kernel (the library attentions have
+      no soft-cap).
+    softcap: attention-logit soft-cap (static; Gemma 2's ``s -> cap * tanh(s / cap)`` on the
+      scaled logits, ``softmax.soft_cap``), None = none.
 
   The tile arguments are the kernel's; the reference runs with its own (``REF_KEY_TILE``,
   ``REF_QUERY_TILE``).
@@ -312,12 +321,15 @@ def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None
   if key_tile < 16 or key_tile & (key_tile - 1):
     raise ValueError(f"key_tile must be a power of 2 >= 16, got {key_tile}")
   if _common.resolve_impl(impl) == "xla":
-    return chunk_attention_reference(q, k, v, q_pos, k_pos, length, scale=scale, window=window)
+    return chunk_attention_reference(q, k, v, q_pos, k_pos, length, scale=scale, window=window,
+                                     softcap=softcap)
+  softcap = check_softcap(softcap)
   kernel = functools.partial(
       _chunk_attention_kernel, q, k, v, q_pos, k_pos, length, scale=scale, window=window,
       query_tile=query_tile, key_tile=key_tile, key_splits=key_splits, interpret=interpret,
-      num_warps=num_warps, num_stages=num_stages)
-  library = in_order_implementation(in_order, q.dtype, s, d, window)
+      num_warps=num_warps, num_stages=num_stages, softcap=softcap)
+  library = None if softcap is not None else in_order_implementation(in_order, q.dtype, s, d,
+                                                                     window)
   if library is None:
     return kernel()
   ok, start = prompt_attention.in_order_start(q_pos.astype(jnp.int32), k_pos.astype(jnp.int32),
@@ -327,7 +339,8 @@ def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None
 
 
 def _chunk_attention_kernel(q, k, v, q_pos, k_pos, length, *, scale, window, query_tile,
-                            key_tile, key_splits, interpret, num_warps, num_stages):
+                            key_tile, key_splits, interpret, num_warps, num_stages,
+                            softcap=None):
   """``chunk_attention``'s Pallas kernel (the docstring's flash attention) and its combine."""
   b, n, s, d = q.shape
   kh, t = k.shape[1], k.shape[2]
@@ -351,7 +364,8 @@ def _chunk_attention_kernel(q, k, v, q_pos, k_pos, length, *, scale, window, que
   if ns < 1:
     raise ValueError(f"key_splits must be >= 1, got {ns}")
   kernel = functools.partial(_chunk_kernel, scale=default_scale(d, scale), rows=r, head_dim=d,
-                             key_tile=key_tile, num_slots=t, window=window, splits=ns)
+                             key_tile=key_tile, num_slots=t, window=window, splits=ns,
+                             softcap=softcap)
   kv = pl.BlockSpec((None, None, t, d), lambda bi, hi, qi, si: (bi, hi, 0, 0))
   out, lse = pl.pallas_call(
       kernel,

@@ -1,6 +1,7 @@
 """Safe-softmax numerics shared by every jnp path (the kernels' references and ``sparse_attn``).
 
-``scaled_logits`` is the one ``q . k`` product of the jnp paths, ``softmax_sum`` attends masked
+``scaled_logits`` is the one ``q . k`` product of the jnp paths (with Gemma 2's soft-cap,
+``soft_cap``, when given), ``softmax_sum`` attends masked
 logits exactly and returns ``(out, lse)``, ``grouped_attention`` is the two together for GQA
 query groups, and ``lse_combine`` merges partials over disjoint key sets (the flash-decoding
 combine). Empty rows and all-empty parts give ``out = 0, lse = -inf``, never NaN
@@ -24,19 +25,43 @@ def default_scale(head_dim: int, scale: float | None = None) -> float:
   return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
 
-def scaled_logits(q, k, scale: float):
-  """``scale * q . k`` of ``q [B, P, R, D]`` and ``k [B, P, L, D]`` -> ``[B, P, R, L]`` float32.
+def check_softcap(softcap) -> float | None:
+  """``softcap`` as a positive float, or None; a ValueError otherwise."""
+  if softcap is None:
+    return None
+  if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap > 0:
+    raise ValueError(f"softcap must be a positive number or None, got {softcap!r}")
+  return float(softcap)
+
+
+def soft_cap(logits, softcap: float | None):
+  """Attention-logit soft-capping (Gemma 2, Team et al. 2024): ``s -> cap * tanh(s / cap)``.
+
+  Applied to the scaled logits, before the mask and the softmax: a soft-capped score is what
+  the softmax sees, in every attention path (this reference, ``chunk_attention`` and the
+  decode kernel). ``tanh`` is monotone, so a rule that only ranks scores (top-k, Quest's
+  upper bound, ArkVale's) ranks alike with or without the cap; a rule that reads attention
+  mass (softmax weights, log-sum-exps) must see capped logits. None: ``logits`` unchanged.
+  """
+  if softcap is None:
+    return logits
+  return softcap * jnp.tanh(logits * (1.0 / softcap))
+
+
+def scaled_logits(q, k, scale: float, softcap: float | None = None):
+  """``scale * q . k`` of ``q [B, P, R, D]`` and ``k [B, P, L, D]`` -> ``[B, P, R, L]`` float32,
+  soft-capped (``soft_cap``) when ``softcap`` is given.
 
   The operands keep their dtype (bf16 x bf16 products are exact in float32) and accumulate in
   float32; ``HIGHEST`` keeps XLA:GPU off TF32 for float32 inputs (XLA:CPU computes float32 dots
   exactly either way). The query rows of a head are one axis: XLA:CPU runs a (B P)-batched
   matmul ~5x faster than an einsum with several free row axes.
   """
-  return jnp.einsum("bprd,bpld->bprl", q, k, preferred_element_type=jnp.float32,
-                    precision=jax.lax.Precision.HIGHEST) * scale
+  return soft_cap(jnp.einsum("bprd,bpld->bprl", q, k, preferred_element_type=jnp.float32,
+                             precision=jax.lax.Precision.HIGHEST) * scale, softcap)
 
 
-def grouped_attention(q, k, v, mask=None, scale=None):
+def grouped_attention(q, k, v, mask=None, scale=None, softcap: float | None = None):
   """Masked attention with the query heads grouped by kv head.
 
   Args:
@@ -44,13 +69,14 @@ def grouped_attention(q, k, v, mask=None, scale=None):
     k, v: ``[B, K, T, D]`` keys and values.
     mask: optional bool broadcastable to ``[B, K, G, S, T]``; True = attend.
     scale: softmax scale, default ``1/sqrt(D)``.
+    softcap: attention-logit soft-cap (``soft_cap``), None = none.
 
   Returns:
     ``out [B, K, G, S, D]`` in ``q.dtype`` and ``lse [B, K, G, S]`` float32.
   """
   b, kh, g, s, d = q.shape
   # [B, K, G, S, T]
-  logits = scaled_logits(q.reshape(b, kh, g * s, d), k, default_scale(d, scale))
+  logits = scaled_logits(q.reshape(b, kh, g * s, d), k, default_scale(d, scale), softcap)
   out, lse = softmax_sum(logits.reshape(b, kh, g, s, -1), v, ok=mask)
   return out.astype(q.dtype), lse
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-from pallas_kernels.softmax import default_scale, scaled_logits, softmax_sum
+from pallas_kernels.softmax import check_softcap, default_scale, scaled_logits, softmax_sum
 
 NEG_INF = float("-inf")
 
@@ -79,7 +79,8 @@ def gather_listed(k, v, block_idx, n_valid, length, block_size: int, pos=None):
   return kg, vg, ok, pos_g
 
 
-def gathered_partials(q, kg, vg, ok, prior=None, *, scale: float):
+def gathered_partials(q, kg, vg, ok, prior=None, *, scale: float,
+                      softcap: float | None = None):
   """Exact softmax partials of ``S`` queries per head over gathered slots (the decode
   references' core).
 
@@ -89,7 +90,8 @@ def gathered_partials(q, kg, vg, ok, prior=None, *, scale: float):
     ok: ``[B, H, S, L]`` bool, query ``s`` of the list's heads may attend slot ``l``.
     prior: optional ``[B, H, R, L]`` prior logits of the gathered slots (``gather_prior``;
       ``-inf``: not a prior member).
-    scale: softmax scale.
+    scale: softmax scale; softcap: attention-logit soft-cap of the true logits
+      (``softmax.soft_cap``; the prior logits are taken as given).
 
   Returns:
     ``(out [B, N, S, D] f32, lse [B, N, S] f32)`` and, with ``prior``, the prior's softmax over
@@ -101,7 +103,7 @@ def gathered_partials(q, kg, vg, ok, prior=None, *, scale: float):
   h = kg.shape[1]
   r = n // h
   # [B, H, R, S, L]
-  lg = scaled_logits(q.reshape(b, h, r * s, d), kg, scale).reshape(b, h, r, s, -1)
+  lg = scaled_logits(q.reshape(b, h, r * s, d), kg, scale, softcap).reshape(b, h, r, s, -1)
   okb = jnp.broadcast_to(ok[:, :, None], lg.shape)
   lg = jnp.where(okb, lg, NEG_INF)
   rows = lambda x: x.reshape(b, n, s, *x.shape[4:])  # [B, H, R, S, ...] -> [B, N, S, ...]
@@ -120,7 +122,8 @@ def gathered_partials(q, kg, vg, ok, prior=None, *, scale: float):
 
 
 def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: int,
-                            scale: float | None = None, pos=None):
+                            scale: float | None = None, pos=None,
+                            softcap: float | None = None):
   """Plain-jnp sparse decode (the ``impl="xla"`` path): gather the listed blocks, masked
   float32 softmax (``gathered_partials``). Any ``block_size`` dividing ``T`` (1: token lists).
 
@@ -133,17 +136,19 @@ def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: 
   selection_rows(hq, k.shape[1], block_idx.shape[1])
   kg, vg, ok, _ = gather_listed(k, v, block_idx, n_valid, length, block_size, pos)
   (out, lse), _ = gathered_partials(q[:, :, None], kg, vg, ok[:, :, None],
-                                    scale=default_scale(d, scale))
+                                    scale=default_scale(d, scale),
+                                    softcap=check_softcap(softcap))
   return out[:, :, 0].astype(q.dtype), lse[:, :, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
-                                             "blocks_per_iter"))
+                                             "blocks_per_iter", "softcap"))
 def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
                   scale: float | None = None, num_splits: int | None = None,
                   impl: _common.Impl = "auto", interpret: bool = False, num_warps: int = 4,
-                  num_stages: int = 3, blocks_per_iter: int | None = None, pos=None):
+                  num_stages: int = 3, blocks_per_iter: int | None = None, pos=None,
+                  softcap: float | None = None):
   """Exact attention of one query per head over the listed KV blocks.
 
   Args:
@@ -166,6 +171,8 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
     interpret: run the Pallas kernel in interpret mode (CPU).
     num_warps, num_stages: Triton launch parameters.
     blocks_per_iter: blocks gathered per loop iteration (static), default from shared memory.
+    softcap: attention-logit soft-cap (static; Gemma 2's ``s -> cap * tanh(s / cap)`` on the
+      scaled logits, ``softmax.soft_cap``), None = none.
 
   Per-query-head lists (``H = N``) run one program per kv head over the union of the group's
   lists with a per-head mask, so a block listed by several heads is read once.
@@ -176,7 +183,8 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   """
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
-                                   scale=scale, pos=pos)
+                                   scale=scale, pos=pos, softcap=softcap)
+  softcap = check_softcap(softcap)
   _common.check_block_size(block_size, k.shape[2])
   b, hq, d = q.shape
   hkv, n = k.shape[1], block_idx.shape[2]
@@ -189,5 +197,6 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   out, lse = decode_partials(
       q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
       row_bits=None if words is None else _union.head_bits(words), bits_per_word=hq // hkv,
-      block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret)
+      block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
+      softcap=softcap)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)

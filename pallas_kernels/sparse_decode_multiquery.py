@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-from pallas_kernels.softmax import default_scale
+from pallas_kernels.softmax import check_softcap, default_scale
 from pallas_kernels.sparse_decode import (gather_listed, gather_prior, gathered_partials,
                                           kv_head_lists, selection_rows)
 
@@ -45,7 +45,7 @@ def window_slots_ok(ok, pos_g, block_mask, q_limit, block_size: int):
 
 def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
                                        *, block_size: int, scale: float | None = None,
-                                       pos=None, prior=None):
+                                       pos=None, prior=None, softcap: float | None = None):
   """Plain-jnp multi-query sparse decode (the ``impl="xla"`` path): gather the listed blocks,
   one masked float32 softmax (``gathered_partials``). Any ``block_size`` dividing ``T``.
 
@@ -60,18 +60,20 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
   kg, vg, ok, pos_g = gather_listed(k, v, block_idx, n_valid, length, block_size, pos)
   ok = window_slots_ok(ok, pos_g, block_mask, q_limit, block_size)
   pg = None if prior is None else gather_prior(prior, block_idx, block_size)
-  true, prior_part = gathered_partials(q, kg, vg, ok, pg, scale=default_scale(d, scale))
+  true, prior_part = gathered_partials(q, kg, vg, ok, pg, scale=default_scale(d, scale),
+                                       softcap=check_softcap(softcap))
   return true if prior is None else true + prior_part
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
-                                             "blocks_per_iter"))
+                                             "blocks_per_iter", "softcap"))
 def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length, *,
                              block_size: int, scale: float | None = None,
                              num_splits: int | None = None, impl: _common.Impl = "auto",
                              interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
-                             blocks_per_iter: int | None = None, pos=None, prior=None):
+                             blocks_per_iter: int | None = None, pos=None, prior=None,
+                             softcap: float | None = None):
   """Sparse decode of W queries per head over one shared block list.
 
   Args:
@@ -90,6 +92,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
       W queries (as ``sparse_decode_resa``).
     block_size, scale, num_splits, impl, interpret, num_warps, num_stages, blocks_per_iter: as
       ``sparse_decode`` (W <= 32).
+    softcap: attention-logit soft-cap (static, ``sparse_decode``'s), None = none.
 
   Returns:
     ``out [B, N, W, D]`` and ``lse [B, N, W]`` (``0`` / ``-inf`` for a query that attends
@@ -101,7 +104,8 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
                                               length, block_size=block_size, scale=scale,
-                                              pos=pos, prior=prior)
+                                              pos=pos, prior=prior, softcap=softcap)
+  softcap = check_softcap(softcap)
   _common.check_block_size(block_size, k.shape[2])
   b, hq, w, d = q.shape
   hkv, n = k.shape[1], block_idx.shape[2]
@@ -124,6 +128,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
       q.reshape(b, hkv, g * w, d), k, v, idx, nv, length, pos=pos, row_bits=row_bits,
       row_limit=row_limit.reshape(b, hkv, g * w), bits_per_word=w, block_size=block_size,
       scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
-      prior=None if prior is None else prior.reshape(b, hkv, g, -1), rows_per_prior=w)
+      prior=None if prior is None else prior.reshape(b, hkv, g, -1), rows_per_prior=w,
+      softcap=softcap)
   rows = lambda x: x.reshape(b, hq, w, *x.shape[3:])  # [B, K, G * W, ...] -> [B, N, W, ...]
   return tuple(map(rows, parts))

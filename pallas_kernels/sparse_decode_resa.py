@@ -24,14 +24,14 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-from pallas_kernels.softmax import default_scale
+from pallas_kernels.softmax import check_softcap, default_scale
 from pallas_kernels.sparse_decode import (gather_listed, gather_prior, gathered_partials,
                                           kv_head_lists, selection_rows)
 
 
 def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
                                  scale: float | None = None, pos=None, epilogue=None,
-                                 extras=()):
+                                 extras=(), softcap: float | None = None):
   """Plain-jnp RESA-fused sparse decode (the ``impl="xla"`` path): gather the listed blocks and
   priors, one float32 softmax over the true and prior logits (``gathered_partials``). Any
   ``block_size`` dividing ``T`` (1: token lists).
@@ -47,7 +47,7 @@ def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, 
   kg, vg, ok, _ = gather_listed(k, v, block_idx, n_valid, length, block_size, pos)
   (out, lse), (p_out, p_lse, seen) = gathered_partials(
       q[:, :, None], kg, vg, ok[:, :, None], gather_prior(prior, block_idx, block_size),
-      scale=default_scale(d, scale))
+      scale=default_scale(d, scale), softcap=check_softcap(softcap))
   return _finish((out[:, :, 0], lse[:, :, 0]), (p_out[:, :, 0], p_lse[:, :, 0]), seen[:, :, 0],
                  epilogue, extras)
 
@@ -60,12 +60,12 @@ def _finish(true, prior_seen, seen, epilogue, extras):
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
-                                             "blocks_per_iter", "epilogue"))
+                                             "blocks_per_iter", "epilogue", "softcap"))
 def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
                        scale: float | None = None, num_splits: int | None = None,
                        impl: _common.Impl = "auto", interpret: bool = False, num_warps: int = 4,
                        num_stages: int = 3, blocks_per_iter: int | None = None, pos=None,
-                       epilogue=None, extras=()):
+                       epilogue=None, extras=(), softcap: float | None = None):
   """``sparse_decode`` plus RESA's prior statistics over the same selected positions.
 
   Args:
@@ -83,6 +83,8 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
       (out, lse)`` of elementwise jnp ops over rows (RESA's aggregator): the Pallas path runs
       it inside the split combine, the reference after; the op then returns its ``(out, lse)``.
     extras: the epilogue's per-head inputs, each ``[B, N]`` or ``[B, N, D]``.
+    softcap: attention-logit soft-cap of the true logits (static, ``sparse_decode``'s); the
+      prior logits are taken as given.
 
   Returns:
     ``(out [B, N, D], lse [B, N])`` as ``sparse_decode`` (out in float32: a partial), and
@@ -94,7 +96,8 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   if _common.resolve_impl(impl) == "xla":
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
                                         block_size=block_size, scale=scale, pos=pos,
-                                        epilogue=epilogue, extras=extras)
+                                        epilogue=epilogue, extras=extras, softcap=softcap)
+  softcap = check_softcap(softcap)
   _common.check_block_size(block_size, k.shape[2])
   b, hq, d = q.shape
   hkv, n = k.shape[1], block_idx.shape[2]
@@ -113,7 +116,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
       prior=prior.reshape(b, hkv, g, -1),
       row_bits=None if words is None else _union.head_bits(words), bits_per_word=g,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
-      epilogue=epilogue, extras=tuple(map(heads, extras)))
+      epilogue=epilogue, extras=tuple(map(heads, extras)), softcap=softcap)
   if epilogue is not None:
     return got[0].reshape(b, hq, d), got[1].reshape(b, hq)
   out, lse, p_out, p_lse, seen = got

@@ -16,7 +16,7 @@ from sparse_attn.cache import KVCache
 
 def dense_over_cache(q, cache: KVCache, positions, scale=None, *,
                      key_tile: int | None = REF_KEY_TILE, query_tile: int = REF_QUERY_TILE,
-                     window: int | None = None):
+                     window: int | None = None, softcap: float | None = None):
   """Causal exact attention of ``q [B, Hq, S, D]`` at ``positions [B, S]`` over the cache.
 
   Keys are the valid slots (``slot < length``, ``pos >= 0``) whose position is at or before
@@ -31,10 +31,11 @@ def dense_over_cache(q, cache: KVCache, positions, scale=None, *,
     key_tile: slots per key tile (``None``: one call over all ``T`` slots).
     query_tile: queries per query tile.
     window: sliding-window length (``None``: full causal attention).
+    softcap: attention-logit soft-cap (Gemma 2, ``pallas_kernels.soft_cap``), None = none.
 
   Returns:
     ``out [B, Hq, S, D]`` (``q.dtype``) and ``lse [B, Hq, S]`` (float32).
   """
   return chunk_attention_reference(q, cache.k, cache.v, positions, cache.pos, cache.length,
                                    scale=scale, window=window, key_tile=key_tile,
-                                   query_tile=query_tile)
+                                   query_tile=query_tile, softcap=softcap)

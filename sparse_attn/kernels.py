@@ -10,6 +10,14 @@ the cache's block size) has no kernel: its path is the reference at that granula
 op counts them in its own pass) and retro counts keys attended (computed here from the masks the
 references use).
 
+Attention-logit soft-capping (Gemma 2, ``softcap``): the attention ops take a static
+``softcap`` and pass it to their op, which caps the scaled logits (``cap * tanh(s / cap)``,
+``pallas_kernels.soft_cap``) before the masks and the softmax in the kernel and the reference
+alike; ``lse`` is then over the capped logits. The block scores (Quest's bound, ``quest_scores``)
+and the top-k select are not capped: tanh is monotone, so they rank blocks alike with or
+without it. RESA's partials take no cap (RESA refuses soft-capped models,
+``methods.Method.with_softcap``).
+
 Letters: B batch, K kv heads, N query heads, H selection heads, R = N // H, S queries per head
 (the retro window ``w``), L gathered slots, NB blocks, D head dim.
 """
@@ -25,13 +33,13 @@ from sparse_attn.selection import Selection
 
 
 def dense_attention(q, cache: KVCache, positions, scale=None, *, window: int | None = None,
-                    impl: Impl = "xla", interpret: bool = False):
+                    softcap: float | None = None, impl: Impl = "xla", interpret: bool = False):
   """Exact causal attention of ``q [B, N, S, D]`` at ``positions [B, S]`` over the cache ->
   ``(out [B, N, S, D], lse [B, N, S])``: prefill chunks, rectification, dense decode
-  (``pallas_kernels.chunk_attention``)."""
+  (``pallas_kernels.chunk_attention``; ``softcap``: the module's soft-cap)."""
   return pallas_kernels.chunk_attention(q, cache.k, cache.v, positions, cache.pos, cache.length,
                                         scale=scale, window=window, impl=impl,
-                                        interpret=interpret)
+                                        interpret=interpret, softcap=softcap)
 
 
 # Pipeline stages of the dense decode's split-K kernel. 2 (64-token tiles, one cp.async buffer,
@@ -41,7 +49,8 @@ DENSE_DECODE_STAGES = 2
 
 
 def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla",
-                 interpret: bool = False, num_stages: int = DENSE_DECODE_STAGES, **launch):
+                 interpret: bool = False, num_stages: int = DENSE_DECODE_STAGES,
+                 softcap: float | None = None, **launch):
   """Exact attention of one query per head ``q [B, N, D]`` at ``positions [B]`` (the newest
   token: every valid slot is at or before it; negative = an inactive row) over the cache ->
   ``(out [B, N, D], lse [B, N])``: dense decode.
@@ -51,10 +60,11 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
   fill the GPU), where a query-tiled kernel would run only B x N programs; otherwise
   ``dense_attention``'s reference. Inactive rows come back empty either way. ``num_stages`` and
   ``launch`` (``num_splits``, ``blocks_per_iter``, ``num_warps``) set the kernel's launch
-  (``experiments/decode_sweep.py`` sweeps them).
+  (``experiments/decode_sweep.py`` sweeps them). ``softcap``: the module's soft-cap.
   """
   if resolve_impl(impl) != "pallas":
-    out, lse = dense_attention(q[:, :, None], cache, positions[:, None], scale, impl="xla")
+    out, lse = dense_attention(q[:, :, None], cache, positions[:, None], scale, impl="xla",
+                               softcap=softcap)
     return out[:, :, 0], lse[:, :, 0]
   b, k = q.shape[0], cache.num_kv_heads
   nb = cache.capacity // cache.block_size
@@ -64,7 +74,7 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
   return pallas_kernels.sparse_decode(q, cache.k, cache.v, idx, n_valid, cache.length,
                                       block_size=cache.block_size, scale=scale, pos=cache.pos,
                                       impl="pallas", interpret=interpret,
-                                      num_stages=num_stages, **launch)
+                                      num_stages=num_stages, softcap=softcap, **launch)
 
 
 def quest_scores(qs, cache: KVCache, *, impl: Impl = "xla", interpret: bool = False):
@@ -103,11 +113,11 @@ def _run(op, reference, cache: KVCache, sel: Selection, impl: Impl, interpret: b
 
 
 def sparse_decode(q, cache: KVCache, sel: Selection, scale=None, *, impl: Impl = "xla",
-                  interpret: bool = False):
+                  interpret: bool = False, softcap: float | None = None):
   """Exact attention of ``q [B, N, D]`` over the selected entries -> ``(out [B, N, D] q.dtype,
-  lse [B, N] f32)`` (``pallas_kernels.sparse_decode``)."""
+  lse [B, N] f32)`` (``pallas_kernels.sparse_decode``; ``softcap``: the module's soft-cap)."""
   return _run(pallas_kernels.sparse_decode, pallas_kernels.sparse_decode_reference, cache, sel,
-              impl, interpret, q, *_listed(cache, sel), scale=scale)
+              impl, interpret, q, *_listed(cache, sel), scale=scale, softcap=softcap)
 
 
 def resa_partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: Impl = "xla",
@@ -144,14 +154,14 @@ def resa_attend(q, cache: KVCache, sel: Selection, prior, scale, aggregator, ext
 
 
 def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, scale, *,
-                    impl: Impl = "xla", interpret: bool = False):
+                    impl: Impl = "xla", interpret: bool = False, softcap: float | None = None):
   """RetroAttention's partials of a window of queries over the newest query's selection
   (``pallas_kernels.sparse_decode_multiquery``).
 
   Args:
     q: ``[B, N, w, D]``; use: ``[B, H, w, n]`` which listed entries each query still lacks;
       positions: ``[B, w]`` (a key is attended only at or before its query); prior: RESA's
-      ``[B, N, T]`` prior logits, or None.
+      ``[B, N, T]`` prior logits, or None; softcap: the module's soft-cap.
 
   Returns:
     ``(out [B,N,w,D] f32, lse [B,N,w])``, the prior pair (None without a prior), ``seen`` and
@@ -160,7 +170,8 @@ def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, sc
   k, v, idx, n_valid, length = _listed(cache, sel)
   outs = _run(pallas_kernels.sparse_decode_multiquery,
               pallas_kernels.sparse_decode_multiquery_reference, cache, sel, impl, interpret,
-              q, k, v, idx, n_valid, use, positions, length, scale=scale, prior=prior)
+              q, k, v, idx, n_valid, use, positions, length, scale=scale, prior=prior,
+              softcap=softcap)
   b, n, w, _ = q.shape
   h, g = idx.shape[1], sel.granularity
   ok, pos_g = pallas_kernels.listed_slots_ok(idx, n_valid, length, g, cache.pos)

@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 import jax.numpy as jnp
 
 from pallas_kernels import Impl, resolve_impl
+from pallas_kernels import check_softcap as _check_softcap
 from sparse_attn import compression, placement, selection, selectors, sliding_window
 from sparse_attn.budget import Budget
 from sparse_attn.cache import DIGEST_KINDS, KVCache, init_cache
@@ -67,6 +68,8 @@ class Method:
     retro: RetroAttention (``enhancers.options.Retro``: window ``w``; Choi et al. 2025), or None.
     sliding_window: Mistral's attention window (None = unlimited); set from the model by
       ``with_sliding_window`` (``models.generate`` does it), see ``sparse_attn.sliding_window``.
+    softcap: the model's attention-logit soft-cap (Gemma 2; None = none), set by
+      ``with_softcap`` (the decode loop does it per layer), see ``with_softcap``.
     digests: the block digest kinds the cache keeps (``cache.DIGEST_KINDS``); None: the box
       (every cache's, docs/architecture.md) plus what the selector reads (``cache_digests``). A shared
       prefill keeps the union of its members'.
@@ -82,6 +85,7 @@ class Method:
   retro: enhancer_options.Retro | None = None
   sliding_window: int | None = None
   digests: tuple[str, ...] | None = None
+  softcap: float | None = None
 
   # Methods of one prefill group (with the same block size and capacity) end the prompt with
   # identical caches, so experiments share one prefill among them (dense prefill: every Method).
@@ -198,6 +202,43 @@ class Method:
           f"{self.spec}: RESA and retro have no sliding-window mask; with a windowed model use "
           "dense, a selector (quest, arkvale, topk, streaming) or +rect")
     return dataclasses.replace(self, sliding_window=sliding_window.check_window(window))
+
+  def with_softcap(self, softcap: float) -> "Method":
+    """This method on a model whose attention logits are soft-capped (Gemma 2): every
+    attention path it runs (prefill, dense and sparse decode, rectification, retro's window)
+    caps the scaled logits, ``cap * tanh(s / cap)`` (``pallas_kernels.soft_cap``), before the
+    softmax. Its selection is unchanged: tanh is monotone, so Quest's and ArkVale's bounds and
+    the token top-k rank blocks and tokens alike with or without the cap.
+
+    Raises:
+      NotImplementedError: rules that read attention mass from uncapped logits: RESA (its prior
+        and online bias estimate the unselected mass as ``e^{P_j + b}``, a linear estimate the
+        cap does not preserve), the adaptive ``topp`` / ``adakv`` rules and Twilight (softmax
+        mass of estimated scores), the token top-k of a group's mean logit (``gqa="group"``:
+        a mean of capped logits ranks unlike a mean of uncapped ones), and a subclass with a
+        decode of its own (it would not pass the cap on).
+    """
+    cap = _check_softcap(softcap)
+    refused = None
+    if cap is None:
+      return dataclasses.replace(self, softcap=None)
+    if self.resa:
+      refused = "RESA's residual estimate (a linear estimate of uncapped logits)"
+    elif type(self).decode is not Method.decode:
+      refused = f"{type(self).__name__}'s own decode (it does not pass the cap on)"
+    elif getattr(self.selector, "topp", None) is not None:
+      refused = "a top-p rule (the mass of uncapped scores)"
+    elif getattr(self.selector, "adakv", None) is not None:
+      refused = "the Ada-KV rule (the mass of uncapped scores)"
+    elif (self.selector is not None and self.selector.token_level
+          and self.selector.group_shared and self.selector.score_based):
+      refused = "a group's mean of uncapped logits (the top-k ranking of gqa='group')"
+    if refused:
+      raise NotImplementedError(
+          f"{self.spec}: the model soft-caps its attention logits (softcap={cap:g}), which "
+          f"{refused} does not model; use dense, a selector (quest, arkvale, topk, "
+          "streaming), +rect or +retro")
+    return dataclasses.replace(self, softcap=cap)
 
   def with_rope(self, inv_freq) -> "Method":
     """Selectors read post-RoPE keys only: the model's RoPE frequencies change nothing."""

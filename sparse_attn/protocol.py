@@ -75,6 +75,15 @@ class AttentionMethod(Protocol):
     """This method under a sliding-window mask; raises NotImplementedError if it has none."""
 
   @property
+  def softcap(self) -> float | None:
+    """The attention-logit soft-cap its attention applies (Gemma 2), None = none."""
+
+  def with_softcap(self, softcap: float) -> "AttentionMethod":
+    """This method on a model that soft-caps its attention logits, ``cap * tanh(s / cap)``
+    before the softmax (every attention path and every rule reading attention weights sees
+    capped logits); raises NotImplementedError where the method cannot."""
+
+  @property
   def budget(self) -> Any:
     """The selection budget rule (``sparse_attn.budget.Budget``), None where there is none."""
 

@@ -5,7 +5,10 @@ Einsum letters used throughout the package:
 
 Every attention primitive in the library returns ``(out, lse)`` with
 ``lse = log sum_j exp(scale * q . k_j)`` over the attended keys (natural log, float32).
-A row that attends nothing returns ``out = 0`` and ``lse = -inf`` and never NaN.
+A row that attends nothing returns ``out = 0`` and ``lse = -inf`` and never NaN. With a
+``softcap`` (Gemma 2) the scaled logits are soft-capped, ``s -> cap * tanh(s / cap)``
+(``soft_cap``), before the mask: ``lse`` is then over the capped logits, which is what every
+attention path of a soft-capped model computes.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import jax.numpy as jnp
 # The masked-attention core of every jnp path (the kernels' references use it too), re-exported
 # as the library's dense reference.
 from pallas_kernels.softmax import (  # pylint: disable=unused-import
-    default_scale, grouped_attention, softmax_sum)
+    check_softcap, default_scale, grouped_attention, soft_cap, softmax_sum)
 
 NEG_INF = float("-inf")
 
@@ -54,7 +57,7 @@ def attention_mask(batch, q_len, kv_len, *, kv_length=None, q_positions=None,
 
 
 def attention(q, k, v, mask=None, scale=None, *, kv_length=None, q_positions=None,
-              k_positions=None, window=None):
+              k_positions=None, window=None, softcap=None):
   """Exact GQA attention. Query head ``h`` reads kv head ``h // G``.
 
   Args:
@@ -67,6 +70,7 @@ def attention(q, k, v, mask=None, scale=None, *, kv_length=None, q_positions=Non
     q_positions: optional ``[B, S]`` query token positions (makes the mask causal).
     k_positions: optional ``[B, T]`` or ``[B, Hkv, T]`` key token positions.
     window: optional sliding window (see ``attention_mask``).
+    softcap: optional attention-logit soft-cap (``soft_cap``; Gemma 2).
 
   Returns:
     ``out [B, Hq, S, D]`` (``q.dtype``) and ``lse [B, Hq, S]`` (float32).
@@ -81,19 +85,21 @@ def attention(q, k, v, mask=None, scale=None, *, kv_length=None, q_positions=Non
   if mask is not None:
     mask = jnp.broadcast_to(mask, (b, hq, s, t)).reshape(b, hkv, g, s, t)
     full = full & mask
-  out, lse = grouped_attention(q.reshape(b, hkv, g, s, d), k, v, full, scale)
+  out, lse = grouped_attention(q.reshape(b, hkv, g, s, d), k, v, full, scale,
+                               check_softcap(softcap))
   return out.reshape(b, hq, s, d), lse.reshape(b, hq, s)
 
 
-def logits(q, k, scale=None):
-  """Raw scaled GQA logits ``[B, Hq, S, T]`` (float32) for analysis and oracles."""
+def logits(q, k, scale=None, softcap=None):
+  """Scaled GQA logits ``[B, Hq, S, T]`` (float32) for analysis and oracles, soft-capped
+  (``soft_cap``) when ``softcap`` is given."""
   b, hq, s, d = q.shape
   hkv = k.shape[1]
   scale = default_scale(d, scale)
   qg = q.reshape(b, hkv, hq // hkv, s, d)
   out = jnp.einsum("bkgsd,bktd->bkgst", qg, k, preferred_element_type=jnp.float32)
-  return (out * scale).reshape(b, hq, s, -1)
+  return soft_cap(out * scale, check_softcap(softcap)).reshape(b, hq, s, -1)
 
 
 __all__ = ["attention", "grouped_attention", "softmax_sum", "attention_mask",
-           "default_scale", "logits", "NEG_INF"]
+           "default_scale", "logits", "soft_cap", "check_softcap", "NEG_INF"]

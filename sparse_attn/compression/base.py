@@ -35,7 +35,9 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
+from pallas_kernels import check_softcap
 from sparse_attn import reference
+from sparse_attn import sliding_window as sliding_window_lib
 from sparse_attn.cache import KVCache, init_cache, write
 from sparse_attn.compression import compact as compact_lib
 from sparse_attn.compression import decode_phase as phase_lib
@@ -65,6 +67,11 @@ class CompressionMethod(Scorer):
     max_tokens: decode phase budget in tokens per head (default ``ceil((1 - ratio) L)``).
     decode_slots: static decode room, making ``end_prefill`` jittable (see ``prefill``).
     block_size: cache block size.
+    softcap: the model's attention-logit soft-cap (Gemma 2; None = none), set by
+      ``with_softcap`` (the decode loop does it): the attention and every scorer that reads
+      attention weights (SnapKV, TOVA, H2O) see capped logits.
+    sliding_window: the layer's attention window (Mistral, Gemma's local layers; None =
+      unlimited), set by ``with_sliding_window``: see there.
   """
 
   spec: str = ""
@@ -77,10 +84,16 @@ class CompressionMethod(Scorer):
   max_tokens: int | None = None
   decode_slots: int | None = None
   block_size: int = 16
+  softcap: float | None = None
+  sliding_window: int | None = None
 
   name: ClassVar[str] = ""
   prefill_group: ClassVar[PrefillGroup | None] = PrefillGroup.COMPRESSION
   DEFAULTS: ClassVar[dict] = {}  # per-method defaults of the common options
+  # True for a scorer whose attention weights come from a model of uncapped, unwindowed
+  # logits (Expected Attention's Gaussian moments): it refuses a soft-capped model and a
+  # sliding window (``with_softcap``, ``with_sliding_window``).
+  estimates_raw_attention: ClassVar[bool] = False
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
@@ -130,13 +143,44 @@ class CompressionMethod(Scorer):
   rect_interval: ClassVar[int] = 0  # never rectifies
   is_dense: ClassVar[bool] = False
   budget: ClassVar[None] = None  # no selection budget: eviction keeps 1 - ratio of the cache
-  sliding_window: ClassVar[None] = None  # no windowed variant (see with_sliding_window)
 
   def with_sliding_window(self, window: int):
-    raise NotImplementedError(
-        f"{self.spec!r} has no sliding-window mask (its eviction scores see every key); the "
-        f"model's window is {window} tokens: use a context within the window, dense, or a "
-        "selector")
+    """This method on a sliding-window layer: its attention (prefill, decode, extend) sees only
+    keys at positions ``> p - window`` (``dense_over_cache``'s window, by token position, so a
+    compacted cache is masked alike), and the scorers that read attention weights (SnapKV,
+    TOVA, H2O) read the windowed weights: a key that left the window of every recorded query
+    scores 0 and is evicted first (the layer never attends it again). Scorers of keys alone
+    (KNorm, KeyDiff, LagKV, CUR, random, StreamingLLM) rank the kept keys as on a global layer.
+    With ``ratio=0`` nothing is evicted and it equals dense attention under the window.
+
+    Raises:
+      NotImplementedError: a scorer that models attention without the window
+        (``estimates_raw_attention``: Expected Attention).
+    """
+    window = sliding_window_lib.check_window(window)
+    if self.estimates_raw_attention:
+      raise NotImplementedError(
+          f"{self.spec!r} has no sliding-window mask (its attention estimate sees every "
+          f"key); the model's window is {window} tokens: use a context within the window, "
+          "another compression method, dense, or a selector")
+    return dataclasses.replace(self, sliding_window=window)
+
+  def with_softcap(self, softcap: float):
+    """This method on a model whose attention logits are soft-capped (Gemma 2): its attention
+    and the attention weights its scorer reads (``observe.window_probs``,
+    ``observe.column_sums``) are over ``cap * tanh(s / cap)``; scorers that read no attention
+    (KNorm, KeyDiff, LagKV, CUR, random, StreamingLLM) are unchanged.
+
+    Raises:
+      NotImplementedError: a scorer that models attention from uncapped logits
+        (``estimates_raw_attention``: Expected Attention).
+    """
+    cap = check_softcap(softcap)
+    if cap is not None and self.estimates_raw_attention:
+      raise NotImplementedError(
+          f"{self.spec!r} estimates attention from uncapped logits, and the model soft-caps "
+          f"its attention logits (softcap={cap:g}); use another compression method")
+    return dataclasses.replace(self, softcap=cap)
 
   def round_capacity(self, n: int) -> int:
     return compact_lib.round_up(n, self.block_size)
@@ -182,7 +226,8 @@ class CompressionMethod(Scorer):
   def _attend(self, q, cache, state, positions, scale):
     """Exact attention of ``q [B, N, S, D]`` over either layout, then ``observe`` ->
     ``(out [B, N, S, D], state)``."""
-    out, lse, seen = layout.of(cache).attend(q, cache, positions, scale)
+    out, lse, seen = layout.of(cache).attend(q, cache, positions, scale, self.softcap,
+                                             self.sliding_window)
     state = dict(state, next_pos=jnp.maximum(
         state["next_pos"], jnp.max(positions, axis=-1).astype(jnp.int32) + 1))
     scale = reference.default_scale(q.shape[-1], scale)

@@ -172,6 +172,9 @@ class ExpectedAttention(RopeOptions, CompressionMethod):
   prefill_stats: str = "all"
 
   name = "expected_attention"
+  # Its weights are Gaussian moments of uncapped, unwindowed logits: refused on a soft-capped
+  # model and on a sliding-window layer.
+  estimates_raw_attention = True
   # Ada-KV head-adaptive budgets (Sec. 2.2 "Head-Adaptive Compression", Table 4b ablation),
   # 4 sinks, compression every 512 decoding steps (Sec. 3.1 "Implementation details")
   DEFAULTS = {"n_sink": 4, "interval": 512, "head_budget": HeadBudget.ADAKV}

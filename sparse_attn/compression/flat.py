@@ -172,8 +172,10 @@ def append(cache: FlatKVCache, k, v, positions) -> FlatKVCache:
       head=put(cache.head, heads), length=jnp.minimum(cache.length + added, cache.capacity))
 
 
-def attend(q, cache: FlatKVCache, positions, scale=None):
-  """Exact causal attention of ``q [B, N, S, D]`` over a flat cache (own head's slots only).
+def attend(q, cache: FlatKVCache, positions, scale=None, softcap=None, window=None):
+  """Exact causal attention of ``q [B, N, S, D]`` over a flat cache (own head's slots only;
+  ``softcap``, ``window``: the attention-logit soft-cap and the sliding window,
+  ``reference.attention``'s).
 
   Returns ``out [B, N, S, D]`` (``q.dtype``) and ``lse [B, N, S]`` float32 (0 / -inf for a row
   that attends nothing).
@@ -184,7 +186,7 @@ def attend(q, cache: FlatKVCache, positions, scale=None):
   mask = (cache.head[:, None, None, :] == qhead[None, :, None, None])  # [B, N, 1, Tf]
   return reference.attention(q, cache.k[:, None], cache.v[:, None], mask, scale,
                              kv_length=cache.length, q_positions=positions,
-                             k_positions=cache.pos)
+                             k_positions=cache.pos, softcap=softcap, window=window)
 
 
 def per_head_counts(cache: FlatKVCache):

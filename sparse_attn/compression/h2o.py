@@ -52,7 +52,8 @@ class H2O(CompressionMethod):
     """Adds the chunk's attention column sums (H2O Alg. 1's accumulated score)."""
     block = min(self.query_block, q.shape[2])
     acc = state["acc"] + observe.column_sums(q, positions, lse, cache.k, cache.pos, cache.valid,
-                                             scale, block)
+                                             scale, block, softcap=self.softcap,
+                                             window=self.sliding_window)
     return dict(state, acc=acc)
 
   def scores(self, cache, state, scale, n):

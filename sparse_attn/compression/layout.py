@@ -46,9 +46,10 @@ class PerHead:
     """The cache as ``[B, K, T]`` rows for scoring: itself."""
     return cache
 
-  def attend(self, q, cache: KVCache, positions, scale):
-    """Exact causal attention of ``q [B, N, S, D]`` -> ``(out, lse [B, N, S], view)``."""
-    out, lse = dense_over_cache(q, cache, positions, scale)
+  def attend(self, q, cache: KVCache, positions, scale, softcap=None, window=None):
+    """Exact causal attention of ``q [B, N, S, D]`` -> ``(out, lse [B, N, S], view)``
+    (``softcap``: the attention-logit soft-cap; ``window``: a sliding window)."""
+    out, lse = dense_over_cache(q, cache, positions, scale, softcap=softcap, window=window)
     return out, lse, cache
 
   def append(self, cache: KVCache, k, v, positions) -> KVCache:
@@ -99,9 +100,10 @@ class Flat:
     """The buffer as ``[B, K, Tf]`` rows for scoring (``flat.heads_view``)."""
     return flat.heads_view(cache)
 
-  def attend(self, q, cache: flat.FlatKVCache, positions, scale):
-    """Exact causal attention of ``q [B, N, S, D]`` (own head's slots) -> ``(out, lse, view)``."""
-    out, lse = flat.attend(q, cache, positions, scale)
+  def attend(self, q, cache: flat.FlatKVCache, positions, scale, softcap=None, window=None):
+    """Exact causal attention of ``q [B, N, S, D]`` (own head's slots) -> ``(out, lse, view)``
+    (``softcap``: the attention-logit soft-cap; ``window``: a sliding window)."""
+    out, lse = flat.attend(q, cache, positions, scale, softcap, window)
     return out, lse, flat.heads_view(cache)
 
   def append(self, cache: flat.FlatKVCache, k, v, positions) -> flat.FlatKVCache:

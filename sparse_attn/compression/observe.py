@@ -11,6 +11,11 @@ attention keep what they need in their state and recompute only that part:
   * ``column_sums``: H2O's accumulated attention of a prefill chunk, computed over query blocks
     and the key tiles each block can see, against the chunk's ``lse``, so only
     ``block x key_tile`` scores exist at a time.
+
+On a soft-capped model (Gemma 2, ``softcap``) both recompute the capped logits
+(``pallas_kernels.soft_cap``), the ones the attention's softmax and ``lse`` saw, and on a
+sliding-window layer (``window``) they mask keys outside each query's window as its attention
+did, so the weights they read are the model's.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import jax.numpy as jnp
 
 from pallas_kernels.key_tiles import (clamped_tile, seeable_positions, tile_first_positions,
                                      tiles_to_visit)
+from pallas_kernels.softmax import soft_cap
 
 
 def init_ring(batch: int, num_heads: int, window: int, head_dim: int):
@@ -60,7 +66,7 @@ def ring_filled(ring):
   return jnp.arange(w)[None, :] < jnp.minimum(ring["n"], w)[:, None]
 
 
-def window_probs(qw, qpos, qvalid, k, kpos, kvalid, scale):
+def window_probs(qw, qpos, qvalid, k, kpos, kvalid, scale, softcap=None, window=None):
   """Causal softmax of a few queries over the cache.
 
   Args:
@@ -71,6 +77,8 @@ def window_probs(qw, qpos, qvalid, k, kpos, kvalid, scale):
     kpos: ``[B, K, T]`` key token positions.
     kvalid: ``[B, K, T]`` bool.
     scale: softmax scale.
+    softcap: attention-logit soft-cap (None = none).
+    window: sliding window (keys at positions ``> qpos - window`` only; None = unlimited).
 
   Returns:
     ``[B, K, G, W, T]`` float32 attention probabilities (0 for invalid queries or keys).
@@ -79,9 +87,12 @@ def window_probs(qw, qpos, qvalid, k, kpos, kvalid, scale):
   hkv = k.shape[1]
   qg = qw.reshape(b, w, hkv, n // hkv, d)
   # [B, K, G, W, T]
-  logits = jnp.einsum("bwkgd,bktd->bkgwt", qg, k.astype(jnp.float32)) * scale
+  logits = soft_cap(jnp.einsum("bwkgd,bktd->bkgwt", qg, k.astype(jnp.float32)) * scale,
+                    softcap)
   mask = (kvalid[:, :, None, None, :] & qvalid[:, None, None, :, None]
           & (kpos[:, :, None, None, :] <= qpos[:, None, None, :, None]))
+  if window is not None:
+    mask &= kpos[:, :, None, None, :] > qpos[:, None, None, :, None] - window
   logits = jnp.where(mask, logits, -jnp.inf)
   m = jnp.max(logits, axis=-1, keepdims=True)
   p = jnp.exp(logits - jnp.where(jnp.isfinite(m), m, 0.0))
@@ -90,7 +101,7 @@ def window_probs(qw, qpos, qvalid, k, kpos, kvalid, scale):
 
 
 def column_sums(q, positions, lse, k, kpos, kvalid, scale, block: int = 256,
-                key_tile: int = 512):
+                key_tile: int = 512, softcap=None, window=None):
   """Per-key attention mass summed over the chunk's queries (H2O's accumulated attention).
 
   Queries are taken ``block`` at a time and each block visits only the key tiles that hold a
@@ -107,6 +118,8 @@ def column_sums(q, positions, lse, k, kpos, kvalid, scale, block: int = 256,
     scale: softmax scale.
     block: static number of queries scored at a time.
     key_tile: static number of cache slots scored at a time.
+    softcap: attention-logit soft-cap (None = none; ``lse`` is then over capped logits).
+    window: sliding window (None = unlimited; ``lse`` is then over the window).
 
   Returns:
     ``[B, K, T]`` float32: ``sum_s mean_g p[g, s, t]`` (the group's heads averaged).
@@ -135,8 +148,11 @@ def column_sums(q, positions, lse, k, kpos, kvalid, scale, block: int = 256,
     def one_tile(i, acc):
       start, kp = clamped_tile(seeable, i, kt)  # [B, K, kt]
       take = lambda x: jax.lax.dynamic_slice_in_dim(x, start, kt, axis=2)
-      logits = jnp.einsum("bkgsd,bktd->bkgst", qi, take(k).astype(jnp.float32)) * scale
+      logits = soft_cap(
+          jnp.einsum("bkgsd,bktd->bkgst", qi, take(k).astype(jnp.float32)) * scale, softcap)
       ok = live[..., None] & (kp[:, :, None, None, :] <= pi[:, None, None, :, None])
+      if window is not None:
+        ok &= kp[:, :, None, None, :] > pi[:, None, None, :, None] - window
       p = jnp.where(ok, jnp.exp(logits - li[..., None]), 0.0)
       return jax.lax.dynamic_update_slice_in_dim(
           acc, take(acc) + jnp.sum(p, axis=(2, 3)) / g, start, axis=2)

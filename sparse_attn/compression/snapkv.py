@@ -59,7 +59,8 @@ class SnapKV(CompressionMethod):
     del n
     ring = state["obs"]
     p = observe.window_probs(ring["buf"], ring["pos"], observe.ring_filled(ring), cache.k,
-                             cache.pos, cache.valid, scale)  # [B, K, G, W, T]
+                             cache.pos, cache.valid, scale, self.softcap,
+                             self.sliding_window)  # [B, K, G, W, T]
     votes = jnp.mean(jnp.sum(p, axis=3), axis=2)  # [B, K, T]
     in_window = cache.valid & (cache.pos >= state["next_pos"][:, None, None] - self.window_size)
     votes = jnp.where(in_window, 0.0, votes)

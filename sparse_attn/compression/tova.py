@@ -64,7 +64,8 @@ class TOVA(CompressionMethod):
     del n
     ring = state["last_q"]
     p = observe.window_probs(ring["buf"], ring["pos"], observe.ring_filled(ring), cache.k,
-                             cache.pos, cache.valid, scale)[:, :, :, 0]  # [B, K, G, T]
+                             cache.pos, cache.valid, scale, self.softcap,
+                             self.sliding_window)[:, :, :, 0]  # [B, K, G, T]
     if self.scope == "group":
       return jnp.mean(p, axis=2)
     layer = jnp.mean(p, axis=(1, 2), keepdims=True)[:, :, 0]  # [B, 1, T]

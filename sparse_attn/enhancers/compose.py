@@ -89,7 +89,7 @@ def _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed):
   scale = reference.default_scale(q.shape[-1], scale)
   cache, state = _write(m, cache, state, k, v, positions, scale, prior_formed)
   out, lse = kernels.dense_attention(q, cache, positions, scale, window=m.sliding_window,
-                                     impl=m.impl, interpret=m.interpret)
+                                     softcap=m.softcap, impl=m.impl, interpret=m.interpret)
   if m.window > 1:
     ring = retro.store(state.retro.ring, positions,
                        _dense_entries(m, cache, out, lse, positions))
@@ -140,10 +140,11 @@ def attend(m, q, cache: KVCache, positions, scale=None, place=placement.ONE_DEVI
     cache = sliding_window.visible(cache, positions, m.sliding_window)
     impl = "xla"  # the Pallas kernels bound keys by `length`, not by position
   if m.selector is None:
-    return kernels.dense_decode(q, cache, positions, scale, impl=impl, interpret=m.interpret)
+    return kernels.dense_decode(q, cache, positions, scale, impl=impl, interpret=m.interpret,
+                                softcap=m.softcap)
   sel = select(m, q, cache, scale, place)
   out, lse = place.merge(*kernels.sparse_decode(q, cache, sel, scale, impl=impl,
-                                                interpret=m.interpret))
+                                                interpret=m.interpret, softcap=m.softcap))
   return sparse.mask_rows(out, lse, positions)
 
 
@@ -225,7 +226,7 @@ def _retro_step(m, q, cache, state, positions, scale):
   st = state.resa
   true, prior_part, seen, exposed = kernels.window_partials(
       q, cache, sel, use, positions, st.prior if m.resa else None, scale, impl=m.impl,
-      interpret=m.interpret)
+      interpret=m.interpret, softcap=m.softcap)
 
   def with_cache(new, old_o, old_l):
     """Past queries: merge the supplementary part into the cached output (Eq. 2)."""

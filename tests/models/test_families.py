@@ -4,8 +4,9 @@ Float32 logits of every family are checked in ``test_llama_parity`` (``tiny.CONF
 greedy decoding, bfloat16, LongRoPE's short/long switch, sharded checkpoints, and a selector,
 an enhancer and a compression method at full budget equal to dense through the decode loop.
 On a sliding-window model (``phi3_window``) a selector ranks and reads only the blocks inside
-the window (``with_model_window``); RESA and the compression methods have no window mask and
-are refused, as on Mistral (``test_sliding_window``).
+the window (``with_model_window``) and a compression method attends and scores under it; RESA
+has no window mask and is refused, as on Mistral (``test_sliding_window``). Gemma 2 / 3 are in
+``test_gemma``.
 """
 
 import math
@@ -74,7 +75,7 @@ def test_full_budget_methods_equal_dense(family):
            "snapkv": dict(ratio=0.0)}
   for spec, options in specs.items():
     m = methods.make(spec, **options)
-    if model.config.sliding_window is not None and spec != "quest":
+    if model.config.sliding_window is not None and spec == "resa-quest":
       with pytest.raises(NotImplementedError, match="sliding-window"):
         run(m)
       continue

@@ -68,7 +68,21 @@ def test_methods_without_window_mask_are_refused(mistral):
                     methods.make("quest+resa", block_size=4), **KW)
   with pytest.raises(NotImplementedError, match="sliding-window"):
     decode.generate(model, _tokens(1, PROMPT_LEN)[0].tolist(), 4,
-                    methods.make("snapkv", ratio=0.5), **KW)
+                    methods.make("expected_attention", ratio=0.5), **KW)
   with pytest.raises(ValueError, match="sliding window of 8"):  # prefill alone does not add it
     decode.prefill(model, _tokens(1, PROMPT_LEN), np.array([PROMPT_LEN]),
                    methods.make("dense", block_size=4), 32)
+
+
+def test_compression_attends_and_scores_under_the_window(mistral):
+  """A compression method on a windowed model attends under the window: at ratio 0 it equals
+  dense; evicting half the prompt it runs (its windowed votes: ``test_compression_observe``)."""
+  _, model = mistral
+  tokens = _tokens(1, 26, seed=5)
+  dense = decode.teacher_forced(model, tokens, PROMPT_LEN, methods.make("dense", block_size=4),
+                                **KW)
+  got = decode.teacher_forced(model, tokens, PROMPT_LEN, methods.make("snapkv", ratio=0.0), **KW)
+  np.testing.assert_allclose(got, dense, rtol=1e-4, atol=1e-4)
+  half = decode.teacher_forced(model, tokens, PROMPT_LEN, methods.make("snapkv", ratio=0.5),
+                               **KW)
+  assert np.isfinite(half).all()

@@ -212,3 +212,28 @@ def test_in_order_implementation_auto_is_cudnn_on_a_gpu_only():
   assert in_order_implementation(None, BF16, 4096, 128, None) is None
   with pytest.raises(ValueError, match="in_order"):
     in_order_implementation("fast", BF16, 4096, 128, None)
+
+
+@pytest.mark.parametrize("shape,compacted", [(POOL[1], True), (POOL[2], False)])
+def test_softcap_kernel_reference_and_dense_agree(shape, compacted):
+  """Gemma 2's soft-cap: the kernel (interpret mode) == the tiled reference == dense attention
+  with the cap, and it changes the result (logits scaled up past the cap)."""
+  q, k, v, q_pos, k_pos, length = random_problem(shape, 7, compacted)
+  q, length = q * 4, length.at[0].set(k.shape[2])
+  g, key_tile, window, dtype = shape[2], shape[6], shape[7], shape[8]
+  cap = 4.0
+  out, lse = chunk_attention(q, k, v, q_pos, k_pos, length, window=window, key_tile=key_tile,
+                             impl="pallas", interpret=True, softcap=cap)
+  ref_out, ref_lse = chunk_attention_reference(q, k, v, q_pos, k_pos, length, window=window,
+                                               softcap=cap, key_tile=16, query_tile=8)
+  assert_attention_close(out, lse, ref_out, ref_lse, dtype)
+  mask = None
+  if window is not None:
+    mask = jnp.repeat(k_pos[:, :, None, :] > q_pos[:, None, :, None] - window, g, axis=1)
+  never = jnp.iinfo(jnp.int32).max
+  d_out, d_lse = dense.attention(q, k, v, mask, kv_length=length, q_positions=q_pos,
+                                 k_positions=jnp.where(k_pos >= 0, k_pos, never), softcap=cap)
+  assert_attention_close(ref_out, ref_lse, d_out, d_lse, dtype)
+  plain = chunk_attention_reference(q, k, v, q_pos, k_pos, length, window=window)[1]
+  finite = np.isfinite(np.asarray(ref_lse))
+  assert np.abs(np.asarray(plain)[finite] - np.asarray(ref_lse)[finite]).max() > 0.1

@@ -75,3 +75,28 @@ def test_chunk_attention_with_its_in_order_branch_lowers():
                      S((b, hq, s, d), BF16), cache, cache, S((b, s), I32), S((b, hkv, t), I32),
                      S((b,), I32))
   assert f"custom_call @{TRITON_CALL}" in text and "stablehlo.case" in text
+
+
+def test_softcapped_decode_and_chunk_kernels_lower():
+  """Gemma 2's attention-logit soft-cap (tanh in the kernels) at Gemma-2-9B's heads (16 query,
+  8 kv, D = 256): the decode kernel, its multi-query form and the chunk kernel lower, and a
+  soft-capped chunk has no in-order (library) branch."""
+  from pallas_kernels import chunk_attention, sparse_decode_multiquery  # pylint: disable=g-import-not-at-top
+  b, hq, hkv, d, t, bs, n, s = 1, 16, 8, 256, 8192, 16, 26, 256
+  cache = S((b, hkv, t, d), BF16)
+  text = export_cuda(functools.partial(sparse_decode, block_size=bs, impl="pallas",
+                                       softcap=50.0),
+                     S((b, hq, d), BF16), cache, cache, S((b, hkv, n), I32), S((b, hkv), I32),
+                     S((b,), I32))
+  assert TRITON_CALL in text and "tanh" in text
+  text = export_cuda(functools.partial(sparse_decode_multiquery, block_size=bs, impl="pallas",
+                                       softcap=50.0),
+                     S((b, hq, 4, d), BF16), cache, cache, S((b, hkv, n), I32),
+                     S((b, hkv), I32), S((b, hkv, 4, n), jnp.bool_), S((b, 4), I32),
+                     S((b,), I32))
+  assert TRITON_CALL in text
+  text = export_cuda(functools.partial(chunk_attention, impl="pallas", in_order="xla",
+                                       softcap=50.0),
+                     S((b, hq, s, d), BF16), cache, cache, S((b, s), I32), S((b, hkv, t), I32),
+                     S((b,), I32))
+  assert f"custom_call @{TRITON_CALL}" in text and "stablehlo.case" not in text

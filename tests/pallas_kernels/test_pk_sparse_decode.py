@@ -142,3 +142,55 @@ def test_xla_impl_is_reference_and_auto_is_xla_on_cpu():
     np.testing.assert_allclose(got[0], want[0], rtol=0 if cpu else 1e-6, atol=0 if cpu else 1e-6)
   with pytest.raises(ValueError):
     sparse_decode(q, k, v, idx, n_valid, length, block_size=16, impl="triton")
+
+
+SOFTCAP_CASES = [  # (case fields as POOL, softcap): both layouts and dtypes, splits
+    (Case(batch=2, hkv=2, group=3, head_dim=64, block_size=16, num_blocks=12, list_len=7,
+          per_head=False, dtype=jnp.float32, seed=31, num_splits=3), 5.0),
+    (Case(batch=1, hkv=2, group=2, head_dim=128, block_size=32, num_blocks=8, list_len=5,
+          per_head=True, dtype=jnp.bfloat16, seed=32), 3.0),
+]
+
+
+@pytest.mark.parametrize("case,cap", SOFTCAP_CASES)
+def test_softcap_kernel_reference_and_dense_agree(case, cap):
+  """Gemma 2's soft-cap in the kernel (interpret mode) == the reference == dense attention with
+  the cap; logits are scaled up so the cap bends them (the outputs differ from uncapped)."""
+  q, k, v, idx, n_valid, length, _ = case.arrays()
+  q = q * 4
+  # Row 0: full lists of distinct blocks over a full cache.
+  full = np.stack([np.random.default_rng(h).permutation(case.num_blocks)[:case.list_len]
+                   for h in range(idx.shape[1])])
+  idx, n_valid = idx.at[0].set(full), n_valid.at[0].set(case.list_len)
+  length = length.at[0].set(case.t)
+  out, lse = run_kernel(case, q, k, v, idx, n_valid, length, num_splits=case.num_splits,
+                        softcap=cap)
+  ref_out, ref_lse = sparse_decode_reference(q, k, v, idx, n_valid, length,
+                                             block_size=case.block_size, softcap=cap)
+  assert_attention_close(out, lse, ref_out, ref_lse, case.dtype)
+  d_out, d_lse = dense.attention(q[:, :, None], k, v, dense_mask(case, idx, n_valid),
+                                 kv_length=length, softcap=cap)
+  assert_attention_close(ref_out, ref_lse, d_out[:, :, 0], d_lse[:, :, 0], case.dtype)
+  plain = sparse_decode_reference(q, k, v, idx, n_valid, length, block_size=case.block_size)[1]
+  finite = np.isfinite(np.asarray(ref_lse))
+  assert finite.any()
+  assert np.abs(np.asarray(plain)[finite] - np.asarray(ref_lse)[finite]).max() > 0.1
+
+
+def test_softcap_is_tanh_of_the_scaled_logits():
+  """dense attention with ``softcap`` is the softmax of ``cap * tanh(scale q.k / cap)``."""
+  rng = np.random.default_rng(0)
+  q = rng.standard_normal((1, 2, 3, 16)).astype(np.float32) * 3
+  k = rng.standard_normal((1, 1, 5, 16)).astype(np.float32) * 3
+  v = rng.standard_normal((1, 1, 5, 16)).astype(np.float32)
+  cap, scale = 2.5, 0.3
+  s = cap * np.tanh(np.einsum("bhsd,btd->bhst", q, k[:, 0]) * scale / cap)
+  p = np.exp(s - s.max(-1, keepdims=True))
+  want = np.einsum("bhst,btd->bhsd", p / p.sum(-1, keepdims=True), v[:, 0])
+  want_lse = np.log(np.exp(s).sum(-1))
+  out, lse = dense.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), scale=scale,
+                             softcap=cap)
+  np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(lse, want_lse, rtol=1e-5, atol=1e-5)
+  with pytest.raises(ValueError, match="softcap"):
+    dense.attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), softcap=0.0)
