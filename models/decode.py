@@ -27,7 +27,8 @@ import numpy as np
 from models import llama, sharding
 from models.sampling import Sampling
 from models.driver import Decoder, pin_prefix
-from models.steps import end_prefill, init_caches, prefill_step, sample_from_hidden
+from models.steps import (check_layer_methods, end_prefill, init_caches, prefill_step,
+                          sample_from_hidden)
 from sparse_attn.protocol import AttentionMethod
 
 def chunk_size_for(max_len: int, prefill_chunk: int) -> int:
@@ -52,14 +53,15 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMe
     raise ValueError("every prompt needs at least one token")
   if s > capacity:
     raise ValueError(f"prompt of {s} tokens exceeds the cache capacity {capacity}")
-  w = config.sliding_window
-  if w is not None and capacity > w and method.sliding_window != w:
+  w = config.sliding_window  # None when the cache never outgrows it (for_context)
+  if w is not None and not config.per_layer_windows and method.sliding_window != w:
     raise ValueError(
         f"the model attends a sliding window of {w} tokens < cache capacity {capacity}, but "
         f"method {method.spec!r} has sliding_window={method.sliding_window}: pass "
         "models.decode.with_model_window(method, config, capacity) (generate and "
         "teacher_forced do)")
   method.check_context(int(lengths.min()))  # e.g. a selector whose budget chooses nothing
+  check_layer_methods(method, config)  # per-layer windows, soft-cap: refuse before compiling
   history = np.zeros((b, capacity), np.int32)
   history[:, :s] = prompts
   caches, states = init_caches(config, method, b, capacity)
@@ -89,11 +91,19 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMe
 def with_model_window(method: AttentionMethod, config, capacity: int):
   """``method`` with the model's sliding window (Mistral) when the cache can outgrow it.
 
+  A model whose layers have windows of their own (Gemma's local and global layers,
+  ``config.per_layer_windows``) gets ``method`` back unchanged: the decode steps give each
+  layer its window (``steps.layer_method``); here the method is only checked.
+
   Raises:
-    NotImplementedError: the method has no window mask (RESA, retro, compression methods).
+    NotImplementedError: the method has no window mask (RESA, retro, Expected Attention).
   """
+  config = config.for_context(capacity)
   w = config.sliding_window
-  if w is None or capacity <= w or method.sliding_window == w:
+  if w is None or method.sliding_window == w:
+    return method
+  if config.per_layer_windows:
+    check_layer_methods(method, config)
     return method
   return method.with_sliding_window(w)
 

@@ -38,7 +38,22 @@ LAYER_MAP = {
     "self_attn.q_norm.weight": ("q_norm", "scale", False),
     "self_attn.k_norm.weight": ("k_norm", "scale", False),
 }
+# Gemma 2 / 3 (``config.sandwich_norms``): four norms per layer, ``mlp_norm`` being the one
+# before the MLP (Llama's ``post_attention_layernorm`` is Gemma's ``pre_feedforward_layernorm``).
+SANDWICH_NORMS = {
+    "post_attention_layernorm.weight": ("post_attn_norm", "scale", False),
+    "pre_feedforward_layernorm.weight": ("mlp_norm", "scale", False),
+    "post_feedforward_layernorm.weight": ("post_mlp_norm", "scale", False),
+}
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def layer_map(config: ModelConfig) -> dict:
+  """HF per-layer name -> (our module, our param, transpose) for ``config``'s block."""
+  if not config.sandwich_norms:
+    return LAYER_MAP
+  return {**{k: v for k, v in LAYER_MAP.items() if k != "post_attention_layernorm.weight"},
+          **SANDWICH_NORMS}
 # Phi-3's fused HF tensors (per layer) -> the parts they concatenate on the output axis.
 FUSED_MAP = {
     "self_attn.qkv_proj.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
@@ -95,11 +110,12 @@ def convert_state_dict(config: ModelConfig, tensors: Mapping[str, np.ndarray] | 
   elif "lm_head.weight" in names:
     used.add("lm_head.weight")  # tied: a saved copy of the embedding is redundant
   layers = {}
+  names_of = layer_map(config)
   for module, leaves in want["layers"].items():
     layers[module] = {}
     for leaf, sd in leaves.items():
-      hf = next(k for k, v in LAYER_MAP.items() if v[:2] == (module, leaf))
-      transpose = LAYER_MAP[hf][2]
+      hf = next(k for k, v in names_of.items() if v[:2] == (module, leaf))
+      transpose = names_of[hf][2]
       per = [fetch(f"model.layers.{i}.{hf}", sd.shape[1:], transpose)
              for i in range(config.num_layers)]
       layers[module][leaf] = np.stack(per)

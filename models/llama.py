@@ -1,5 +1,9 @@
 """Flax (Linen) Llama-family decoder: RMSNorm, RoPE, GQA, SwiGLU, optional biases and
-per-head q/k RMSNorms (Qwen3).
+per-head q/k RMSNorms (Qwen3); and what Gemma 2 / Gemma 3 add to the same block (config
+flags, ``models.config.ModelConfig``): ``1 + weight`` RMSNorms, norms after attention and the
+MLP, a GELU-tanh gated MLP, embeddings scaled by ``sqrt(hidden)``, ``query_pre_attn_scalar``,
+attention- and final-logit soft-capping, local (sliding-window) and global layers side by side
+with Gemma 3's own RoPE base for the local ones.
 
 Letters: B batch, S tokens in the step, E hidden size, F MLP size, V vocab, L layers,
 N query heads, K kv heads, D head dim.
@@ -15,6 +19,10 @@ Params pytree::
   {"embed": [V, E], "layers": Block params with a leading [L] axis,
    "final_norm": {"scale": [E]}, "lm_head": [E, V] (absent when embeddings are tied)}
 
+Gemma layers hold two more norms, ``post_attn_norm`` and ``post_mlp_norm`` (``mlp_norm`` is
+its ``pre_feedforward_layernorm``), and every Gemma norm scale is stored as the checkpoint's
+zero-centred weight (the norm multiplies by ``1 + scale``).
+
 A layer's projections that read the same input may be held fused (``fuse_projections``:
 ``qkv_proj`` for q/k/v, ``gate_up_proj`` for gate/up), the GPU decode layout; ``Block`` reads
 either form (``is_fused``).
@@ -28,6 +36,7 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from models import rope as rope_lib
 from models.config import ModelConfig
@@ -41,17 +50,31 @@ def compute_dtype(config: ModelConfig):
 
 
 class RMSNorm(nn.Module):
-  """``x / rms(x) * scale``, normalised in float32 (as Llama's reference)."""
+  """``x / rms(x) * scale``, normalised in float32 (as Llama's reference); with ``plus_one``
+  (Gemma) ``x / rms(x) * (1 + scale)``, all in float32 and cast once at the end (as
+  transformers' ``Gemma2RMSNorm``)."""
 
   eps: float
   dtype: Any = jnp.float32
+  plus_one: bool = False
 
   @nn.compact
   def __call__(self, x):
-    scale = self.param("scale", nn.initializers.ones, (x.shape[-1],), jnp.float32)
+    init = nn.initializers.zeros if self.plus_one else nn.initializers.ones
+    scale = self.param("scale", init, (x.shape[-1],), jnp.float32)
     xf = x.astype(jnp.float32)
     xf = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
+    if self.plus_one:
+      return (xf * (1.0 + scale)).astype(self.dtype)
     return (scale.astype(self.dtype) * xf.astype(self.dtype)).astype(self.dtype)
+
+
+def activation(config: ModelConfig, gate):
+  """The gated MLP's activation: SiLU, or Gemma's tanh-approximated GELU (in float32, as
+  PyTorch's ``gelu(approximate="tanh")`` computes it)."""
+  if config.hidden_act == "gelu_pytorch_tanh":
+    return jax.nn.gelu(gate.astype(jnp.float32), approximate=True).astype(gate.dtype)
+  return nn.silu(gate)
 
 
 class Block(nn.Module):
@@ -59,6 +82,7 @@ class Block(nn.Module):
 
   config: ModelConfig
   fused: bool = False  # projections held as ``fuse_projections`` makes them
+  local: bool = False  # a local layer (``config.is_local``): its RoPE when tables are not given
 
   @nn.compact
   def __call__(self, x, positions, attend: Callable, rope_tables=None):
@@ -68,8 +92,8 @@ class Block(nn.Module):
       x: ``[B, S, E]`` residual stream.
       positions: ``[B, S]`` int32 RoPE positions (negative = padding).
       attend: ``(q [B, N, S, D], k [B, K, S, D], v [B, K, S, D]) -> (out [B, N, S, D], aux)``.
-      rope_tables: ``rope_tables_for(config, positions)``, when the caller computed them once for
-        every layer (default: computed here).
+      rope_tables: ``rope_tables_for(config, positions, local)``, when the caller computed them
+        once for every layer (default: computed here for ``self.local``).
 
     Returns:
       ``(x [B, S, E], aux)``.
@@ -79,7 +103,8 @@ class Block(nn.Module):
     dense = lambda f, bias, name: nn.Dense(f, use_bias=bias, dtype=dt, param_dtype=dt,
                                            name=name)
     b, s, _ = x.shape
-    h = RMSNorm(c.rms_norm_eps, dt, name="attn_norm")(x)
+    norm = lambda name: RMSNorm(c.rms_norm_eps, dt, c.norm_plus_one, name=name)
+    h = norm("attn_norm")(x)
     heads = lambda y, n: y.reshape(b, s, n, c.head_dim).transpose(0, 2, 1, 3)
     # [B, N, S, D] / [B, K, S, D]
     if self.fused:
@@ -90,36 +115,44 @@ class Block(nn.Module):
       k = dense(c.kv_size, c.qkv_bias, "k_proj")(h)
       v = dense(c.kv_size, c.qkv_bias, "v_proj")(h)
     q, k, v = heads(q, c.num_heads), heads(k, c.num_kv_heads), heads(v, c.num_kv_heads)
-    if c.qk_norm:  # Qwen3: RMSNorm over each head's D channels, before RoPE
-      q = RMSNorm(c.rms_norm_eps, dt, name="q_norm")(q)
-      k = RMSNorm(c.rms_norm_eps, dt, name="k_norm")(k)
-    cos, sin = rope_tables if rope_tables is not None else rope_tables_for(c, positions)
+    if c.qk_norm:  # Qwen3, Gemma 3: RMSNorm over each head's D channels, before RoPE
+      q = norm("q_norm")(q)
+      k = norm("k_norm")(k)
+    cos, sin = (rope_tables if rope_tables is not None
+                else rope_tables_for(c, positions, self.local))
     q, k = rope_lib.rotate(q, cos, sin), rope_lib.rotate(k, cos, sin)
     out, aux = attend(q, k, v)
     out = out.astype(dt).transpose(0, 2, 1, 3).reshape(b, s, c.q_size)  # [B, S, N*D]
-    x = x + dense(c.hidden_size, c.o_bias, "o_proj")(out)
-    h = RMSNorm(c.rms_norm_eps, dt, name="mlp_norm")(x)
+    out = dense(c.hidden_size, c.o_bias, "o_proj")(out)
+    if c.sandwich_norms:  # Gemma: post_attention_layernorm
+      out = norm("post_attn_norm")(out)
+    x = x + out
+    h = norm("mlp_norm")(x)
     if self.fused:  # [B, S, F] each
       gate, up = jnp.split(dense(2 * c.intermediate_size, c.mlp_bias, "gate_up_proj")(h), 2, -1)
     else:
       gate = dense(c.intermediate_size, c.mlp_bias, "gate_proj")(h)
       up = dense(c.intermediate_size, c.mlp_bias, "up_proj")(h)
-    x = x + dense(c.hidden_size, c.mlp_bias, "down_proj")(nn.silu(gate) * up)
-    return x, aux
+    out = dense(c.hidden_size, c.mlp_bias, "down_proj")(activation(c, gate) * up)
+    if c.sandwich_norms:  # Gemma: post_feedforward_layernorm
+      out = norm("post_mlp_norm")(out)
+    return x + out, aux
 
 
-def rope_tables_for(config: ModelConfig, positions):
-  """RoPE ``cos, sin [B, 1, S, D/2]`` of ``positions [B, S]`` (``models.rope.tables``).
+def rope_tables_for(config: ModelConfig, positions, local: bool = False):
+  """RoPE ``cos, sin [B, 1, S, D/2]`` of ``positions [B, S]`` (``models.rope.tables``) for a
+  global or a ``local`` layer (``ModelConfig.rope_of``: Gemma 3's local base).
 
   A layer stack computes them once, outside its layer loop: inside one layer, XLA:CPU fuses the
   ``cos``/``sin`` into each head's rotation and evaluates them once per head (a 2k-token prefill
   chunk spent ~10x longer in RoPE than in the rotation itself).
   """
-  return rope_lib.scaled_tables(config.rope, config.head_dim, positions)
+  return rope_lib.scaled_tables(config.rope_of(local), config.head_dim, positions)
 
 
 def softmax_scale(config: ModelConfig) -> float:
-  return 1.0 / math.sqrt(config.head_dim)
+  """``head_dim ** -0.5``, or Gemma's ``query_pre_attn_scalar ** -0.5``."""
+  return config.softmax_scale
 
 
 def init_params(config: ModelConfig, key: jax.Array) -> Params:
@@ -136,7 +169,8 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
       "embed": (jax.random.normal(k_emb, (config.vocab_size, config.hidden_size)) * 0.5
                ).astype(dt),
       "layers": layers,
-      "final_norm": {"scale": jnp.ones((config.hidden_size,), jnp.float32)},
+      "final_norm": {"scale": (jnp.zeros if config.norm_plus_one else jnp.ones)(
+          (config.hidden_size,), jnp.float32)},
   }
   if not config.tie_word_embeddings:
     params["lm_head"] = (jax.random.normal(k_head, (config.hidden_size, config.vocab_size))
@@ -145,8 +179,12 @@ def init_params(config: ModelConfig, key: jax.Array) -> Params:
 
 
 def embed(params: Params, config: ModelConfig, tokens):
-  """``tokens [B, S]`` -> ``[B, S, E]``."""
-  return jnp.take(params["embed"], tokens, axis=0).astype(compute_dtype(config))
+  """``tokens [B, S]`` -> ``[B, S, E]``; Gemma's are times ``sqrt(E)`` rounded to the table's
+  dtype, the product in that dtype (transformers' ``Gemma2TextScaledWordEmbedding``)."""
+  x = jnp.take(params["embed"], tokens, axis=0)
+  if config.scale_embeddings:
+    x = x * jnp.asarray(np.float32(math.sqrt(config.hidden_size)), x.dtype)
+  return x.astype(compute_dtype(config))
 
 
 LAYOUTS = ("stacked", "per_layer")
@@ -180,17 +218,24 @@ def run_layers(params: Params, config: ModelConfig, x, positions, attend, per_la
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
   block = Block(config, is_fused(params["layers"]))
   tables = rope_tables_for(config, positions)
+  local_tables = (tables if config.local_rope is None
+                  else rope_tables_for(config, positions, local=True))
   if layout == "per_layer":
-    return _run_layers_unrolled(block, params, x, positions, attend, per_layer, tables)
+    return _run_layers_unrolled(block, params, x, positions, attend, per_layer,
+                                (tables, local_tables), config)
   if isinstance(params["layers"], list):  # split_layers' form: stack them for the scan
     params = {**params, "layers": jax.tree.map(lambda *xs: jnp.stack(xs), *params["layers"])}
+  local_flags = jnp.asarray([config.is_local(i) for i in range(config.num_layers)])
 
   def body(carry, xs):
     h, stacked = carry
     p, i = xs
     inp = jax.tree.map(lambda a: a[i], stacked)
+    here = tables
+    if local_tables is not tables:  # Gemma 3: the local layers' RoPE base, picked per layer
+      here = jax.tree.map(lambda a, b: jnp.where(local_flags[i], a, b), local_tables, tables)
     h, out = block.apply({"params": p}, h, positions, lambda q, k, v: attend(q, k, v, inp),
-                         tables)
+                         here)
     stacked = jax.tree.map(lambda a, b: jax.lax.dynamic_update_index_in_dim(a, b, i, 0),
                            stacked, out)
     return (h, stacked), None
@@ -277,50 +322,58 @@ def decode_layout(params: Params, fuse: bool | None = None) -> Params:
   return {**params, "layers": [_fused_layer(layers, i) for i in range(num)]}
 
 
-def apply_layer(layer_params: Params, config: ModelConfig, x, positions, attend):
-  """One decoder layer: ``x [B, S, E]`` -> ``(x, aux)`` with ``attend(q, k, v) -> (out, aux)``."""
-  return Block(config, is_fused(layer_params)).apply({"params": layer_params}, x, positions,
-                                                     attend)
+def apply_layer(layer_params: Params, config: ModelConfig, x, positions, attend,
+                local: bool = False):
+  """One decoder layer: ``x [B, S, E]`` -> ``(x, aux)`` with ``attend(q, k, v) -> (out, aux)``;
+  ``local``: a local layer (``config.is_local``: its RoPE)."""
+  return Block(config, is_fused(layer_params), local).apply({"params": layer_params}, x,
+                                                            positions, attend)
 
 
-def _run_layers_unrolled(block, params, x, positions, attend, per_layer, tables):
-  """``run_layers`` for per-layer inputs given as lists (the decode layout)."""
+def _run_layers_unrolled(block, params, x, positions, attend, per_layer, tables, config):
+  """``run_layers`` for per-layer inputs given as lists (the decode layout); ``tables``: the
+  global and the local layers' RoPE tables."""
   outs = []
   layers = params["layers"]
   for i, inp in enumerate(zip(*per_layer)):
     p = layers[i] if isinstance(layers, list) else jax.tree.map(lambda a: a[i], layers)
     x, out = block.apply({"params": p}, x, positions,
-                         lambda q, k, v, inp=inp: attend(q, k, v, inp), tables)
+                         lambda q, k, v, inp=inp: attend(q, k, v, inp),
+                         tables[config.is_local(i)])
     outs.append(out)
   return x, tuple(list(o) for o in zip(*outs))
 
 
 def logits_from_hidden(params: Params, config: ModelConfig, h):
-  """Final norm + LM head: ``h [..., E]`` -> float32 logits ``[..., V]``."""
+  """Final norm + LM head: ``h [..., E]`` -> float32 logits ``[..., V]``, soft-capped
+  (``final_softcap``: ``cap * tanh(logits / cap)``, Gemma 2) when the config says so."""
   dt = compute_dtype(config)
-  h = RMSNorm(config.rms_norm_eps, dt).apply({"params": params["final_norm"]}, h)
+  h = RMSNorm(config.rms_norm_eps, dt, config.norm_plus_one).apply(
+      {"params": params["final_norm"]}, h)
   if config.tie_word_embeddings:
     out = jnp.einsum("...e,ve->...v", h, params["embed"].astype(dt),
                      preferred_element_type=jnp.float32)
   else:
     out = jnp.einsum("...e,ev->...v", h, params["lm_head"].astype(dt),
                      preferred_element_type=jnp.float32)
-  return out.astype(jnp.float32)
+  return reference.soft_cap(out.astype(jnp.float32), config.final_softcap)
 
 
 def causal_attend(config: ModelConfig, positions):
-  """Exact causal attention of a whole sequence over itself (no cache), for ``forward``."""
+  """Exact causal attention of a whole sequence over itself (no cache), for ``forward``: the
+  window of a local layer, every layer's soft-cap. Its layer input is ``{"local": bool}`` (the
+  layer's ``config.is_local``, traced under the layer scan)."""
   scale = softmax_scale(config)
 
-  def attend(q, k, v, _):
+  def attend(q, k, v, inp):
     mask = None
     if config.sliding_window is not None:
-      # [B, 1, S, T]: key within the window of the query
+      # [B, 1, S, T]: key within the window of the query (or a global layer)
       dist = positions[:, :, None] - positions[:, None, :]
-      mask = (dist < config.sliding_window)[:, None]
+      mask = (dist < config.sliding_window)[:, None] | ~inp["local"]
     out, _ = reference.attention(q, k, v, mask, scale, q_positions=positions,
-                                 k_positions=positions)
-    return out, None
+                                 k_positions=positions, softcap=config.attn_softcap)
+    return out, inp
 
   return attend
 
@@ -339,5 +392,6 @@ def forward(params: Params, config: ModelConfig, tokens, positions=None):
   if positions is None:
     positions = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
   x = embed(params, config, tokens)
-  x, _ = run_layers(params, config, x, positions, causal_attend(config, positions))
+  local = {"local": jnp.asarray([config.is_local(i) for i in range(config.num_layers)])}
+  x, _ = run_layers(params, config, x, positions, causal_attend(config, positions), local)
   return logits_from_hidden(params, config, x)

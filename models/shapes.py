@@ -33,6 +33,16 @@ SHAPES = {
         num_hidden_layers=36, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
         rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
         attention_bias=False, use_sliding_window=False, tie_word_embeddings=False),
+    # google/gemma-3-12b-it text_config (the shape): 5 local layers (window 1024, RoPE base 1e4)
+    # per global one (base 1e6, linear x8), q/k norms, GQA 16:8, D = 256, tied 262k vocab.
+    "gemma-3-12b": dict(
+        model_type="gemma3_text", vocab_size=262208, hidden_size=3840, intermediate_size=15360,
+        num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+        rope_scaling=dict(rope_type="linear", factor=8.0), sliding_window=1024,
+        sliding_window_pattern=6, query_pre_attn_scalar=256,
+        hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None,
+        final_logit_softcapping=None, max_position_embeddings=131072, tie_word_embeddings=True),
     # CI: every code path in milliseconds (GQA group 2, untied head, Llama-3 RoPE).
     "tiny": dict(
         model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128,
@@ -84,7 +94,8 @@ def random_model(config, seed: int = 0):
   @jax.jit
   def head():
     out = {"embed": (jax.random.normal(k_emb, (v, e), jnp.float32) * 0.5).astype(dt),
-           "final_norm": {"scale": jnp.ones((e,), jnp.float32)}}
+           "final_norm": {"scale": (jnp.zeros if config.norm_plus_one else jnp.ones)(
+               (e,), jnp.float32)}}  # Gemma's norms scale by 1 + w
     if not config.tie_word_embeddings:  # [E, V]
       out["lm_head"] = (jax.random.normal(k_head, (e, v), jnp.float32) / math.sqrt(e)).astype(dt)
     return out

@@ -12,6 +12,10 @@ On a GPU a decode step is instead one device program (``_decode_program``: embed
 layer and the sampling in one jit, caches and states donated), so the host dispatches one call
 per token rather than one per layer; on a CPU the per-layer calls compile much faster and run
 as fast. ``decode_step(fused=None)`` picks by backend (``fused_by_default``).
+
+Every layer runs ``layer_method(method, config, local)``: the method given, with what the
+model's layer adds to its attention (Gemma: the window of a local layer, the attention-logit
+soft-cap of every layer), so one method spec serves a model of local and global layers.
 """
 
 from __future__ import annotations
@@ -24,6 +28,46 @@ import jax.numpy as jnp
 from models import llama, sharding
 from models.sampling import sample
 from sparse_attn.protocol import AttentionMethod
+
+@functools.lru_cache(maxsize=256)
+def layer_method(method: AttentionMethod, config, local: bool) -> AttentionMethod:
+  """The method a layer of ``config`` runs: ``method`` with the layer's window where the
+  model's layers have windows of their own (``config.per_layer_windows``: Gemma's local
+  layers; a Mistral-style window on every layer is the caller's, ``decode.with_model_window``)
+  and the model's attention-logit soft-cap (``config.attn_softcap``, Gemma 2).
+
+  ``config`` is the run's (``ModelConfig.for_context``: no window a cache of its capacity never
+  outgrows). Cached: the same (method, config, kind) gives the same object, so the jitted layer
+  compiles once per kind.
+
+  Raises:
+    NotImplementedError: the method has no sliding-window mask (RESA, retro, Expected
+      Attention) and the layer has a window; or it cannot soft-cap (``with_softcap``).
+    ValueError: a method with a window of its own on a model whose layers have their own.
+  """
+  if config.per_layer_windows:
+    want = config.sliding_window if local else None
+    if method.sliding_window != want:
+      if method.sliding_window is not None:
+        raise ValueError(f"{method.spec!r} has sliding_window={method.sliding_window}, but "
+                         "this model's layers have windows of their own (local / global): "
+                         "pass the method without one")
+      method = method.with_sliding_window(want)
+  cap = config.attn_softcap
+  if cap is not None and getattr(method, "softcap", None) != cap:
+    with_cap = getattr(method, "with_softcap", None)
+    if with_cap is None:
+      raise NotImplementedError(f"{method.spec!r} has no attention-logit soft-cap, which this "
+                                f"model applies (softcap={cap:g})")
+    method = with_cap(cap)
+  return method
+
+
+def check_layer_methods(method: AttentionMethod, config):
+  """Raises now (before anything compiles) what ``layer_method`` would raise on any layer."""
+  for local in sorted({config.is_local(i) for i in range(config.num_layers)}):
+    layer_method(method, config, local)
+
 
 def init_caches(config, method: AttentionMethod, batch: int, capacity: int):
   """``(caches, states)``: per-layer lists of empty caches and method states, one buffer per
@@ -80,7 +124,8 @@ def end_prefill(caches, states, *, config, method: AttentionMethod):
   compiled for that smaller capacity).
   """
   scale = llama.softmax_scale(config)
-  outs = [method.end_prefill(c, s, scale=scale) for c, s in zip(caches, states, strict=True)]
+  outs = [layer_method(method, config, config.is_local(i)).end_prefill(c, s, scale=scale)
+          for i, (c, s) in enumerate(zip(caches, states, strict=True))]
   return [c for c, _ in outs], [s for _, s in outs]
 
 
@@ -122,29 +167,32 @@ def _embed_window(head, history, positions, *, config):
 
 
 def _layer_body(layer_params, x, positions, cache, state, *, config, method: AttentionMethod,
-                phase):
+                phase, local: bool = False):
   """One decoder layer with ``method.prefill``, ``.extend``, ``.decode`` or ``.rectify``
-  (``phase``) as attention."""
-  fn = getattr(method, phase)
+  (``phase``) as attention; ``local``: a local layer (``config.is_local``), whose method is
+  ``layer_method``'s."""
+  fn = getattr(layer_method(method, config, local), phase)
   scale = llama.softmax_scale(config)
 
   def attend(q, k, v):
     out, c, s = fn(q, k, v, cache, state, positions, scale=scale)
     return out, (c, s)
 
-  x, (cache, state) = llama.apply_layer(layer_params, config, x, positions, attend)
+  x, (cache, state) = llama.apply_layer(layer_params, config, x, positions, attend, local)
   return x, cache, state
 
 
-_layer = jax.jit(_layer_body, static_argnames=("config", "method", "phase"),
+_layer = jax.jit(_layer_body, static_argnames=("config", "method", "phase", "local"),
                  donate_argnames=("cache", "state"))
 
 
 def _layers(params, x, positions, caches, states, *, config, method: AttentionMethod, phase):
   """Every layer, one ``_layer`` call each, over the per-layer caches and states."""
   new_caches, new_states = [], []
-  for p, c, s in zip(llama.split_layers(params)["layers"], caches, states, strict=True):
-    x, c, s = _layer(p, x, positions, c, s, config=config, method=method, phase=phase)
+  for i, (p, c, s) in enumerate(zip(llama.split_layers(params)["layers"], caches, states,
+                                    strict=True)):
+    x, c, s = _layer(p, x, positions, c, s, config=config, method=method, phase=phase,
+                     local=config.is_local(i))
     new_caches.append(c)
     new_states.append(s)
   return x, new_caches, new_states
@@ -176,8 +224,10 @@ def _decode_program(params, history, positions, caches, states, key, *, config,
   head = _head(params)
   x = llama.embed(head, config, _window_tokens(history, positions))
   new_caches, new_states = [], []
-  for p, c, s in zip(llama.split_layers(params)["layers"], caches, states, strict=True):
-    x, c, s = _layer_body(p, x, positions, c, s, config=config, method=method, phase="decode")
+  for i, (p, c, s) in enumerate(zip(llama.split_layers(params)["layers"], caches, states,
+                                    strict=True)):
+    x, c, s = _layer_body(p, x, positions, c, s, config=config, method=method, phase="decode",
+                          local=config.is_local(i))
     new_caches.append(c)
     new_states.append(s)
   nxt, logits, history = _finish_body(head, x, history, positions, key, config=config,

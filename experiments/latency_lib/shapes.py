@@ -22,16 +22,17 @@ def weight_bytes(config, batch: int = 1) -> dict:
 
   Returns:
     ``dict(layers=, head=, embed_rows=, total=)``: every layer's projections, MLP, biases and
-    (float32) norms (Qwen3's q/k norms too); the final norm and the LM head (the ``[V, E]``
-    table when tied); the
-    ``batch`` embedding rows looked up.
+    (float32) norms (Qwen3's and Gemma 3's q/k norms, Gemma's two after attention and the MLP
+    too); the final norm and the LM head (the ``[V, E]`` table when tied); the ``batch``
+    embedding rows looked up.
   """
   e, f, d = config.hidden_size, config.intermediate_size, config.head_dim
   q, kv = config.num_heads * d, config.num_kv_heads * d
   item = _itemsize(config.dtype)
   mats = e * q + 2 * e * kv + q * e + 3 * e * f
   bias = (q + 2 * kv) * config.qkv_bias + e * config.o_bias + (2 * f + e) * config.mlp_bias
-  layer = (mats + bias) * item + 2 * e * 4 + 2 * d * 4 * config.qk_norm
+  norms = 4 if config.sandwich_norms else 2  # Gemma: norms after attention and the MLP too
+  layer = (mats + bias) * item + norms * e * 4 + 2 * d * 4 * config.qk_norm
   layers = config.num_layers * layer
   head = config.vocab_size * e * item + e * 4
   rows = batch * e * item

@@ -120,8 +120,12 @@ def test_quick_run_of_the_gpu_benchmark(tmp_path):
 @pytest.mark.parametrize("name", sorted(shapes.SHAPES))
 def test_every_shape_reads_as_a_model_config(name):
   c = shapes.model_config(name, "bfloat16")
-  assert c.rope.rope_type == ("default" if name.startswith("qwen3") else "llama3")
-  assert c.num_heads % c.num_kv_heads == 0 and c.qk_norm == name.startswith("qwen3")
+  family = name.split("-")[0]
+  assert c.rope.rope_type == {"qwen3": "default", "gemma": "linear"}.get(family, "llama3")
+  assert c.num_heads % c.num_kv_heads == 0 and c.qk_norm == (family in ("qwen3", "gemma"))
+  if name == "gemma-3-12b":
+    assert c.sliding_layers == ((True,) * 5 + (False,)) * 8 and c.sliding_window == 1024
+    assert c.rope_of(True).theta == 1e4 and c.rope.factor == 8.0 and c.tie_word_embeddings
 
 
 def test_report_keeps_every_part_and_prefers_a_finished_record():

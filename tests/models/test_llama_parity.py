@@ -62,7 +62,10 @@ def _hf_config(**kw):
                                                   partial_rotary_factor=0.5)), "partial"),
     (dict(model_type="phi3", rope_scaling=dict(type="su", short_factor=[1.0] * 2,
                                                long_factor=[1.0] * 3)), "long_factor"),
-    (dict(model_type="gemma2"), "unsupported model_type"),
+    (dict(model_type="gemma3"), "unsupported model_type"),  # the multimodal wrapper
+    (dict(model_type="gemma2", use_bidirectional_attention=True), "bidirectional"),
+    (dict(model_type="gemma3_text", attn_logit_softcapping=50.0), "Gemma3Attention"),
+    (dict(query_pre_attn_scalar=256), "query_pre_attn_scalar"),  # a Gemma key on Llama
 ])
 def test_unsupported_options_raise(bad, match):
   with pytest.raises(ValueError, match=match):

@@ -17,6 +17,11 @@ BASE = dict(vocab_size=97, hidden_size=64, intermediate_size=112, num_hidden_lay
 # suppresses a token the greedy comparison expects.
 PHI3_IDS = dict(bos_token_id=1, eos_token_id=None, pad_token_id=0)
 LONGROPE_ORIGINAL = 16  # phi3_longrope switches to its long factors past 16 positions
+GEMMA_WINDOW = 8  # the local layers' window of the tiny Gemmas
+# Gemma: no EOS (as PHI3_IDS); soft-caps small enough to bend these weights' logits (the
+# checkpoints' 50 / 30 would leave tanh linear here); query_pre_attn_scalar != head_dim.
+GEMMA = dict(bos_token_id=2, eos_token_id=None, pad_token_id=0, head_dim=16,
+             query_pre_attn_scalar=4, sliding_window=GEMMA_WINDOW)
 
 # name -> (transformers config class name, kwargs)
 CONFIGS = {
@@ -39,12 +44,22 @@ CONFIGS = {
         max_position_embeddings=256, original_max_position_embeddings=LONGROPE_ORIGINAL,
         rope_scaling=dict(rope_type="longrope", short_factor=[1.0 + 0.2 * i for i in range(8)],
                           long_factor=[1.5 + 0.7 * i for i in range(8)]), **PHI3_IDS)),
+    # layers: local, global
+    "gemma2": ("Gemma2Config", dict(attn_logit_softcapping=2.0, final_logit_softcapping=1.5,
+                                    **GEMMA)),
+    # layers: local, local, global; linear RoPE on global layers, base 100 on local ones
+    "gemma3_text": ("Gemma3TextConfig", dict(
+        num_hidden_layers=3, sliding_window_pattern=3, rope_theta=1e4, rope_local_base_freq=100.0,
+        rope_scaling=dict(rope_type="linear", factor=2.0), final_logit_softcapping=1.5,
+        **GEMMA)),
 }
 # The families each new model_type brings (tests parametrize over them).
 NEW_FAMILIES = ("qwen3", "qwen3_bias_tied", "phi3_window", "phi3_longrope")
+GEMMA_FAMILIES = ("gemma2", "gemma3_text")
 MODEL_CLASS = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausalLM",
                "MistralConfig": "MistralForCausalLM", "Qwen3Config": "Qwen3ForCausalLM",
-               "Phi3Config": "Phi3ForCausalLM"}
+               "Phi3Config": "Phi3ForCausalLM", "Gemma2Config": "Gemma2ForCausalLM",
+               "Gemma3TextConfig": "Gemma3ForCausalLM"}
 
 
 def make_hf(name: str, path, seed: int = 0, max_shard_size=None, **overrides) -> str:
