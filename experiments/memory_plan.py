@@ -13,6 +13,7 @@ at run time). Writes the markdown page (the layout, the API, the tables).
 from __future__ import annotations
 
 
+import dataclasses
 import jax
 from absl import app, flags
 
@@ -53,11 +54,14 @@ def _parts(config, method, batch: int, context: int, decode_room: int):
   state = jax.eval_shape(lambda: method.init_state(batch, config.num_heads, config.num_kv_heads,
                                                    config.head_dim, cap, dt))
   fields = {f: getattr(cache, f) for f in ("k", "v", "pos", "length") + DIGESTS}
-  state = dict(state)
+  if isinstance(state, dict):  # a compression method's counters and scorer parts
+    resa, rest = state.get("resa"), {k: v for k, v in state.items() if k != "resa"}
+  else:  # a Method's MethodState: RESA's part, and the rest (retro's)
+    resa, rest = state.resa, dataclasses.replace(state, resa=None)
   return {"cache": {f: fields[f] for f in ("k", "v", "pos", "length")},
           "digests": {f: fields[f] for f in DIGESTS},
-          "resa prior": state.pop("resa", {}),
-          "method state": state}
+          "resa prior": resa if resa is not None else {},
+          "method state": rest}
 
 
 def plan(config=LLAMA_31_8B, batch=8, context=131072, decode_room=1024):
