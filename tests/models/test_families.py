@@ -25,12 +25,10 @@ KW = dict(prefill_chunk=4, capacity=32)
 
 @pytest.fixture(scope="module", params=tiny.NEW_FAMILIES)
 def family(request, tmp_path_factory):
-  path = tiny.make_hf(request.param, tmp_path_factory.mktemp(request.param))
-  return request.param, path, models.load(path)
+  return tiny.loaded(request.param, tmp_path_factory)
 
 
-def _tokens(b, n, seed=3):
-  return np.random.default_rng(seed).integers(0, tiny.BASE["vocab_size"], (b, n))
+_tokens = tiny.random_tokens
 
 
 def test_greedy_generate_matches_transformers(family):
@@ -116,8 +114,9 @@ def test_longrope_short_and_long(tmp_path):
   assert out.tokens[0] == tiny.hf_greedy(path, prompt, 7)
 
 
-def test_sharded_checkpoint_loads(tmp_path):
-  path = tiny.make_hf("phi3_window", tmp_path, max_shard_size="40KB")
+@pytest.mark.parametrize("name", ["phi3_window", "gemma3_text"])
+def test_sharded_checkpoint_loads(tmp_path, name):
+  path = tiny.make_hf(name, tmp_path, max_shard_size="40KB")
   assert (tmp_path / "model.safetensors.index.json").exists()
   assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
   tokens = _tokens(1, 20)

@@ -26,12 +26,10 @@ KW = dict(prefill_chunk=4, capacity=32)
 
 @pytest.fixture(scope="module", params=tiny.GEMMA_FAMILIES)
 def family(request, tmp_path_factory):
-  path = tiny.make_hf(request.param, tmp_path_factory.mktemp(request.param))
-  return request.param, path, models.load(path)
+  return tiny.loaded(request.param, tmp_path_factory)
 
 
-def _tokens(b, n, seed=3):
-  return np.random.default_rng(seed).integers(0, tiny.BASE["vocab_size"], (b, n))
+_tokens = tiny.random_tokens
 
 
 def _dense():
@@ -161,14 +159,6 @@ def test_within_the_window_every_layer_is_global(family):
   else:
     np.testing.assert_allclose(decode.teacher_forced(model, tokens, 4, resa, **kw), dense,
                                rtol=1e-4, atol=1e-4)
-
-
-def test_sharded_checkpoint_loads(tmp_path):
-  path = tiny.make_hf("gemma3_text", tmp_path, max_shard_size="40KB")
-  assert (tmp_path / "model.safetensors.index.json").exists()
-  assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
-  tokens = _tokens(1, 20)
-  assert tiny.rel_error(models.load(path).forward(tokens), tiny.hf_logits(path, tokens)) <= 1e-4
 
 
 GEMMA3_OLD = dict(  # a transformers 4.x gemma3_text config.json (gemma-3-1b style keys)

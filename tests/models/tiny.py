@@ -70,6 +70,19 @@ def make_hf(name: str, path, seed: int = 0, max_shard_size=None, **overrides) ->
   return str(path)
 
 
+def loaded(name: str, tmp_path_factory):
+  """``(name, path, model)``: the tiny random ``name`` checkpoint saved by transformers in a
+  fresh temporary folder, and ours loaded from it (a module-scoped fixture's value)."""
+  import models  # pylint: disable=g-import-not-at-top (jax only where a test loads one)
+  path = make_hf(name, tmp_path_factory.mktemp(name))
+  return name, path, models.load(path)
+
+
+def random_tokens(b: int, n: int, seed: int = 3) -> np.ndarray:
+  """``[b, n]`` token ids of the tiny vocabulary."""
+  return np.random.default_rng(seed).integers(0, BASE["vocab_size"], (b, n))
+
+
 def hf_logits(path, tokens: np.ndarray, dtype: str = "float32") -> np.ndarray:
   """transformers' logits ``[B, S, V]`` (as float32) of the model saved at ``path``, run in
   ``dtype``."""
