@@ -57,6 +57,18 @@ class CompressionUnion(CompressionMethod):
     return cls(spec="compression-union", block_size=sizes.pop(),
                observers=tuple(observers.values()))
 
+  def with_softcap(self, softcap: float):
+    raise NotImplementedError(
+        "the shared compression prefill (CompressionUnion) attends and observes uncapped "
+        f"logits; a soft-capped model (cap {softcap}) needs each compression method's own "
+        "prefill, which this harness does not run yet")
+
+  def with_sliding_window(self, window: int):
+    raise NotImplementedError(
+        "the shared compression prefill (CompressionUnion) has no sliding-window mask; a model "
+        f"with windowed layers (window {window}) needs each compression method's own prefill, "
+        "which this harness does not run yet")
+
   def slot(self, method: CompressionMethod) -> str:
     """The state key holding ``method``'s observations."""
     key = observation_key(method)

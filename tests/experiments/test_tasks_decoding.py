@@ -128,3 +128,13 @@ def test_extend_rejects_rectification_and_full_caches():
   ((_, pre),) = decoding.prefill_all(model, np.ones((1, 40), np.int32), np.array([40]), [d], 48)
   with pytest.raises(ValueError, match="no room"):
     decoding.extend(model, pre, d, np.ones((1, 8), np.int32), np.array([8]))
+
+
+def test_compression_union_refuses_caps_and_windows_it_cannot_model():
+  """The shared compression prefill attends uncapped, unwindowed logits: on Gemma or Mistral
+  it raises instead of observing the wrong attention."""
+  union = compression_union.CompressionUnion.of([methods.make("snapkv", ratio=0.5)])
+  with pytest.raises(NotImplementedError, match="uncapped"):
+    union.with_softcap(50.0)
+  with pytest.raises(NotImplementedError, match="sliding-window"):
+    union.with_sliding_window(8)
