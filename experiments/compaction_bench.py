@@ -20,17 +20,19 @@ import time
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("model", "smollm2-135m-instruct", "Model name, HF directory or tiny-random.")
-flags.DEFINE_string("spec", "snapkv", "Compression method spec.")
-flags.DEFINE_float("ratio", 0.5, "Fraction evicted.")
-flags.DEFINE_string("head_budget", "adakv", "uniform | adakv.")
-flags.DEFINE_integer("context", 1024, "Prompt tokens.")
-flags.DEFINE_integer("decode_room", 16, "Decode slots allocated past the prompt.")
-flags.DEFINE_integer("seed", 0, "Prompt seed.")
-flags.DEFINE_integer("question_tokens", 0, "If > 0, also time reading this many tokens after "
-                     "compaction: one chunk vs one decode step per token.")
-flags.DEFINE_integer("decode_steps", 0, "If > 0, also time this many greedy decode steps "
-                     "(after a warm-up generation with the same shapes).")
+def define_flags() -> None:
+  """The script's flags, defined when it runs (importing it defines none)."""
+  flags.DEFINE_string("model", "smollm2-135m-instruct", "Model name, HF directory or tiny-random.")
+  flags.DEFINE_string("spec", "snapkv", "Compression method spec.")
+  flags.DEFINE_float("ratio", 0.5, "Fraction evicted.")
+  flags.DEFINE_string("head_budget", "adakv", "uniform | adakv.")
+  flags.DEFINE_integer("context", 1024, "Prompt tokens.")
+  flags.DEFINE_integer("decode_room", 16, "Decode slots allocated past the prompt.")
+  flags.DEFINE_integer("seed", 0, "Prompt seed.")
+  flags.DEFINE_integer("question_tokens", 0, "If > 0, also time reading this many tokens after "
+                       "compaction: one chunk vs one decode step per token.")
+  flags.DEFINE_integer("decode_steps", 0, "If > 0, also time this many greedy decode steps "
+                       "(after a warm-up generation with the same shapes).")
 
 
 def _nbytes(caches) -> int:
@@ -115,4 +117,5 @@ def _time_question(model, method, caches, states, lengths, capacity, rng):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -50,7 +50,8 @@ import time
 from absl import app, flags
 
 from experiments.common import peer_kvpress
-from experiments.ruler_throughput_report import rows, summary, write_summary  # pylint: disable=unused-import (the summary's API, here too)
+# The summary's API, here too (unused here: re-exported).
+from experiments.ruler_throughput_report import rows, summary, write_summary  # pylint: disable=unused-import
 
 FLAGS = flags.FLAGS
 TABLE1_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_2", "niah_multikey_3",
@@ -62,24 +63,27 @@ QUICK_BUDGET = {"@0.025": "@0.1"}  # 2.5% of 320 tokens chooses nothing: quick r
 PART_LIMIT_S = {"ours": 240, "kvpress": 180}
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-flags.DEFINE_string("out", os.environ.get("OUT", "/tmp/ruler_throughput"), "Output folder.")
-flags.DEFINE_bool("quick", False, "tiny-random, 320 tokens, 2 tasks (a CPU rehearsal).")
-flags.DEFINE_string("model", "random:llama-3.1-8b", "Our model (random:SHAPE or a checkpoint).")
-flags.DEFINE_string("tokenizer", "", "A folder with tokenizer.json for random:SHAPE.")
-flags.DEFINE_integer("length", 32768, "RULER prompt tokens.")
-flags.DEFINE_list("tasks", list(TABLE1_TASKS), "RULER tasks.")
-flags.DEFINE_integer("samples", 2, "Samples per task (ours).")
-flags.DEFINE_integer("kvpress_samples", 1, "Samples per task (kvpress: one at a time).")
-flags.DEFINE_list("parts", list(DEFAULT_PARTS), "side:SPEC parts, run in this order.")
-flags.DEFINE_float("total_s", 570.0, "Seconds for all parts (a part gets what is left).")
-flags.DEFINE_string("kvpress_path", "", "Folder holding kvpress 0.5.5 and a transformers it "
-                    "takes (prepended to the kvpress part's PYTHONPATH).")
-flags.DEFINE_string("sample_cache", "", "Folder of generated prompts (default OUT/samples).")
-flags.DEFINE_string("prepare", "", "Write the tokenizer and the prompts into this folder "
-                    "(the CPU side of ruler_gpu.sh prepare) and exit.")
-flags.DEFINE_multi_string("summarize", [], "Only summarize these output folders.")
-flags.DEFINE_string("side", "", "Internal: run one kvpress part in this process.")
-flags.DEFINE_string("spec", "", "Internal: the part's method spec.")
+def define_flags() -> None:
+  """The script's flags (defined when it runs, so importing it for its summary or its press
+  table defines none: ``out`` is another script's flag too)."""
+  flags.DEFINE_string("out", os.environ.get("OUT", "/tmp/ruler_throughput"), "Output folder.")
+  flags.DEFINE_bool("quick", False, "tiny-random, 320 tokens, 2 tasks (a CPU rehearsal).")
+  flags.DEFINE_string("model", "random:llama-3.1-8b", "Our model (random:SHAPE or a checkpoint).")
+  flags.DEFINE_string("tokenizer", "", "A folder with tokenizer.json for random:SHAPE.")
+  flags.DEFINE_integer("length", 32768, "RULER prompt tokens.")
+  flags.DEFINE_list("tasks", list(TABLE1_TASKS), "RULER tasks.")
+  flags.DEFINE_integer("samples", 2, "Samples per task (ours).")
+  flags.DEFINE_integer("kvpress_samples", 1, "Samples per task (kvpress: one at a time).")
+  flags.DEFINE_list("parts", list(DEFAULT_PARTS), "side:SPEC parts, run in this order.")
+  flags.DEFINE_float("total_s", 570.0, "Seconds for all parts (a part gets what is left).")
+  flags.DEFINE_string("kvpress_path", "", "Folder holding kvpress 0.5.5 and a transformers it "
+                      "takes (prepended to the kvpress part's PYTHONPATH).")
+  flags.DEFINE_string("sample_cache", "", "Folder of generated prompts (default OUT/samples).")
+  flags.DEFINE_string("prepare", "", "Write the tokenizer and the prompts into this folder "
+                      "(the CPU side of ruler_gpu.sh prepare) and exit.")
+  flags.DEFINE_multi_string("summarize", [], "Only summarize these output folders.")
+  flags.DEFINE_string("side", "", "Internal: run one kvpress part in this process.")
+  flags.DEFINE_string("spec", "", "Internal: the part's method spec.")
 
 
 # ---- the accuracy config both sides read the samples from ----
@@ -329,4 +333,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -24,15 +24,17 @@ from experiments.common import distributed  # pylint: disable=g-import-not-at-to
 
 FLAGS = flags.FLAGS
 distributed.define_flags()
-flags.DEFINE_string("method", "quest+resa", "Method spec.")
-flags.DEFINE_integer("batch", 8, "Rows.")
-flags.DEFINE_integer("prompt", 192, "Prompt tokens.")
-flags.DEFINE_integer("capacity", 256, "Cache capacity (tokens).")
-flags.DEFINE_integer("steps", 2, "Decode steps after the prompt.")
-flags.DEFINE_integer("num_layers", 4, "Layers of the random model.")
-flags.DEFINE_integer("num_heads", 8, "Query heads.")
-flags.DEFINE_integer("num_kv_heads", 8, "KV heads.")
-flags.DEFINE_integer("head_dim", 64, "Head dim.")
+def define_flags() -> None:
+  """The script's flags, defined when it runs (importing it defines none)."""
+  flags.DEFINE_string("method", "quest+resa", "Method spec.")
+  flags.DEFINE_integer("batch", 8, "Rows.")
+  flags.DEFINE_integer("prompt", 192, "Prompt tokens.")
+  flags.DEFINE_integer("capacity", 256, "Cache capacity (tokens).")
+  flags.DEFINE_integer("steps", 2, "Decode steps after the prompt.")
+  flags.DEFINE_integer("num_layers", 4, "Layers of the random model.")
+  flags.DEFINE_integer("num_heads", 8, "Query heads.")
+  flags.DEFINE_integer("num_kv_heads", 8, "KV heads.")
+  flags.DEFINE_integer("head_dim", 64, "Head dim.")
 
 LAYOUTS = ("seq:8", "data:8", "model:8", "data:2,model:2,seq:2")
 
@@ -94,4 +96,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  define_flags()
   app.run(main)

@@ -44,3 +44,15 @@ def test_tools_run_under_python_m_experiments():
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == status and expected in out + err, (args, out[-1000:], err[-1000:])
     assert "Traceback" not in err, (args, err[-2000:])
+
+
+def test_every_experiments_module_imports_beside_the_others():
+  """All of experiments/ imported into one process (as pytest workers and notebooks do): a
+  flag two scripts define at import time (absl's DuplicateFlagError) fails here."""
+  code = ("import pkgutil, importlib, experiments\n"
+          "for m in pkgutil.walk_packages(experiments.__path__, 'experiments.'):\n"
+          "  if not m.name.endswith('__main__'):\n"
+          "    importlib.import_module(m.name)\n")
+  run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, check=False)
+  assert run.returncode == 0, run.stderr[-3000:]
