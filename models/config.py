@@ -12,6 +12,9 @@ import dataclasses
 import math
 from typing import Any
 
+# RopeConfig is re-exported: models.config.RopeConfig is its public name.
+from models.rope_config import ROPE_TYPES, RopeConfig, rope_from_hf, rope_to_hf
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral", "phi3", "gemma2", "gemma3_text")
 GEMMA_TYPES = ("gemma2", "gemma3_text")
 # Gemma's config.json keys (read by ``_gemma_fields``; refused for the other families).
@@ -42,53 +45,7 @@ _INERT_KEYS = frozenset({
     "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty", "remove_invalid_values",
     "output_router_logits", "original_max_position_embeddings", "partial_rotary_factor",
 })
-_ROPE_TYPES = ("default", "linear", "llama3", "longrope")
 ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
-
-
-@dataclasses.dataclass(frozen=True)
-class RopeConfig:
-  """Rotary embedding parameters (``rope_type`` in default | linear | llama3 | longrope).
-
-  Attributes:
-    theta: the base; ``factor`` / ``low_freq_factor`` / ``high_freq_factor`` /
-      ``original_max_position_embeddings``: linear and llama3 scaling (and LongRoPE's switch).
-    short_factor, long_factor: LongRoPE's per-frequency divisors ``[D/2]`` (Phi-3 ``su``).
-    attention_factor: LongRoPE's multiplier of ``cos``/``sin`` (so of q and k).
-    freq_factors: per-frequency divisors ``[D/2]`` applied after the scaling (llama.cpp's
-      ``rope_freqs`` tensor of Llama-3.x GGUF files), or None.
-    longrope_long: LongRoPE's factor set: None picks it per call by the call's largest
-      position (transformers' forward); True / False fix the long / short set (a decode run,
-      ``for_context``). Not part of a checkpoint's config.
-  """
-
-  theta: float = 10000.0
-  rope_type: str = "default"
-  factor: float = 1.0
-  low_freq_factor: float = 1.0
-  high_freq_factor: float = 4.0
-  original_max_position_embeddings: int = 8192
-  short_factor: tuple[float, ...] | None = None
-  long_factor: tuple[float, ...] | None = None
-  attention_factor: float = 1.0
-  freq_factors: tuple[float, ...] | None = None
-  longrope_long: bool | None = None
-
-  def for_context(self, capacity: int) -> "RopeConfig":
-    """This rope for a decode run whose cache holds up to ``capacity`` positions: LongRoPE's
-    long factors throughout when ``capacity`` exceeds ``original_max_position_embeddings``,
-    else the short ones (other scalings are returned as they are).
-
-    Why one set per run: keys are cached post-RoPE, so every step must rotate alike. This
-    equals transformers' forward over the run's whole sequence, and its ``generate`` once the
-    context has crossed the boundary (``Phi3ForCausalLM.prepare_inputs_for_generation`` then
-    re-encodes the whole cache with the long factors); the tokens transformers emits before
-    that crossing used the short factors, where a run of this capacity uses the long ones.
-    """
-    if self.rope_type != "longrope" or self.longrope_long is not None:
-      return self
-    return dataclasses.replace(
-        self, longrope_long=capacity > self.original_max_position_embeddings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,13 +125,13 @@ class ModelConfig:
       raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
     if self.dtype not in ("float32", "bfloat16", "float16"):
       raise ValueError(f"dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
-    if self.rope.rope_type not in _ROPE_TYPES:
+    if self.rope.rope_type not in ROPE_TYPES:
       raise ValueError(f"unsupported rope_type {self.rope.rope_type!r} "
-                       f"(supported: {', '.join(_ROPE_TYPES)})")
+                       f"(supported: {', '.join(ROPE_TYPES)})")
     for rope in (self.rope, self.local_rope or self.rope):
-      if rope.rope_type not in _ROPE_TYPES:
+      if rope.rope_type not in ROPE_TYPES:
         raise ValueError(f"unsupported rope_type {rope.rope_type!r} "
-                         f"(supported: {', '.join(_ROPE_TYPES)})")
+                         f"(supported: {', '.join(ROPE_TYPES)})")
       for name in ("short_factor", "long_factor", "freq_factors"):
         got = getattr(rope, name)
         if got is not None and 2 * len(got) != self.head_dim:
@@ -294,7 +251,7 @@ class ModelConfig:
     eos = cfg.get("eos_token_id")
     eos = () if eos is None else tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
     bias = bool(cfg.get("attention_bias", False))
-    rope = _rope_from_hf(cfg) if model_type not in GEMMA_TYPES else None
+    rope = rope_from_hf(cfg) if model_type not in GEMMA_TYPES else None
     gemma = {}
     if model_type in GEMMA_TYPES:
       window, gemma = _gemma_fields(cfg, model_type)
@@ -316,9 +273,9 @@ class ModelConfig:
   def to_hf_config(self) -> dict[str, Any]:
     """The equivalent ``config.json`` dict (used to cache converted GGUF models, and to build
     the transformers peer of a benchmark shape)."""
-    rope = _rope_to_hf(self.rope)
+    rope = rope_to_hf(self.rope)
     if self.model_type == "gemma3_text":
-      rope = {"full_attention": rope, "sliding_attention": _rope_to_hf(self.rope_of(True))}
+      rope = {"full_attention": rope, "sliding_attention": rope_to_hf(self.rope_of(True))}
     out = {
         "model_type": self.model_type, "vocab_size": self.vocab_size,
         "hidden_size": self.hidden_size, "intermediate_size": self.intermediate_size,
@@ -343,23 +300,6 @@ class ModelConfig:
           layer_types=["sliding_attention" if self.is_local(i) else "full_attention"
                        for i in range(self.num_layers)])
     return out
-
-
-def _rope_to_hf(rope: RopeConfig) -> dict[str, Any]:
-  """``rope_parameters`` of one ``RopeConfig`` (``to_hf_config``)."""
-  out: dict[str, Any] = {"rope_theta": rope.theta, "rope_type": rope.rope_type}
-  if rope.rope_type != "default":
-    out["factor"] = rope.factor
-  if rope.rope_type == "llama3":
-    out.update(low_freq_factor=rope.low_freq_factor, high_freq_factor=rope.high_freq_factor,
-               original_max_position_embeddings=rope.original_max_position_embeddings)
-  if rope.rope_type == "longrope":
-    out.update(short_factor=list(rope.short_factor), long_factor=list(rope.long_factor),
-               attention_factor=rope.attention_factor,
-               original_max_position_embeddings=rope.original_max_position_embeddings)
-  if rope.freq_factors is not None:
-    out["freq_factors"] = list(rope.freq_factors)
-  return out
 
 
 def _gemma_fields(cfg: dict[str, Any], model_type: str):
@@ -401,7 +341,7 @@ def _gemma_fields(cfg: dict[str, Any], model_type: str):
   window = None if window is None else int(window)
   params = cfg.get("rope_parameters") or {}
   if gemma2:
-    rope, local = _rope_from_hf(cfg), None
+    rope, local = rope_from_hf(cfg), None
   else:
     nested = isinstance(params.get("full_attention"), dict)
     full = dict(params["full_attention"]) if nested else {
@@ -410,8 +350,8 @@ def _gemma_fields(cfg: dict[str, Any], model_type: str):
         "sliding_attention") else {"rope_theta": cfg.get("rope_local_base_freq", 1e4)}
     full.setdefault("rope_theta", 1e6)
     slide.setdefault("rope_theta", 1e4)
-    rope = _rope_from_hf({"rope_parameters": full})
-    local = _rope_from_hf({"rope_parameters": slide})
+    rope = rope_from_hf({"rope_parameters": full})
+    local = rope_from_hf({"rope_parameters": slide})
   attn_cap = cfg.get("attn_logit_softcapping", 50.0 if gemma2 else None)
   if attn_cap is not None and not gemma2:
     raise ValueError("gemma3_text with attn_logit_softcapping set is not supported: "
@@ -426,52 +366,3 @@ def _gemma_fields(cfg: dict[str, Any], model_type: str):
       attn_softcap=None if attn_cap is None else float(attn_cap),
       final_softcap=None if final_cap is None else float(final_cap),
       sliding_layers=tuple(t == "sliding_attention" for t in types))
-
-
-def _rope_from_hf(cfg: dict[str, Any]) -> RopeConfig:
-  """Reads ``rope_parameters`` (transformers >= 5) or ``rope_theta`` + ``rope_scaling``.
-
-  LongRoPE (``longrope``, Phi-3's older names ``su`` / ``yarn``) takes ``factor`` as
-  ``max_position_embeddings / original_max_position_embeddings`` unless given, and
-  ``attention_factor = sqrt(1 + log(factor) / log(original))`` for ``factor > 1`` (1 otherwise),
-  as transformers' ``_compute_longrope_parameters`` does.
-  ``freq_factors`` is this port's own key (a GGUF's ``rope_freqs``, kept in converted caches).
-  """
-  params = dict(cfg.get("rope_parameters") or {})
-  scaling = cfg.get("rope_scaling")
-  if scaling:
-    params.update(scaling)
-  theta = float(params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
-  rope_type = params.pop("rope_type", params.pop("type", "default"))
-  if rope_type in ("su", "yarn") and cfg.get("model_type") == "phi3":
-    rope_type = "longrope"  # transformers' Phi3Config maps both to longrope
-  if float(params.pop("partial_rotary_factor", 1.0)) != 1.0:
-    raise ValueError("partial_rotary_factor != 1 (RoPE on part of each head) is not supported")
-  freq_factors = params.pop("freq_factors", None)
-  known = {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}
-  if rope_type == "longrope":
-    known |= {"short_factor", "long_factor", "attention_factor"}
-  extra = sorted(set(params) - known)
-  if extra:
-    raise ValueError(f"rope options {extra} are not supported (rope_type={rope_type!r})")
-  if rope_type not in _ROPE_TYPES:
-    raise ValueError(f"unsupported rope_type {rope_type!r} (supported: {', '.join(_ROPE_TYPES)})")
-  kw: dict[str, Any] = {}
-  if rope_type == "longrope":
-    original = int(params.get("original_max_position_embeddings")
-                   or cfg.get("original_max_position_embeddings")
-                   or cfg.get("max_position_embeddings", 2048))
-    factor = float(params.get("factor") or cfg.get("max_position_embeddings", 2048) / original)
-    attention = params.get("attention_factor")
-    if attention is None:
-      attention = math.sqrt(1 + math.log(factor) / math.log(original)) if factor > 1 else 1.0
-    kw = dict(factor=factor, original_max_position_embeddings=original,
-              attention_factor=float(attention),
-              short_factor=tuple(float(f) for f in params["short_factor"]),
-              long_factor=tuple(float(f) for f in params["long_factor"]))
-  elif rope_type != "default":
-    kw = {k: (int(params[k]) if k.startswith("original") else float(params[k]))
-          for k in known if k in params}
-  if freq_factors is not None:
-    kw["freq_factors"] = tuple(float(f) for f in freq_factors)
-  return RopeConfig(theta=theta, rope_type=rope_type, **kw)
