@@ -1,0 +1,11 @@
+"""Pallas Mosaic GPU (Hopper: TMA, mbarriers) twins of the Triton kernels of ``pallas_kernels``.
+
+Each op has its Triton twin's signature and is tested against the same jnp reference; run on the
+CPU under Mosaic GPU's interpret mode (``interpret=True``: simulated shared memory, barriers, TMA,
+race detection). docs/kernels_mosaic.md says what is and is not verified without a GPU.
+"""
+
+from pallas_kernels.mosaic._common import InterpretGPUParams
+from pallas_kernels.mosaic.sparse_decode import sparse_decode
+
+__all__ = ["InterpretGPUParams", "sparse_decode"]

@@ -1,0 +1,291 @@
+"""Sparse flash-decoding over a block list on Mosaic GPU (Hopper): ``sparse_decode``.
+
+The Mosaic GPU twin of ``pallas_kernels.sparse_decode`` (same signature, same reference,
+``sparse_decode_reference``; dense decoding is the list of every block). One program (one
+warpgroup) per (batch, kv head, split) walks its slice of the kv head's list:
+
+  * each pipeline step gathers ``J = W / block_size`` listed blocks into one ``[W, D]`` K tile
+    and one V tile in shared memory (``W = max(64, block_size)`` tokens), one TMA bulk copy per
+    block and tensor (``plgpu.copy_gmem_to_smem``), each completing on its own mbarrier;
+  * a ring of ``num_stages`` such tiles keeps ``num_stages - 1`` steps of copies in flight while
+    one is computed: step ``i`` waits for its slot's barriers, computes, then issues step
+    ``i + num_stages`` into the slot it just freed (``plgpu.emit_pipeline``'s order);
+  * the compute is on CUDA cores in float32 for the R (<= 64) query rows of the group: for each
+    row, ``s = sum_d k * q`` (a row reduction of the WGMMA-layout tile), the online softmax, and
+    ``acc += sum_t p * v`` (a column reduction). Decoding reads each K/V byte once for R rows, so
+    it is bandwidth bound; CUDA-core float32 keeps f32 caches exact (a WGMMA would round f32 to
+    TF32) and needs no 64-row padding of the group.
+
+Per-query-head lists run over the union of the group's lists (``_union.union_lists``) with a
+per-(entry, row) bit, as the Triton kernel does; the split partials are merged by
+``lse_combine`` (XLA). Block sizes: powers of 2 >= 16; head dims: multiples of 64 (bf16/f16) or
+32 (f32) elements (whole 128-byte swizzled rows).
+
+Letters: B batch, N query heads, K kv heads, G = N // K, R rows of a program (G), n list length,
+S splits, T slots, D head dim, W tokens per step, J blocks per step.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plgpu
+import jax.numpy as jnp
+
+from pallas_kernels import _common
+from pallas_kernels import _union
+from pallas_kernels._decode_kernel import split_bounds
+from pallas_kernels.mosaic import _common as mc
+from pallas_kernels.softmax import check_softcap, default_scale, lse_combine, soft_cap
+from pallas_kernels.sparse_decode import (kv_head_lists, selection_rows,
+                                          sparse_decode_reference)
+
+NEG_INF = mc.NEG_INF
+# Mosaic GPU allocates at most 32 barriers per group (one group per tensor: J x stages).
+MAX_BARRIERS = 32
+
+
+def slot_words(pos, block_size: int):
+  """``pos [B, K, T]`` -> ``[B, K, NB, ceil(bs / 32)]`` int32: bit ``i % 32`` of word
+  ``i // 32`` of a block is set where its slot ``i`` holds a token (``pos >= 0``).
+
+  The kernel reads one scalar word per listed block instead of copying 16-slot position rows (a
+  TMA moves multiples of 128 bytes per warpgroup: 32 int32 slots)."""
+  b, kh, t = pos.shape
+  nw = -(-block_size // 32)
+  held = (pos >= 0).reshape(b, kh, t // block_size, block_size)
+  held = jnp.pad(held, ((0, 0), (0, 0), (0, 0), (0, nw * 32 - block_size)))
+  bits = jnp.left_shift(jnp.int32(1), jnp.arange(32, dtype=jnp.int32))
+  held = held.reshape(b, kh, t // block_size, nw, 32)
+  # Bit 31 is the sign bit: the sum of distinct powers of two wraps exactly in int32.
+  return jnp.sum(jnp.where(held, bits, 0), axis=-1, dtype=jnp.int32)
+
+
+def _online(carry, s, v, row_ok, regs):
+  """One flash step of one row: logits ``s [W]`` (row layout, -inf = masked), ``v [W, D]``."""
+  acc, m, l = carry
+  m_new = jnp.maximum(m, jnp.max(s))
+  # A row that attended nothing keeps m = -inf: shift by 0 so exp never sees inf - inf.
+  m_safe = jnp.where(m_new == NEG_INF, 0.0, m_new)
+  alpha = jnp.exp(m - m_safe)
+  p = mc.where(row_ok, jnp.exp(s - m_safe), 0.0)
+  w, d = v.shape
+  pv = jnp.sum(mc.bcast(p, (w, d), (0,)) * v, axis=0)  # [D] column layout
+  return alpha * acc + pv, m_new, alpha * l + jnp.sum(p)
+
+
+def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, list_len,
+                 max_splits, scale, softcap, with_pos, with_bits, regs):
+  """One program; refs: inputs (GMEM), outputs (GMEM), scratch (SMEM, barriers)."""
+  it = iter(refs)
+  q_ref, k_ref, v_ref, idx_ref, nv_ref, len_ref = (next(it) for _ in range(6))
+  slot_ref = next(it) if with_pos else None
+  bits_ref = next(it) if with_bits else None
+  o_ref, lse_ref = next(it), next(it)
+  q_s, k_s, v_s = next(it), next(it), next(it)  # [64, D], [ST, W, D] x 2
+  o_s, lse_s, q_bar, k_bar, v_bar = (next(it) for _ in range(5))
+
+  bi, hi, si = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("s")
+  bs, jn = block_size, blocks_per_step
+  w = bs * jn
+  d = k_s.shape[-1]
+  words = -(-bs // 32)  # slot-validity words per block
+  lo, hi_e = split_bounds(nv_ref[bi, hi], si, list_len=list_len, max_splits=max_splits,
+                          blocks_per_iter=jn)
+  length = len_ref[bi]
+  steps = (hi_e - lo + jn - 1) // jn
+
+  plgpu.copy_gmem_to_smem(q_ref.at[bi, hi], q_s, q_bar.at[0])
+
+  def entry(step, j):
+    return jnp.minimum(lo + step * jn + j, list_len - 1)
+
+  def issue(step, slot):
+    """TMA the J blocks of ``step`` into ring slot ``slot`` (past the slice: a clamped, masked
+    block, so every barrier of the step is always armed)."""
+    for j in range(jn):
+      blk = jnp.clip(idx_ref[bi, hi, entry(step, j)], 0, num_blocks - 1)
+      src, dst = pl.ds(blk * bs, bs), pl.ds(j * bs, bs)
+      plgpu.copy_gmem_to_smem(k_ref.at[bi, hi, src], k_s.at[slot, dst],
+                              k_bar.at[slot * jn + j])
+      plgpu.copy_gmem_to_smem(v_ref.at[bi, hi, src], v_s.at[slot, dst],
+                              v_bar.at[slot * jn + j])
+
+  for st in range(stages):
+    @pl.when(st < steps)
+    def _():
+      issue(st, st)
+
+  plgpu.barrier_wait(q_bar.at[0])
+  q_rows = mc.rows_of(regs.load_tile(q_s), rows, regs)  # R x [D]
+  tok = regs.iota((w,), 0, regs.row)
+  tok_entry, tok_in_block = tok // bs, tok % bs
+
+  def body(step, carry):
+    slot = lax.rem(step, stages)
+    for j in range(jn):
+      plgpu.barrier_wait(k_bar.at[slot * jn + j])
+      plgpu.barrier_wait(v_bar.at[slot * jn + j])
+    k = regs.load_tile(k_s.at[slot])  # [W, D]
+    v = regs.load_tile(v_s.at[slot])
+    # [W] per token: its block's first slot, listed in this slice, and (with bits) its word.
+    first = jnp.zeros((w,), jnp.int32)
+    live = jnp.zeros((w,), jnp.int32)
+    word = jnp.zeros((w,), jnp.int32)
+    held = jnp.zeros((w,), jnp.int32)  # with pos: the slot-validity word of the token
+    for j in range(jn):
+      e = lo + step * jn + j
+      at_j = tok_entry == j
+      blk = jnp.clip(idx_ref[bi, hi, entry(step, j)], 0, num_blocks - 1)
+      first = mc.where(at_j, blk * bs, first)
+      live = mc.where(at_j, (e < hi_e).astype(jnp.int32), live)
+      if with_bits:
+        word = mc.where(at_j, bits_ref[bi, hi, entry(step, j)], word)
+      for c in range(words if with_pos else 0):
+        held = mc.where(at_j & (tok_in_block // 32 == c), slot_ref[bi, hi, blk, c], held)
+    ok = (live > 0) & (first + tok_in_block < length)
+    if with_pos:
+      ok = ok & ((lax.shift_right_logical(held, tok_in_block % 32) & 1) > 0)
+    # Masked slots never reach p.v (stale or non-finite values are zeroed, not multiplied by 0).
+    v = mc.where(mc.bcast(ok, (w, d), (0,)), v, 0.0)
+    new = []
+    for r in range(rows):
+      s = jnp.sum(k * mc.bcast(q_rows[r], (w, d), (1,)), axis=1) * scale  # [W]
+      s = soft_cap(s, softcap)
+      ok_r = ok
+      if with_bits:
+        ok_r = ok & ((lax.shift_right_logical(word, jnp.int32(r)) & 1) > 0)
+      new.append(_online(carry[r], mc.where(ok_r, s, NEG_INF), v, ok_r, regs))
+
+    @pl.when(step + stages < steps)
+    def _():
+      issue(step + stages, slot)
+    return tuple(new)
+
+  init = (regs.cast(jnp.zeros((d,), jnp.float32), regs.col), jnp.float32(NEG_INF),
+          jnp.float32(0.0))
+  carry = lax.fori_loop(0, steps, body, (init,) * rows)
+  for r, (acc, m, l) in enumerate(carry):
+    ok = l > 0
+    safe = jnp.where(ok, l, 1.0)
+    o_s[r] = acc / safe * ok.astype(jnp.float32)
+    lse_s[r] = jnp.where(ok, m + jnp.log(safe), NEG_INF)
+  plgpu.commit_smem()
+  plgpu.copy_smem_to_gmem(o_s, o_ref.at[bi, hi, si])
+  plgpu.copy_smem_to_gmem(lse_s, lse_ref.at[bi, hi, si])
+  plgpu.wait_smem_to_gmem(0)
+
+
+def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None, *,
+                    block_size: int, scale: float, num_splits: int | None, num_stages: int,
+                    softcap: float | None, interpret):
+  """Runs the Mosaic GPU kernel: per-split partials, merged by ``lse_combine``.
+
+  Args:
+    q: ``[B, K, R, D]`` query rows of each kv head (R <= 64).
+    k, v: ``[B, K, T, D]``; block_idx ``[B, K, n]``; n_valid ``[B, K]``; length ``[B]``.
+    pos: optional ``[B, K, T]`` int32 (-1 = empty slot); row_bits: optional ``[B, K, n]``
+      int32, bit ``r`` set where row ``r`` uses the entry.
+    block_size, scale, num_splits, num_stages, softcap: static; interpret: see
+      ``mc.interpret_params``.
+
+  Returns:
+    ``(out [B, K, R, D] f32, lse [B, K, R] f32)``.
+  """
+  b, kh, r, d = q.shape
+  t, n = k.shape[2], block_idx.shape[-1]
+  if r > mc.TILE_ROWS:
+    raise ValueError(f"at most {mc.TILE_ROWS} query rows per kv head, got {r}")
+  mc.check_minor_dim(d, q.dtype, k.dtype)
+  jn = max(1, mc.TILE_ROWS // block_size)
+  w = jn * block_size
+  itemsize = jnp.dtype(k.dtype).itemsize
+  stages = max(2, min(num_stages, mc.RING_BYTES // (2 * w * d * itemsize),
+                      MAX_BARRIERS // jn))
+  splits = num_splits or _common.choose_num_splits(b * kh, n)
+  splits = max(1, min(splits, -(-n // jn)))
+  params = mc.interpret_params(interpret)
+  with_pos, with_bits = pos is not None, row_bits is not None
+  kernel = functools.partial(
+      _decode_body, rows=r, block_size=block_size, blocks_per_step=jn, stages=stages,
+      num_blocks=t // block_size, list_len=n, max_splits=splits, scale=float(scale),
+      softcap=softcap, with_pos=with_pos, with_bits=with_bits, regs=mc.Regs(params is not None))
+  # [B, K, 64, D]: the group's rows padded to one WGMMA-layout tile.
+  q_pad = jnp.pad(q, ((0, 0), (0, 0), (0, mc.TILE_ROWS - r), (0, 0)))
+  lse_pad = -(-r // 4) * 4  # a TMA store moves whole 16-byte rows
+  scratch = [plgpu.SMEM((mc.TILE_ROWS, d), q.dtype, transforms=mc.smem_transforms(q.dtype)),
+             plgpu.SMEM((stages, w, d), k.dtype, transforms=mc.smem_transforms(k.dtype)),
+             plgpu.SMEM((stages, w, d), v.dtype, transforms=mc.smem_transforms(v.dtype))]
+  scratch += [plgpu.SMEM((r, d), jnp.float32), plgpu.SMEM((lse_pad,), jnp.float32),
+              plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=stages * jn),
+              plgpu.Barrier(num_barriers=stages * jn)]
+  args = [q_pad, k, v, block_idx.astype(jnp.int32), n_valid.astype(jnp.int32),
+          length.astype(jnp.int32)]
+  if with_pos:
+    args.append(slot_words(pos, block_size))
+  if with_bits:
+    args.append(row_bits.astype(jnp.int32))
+  out, lse = plgpu.kernel(
+      kernel,
+      out_type=(jax.ShapeDtypeStruct((b, kh, splits, r, d), jnp.float32),
+                jax.ShapeDtypeStruct((b, kh, splits, lse_pad), jnp.float32)),
+      scratch_types=scratch, grid=(b, kh, splits), grid_names=("b", "h", "s"),
+      interpret=params, kernel_name="sparse_decode_mosaic",
+  )(*args)
+  lse = lse[..., :r]
+  if splits == 1:
+    return out[:, :, 0], lse[:, :, 0]
+  return lse_combine(out, lse, axis=2)
+
+
+@functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
+                                             "interpret", "num_warps", "num_stages",
+                                             "blocks_per_iter", "softcap"))
+def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
+                  scale: float | None = None, num_splits: int | None = None,
+                  impl: _common.Impl = "auto", interpret=False, num_warps: int = 4,
+                  num_stages: int = 3, blocks_per_iter: int | None = None, pos=None,
+                  softcap: float | None = None):
+  """Exact attention of one query per head over the listed KV blocks (Mosaic GPU kernel).
+
+  Args: as ``pallas_kernels.sparse_decode``:
+    q: ``[B, N, D]`` queries; k, v: ``[B, K, T, D]`` cache, ``T`` a multiple of ``block_size``.
+    block_idx: ``[B, H, n]`` int32 block ids, ``H = K`` (group-shared) or ``H = N``
+      (per query head); entries at ``i >= n_valid`` are ignored.
+    n_valid: ``[B, H]`` int32; length: ``[B]`` int32 (slots ``>= length`` never attended).
+    pos: optional ``[B, K, T]`` int32 token position of each slot (-1 = empty, never attended).
+    block_size: static, a power of 2 >= 16; scale: default ``1/sqrt(D)``.
+    num_splits: most split-K slices (static), default from the problem size.
+    impl: ``"xla"`` runs ``sparse_decode_reference``; any other value runs the Mosaic kernel.
+    interpret: False (lower for the GPU), True (Mosaic GPU interpret mode on the CPU, race
+      detection on) or an ``InterpretGPUParams``.
+    num_warps, blocks_per_iter: accepted for the Triton twin's signature; one warpgroup per
+      program and ``max(64, block_size)`` tokens per step are fixed here.
+    num_stages: depth of the TMA ring (>= 2; fewer when the ring would not fit in SMEM).
+    softcap: static attention-logit soft-cap, None = none.
+
+  Returns:
+    ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32 (``0`` / ``-inf`` for a row that
+    attends nothing).
+  """
+  del num_warps, blocks_per_iter
+  if impl == "xla":
+    return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
+                                   scale=scale, pos=pos, softcap=softcap)
+  softcap = check_softcap(softcap)
+  _common.check_block_size(block_size, k.shape[2])
+  b, hq, d = q.shape
+  hkv, n = k.shape[1], block_idx.shape[2]
+  selection_rows(hq, hkv, block_idx.shape[1])
+  if n == 0:
+    return jnp.zeros_like(q), jnp.full((b, hq), -jnp.inf, jnp.float32)
+  idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
+  out, lse = decode_partials(
+      q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
+      row_bits=None if words is None else _union.head_bits(words)[..., 0],
+      block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
+      num_stages=num_stages, softcap=softcap, interpret=interpret)
+  return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)
