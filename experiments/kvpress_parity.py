@@ -24,6 +24,7 @@ tied tokens stay is the top-k's tie order, torch's against ours: 2 of 1,024 kept
 from __future__ import annotations
 
 import math
+import types
 
 from absl import app, flags
 import jax.numpy as jnp
@@ -41,29 +42,81 @@ PRESSES = {
     "cur": ("CURPress", {}),
     "lagkv": ("LagKVPress", {}),
     "random": ("RandomPress", {"seed": 0}),  # different generators: ~(1 - ratio) by design
+    # Compactor reads the prompt's queries and pre-RoPE keys (a stand-in attention module
+    # below); its sketch is a random draw on each side (torch's, JAX's): at the default
+    # R = 48 < D = 64 the leverages differ by design, at R = D both are exact
+    "compactor": ("CompactorPress", {}),
+    "compactor_exact": ("CompactorPress", {"sketch_dimension": 64}),
+    "adakv_compactor": ("CompactorPress", {}),
 }
+OURS = {"compactor": ("compactor", {"head_budget": "uniform"}),
+        "compactor_exact": ("compactor", {"head_budget": "uniform", "sketch_dimension": 64}),
+        "adakv_compactor": ("compactor", {})}
+ADAKV = {"adakv_compactor"}  # kvpress's AdaKVPress around the press (alpha_safeguard 0.2)
+READS_QUERIES = {"compactor", "compactor_exact", "adakv_compactor"}
 
 
-def ours_kept(m, k, v, ratio):
-  """``[K, S]`` bool: what method ``m`` keeps of one layer's ``k, v [K, S, D]``."""
+def ours_kept(m, k, v, ratio, q=None):
+  """``[K, S]`` bool: what method ``m`` keeps of one layer's ``k, v [K, S, D]`` (and its
+  queries ``q [N, S, D]``, for the methods that read them)."""
   kh, s, d = k.shape
+  nq = kh if q is None else q.shape[0]
   cache = m.init_cache(1, kh, m.round_capacity(s), d)
-  state = m.init_state(1, kh, kh, d, cache.capacity)
+  state = m.init_state(1, nq, kh, d, cache.capacity)
   pos = jnp.arange(s, dtype=jnp.int32)[None]
-  q = jnp.zeros((1, kh, s, d), jnp.float32)  # the key/value scorers read no queries
+  # the key/value scorers read no queries
+  q = jnp.zeros((1, kh, s, d), jnp.float32) if q is None else jnp.asarray(q)[None]
   _, cache, state = m.prefill(q, jnp.asarray(k)[None], jnp.asarray(v)[None], cache, state, pos)
   n = jnp.full((1,), math.ceil((1 - ratio) * s), jnp.int32)
   return np.asarray(m.keep_mask(cache, state, None, n))[0, :, :s]
 
 
-def theirs_kept(press, kvpress, k, v, ratio):
+def theirs_kept(press, kvpress, k, v, ratio, q=None, inv_freq=None, adakv=False):
   import torch  # pylint: disable=g-import-not-at-top
   kt, vt = (torch.from_numpy(np.array(x, np.float32))[None] for x in (k, v))
-  scores = press.score(None, None, kt, vt, None, {})
+  module, hidden, kwargs = (None, None, {}) if q is None else attention_stand_in(q, k, inv_freq)
+  scores = press.score(module, hidden, kt, vt, None, kwargs)
   n = kvpress.utils.compute_n_kept(k.shape[1], ratio)
   kept = np.zeros(k.shape[:2], bool)
+  if adakv:  # AdaKVPress.compress: each head's top int(0.2 n) first, then one layer-wide cut
+    scores = scores.clone()
+    safe = max(1, int(n * 0.2))
+    scores.scatter_(-1, torch.topk(scores, safe, dim=-1).indices, torch.finfo(scores.dtype).max)
+    flat = torch.topk(scores.reshape(-1), k.shape[0] * n).indices.numpy()
+    kept.reshape(-1)[flat] = True
+    return kept
   np.put_along_axis(kept, scores.topk(n, dim=-1).indices[0].numpy(), True, axis=-1)
   return kept
+
+
+def attention_stand_in(q, k, inv_freq):
+  """A Llama-like attention module whose ``q_proj`` / ``k_proj`` read the pre-RoPE queries and
+  keys back out of a stand-in hidden state, and the RoPE tables: what kvpress's
+  ``get_prerope_*_states`` and ``position_embeddings`` give a press, for captured ``q [N, S, D]``
+  and ``k [K, S, D]`` (post-RoPE)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  from sparse_attn.compression import rope  # pylint: disable=g-import-not-at-top
+  n, s, d = q.shape
+  pos = jnp.arange(s)[None]
+  pre_q, pre_k = (np.asarray(rope.rotate(jnp.asarray(x)[None], -pos, np.asarray(inv_freq)))[0]
+                  for x in (q, k))
+  flat = lambda x: torch.from_numpy(np.ascontiguousarray(np.swapaxes(x, 0, 1).reshape(s, -1)))
+  hidden = torch.cat([flat(pre_q), flat(pre_k)], dim=-1)[None]
+  cut = n * d
+
+  class StandIn(torch.nn.Module):
+    head_dim = d
+    config = types.SimpleNamespace(num_attention_heads=n)
+
+    def q_proj(self, h):
+      return h[..., :cut]
+
+    def k_proj(self, h):
+      return h[..., cut:]
+
+  angles = torch.arange(s, dtype=torch.float32)[:, None] * torch.tensor(inv_freq)[None]
+  emb = torch.cat([angles, angles], dim=-1)[None]
+  return StandIn(), hidden, {"position_embeddings": (emb.cos(), emb.sin())}
 
 
 def main(argv):
@@ -75,14 +128,18 @@ def main(argv):
   print(f"SmolLM2-135M, {FLAGS.length} tokens of {FLAGS.text!r}, ratio {FLAGS.ratio}, "
         f"kvpress {kvpress.version}")
   print("| ours | kvpress | min overlap | mean overlap | identical cells |\n|---|---|---|---|---|")
+  inv_freq = modelzoo.rope_inv_freq(model)
   for name in FLAGS.presses:
     cls, opts = PRESSES[name]
-    m = methods.make(name, ratio=FLAGS.ratio)
+    spec, ours_opts = OURS.get(name, (name, {}))
+    m = methods.make(spec, ratio=FLAGS.ratio, **ours_opts).with_rope(inv_freq)
     press = getattr(kvpress, cls)(compression_ratio=FLAGS.ratio, **opts)
     overlaps = []
     for layer in range(cap.num_layers):
-      a = ours_kept(m, cap.k[layer], cap.v[layer], FLAGS.ratio)
-      b = theirs_kept(press, kvpress, cap.k[layer], cap.v[layer], FLAGS.ratio)
+      q = cap.q[layer] if name in READS_QUERIES else None
+      a = ours_kept(m, cap.k[layer], cap.v[layer], FLAGS.ratio, q)
+      b = theirs_kept(press, kvpress, cap.k[layer], cap.v[layer], FLAGS.ratio, q, inv_freq,
+                      adakv=name in ADAKV)
       overlaps += list((a & b).sum(-1) / b.sum(-1))
     o = np.asarray(overlaps)
     print(f"| {name} | {cls} | {o.min():.4f} | {o.mean():.4f} | "

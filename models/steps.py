@@ -84,7 +84,11 @@ def init_caches(config, method: AttentionMethod, batch: int, capacity: int):
     made = method.init_caches(config.num_layers, init)
   else:
     made = [init() for _ in range(config.num_layers)]
-  return [c for c, _ in made], [s for _, s in made]
+  states = [s for _, s in made]
+  layer_state = getattr(method, "layer_state", None)  # a layer's calibration (Q-Filters)
+  if layer_state is not None:
+    states = [layer_state(s, i) for i, s in enumerate(states)]
+  return [c for c, _ in made], states
 
 
 def prefill_step(params, tokens, positions, caches, states, *, config, method: AttentionMethod):

@@ -39,6 +39,7 @@ import dataclasses
 from sparse_attn import budget as budget_lib
 from sparse_attn.compression import (cur, expected_attention, h2o, keydiff, knorm, lagkv,
                                      random_press, snapkv, streaming_llm, tova)
+from sparse_attn.compression import compactor, qfilters
 from sparse_attn.compression.base import CompressionMethod
 from sparse_attn.compression.decode_phase import Phase
 from sparse_attn.compression.head_budget import HeadBudget
@@ -103,4 +104,5 @@ def builder(cls):
 BUILDERS: dict = {cls.name: builder(cls) for cls in (
     expected_attention.ExpectedAttention, snapkv.SnapKV, tova.TOVA, keydiff.KeyDiff,
     knorm.KNorm, streaming_llm.StreamingLLM, h2o.H2O, random_press.RandomPress, cur.CUR,
-    lagkv.LagKV)}
+    lagkv.LagKV, compactor.Compactor,
+    qfilters.QFilters)}
