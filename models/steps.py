@@ -63,10 +63,19 @@ def layer_method(method: AttentionMethod, config, local: bool) -> AttentionMetho
   return method
 
 
+def per_layer(method: AttentionMethod, index: int) -> AttentionMethod:
+  """The method decoder layer ``index`` runs: ``method.for_layer(index)`` where the method's
+  layers differ (TidalDecode: dense, selection and reuse layers, ``sparse_attn.tidal``), else
+  ``method``. Its decode step may take the step's *relay* (``decode_relay``): a value one
+  layer hands to the next (``_layer_body``); None for every other method."""
+  for_layer = getattr(method, "for_layer", None)
+  return method if for_layer is None else for_layer(index)
+
+
 def check_layer_methods(method: AttentionMethod, config):
   """Raises now (before anything compiles) what ``layer_method`` would raise on any layer."""
-  for local in sorted({config.is_local(i) for i in range(config.num_layers)}):
-    layer_method(method, config, local)
+  for m, local in {(per_layer(method, i), config.is_local(i)) for i in range(config.num_layers)}:
+    layer_method(m, config, local)
 
 
 def init_caches(config, method: AttentionMethod, batch: int, capacity: int):
@@ -128,7 +137,8 @@ def end_prefill(caches, states, *, config, method: AttentionMethod):
   compiled for that smaller capacity).
   """
   scale = llama.softmax_scale(config)
-  outs = [layer_method(method, config, config.is_local(i)).end_prefill(c, s, scale=scale)
+  outs = [layer_method(per_layer(method, i), config, config.is_local(i)).end_prefill(
+      c, s, scale=scale)
           for i, (c, s) in enumerate(zip(caches, states, strict=True))]
   return [c for c, _ in outs], [s for _, s in outs]
 
@@ -170,20 +180,27 @@ def _embed_window(head, history, positions, *, config):
   return llama.embed(head, config, _window_tokens(history, positions))
 
 
-def _layer_body(layer_params, x, positions, cache, state, *, config, method: AttentionMethod,
-                phase, local: bool = False):
+def _layer_body(layer_params, x, positions, cache, state, relay=None, *, config,
+                method: AttentionMethod, phase, local: bool = False):
   """One decoder layer with ``method.prefill``, ``.extend``, ``.decode`` or ``.rectify``
   (``phase``) as attention; ``local``: a local layer (``config.is_local``), whose method is
-  ``layer_method``'s."""
-  fn = getattr(layer_method(method, config, local), phase)
+  ``layer_method``'s. ``relay``: what the layers before handed on (``per_layer``), returned
+  as this layer leaves it -> ``(x, cache, state, relay)``."""
+  m = layer_method(method, config, local)
+  relays = phase == "decode" and hasattr(m, "decode_relay")
+  fn = m.decode_relay if relays else getattr(m, phase)
   scale = llama.softmax_scale(config)
 
   def attend(q, k, v):
+    if relays:
+      out, c, s, r = fn(q, k, v, cache, state, relay, positions, scale=scale)
+      return out, (c, s, r)
     out, c, s = fn(q, k, v, cache, state, positions, scale=scale)
-    return out, (c, s)
+    return out, (c, s, relay)
 
-  x, (cache, state) = llama.apply_layer(layer_params, config, x, positions, attend, local)
-  return x, cache, state
+  x, (cache, state, relay) = llama.apply_layer(layer_params, config, x, positions, attend,
+                                               local)
+  return x, cache, state, relay
 
 
 _layer = jax.jit(_layer_body, static_argnames=("config", "method", "phase", "local"),
@@ -192,11 +209,11 @@ _layer = jax.jit(_layer_body, static_argnames=("config", "method", "phase", "loc
 
 def _layers(params, x, positions, caches, states, *, config, method: AttentionMethod, phase):
   """Every layer, one ``_layer`` call each, over the per-layer caches and states."""
-  new_caches, new_states = [], []
+  new_caches, new_states, relay = [], [], None
   for i, (p, c, s) in enumerate(zip(llama.split_layers(params)["layers"], caches, states,
                                     strict=True)):
-    x, c, s = _layer(p, x, positions, c, s, config=config, method=method, phase=phase,
-                     local=config.is_local(i))
+    x, c, s, relay = _layer(p, x, positions, c, s, relay, config=config,
+                            method=per_layer(method, i), phase=phase, local=config.is_local(i))
     new_caches.append(c)
     new_states.append(s)
   return x, new_caches, new_states
@@ -227,11 +244,12 @@ def _decode_program(params, history, positions, caches, states, key, *, config,
   H100 program)."""
   head = _head(params)
   x = llama.embed(head, config, _window_tokens(history, positions))
-  new_caches, new_states = [], []
+  new_caches, new_states, relay = [], [], None
   for i, (p, c, s) in enumerate(zip(llama.split_layers(params)["layers"], caches, states,
                                     strict=True)):
-    x, c, s = _layer_body(p, x, positions, c, s, config=config, method=method, phase="decode",
-                          local=config.is_local(i))
+    x, c, s, relay = _layer_body(p, x, positions, c, s, relay, config=config,
+                                 method=per_layer(method, i), phase="decode",
+                                 local=config.is_local(i))
     new_caches.append(c)
     new_states.append(s)
   nxt, logits, history = _finish_body(head, x, history, positions, key, config=config,

@@ -375,8 +375,8 @@ def make(spec: str = "dense", **options) -> Method:
                 interpret=bool(opts.get("interpret", False)))
   if name == "dense":
     return Method(**common)
-  return Method(**common, selector=selectors.build(name, opts, block_size),
-                **enhancer_options.configs(enh, enh_opts))
+  sel = selectors.build(name, opts, block_size)  # TidalDecode's method_class: its layers
+  return getattr(sel, "method_class", Method)(**common, selector=sel, **enhancer_options.configs(enh, enh_opts))
 
 
 def _parse_enhancers(spec: str, name: str, rest, options: dict):

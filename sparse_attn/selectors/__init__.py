@@ -15,6 +15,7 @@ from sparse_attn.budget import Budget
 from sparse_attn.selectors.arkvale import ArkVale
 from sparse_attn.selectors.base import BlockSelector, Selector
 from sparse_attn.selectors.quest import Quest
+from sparse_attn.selectors.tidal import TidalDecode
 from sparse_attn.selectors.token import Streaming, TopK
 from sparse_attn.selectors.twilight import Twilight
 
@@ -27,6 +28,7 @@ SELECTORS: dict[str, type[Selector]] = {
     "topk": TopK,
     "streaming": Streaming,
     "twilight": Twilight,
+    "tidaldecode": TidalDecode,
 }
 
 
@@ -61,9 +63,10 @@ def build(name: str, opts: dict, block_size: int) -> Selector:
     kw["budget"] = None
     kw.setdefault("n_local", 1)  # ReSA's defaults (Sec. 3): n_min=16, n_local=1
   cls = SELECTORS[name]
+  kw = {**getattr(cls, "budget_defaults", {}), **kw}  # a paper's forced tokens (TidalDecode)
   own = {k: opts[k] for k in options(name) if k in opts and k not in BUDGET_OPTIONS}
   return cls(budget=Budget(**kw), block_size=block_size, **own)
 
 
 __all__ = ["ArkVale", "BlockSelector", "BUDGET_OPTIONS", "Quest", "SELECTORS", "Selector",
-           "Streaming", "TopK", "build", "options", "register"]
+           "Streaming", "TidalDecode", "TopK", "build", "options", "register"]
