@@ -63,18 +63,20 @@ def layer_method(method: AttentionMethod, config, local: bool) -> AttentionMetho
   return method
 
 
-def per_layer(method: AttentionMethod, index: int) -> AttentionMethod:
-  """The method decoder layer ``index`` runs: ``method.for_layer(index)`` where the method's
-  layers differ (TidalDecode: dense, selection and reuse layers, ``sparse_attn.tidal``), else
-  ``method``. Its decode step may take the step's *relay* (``decode_relay``): a value one
+def per_layer(method: AttentionMethod, index: int, num_layers: int) -> AttentionMethod:
+  """The method decoder layer ``index`` of ``num_layers`` runs: ``method.for_layer(index,
+  num_layers)`` where the method's layers differ (TidalDecode: dense, selection and reuse
+  layers, ``sparse_attn.tidal``; PyramidKV's layer budgets), else ``method``. Its decode
+  step may take the step's *relay* (``decode_relay``): a value one
   layer hands to the next (``_layer_body``); None for every other method."""
   for_layer = getattr(method, "for_layer", None)
-  return method if for_layer is None else for_layer(index)
+  return method if for_layer is None else for_layer(index, num_layers)
 
 
 def check_layer_methods(method: AttentionMethod, config):
   """Raises now (before anything compiles) what ``layer_method`` would raise on any layer."""
-  for m, local in {(per_layer(method, i), config.is_local(i)) for i in range(config.num_layers)}:
+  n = config.num_layers
+  for m, local in {(per_layer(method, i, n), config.is_local(i)) for i in range(n)}:
     layer_method(m, config, local)
 
 
@@ -137,7 +139,8 @@ def end_prefill(caches, states, *, config, method: AttentionMethod):
   compiled for that smaller capacity).
   """
   scale = llama.softmax_scale(config)
-  outs = [layer_method(per_layer(method, i), config, config.is_local(i)).end_prefill(
+  n = config.num_layers
+  outs = [layer_method(per_layer(method, i, n), config, config.is_local(i)).end_prefill(
       c, s, scale=scale)
           for i, (c, s) in enumerate(zip(caches, states, strict=True))]
   return [c for c, _ in outs], [s for _, s in outs]
@@ -213,7 +216,8 @@ def _layers(params, x, positions, caches, states, *, config, method: AttentionMe
   for i, (p, c, s) in enumerate(zip(llama.split_layers(params)["layers"], caches, states,
                                     strict=True)):
     x, c, s, relay = _layer(p, x, positions, c, s, relay, config=config,
-                            method=per_layer(method, i), phase=phase, local=config.is_local(i))
+                            method=per_layer(method, i, config.num_layers), phase=phase,
+                            local=config.is_local(i))
     new_caches.append(c)
     new_states.append(s)
   return x, new_caches, new_states
@@ -248,7 +252,7 @@ def _decode_program(params, history, positions, caches, states, key, *, config,
   for i, (p, c, s) in enumerate(zip(llama.split_layers(params)["layers"], caches, states,
                                     strict=True)):
     x, c, s, relay = _layer_body(p, x, positions, c, s, relay, config=config,
-                                 method=per_layer(method, i), phase="decode",
+                                 method=per_layer(method, i, config.num_layers), phase="decode",
                                  local=config.is_local(i))
     new_caches.append(c)
     new_states.append(s)

@@ -56,8 +56,10 @@ class TidalMethod(Method):
       raise ValueError(f"{self.spec!r}: TidalDecode takes no enhancers (its selection layers "
                        "are dense; the others read their choice)")
 
-  def for_layer(self, layer: int) -> Method:
-    """The method decoder layer ``layer`` runs (one object per role, so one compile each)."""
+  def for_layer(self, layer: int, num_layers: int | None = None) -> Method:
+    """The method decoder layer ``layer`` (of ``num_layers``) runs: one object per role, so
+    one compile each."""
+    del num_layers  # a re-selection layer past the last layer never runs
     role = self.selector.role(layer)
     return self._dense() if role == "dense" else dataclasses.replace(self, role=role)
 

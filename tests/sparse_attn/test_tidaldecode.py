@@ -29,7 +29,7 @@ def _stack(m, qs, ks, vs, caches, positions):
   """One decode step through ``len(qs)`` layers as ``models.steps`` runs it (relay threaded)."""
   relay, outs = None, []
   for i, (q, k, v, c) in enumerate(zip(qs, ks, vs, caches)):
-    lm = steps.per_layer(m, i)
+    lm = steps.per_layer(m, i, len(qs))
     if hasattr(lm, "decode_relay"):
       out, c, _, relay = lm.decode_relay(q, k, v, c, lm.init_state(1, 1, 1, 1, 1), relay,
                                          positions)
@@ -145,8 +145,8 @@ def test_spec_options_and_refusals():
   assert methods.make("tidaldecode:reselect=-1", budget=64).selector.reselect is None
   kept = methods.make("tidaldecode", budget=64, local_window=1, forced_count="inside")
   assert kept.budget.local_window == 1 and kept.budget.n_sink == 0
-  assert steps.per_layer(m, 0).is_dense and steps.per_layer(m, 2).role == "select"
-  assert steps.per_layer(m, 3) == steps.per_layer(m, 30)  # one compile per role
+  assert steps.per_layer(m, 0, 32).is_dense and steps.per_layer(m, 2, 32).role == "select"
+  assert steps.per_layer(m, 3, 32) == steps.per_layer(m, 30, 32)  # one compile per role
   with pytest.raises(ValueError, match="enhancers"):
     methods.make("tidaldecode+resa", budget=0.1)
   with pytest.raises(ValueError, match="reselect"):
