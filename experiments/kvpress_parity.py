@@ -19,6 +19,13 @@ near-tie), keydiff, cur 1 / 1 (every cell identical), lagkv 0.9983 / 0.9980 (Lag
 tie across partitions, k / lag_size in each, and the cut falls inside such a tie: which of the
 tied tokens stay is the top-k's tie order, torch's against ours: 2 of 1,024 kept tokens), random
 0.50 (two generators: independent draws, as they should be).
+
+Compactor (2026-11-28, same text and ratio): compactor_exact (sketch R = D = 64 on both sides)
+0.9880 / 0.9053, compactor (R = 48) 0.9296 / 0.8701, adakv_compactor 0.9315 / 0.8546; no cell
+identical. The sketch is a random draw on each side (torch's global generator, JAX's key) and,
+with kvpress's jitter ``1e-2`` on the sketched Gram matrix, even R = D leaves the leverage
+dependent on the draw; kvpress also lets the last chunk's zero padding (2,036 middle tokens =
+7 x 256 + 244) into its softmax and sums, ours does not.
 """
 
 from __future__ import annotations
