@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from models import llama, sharding
+from models import llama, sharding, steps
 from sparse_attn import reference
 from sparse_attn.cache import write
 from sparse_attn.cache_attention import dense_over_cache
@@ -110,5 +110,7 @@ def split(union: CompressionUnion, method: CompressionMethod, caches, states, co
   scale = llama.softmax_scale(config)
   key = union.slot(method)
   run = sharding.wrap(method, mesh)
-  out = [run.end_prefill(c, s[key], scale=scale) for c, s in zip(caches, states)]
+  n = config.num_layers  # a method's layer (PyramidKV's budgets): steps.per_layer
+  out = [steps.per_layer(run, i, n).end_prefill(c, s[key], scale=scale)
+         for i, (c, s) in enumerate(zip(caches, states))]
   return [c for c, _ in out], [s for _, s in out]

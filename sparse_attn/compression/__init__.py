@@ -40,6 +40,7 @@ from sparse_attn import budget as budget_lib
 from sparse_attn.compression import (cur, expected_attention, h2o, keydiff, knorm, lagkv,
                                      random_press, snapkv, streaming_llm, tova)
 from sparse_attn.compression import compactor, qfilters
+from sparse_attn.compression import chunkkv, criticalkv, finch, pyramidkv
 from sparse_attn.compression.base import CompressionMethod
 from sparse_attn.compression.decode_phase import Phase
 from sparse_attn.compression.head_budget import HeadBudget
@@ -106,3 +107,6 @@ BUILDERS: dict = {cls.name: builder(cls) for cls in (
     knorm.KNorm, streaming_llm.StreamingLLM, h2o.H2O, random_press.RandomPress, cur.CUR,
     lagkv.LagKV, compactor.Compactor,
     qfilters.QFilters)}
+BUILDERS.update({cls.name: builder(cls) for cls in (
+    pyramidkv.PyramidKV, chunkkv.ChunkKV, finch.FINCH, criticalkv.CriticalKV,
+    criticalkv.CriticalAdaKV)})

@@ -185,6 +185,17 @@ class CompressionMethod(Scorer):
   def round_capacity(self, n: int) -> int:
     return compact_lib.round_up(n, self.block_size)
 
+  def prompt_keep(self, n):
+    """Tokens per kv head kept of an ``n``-token prompt (int or int array): ``ceil((1 -
+    ratio) n)``. PyramidKV's layer budgets override it."""
+    return compact_lib.keep_count(n, self.ratio)
+
+  def for_layer(self, layer: int, num_layers: int):
+    """This method on layer ``layer`` of ``num_layers`` (``models.steps.per_layer`` asks):
+    itself, unless its budget depends on the layer (PyramidKV)."""
+    del layer, num_layers
+    return self
+
   def with_rope(self, inv_freq):
     """Methods that model RoPE take the model's frequencies (``rope.RopeOptions``)."""
     del inv_freq

@@ -3,11 +3,12 @@
 Letters: B batch, K kv heads, T slots of the prompt cache, C slots after compaction.
 
 ``end_prefill`` keeps ``ceil((1 - ratio) L)`` tokens per kv head (``L`` the prompt length of
-the row; sinks first) by the method's head-budget rule (``keep``), and compacts them into a
-smaller buffer (``compact``) of ``capacity`` slots: ``round_up(max kept per head + headroom)``
-where ``headroom`` is the decode room the caller allocated (``capacity - max(length)``). With a
-decode phase the headroom is ``interval`` instead (the cache never grows past
-``budget + interval``, ``decode_phase.DecodePhase.slots``). With Ada-KV's flat layout the
+the row; sinks first; PyramidKV's layer budgets: its own ``prompt_keep``) by the method's
+head-budget rule (``keep``), and compacts them into a smaller buffer (``compact``) of
+``capacity`` slots: ``round_up(max kept per head + headroom)`` where ``headroom`` is the decode
+room the caller allocated (``capacity - max(length)``). With a decode phase the headroom is
+``interval`` instead (the cache never grows past ``budget + interval``,
+``decode_phase.DecodePhase.slots``). With Ada-KV's flat layout the
 counts are the layer's: ``round_up(K * (kept per head) + K * headroom)`` slots in all, so the
 buffer's bytes are the kept tokens' (less than one block of padding per layer) and every layer
 has the same shape.
@@ -23,7 +24,6 @@ never imports ``base``, which builds on it).
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any, Protocol
 
 import jax
@@ -48,6 +48,7 @@ class Press(Protocol):
   compresses_decode: bool
 
   def round_capacity(self, n: int) -> int: ...
+  def prompt_keep(self, n): ...
   def keep_mask(self, cache, state, scale, kept): ...
   def compact_state(self, state, idx): ...
   def prefill_keep(self, cache, state, scale): ...
@@ -58,7 +59,7 @@ def decode_capacity(method: Press, context: int, decode_room: int) -> int:
   kept, plus the room for the generated ones."""
   if not method.compresses_prefill:
     return method.round_capacity(context)
-  kept = math.ceil((1 - method.ratio) * (context - decode_room))
+  kept = method.prompt_keep(context - decode_room)
   return method.round_capacity(kept + decode_room)
 
 
@@ -74,7 +75,7 @@ def keep(method: Press, cache: KVCache, state, scale=None):
   """
   # [B] prompt tokens per head
   n = jnp.max(jnp.sum(cache.valid, axis=-1, dtype=jnp.int32), axis=-1)
-  kept = compact_lib.keep_count(n, method.ratio)
+  kept = method.prompt_keep(n)
   budget = decode_phase.token_budget(n, kept, method.max_tokens)
   if method.compresses_prefill:
     return method.keep_mask(cache, state, scale, kept), budget
@@ -103,7 +104,7 @@ def capacity(method: Press, cache: KVCache, kept_slots, budget) -> int:
           "jit/vmap or set the static option decode_slots")
     headroom = method.decode_slots
     n_static = max(cache.capacity - headroom, 0)
-    k_static = compact_lib.keep_count(n_static, method.ratio)
+    k_static = method.prompt_keep(n_static)
     # uniform: k_static per head; Ada-KV: K * k_static in all (its layer-wide total)
     max_kept = (k_static if method.compresses_prefill else n_static) * heads
     max_budget = phase.static_budget(k_static) if phase is not None else None

@@ -1,0 +1,139 @@
+"""CriticalKV and CriticalAdaKV: scores re-weighted by what a value adds to the output.
+
+"Identify Critical KV Cache in LLM Inference from an Output Perturbation Perspective" (Feng et
+al., 2025, arXiv 2502.03805), Sec. 3-4: evicting entry ``i`` perturbs the attention output
+by at most its attention weight times the norm of its projected value, so the critical entries
+are ranked by ``A_i ||v_i W^O_h||_1`` (Theorem 1's bound) rather than by ``A_i`` alone. Since
+the bound is loose, selection has two stages (Alg. 1): the top ``first_stage_ratio`` of the
+budget by the base scores alone, then the rest of the budget by
+
+  s'_i = (s_i + epsilon) * mean_{h in group} ||v_i W^O_h||_1,
+
+``W^O_h [D, E]`` the rows of the output projection that read query head ``h``. Both are
+wrappers around a scorer (here SnapKV's, kvpress's ``critical_snapkv``); CriticalAdaKV first
+allocates the layer's budget over the heads by Ada-KV on the base scores (with its floor), then
+runs the two stages inside each head's allocation. Defaults as kvpress's ``CriticalKVPress``
+and ``CriticalAdaKVPress``: ``epsilon = 1e-4``, ``first_stage_ratio = 0.5``, ``floor = 0.2``.
+
+The projection is the model's: ``set_out_proj(states, [w_o of each layer])`` puts each layer's
+``W^O`` in its state before ``end_prefill``. Without it (a method used outside a model) the
+projection is the identity, ``||v_i||_1``: the same ranking only for an orthogonal-by-head
+``W^O`` up to scale. kvpress's stage-1 count is ``max(1, floor((1 - r) L f))``; here it is
+``floor(n f)`` of the ``n = ceil((1 - r) L)`` kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from sparse_attn.compression import compact as compact_lib
+from sparse_attn.compression import head_budget as head_budget_lib
+from sparse_attn.compression.head_budget import HeadBudget
+from sparse_attn.compression.snapkv import SnapKV
+
+
+def set_out_proj(states, out_proj):
+  """Each layer's state with its output projection ``[N, D, E]`` (or ``[N D, E]`` as stored
+  in a checkpoint's transposed ``o_proj``) broadcast over the batch.
+
+  Args:
+    states: per-layer list of states (or one state); out_proj: the matching list (or one).
+  """
+  def one(state, wo):
+    wo = jnp.asarray(wo, jnp.float32)
+    n = state["obs"]["buf"].shape[2]
+    wo = wo.reshape(n, -1, wo.shape[-1])
+    return dict(state, out_proj=jnp.broadcast_to(wo, (state["next_pos"].shape[0],) + wo.shape))
+  if isinstance(states, list):
+    return [one(s, w) for s, w in zip(states, out_proj, strict=True)]
+  return one(states, out_proj)
+
+
+def projected_norm(cache, state):
+  """``[B, K, T]``: ``||v_i W^O_h||_1`` averaged over each kv head's query heads (``||v_i||_1``
+  without an ``out_proj`` in the state)."""
+  v = cache.v.astype(jnp.float32)  # [B, K, T, D]
+  wo = state.get("out_proj")
+  if wo is None:
+    return jnp.sum(jnp.abs(v), axis=-1)
+  b, n, d, e = wo.shape
+  k = v.shape[1]
+  wo = wo.reshape(b, k, n // k, d, e)
+  # [B, K, G, T, E]
+  proj = jnp.einsum("bktd,bkgde->bkgte", v, wo)
+  return jnp.mean(jnp.sum(jnp.abs(proj), axis=-1), axis=2)
+
+
+def two_stage(raw, valid, norm, first, epsilon: float):
+  """Alg. 1: the top ``first [B, K | 1, 1]`` of ``raw [B, K, T]`` forced (``+inf``), the rest
+  ``(raw + epsilon) * norm``; ``+inf`` (window, sinks) stays forced, empty slots ``-inf``."""
+  raw = jnp.where(valid, raw, -jnp.inf)
+  forced = (compact_lib.rank_desc(raw) < first) | (raw == jnp.inf)
+  out = jnp.where(forced, jnp.inf, (jnp.where(forced, 0.0, raw) + epsilon) * norm)
+  return jnp.where(valid, out, -jnp.inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Critical(SnapKV):
+  """The options both wrappers share (see the module docstring)."""
+
+  epsilon: float = 1e-4
+  first_stage_ratio: float = 0.5
+
+  def __post_init__(self):
+    super().__post_init__()
+    if not 0.0 <= self.first_stage_ratio <= 1.0:
+      raise ValueError(f"first_stage_ratio must be in [0, 1], got {self.first_stage_ratio}")
+    if not self.epsilon >= 0:
+      raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
+
+  def stage_one(self, n):
+    """Tokens chosen by the base scores alone out of a head's ``n`` (int array)."""
+    return jnp.floor(n.astype(jnp.float32) * self.first_stage_ratio).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticalKV(_Critical):
+  """CriticalKV (Feng et al. 2025, Alg. 1) around SnapKV's scores; with
+  ``head_budget="adakv"`` it is CriticalAdaKV (``CriticalAdaKVRule``)."""
+
+  name = "criticalkv"
+
+  @property
+  def head_rule(self):
+    if self.head_budget is HeadBudget.ADAKV:
+      return CriticalAdaKVRule(self, self.floor)
+    return head_budget_lib.Uniform(self)
+
+  def scores(self, cache, state, scale, n):
+    """``[B, K, T]``: the two stages' scores for a budget of ``n [B]`` per head (uniform);
+    SnapKV's own under Ada-KV, whose rule runs the stages per head."""
+    raw = super().scores(cache, state, scale, n)
+    if self.head_budget is HeadBudget.ADAKV:
+      return raw
+    raw = jnp.where(cache.pos < self.n_sink, jnp.inf, raw)  # sinks count in stage one
+    first = self.stage_one(n)[:, None, None]
+    return two_stage(raw, cache.valid, projected_norm(cache, state), first, self.epsilon)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticalAdaKV(CriticalKV):
+  """CriticalAdaKV (Feng et al. 2025): ``criticalkv`` with Ada-KV's allocation by default."""
+
+  name = "criticaladakv"
+  DEFAULTS = {"head_budget": "adakv"}
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticalAdaKVRule(head_budget_lib.AdaKV):
+  """Ada-KV's per-head counts from the base scores, then the two stages within each head."""
+
+  def keep(self, cache, state, scale, n, ceiling: int | None = None):
+    raw = self.scorer.slot_scores(cache, state, scale, n)  # SnapKV's, sinks in
+    alloc = head_budget_lib.adakv_keep(raw, n.astype(jnp.int32), self.floor, ceiling)
+    share = jnp.sum(alloc, axis=-1, keepdims=True, dtype=jnp.int32)  # [B, K, 1]
+    score = two_stage(raw, cache.valid, projected_norm(cache, state),
+                      self.scorer.stage_one(share), self.scorer.epsilon)
+    return (compact_lib.rank_desc(score) < share) & cache.valid

@@ -1,0 +1,102 @@
+"""FINCH: the question's attention over the prompt, normalised, kept per chunk (TACL 2024).
+
+"FINCH: Prompt-guided Key-Value Cache Compression for Large Language Models" (Corallo &
+Papotti, TACL 2024, arXiv 2409.00716), Sec. 3: the prompt is ``context + question``; the
+question's queries attend the context and every context token is scored by the attention it
+receives, each question query's weights normalised by the number of keys it sees (Eq. 2:
+causal rows of different lengths weigh alike), averaged over the question's queries and a kv
+head's query group; the context is read in chunks and each chunk keeps its top share, the
+question's own tokens always kept.
+
+As kvpress's ``FinchPress`` (its leaderboard's ``finch``, query-aware): the question is the
+last ``question`` tokens of the prompt (kvpress finds it at a delimiter token; here it is the
+state's ``question [B]``, ``window_size`` unless set by ``set_question_length``), a query at
+position ``p`` is weighted by ``p`` (kvpress's count, one less than the ``p + 1`` keys it
+sees), the question's tokens score the largest vote + 1 (kept first), and ``chunk_length``
+(None: one chunk, kvpress's default) cuts the whole prompt from its first token into chunks
+that keep ``ceil((1 - ratio) s)`` of their ``s`` tokens each (kvpress: ``max(1, floor(..))``).
+The chunk quotas are a first tier: the head's top ``ceil((1 - ratio) L)`` takes every chunk's
+share, then the best of the rest (or the best shares when the quotas sum to more).
+
+Not implemented: kvpress's re-rotation of the kept keys to consecutive positions
+(``rerotate_keys``): here the kept tokens keep their positions, as with every other method,
+so the decode positions continue from the prompt's length (the paper reads each chunk with the
+positions it had).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from sparse_attn.compression import chunks, observe, order
+from sparse_attn.compression.base import CompressionMethod
+
+
+def set_question_length(states, n):
+  """Every layer's FINCH state with the question's length ``n`` (int or ``[B]``) tokens: the
+  last ``n`` prompt tokens form the window (at most the method's ``window_size``)."""
+  def one(state):
+    q = jnp.broadcast_to(jnp.asarray(n, jnp.int32), state["question"].shape)
+    return dict(state, question=q)
+  return [one(s) for s in states] if isinstance(states, list) else one(states)
+
+
+@dataclasses.dataclass(frozen=True)
+class FINCH(CompressionMethod):
+  """FINCH eviction (Corallo & Papotti 2024), as kvpress's ``FinchPress``.
+
+  Attributes:
+    window_size: the most question tokens it buffers (and the question's default length).
+    chunk_length: tokens per selection chunk (None: the whole prompt is one chunk).
+    normalize_scores: weight each question query by its position (Eq. 2's normalisation).
+  """
+
+  window_size: int = 64
+  chunk_length: int | None = None
+  normalize_scores: bool = True
+
+  name = "finch"
+
+  def __post_init__(self):
+    super().__post_init__()
+    if isinstance(self.window_size, bool) or not isinstance(self.window_size, int) or (
+        self.window_size < 1):
+      raise ValueError(f"window_size must be an int >= 1, got {self.window_size!r}")
+    c = self.chunk_length
+    if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
+      raise ValueError(f"chunk_length must be None or an int >= 1, got {c!r}")
+    if not isinstance(self.normalize_scores, bool):
+      raise ValueError(f"normalize_scores must be a bool, got {self.normalize_scores!r}")
+
+  def init_extra(self, batch, num_q_heads, num_kv_heads, head_dim, capacity):
+    return {"obs": observe.init_ring(batch, num_q_heads, self.window_size, head_dim),
+            "question": jnp.full((batch,), self.window_size, jnp.int32)}
+
+  def observe(self, q, cache, state, positions, lse, scale):
+    return dict(state, obs=observe.ring_push(state["obs"], q, positions, positions >= 0))
+
+  def scores(self, cache, state, scale, n):
+    """``[B, K, T]``: the question's normalised attention (the question's tokens: the largest
+    vote + 1); with ``chunk_length``, each chunk's share first (module docstring)."""
+    del n
+    ring = state["obs"]
+    start = state["next_pos"] - jnp.minimum(state["question"], self.window_size)  # [B]
+    asks = observe.ring_filled(ring) & (ring["pos"] >= start[:, None])  # [B, W]
+    p = observe.window_probs(ring["buf"], ring["pos"], asks, cache.k, cache.pos, cache.valid,
+                             scale, self.softcap, self.sliding_window)  # [B, K, G, W, T]
+    weight = ring["pos"].astype(jnp.float32) if self.normalize_scores else jnp.ones(
+        ring["pos"].shape)
+    votes = jnp.einsum("bkgwt,bw->bkt", p, jnp.where(asks, weight, 0.0)) / (
+        p.shape[2] * jnp.maximum(jnp.sum(asks, axis=-1), 1)[:, None, None])
+    question = cache.valid & (cache.pos >= start[:, None, None])
+    votes = jnp.where(question | ~cache.valid, -jnp.inf, votes)
+    top = jnp.max(votes, axis=(1, 2), keepdims=True)
+    votes = jnp.where(question, jnp.where(jnp.isfinite(top), top, 0.0) + 1.0, votes)
+    if self.chunk_length is None:
+      return votes
+    idx, inv = order.position_order(cache.pos, cache.valid)
+    v, valid = order.take(votes, idx), order.take(cache.valid, idx)
+    share = chunks.within_chunk_quota(v, valid, self.chunk_length, self.ratio)
+    return order.take(chunks.tiered(share.astype(jnp.float32), v), inv)
