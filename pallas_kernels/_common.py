@@ -8,15 +8,11 @@ S splits, T cache slots, D head dim.
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal, get_args
 
-import jax
+
 import jax.numpy as jnp
 
-# Which path an op runs: its Pallas kernel, its jnp reference, or "auto" (Pallas on a GPU
-# backend, the reference elsewhere). The closed set, checked in one place (``resolve_impl``).
-Impl = Literal["auto", "pallas", "xla"]
-IMPLS: tuple[str, ...] = get_args(Impl)
+from pallas_kernels.backends import IMPLS, Impl, resolve_impl  # pylint: disable=unused-import
 
 # Triton's tl.dot needs every operand dimension >= 16.
 MIN_DOT_ROWS = 16
@@ -30,21 +26,6 @@ MIN_BLOCKS_PER_SPLIT = 16
 KV_RING_BYTES = 112 * 1024
 # Tokens gathered per decode loop iteration, at most (J = tokens / block_size blocks).
 MAX_TOKENS_PER_ITER = 128
-
-
-def resolve_impl(impl: Impl) -> Literal["pallas", "xla"]:
-  """The one dispatcher: ``"auto"`` -> ``"pallas"`` on a GPU backend, ``"xla"`` elsewhere.
-
-  Every op resolves its ``impl`` here and nowhere else (``sparse_attn`` passes it through).
-
-  Raises:
-    ValueError: ``impl`` is not one of ``IMPLS``.
-  """
-  if impl not in IMPLS:
-    raise ValueError(f"impl must be one of {IMPLS}, got {impl!r}")
-  if impl == "auto":
-    return "pallas" if jax.default_backend() == "gpu" else "xla"
-  return impl
 
 
 def next_pow2(x: int) -> int:

@@ -43,13 +43,15 @@ import functools
 import jax
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
 from pallas_kernels._common import (MIN_BLOCKS_PER_SPLIT, TileConfig, choose_num_splits,
                                     pad_rows, tokens_per_iter)
 from pallas_kernels.softmax import soft_cap
 from pallas_kernels.split_combine import split_combine_pairs
+from pallas_kernels.backends import triton_module
+
+plgpu = triton_module()  # jax.experimental.pallas.triton; see backends
 
 NEG_INF = float("-inf")
 

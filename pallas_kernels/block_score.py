@@ -20,10 +20,12 @@ import functools
 import jax
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
 from pallas_kernels import _common
+from pallas_kernels.backends import triton_module
+
+plgpu = triton_module()  # jax.experimental.pallas.triton; see backends
 
 NEG_INF = float("-inf")
 
@@ -140,15 +142,21 @@ def block_score(q, kmin, kmax, length, *, block_size: int, impl: _common.Impl = 
     kmin, kmax: ``[B, K, NB, D]`` per-block channel minima / maxima (``kmin <= kmax``).
     length: ``[B]`` int32; blocks with ``block * block_size >= length`` score ``-inf``.
     block_size: tokens per block (static).
-    impl: ``"pallas"``, ``"xla"`` (``block_score_reference``) or ``"auto"``.
+    impl: ``"pallas"``/``"triton"``, ``"mosaic"`` (``pallas_kernels.mosaic.block_score``),
+      ``"xla"`` (``block_score_reference``) or ``"auto"`` (``backends.resolve_impl``).
     interpret: run the Pallas kernel in interpret mode.
     block_nb: blocks per program (static, a power of 2 >= 16).
 
   Returns:
     ``[B, K, G, NB]`` float32 scores.
   """
-  if _common.resolve_impl(impl) == "xla":
+  resolved = _common.resolve_impl(impl, "block_score")
+  if resolved == "xla":
     return block_score_reference(q, kmin, kmax, length, block_size=block_size)
+  if resolved == "mosaic":
+    from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
+    return mosaic.block_score(q, kmin, kmax, length, block_size=block_size, impl="mosaic",
+                              interpret=interpret)
   tiles = _common.TileConfig(block_nb=block_nb)
   return _block_score_pallas(q, kmin, kmax, length, block_size=block_size, tiles=tiles,
                              interpret=interpret)
@@ -170,9 +178,14 @@ def block_score_pooled(q, kmin, kmax, length, *, block_size: int, impl: _common.
   Returns:
     ``[B, K, NB]`` float32 scores of ``mean_g q[:, :, g]`` (pooled in float32).
   """
-  if _common.resolve_impl(impl) == "xla":
+  resolved = _common.resolve_impl(impl, "block_score")
+  if resolved == "xla":
     return block_score_pooled_reference(q, kmin, kmax, length, block_size=block_size)
   pooled = jnp.mean(q.astype(jnp.float32), axis=2, keepdims=True)
+  if resolved == "mosaic":
+    from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
+    return mosaic.block_score(pooled, kmin, kmax, length, block_size=block_size, impl="mosaic",
+                              interpret=interpret)[:, :, 0]
   tiles = _common.TileConfig(block_nb=block_nb)
   return _block_score_pallas(pooled, kmin, kmax, length, block_size=block_size, tiles=tiles,
                              interpret=interpret)[:, :, 0]

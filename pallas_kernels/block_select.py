@@ -30,10 +30,12 @@ import functools
 import jax
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
 from pallas_kernels import _common
+from pallas_kernels.backends import triton_module
+
+plgpu = triton_module()  # jax.experimental.pallas.triton; see backends
 
 MAX_ENTRIES = 16384  # one row in registers (8 warps: 64 keys per thread); longer rows: XLA
 BITS_PER_PASS = 1  # bits per counting pass: 1 ran fastest on an H100 (decode_sweep.py)
@@ -158,7 +160,7 @@ def block_select(scores, count, *, n: int, impl: _common.Impl = "auto",
   if early_exit and bits_per_pass != 1:
     raise ValueError(f"early_exit counts one bit a pass, got bits_per_pass={bits_per_pass}")
   padded = max(16, pl.next_power_of_2(nb))
-  if _common.resolve_impl(impl) == "xla" or padded > MAX_ENTRIES:
+  if _common.resolve_impl(impl, "block_select") == "xla" or padded > MAX_ENTRIES:
     return block_select_reference(scores, count, n=n)
   kernel = functools.partial(_select_kernel, num_entries=nb, padded=padded, n=n,
                              bits_per_pass=bits_per_pass, early_exit=early_exit)

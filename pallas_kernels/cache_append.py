@@ -22,10 +22,12 @@ import functools
 
 import jax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
 from pallas_kernels import _common
+from pallas_kernels.backends import triton_module
+
+plgpu = triton_module()  # jax.experimental.pallas.triton; see backends
 
 
 def cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *,
@@ -111,7 +113,7 @@ def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *
   Returns:
     ``(k, v, pos, kmin, kmax)`` updated (in place where the inputs are donated).
   """
-  if _common.resolve_impl(impl) == "xla":
+  if _common.resolve_impl(impl, "cache_append") == "xla":
     return cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
                                   block_size=block_size)
   b, h, t, d = k.shape

@@ -44,7 +44,6 @@ import functools
 import jax
 from jax import lax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
 from pallas_kernels import _common
@@ -54,6 +53,9 @@ from pallas_kernels.key_tiles import (NEVER, below_length, clamped_tile, seeable
 from pallas_kernels._decode_kernel import NEG_INF, _finish, _online_update
 from pallas_kernels.softmax import check_softcap, default_scale, grouped_attention, soft_cap
 from pallas_kernels.split_combine import split_combine
+from pallas_kernels.backends import triton_module
+
+plgpu = triton_module()  # jax.experimental.pallas.triton; see backends
 
 # The reference's tiles (XLA:CPU): ~0.6 MB of logits per query tile at G = 3.
 REF_KEY_TILE = 256
@@ -320,7 +322,7 @@ def chunk_attention(q, k, v, q_pos, k_pos, length, *, scale: float | None = None
     raise ValueError(f"{n} query heads are not a multiple of {kh} kv heads")
   if key_tile < 16 or key_tile & (key_tile - 1):
     raise ValueError(f"key_tile must be a power of 2 >= 16, got {key_tile}")
-  if _common.resolve_impl(impl) == "xla":
+  if _common.resolve_impl(impl, "chunk_attention") == "xla":
     return chunk_attention_reference(q, k, v, q_pos, k_pos, length, scale=scale, window=window,
                                      softcap=softcap)
   softcap = check_softcap(softcap)

@@ -167,7 +167,8 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
     scale: softmax scale (static), default ``1/sqrt(D)``.
     num_splits: most split-K slices (static), default from the problem size; fewer are used
       when ``n_valid`` is short.
-    impl: ``"pallas"``, ``"xla"`` (``sparse_decode_reference``) or ``"auto"``.
+    impl: ``"pallas"``/``"triton"``, ``"mosaic"`` (``pallas_kernels.mosaic.sparse_decode``),
+      ``"xla"`` (``sparse_decode_reference``) or ``"auto"`` (``backends.resolve_impl``).
     interpret: run the Pallas kernel in interpret mode (CPU).
     num_warps, num_stages: Triton launch parameters.
     blocks_per_iter: blocks gathered per loop iteration (static), default from shared memory.
@@ -181,9 +182,16 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
     ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32 (``0`` and ``-inf`` for a row
     that attends nothing).
   """
-  if _common.resolve_impl(impl) == "xla":
+  resolved = _common.resolve_impl(impl, "sparse_decode")
+  if resolved == "xla":
     return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
                                    scale=scale, pos=pos, softcap=softcap)
+  if resolved == "mosaic":
+    from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
+    return mosaic.sparse_decode(q, k, v, block_idx, n_valid, length, block_size=block_size,
+                                scale=scale, num_splits=num_splits, impl="mosaic",
+                                interpret=interpret, num_stages=num_stages, pos=pos,
+                                softcap=softcap)
   softcap = check_softcap(softcap)
   _common.check_block_size(block_size, k.shape[2])
   b, hq, d = q.shape

@@ -101,7 +101,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     (partials, merged by the caller); and ``seen [B, N, W]`` int32, the prior members each
     query attended (counted in the kernel's pass).
   """
-  if _common.resolve_impl(impl) == "xla":
+  if _common.resolve_impl(impl, "sparse_decode_multiquery") == "xla":
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
                                               length, block_size=block_size, scale=scale,
                                               pos=pos, prior=prior, softcap=softcap)

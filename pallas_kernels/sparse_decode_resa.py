@@ -93,7 +93,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
     and ``seen [B, N]`` int32, the prior members (finite ``P_j``) attended, counted in the same
     pass and summed by the split combine (RESA's test that the selection covered the prior).
   """
-  if _common.resolve_impl(impl) == "xla":
+  if _common.resolve_impl(impl, "sparse_decode_resa") == "xla":
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
                                         block_size=block_size, scale=scale, pos=pos,
                                         epilogue=epilogue, extras=extras, softcap=softcap)

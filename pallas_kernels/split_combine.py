@@ -19,11 +19,13 @@ import functools
 
 import jax
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import triton as plgpu
 import jax.numpy as jnp
 
 from pallas_kernels import _common
 from pallas_kernels.softmax import lse_combine
+from pallas_kernels.backends import triton_module
+
+plgpu = triton_module()  # jax.experimental.pallas.triton; see backends
 
 NEG_INF = float("-inf")
 
@@ -108,7 +110,7 @@ def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(),
     ``([(out [B, P, R, D] f32, lse [B, P, R] f32)], counts [B, P, R] int32 or None)``, each
     pair equal to ``lse_combine(out, lse, axis=2)``; with an epilogue, its ``(out, lse)``.
   """
-  if _common.resolve_impl(impl) == "xla":
+  if _common.resolve_impl(impl, "split_combine") == "xla":
     return split_combine_reference(pairs, counts, epilogue, extras)
   b, p, s, r, d = pairs[0][0].shape
   if s == 1:  # nothing to merge: a split's partial is already normalised

@@ -258,10 +258,10 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None, *,
   hi = jnp.arange(hkv)[None, :, None]
   written = jnp.where(slot < t, slot + 1, 0)
   length = jnp.maximum(cache.length, jnp.max(written, axis=-1, initial=0))
-  if s == 1 and cache.digest_kinds == ("box",) and resolve_impl(impl) == "pallas":
+  if s == 1 and cache.digest_kinds == ("box",) and resolve_impl(impl, "cache_append") != "xla":
     k, v, pos, kmin, kmax = cache_append(
         cache.k, cache.v, cache.pos, cache.kmin, cache.kmax, k_new[:, :, 0], v_new[:, :, 0],
-        slot[:, 0], tok[:, :, 0], length, block_size=bs, impl="pallas", interpret=interpret)
+        slot[:, 0], tok[:, :, 0], length, block_size=bs, impl=impl, interpret=interpret)
     return dataclasses.replace(cache, k=k, v=v, pos=pos, length=length, kmin=kmin, kmax=kmax)
   si = slot[:, None, :]
   k = scatter_set(cache.k, (bi, hi, si), k_new)

@@ -62,7 +62,7 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
   ``launch`` (``num_splits``, ``blocks_per_iter``, ``num_warps``) set the kernel's launch
   (``experiments/decode_sweep.py`` sweeps them). ``softcap``: the module's soft-cap.
   """
-  if resolve_impl(impl) != "pallas":
+  if resolve_impl(impl, "sparse_decode") == "xla":
     out, lse = dense_attention(q[:, :, None], cache, positions[:, None], scale, impl="xla",
                                softcap=softcap)
     return out[:, :, 0], lse[:, :, 0]
@@ -73,7 +73,7 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
   n_valid = jnp.broadcast_to(blocks[:, None], (b, k)).astype(jnp.int32)
   return pallas_kernels.sparse_decode(q, cache.k, cache.v, idx, n_valid, cache.length,
                                       block_size=cache.block_size, scale=scale, pos=cache.pos,
-                                      impl="pallas", interpret=interpret,
+                                      impl=impl, interpret=interpret,
                                       num_stages=num_stages, softcap=softcap, **launch)
 
 

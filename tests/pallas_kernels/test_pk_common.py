@@ -2,22 +2,9 @@
 
 from __future__ import annotations
 
-import typing
-
-import jax
 import pytest
 
 from pallas_kernels import _common, roofline
-
-
-def test_resolve_impl():
-  assert _common.resolve_impl("xla") == "xla"
-  assert _common.resolve_impl("pallas") == "pallas"
-  want = "pallas" if jax.default_backend() == "gpu" else "xla"
-  assert _common.resolve_impl("auto") == want
-  assert _common.IMPLS == typing.get_args(_common.Impl) == ("auto", "pallas", "xla")
-  with pytest.raises(ValueError, match=r"impl must be one of \('auto', 'pallas', 'xla'\)"):
-    _common.resolve_impl("triton")
 
 
 def test_padding_helpers():
