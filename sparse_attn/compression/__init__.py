@@ -42,6 +42,7 @@ from sparse_attn.compression import (cur, expected_attention, h2o, keydiff, knor
 from sparse_attn.compression import compactor, qfilters
 from sparse_attn.compression import chunkkv, criticalkv, finch, pyramidkv
 from sparse_attn.compression.base import CompressionMethod
+from sparse_attn.compression import rocketkv
 from sparse_attn.compression.decode_phase import Phase
 from sparse_attn.compression.head_budget import HeadBudget
 from sparse_attn.spec import with_options
@@ -110,3 +111,4 @@ BUILDERS: dict = {cls.name: builder(cls) for cls in (
 BUILDERS.update({cls.name: builder(cls) for cls in (
     pyramidkv.PyramidKV, chunkkv.ChunkKV, finch.FINCH, criticalkv.CriticalKV,
     criticalkv.CriticalAdaKV)})
+BUILDERS["rocketkv"] = rocketkv.build  # two stages from one token budget (its own builder)

@@ -14,6 +14,7 @@ import dataclasses
 from sparse_attn.budget import Budget
 from sparse_attn.selectors.arkvale import ArkVale
 from sparse_attn.selectors.base import BlockSelector, Selector
+from sparse_attn.selectors.hybrid import HybridSparse
 from sparse_attn.selectors.quest import Quest
 from sparse_attn.selectors.tidal import TidalDecode
 from sparse_attn.selectors.token import Streaming, TopK
@@ -29,6 +30,7 @@ SELECTORS: dict[str, type[Selector]] = {
     "streaming": Streaming,
     "twilight": Twilight,
     "tidaldecode": TidalDecode,
+    "hybrid": HybridSparse,
 }
 
 
