@@ -9,9 +9,14 @@ press, per layer and kv head, the tokens our method keeps after ``end_prefill``'
 (``keep_mask`` at ``ceil((1 - ratio) L)`` per head) are compared with the top-``n_kept`` of
 kvpress's ``press.score`` on the same tensors (``compute_n_kept``), and the overlap
 ``|ours & theirs| / n_kept`` printed: its minimum, mean and the share of (layer, head) cells that
-are identical. Only the presses that score from keys and values (no attention, no hidden
-states) are compared here. kvpress 0.5.5 imports ``datasets`` and ``fire`` at package import for
-presses this script does not use; they are stubbed when missing.
+are identical. The presses that score from keys and values get zero queries; those that read the
+observation window's attention (SnapKV and its wrappers: ``kvpress_parity_window``) get the captured
+post-RoPE queries on our side and, on kvpress's, the same window's causal softmax through the
+``attentions`` argument of ``score`` (what its eager-attention path passes), a stand-in module
+with the model's sizes, layer index and ``o_proj`` weight. FINCH's question is the text's last
+``--question`` tokens (kvpress: the tokens after its delimiter). kvpress 0.5.5 imports
+``datasets`` and ``fire`` at package import for presses this script does not use; they are
+stubbed when missing.
 
 Measured 2026-11-27 (2,048 tokens of the essays, ratio 0.5, kvpress 0.5.5; mean / min overlap
 over 30 layers x 3 kv heads): knorm 1.0000 / 0.9990 (one cell differs by one token at a float
@@ -39,6 +44,7 @@ import numpy as np
 
 from experiments.analysis import capture
 from experiments.common import modelzoo, peer_kvpress
+from experiments import kvpress_parity_window as window
 from sparse_attn import methods
 
 FLAGS = flags.FLAGS
@@ -137,6 +143,11 @@ def main(argv):
   print("| ours | kvpress | min overlap | mean overlap | identical cells |\n|---|---|---|---|---|")
   inv_freq = modelzoo.rope_inv_freq(model)
   for name in FLAGS.presses:
+    if name in window.PRESSES:  # SnapKV and its wrappers: experiments/kvpress_parity_window.py
+      o = window.overlaps(name, kvpress, model, cap, FLAGS.ratio, FLAGS.question)
+      print(f"| {name} | {window.PRESSES[name]} | {o.min():.4f} | {o.mean():.4f} | "
+            f"{np.mean(o == 1.0):.1%} of {len(o)} |")
+      continue
     cls, opts = PRESSES[name]
     spec, ours_opts = OURS.get(name, (name, {}))
     m = methods.make(spec, ratio=FLAGS.ratio, **ours_opts).with_rope(inv_freq)
@@ -159,5 +170,7 @@ if __name__ == "__main__":
   flags.DEFINE_integer("length", 2048, "Tokens of the text.")
   flags.DEFINE_float("ratio", 0.5, "Fraction evicted.")
   flags.DEFINE_string("text", "essays", "The text (experiments.common.data).")
-  flags.DEFINE_list("presses", list(PRESSES), f"Which of {list(PRESSES)}.")
+  flags.DEFINE_integer("question", 48, "FINCH: the last tokens taken as the question.")
+  flags.DEFINE_list("presses", list(PRESSES) + list(window.PRESSES),
+                    f"Which of {list(PRESSES) + list(window.PRESSES)}.")
   app.run(main)

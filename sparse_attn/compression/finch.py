@@ -58,6 +58,8 @@ class FINCH(CompressionMethod):
   normalize_scores: bool = True
 
   name = "finch"
+  PANELS = ("query_aware",)  # kvpress runs it with the question compressed (catalog)
+  PANELS = ("query_aware",)  # kvpress's leaderboard panels
 
   def __post_init__(self):
     super().__post_init__()

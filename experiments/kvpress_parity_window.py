@@ -1,0 +1,120 @@
+"""Kept tokens of SnapKV and its wrappers against kvpress 0.5.5 (``experiments.kvpress_parity``).
+
+These presses read the observation window's attention. Our side prefills the captured post-RoPE
+queries, keys and values of one layer and asks ``prefill_keep`` (the layer's budget included:
+PyramidKV's ``for_layer``). kvpress's side gets the same window's causal softmax (float32,
+``1/sqrt(D)``) through the ``attentions`` argument of ``score``, the slice
+``attentions[..., -window:, :-window]`` that its eager path takes, and a stand-in module with
+the model's sizes, the layer index and the layer's ``o_proj`` weight (CriticalKV). ChunkKV's
+``compress`` refuses ``attentions``, so its inner SnapKV's ``score`` is bound to them instead
+and the kept positions are read back from keys that carry their own index. FINCH's question
+is the text's last ``question`` tokens, its window (kvpress finds them after a delimiter).
+"""
+
+from __future__ import annotations
+
+import math
+import types
+
+import jax.numpy as jnp
+import numpy as np
+
+from sparse_attn import methods
+from sparse_attn.compression import criticalkv, finch
+
+# ours -> kvpress's class (its leaderboard's configuration: defaults, SnapKV inside)
+PRESSES = {"snapkv": "SnapKVPress", "pyramidkv": "PyramidKVPress", "chunkkv": "ChunkKVPress",
+           "finch": "FinchPress", "criticalkv": "CriticalKVPress(SnapKVPress)",
+           "criticaladakv": "CriticalAdaKVPress(SnapKVPress)"}
+WINDOW = 64  # SnapKV's, kvpress's default
+
+
+def window_attention(q, k, w):
+  """``[1, N, w, S]`` torch float32: the last ``w`` queries' causal softmax over all keys."""
+  import torch  # pylint: disable=g-import-not-at-top
+  n, s, d = q.shape
+  kk = np.repeat(k, n // k.shape[0], axis=0)
+  z = torch.from_numpy(np.einsum("nwd,nsd->nws", q[:, -w:], kk) / math.sqrt(d))
+  z = z + torch.triu(torch.full((w, s), float("-inf")), diagonal=s - w + 1)
+  return torch.softmax(z.float(), dim=-1)[None]
+
+
+def stand_in(cap, layer, wo):
+  """What kvpress's presses read of an attention module (sizes, layer, ``o_proj``)."""
+  import torch  # pylint: disable=g-import-not-at-top
+  n, k, d = cap.q.shape[1], cap.k.shape[1], cap.q.shape[3]
+  config = types.SimpleNamespace(num_attention_heads=n, num_key_value_heads=k, head_dim=d,
+                                 hidden_size=wo.shape[-1], num_hidden_layers=cap.num_layers,
+                                 _attn_implementation="sdpa")
+  weight = torch.from_numpy(np.ascontiguousarray(wo.reshape(n * d, -1).T))  # [E, N D]
+  return types.SimpleNamespace(config=config, layer_idx=layer, head_dim=d,
+                               num_key_value_groups=n // k,
+                               o_proj=types.SimpleNamespace(weight=weight))
+
+
+def theirs(name, kvpress, cap, layer, wo, ratio, question):
+  """``[K, S]`` bool: what kvpress 0.5.5 keeps of one layer."""
+  import torch  # pylint: disable=g-import-not-at-top
+  k, v = (torch.from_numpy(np.array(x[layer], np.float32))[None] for x in (cap.k, cap.v))
+  s = k.shape[2]
+  module, hidden = stand_in(cap, layer, wo), torch.zeros(1, s, 1)
+  w = question if name == "finch" else WINDOW
+  attn = window_attention(np.asarray(cap.q[layer], np.float32), np.asarray(cap.k[layer]), w)
+  kept = np.zeros((k.shape[1], s), bool)
+  snap = kvpress.SnapKVPress(compression_ratio=ratio)
+  n = kvpress.utils.compute_n_kept(s, ratio)
+  if name == "chunkkv":
+    snap.score = lambda *a: kvpress.SnapKVPress.score(snap, *a[:4], attn, a[5])
+    index = torch.arange(s, dtype=torch.float32)[None, None, :, None].expand_as(k).clone()
+    out, _ = kvpress.ChunkKVPress(press=snap).compress(module, hidden, index, v, None, {})
+    kept[:, out[0, :, :, 0].long().numpy()[0]] = True
+    return kept
+  if name == "criticaladakv":
+    press = kvpress.CriticalAdaKVPress(press=snap)
+    press.compress(module, hidden, k, v, attn, {})
+    _, heads, seq = module.masked_key_indices
+    kept[:] = True
+    kept[heads.numpy(), seq.numpy()] = False
+    return kept
+  if name == "finch":
+    press = kvpress.FinchPress(compression_ratio=ratio)
+    press.window_size = question
+  else:
+    press = {"snapkv": snap, "pyramidkv": kvpress.PyramidKVPress(compression_ratio=ratio),
+             "criticalkv": kvpress.CriticalKVPress(snap)}[name]
+  if name == "pyramidkv":
+    n = press.get_layer_budget(module, s)
+  scores = press.score(module, hidden, k, v, attn, {})
+  np.put_along_axis(kept, scores.topk(n, dim=-1).indices[0].numpy(), True, axis=-1)
+  return kept
+
+
+def ours(m, cap, layer, wo, question):
+  """``[K, S]`` bool: what ``m`` keeps of one layer at the end of the prompt."""
+  m = m.for_layer(layer, cap.num_layers)
+  q, k, v = (jnp.asarray(x[layer], jnp.float32)[None] for x in (cap.q, cap.k, cap.v))
+  _, nq, s, d = q.shape
+  cache = m.init_cache(1, k.shape[1], m.round_capacity(s), d)
+  state = m.init_state(1, nq, k.shape[1], d, cache.capacity)
+  if m.name.startswith("critical"):
+    state = criticalkv.set_out_proj(state, wo)
+  if m.name == "finch":
+    state = finch.set_question_length(state, question)
+  _, cache, state = m.prefill(q, k, v, cache, state, jnp.arange(s, dtype=jnp.int32)[None])
+  keep, _ = m.prefill_keep(cache, state)
+  return np.asarray(keep)[0, :, :s]
+
+
+def overlaps(name, kvpress, model, cap, ratio, question):
+  """``[layers * K]`` ``|ours & theirs| / |theirs|`` per (layer, kv head)."""
+  wo_all = np.asarray(model.params["layers"]["o_proj"]["kernel"], np.float32)  # [L, N D, E]
+  n, d = cap.q.shape[1], cap.q.shape[3]
+  opts = dict(window_size=max(question, 1)) if name == "finch" else {}
+  m = methods.make(name, ratio=ratio, **opts)
+  out = []
+  for layer in range(cap.num_layers):
+    wo = wo_all[layer].reshape(n, d, -1)
+    a = ours(m, cap, layer, wo, question)
+    b = theirs(name, kvpress, cap, layer, wo, ratio, question)
+    out += list((a & b).sum(-1) / b.sum(-1))
+  return np.asarray(out)
