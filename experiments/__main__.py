@@ -19,6 +19,7 @@ TOOLS = {
     "merge": "merges workdirs of one config: --into=results/NAME WORKDIR...",
     "memory_plan": "docs/sharding.md: Llama-3.1-8B's memory plan per mesh layout",
     "shard_memory": "per-device cache bytes of a sharded decode",
+    "load_memory": "peak host memory of a bf16 checkpoint load against its size",
     "ruler_throughput": "RULER samples per hour at 32k on a GPU, ours next to kvpress",
 }
 

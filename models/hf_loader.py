@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 import jax
 import numpy as np
 
-from models import llama
+from models import llama, safetensors_io
 from models.config import ModelConfig
 
 # HF per-layer name (after "model.layers.{i}.") -> (our module, our param, transpose)
@@ -71,13 +71,50 @@ def expected_shapes(config: ModelConfig):
   return jax.eval_shape(lambda: llama.init_params(config, jax.random.key(0)))
 
 
+def tensor_plan(config: ModelConfig):
+  """Every HF tensor ``config`` reads: ``(hf name, our path, layer or None, transpose, struct)``.
+
+  ``our path`` is the key path into the params (``("layers", "q_proj", "kernel")``), ``layer``
+  the index on the stacked layer axis, ``struct`` the ``ShapeDtypeStruct`` of the whole leaf.
+  """
+  want = expected_shapes(config)
+  plan = [("model.embed_tokens.weight", ("embed",), None, False, want["embed"]),
+          ("model.norm.weight", ("final_norm", "scale"), None, False, want["final_norm"]["scale"])]
+  if not config.tie_word_embeddings:
+    plan.append(("lm_head.weight", ("lm_head",), None, True, want["lm_head"]))
+  names_of = layer_map(config)
+  for module, leaves in want["layers"].items():
+    for leaf, sd in leaves.items():
+      hf = next(k for k, v in names_of.items() if v[:2] == (module, leaf))
+      plan += [(f"model.layers.{i}.{hf}", ("layers", module, leaf), i, names_of[hf][2], sd)
+               for i in range(config.num_layers)]
+  return plan
+
+
+def hf_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
+  """HF name -> shape (HF layout ``[out, in]``) of every tensor a checkpoint of ``config``
+  holds (Phi-3's projections unfused)."""
+  out = {}
+  for name, _, layer, transpose, sd in tensor_plan(config):
+    shape = sd.shape[1:] if layer is not None else sd.shape
+    out[name] = tuple(reversed(shape)) if transpose else tuple(shape)
+  return out
+
+
 def convert_state_dict(config: ModelConfig, tensors: Mapping[str, np.ndarray] | Callable,
                        names=None) -> llama.Params:
-  """Builds our params from HF-named tensors.
+  """Builds our params from HF-named tensors, one tensor at a time.
+
+  Each leaf is allocated once, 64-byte aligned, in its final dtype (``config.dtype``; norms
+  float32) and filled tensor by tensor (a layer's tensor is cast into its slot of the stacked
+  leaf), so the peak is the params plus the tensor being read: never a float32 copy of a
+  bfloat16 model, nor per-layer copies beside their stack. On a CPU ``jax.device_put`` then
+  hands these very buffers to XLA (it aliases 64-byte aligned host arrays).
 
   Args:
     config: the model config.
-    tensors: ``name -> array [out, in]`` (HF layout), or a callable ``name -> array``.
+    tensors: ``name -> array [out, in]`` (HF layout), or a callable ``name -> array`` whose
+      arrays are new (an aligned one of the right dtype becomes a leaf as it is).
     names: the available names (default ``tensors.keys()``).
 
   Returns:
@@ -87,12 +124,11 @@ def convert_state_dict(config: ModelConfig, tensors: Mapping[str, np.ndarray] | 
     CheckpointError: missing or unexpected tensors, or a shape mismatch (names both shapes).
   """
   get = tensors if callable(tensors) else tensors.__getitem__
+  fresh = callable(tensors)  # a reader's arrays are new: kept as they are, never a dict's
   names = set(tensors.keys() if names is None else names)
-  want = expected_shapes(config)
-  dtype = np.dtype(llama.compute_dtype(config))
-  used = set()
-
-  def fetch(name, shape, transpose=False):
+  params, used = {}, set()
+  for name, path, layer, transpose, sd in tensor_plan(config):
+    shape = sd.shape[1:] if layer is not None else sd.shape
     if name not in names:
       raise CheckpointError(f"checkpoint is missing tensor {name!r} (expected shape {shape})")
     used.add(name)
@@ -101,25 +137,22 @@ def convert_state_dict(config: ModelConfig, tensors: Mapping[str, np.ndarray] | 
     if tuple(arr.shape) != tuple(shape):
       raise CheckpointError(f"tensor {name!r} has shape {tuple(arr.shape)} (after transpose: "
                             f"{transpose}), the config expects {tuple(shape)}")
-    return arr.astype(dtype if arr.ndim > 1 or "norm" not in name else np.float32)
-
-  params = {"embed": fetch("model.embed_tokens.weight", want["embed"].shape),
-            "final_norm": {"scale": fetch("model.norm.weight", want["final_norm"]["scale"].shape)}}
-  if not config.tie_word_embeddings:
-    params["lm_head"] = fetch("lm_head.weight", want["lm_head"].shape, transpose=True)
-  elif "lm_head.weight" in names:
+    *parents, key = path
+    node = params
+    for p in parents:
+      node = node.setdefault(p, {})
+    if fresh and layer is None and arr.dtype == sd.dtype and safetensors_io.is_aligned(arr):
+      node[key] = arr  # read straight into its final buffer
+      continue
+    if key not in node:
+      node[key] = safetensors_io.aligned_empty(sd.shape, sd.dtype)
+    if layer is None:
+      node[key][...] = arr
+    else:
+      node[key][layer] = arr
+    del arr  # before the next read
+  if config.tie_word_embeddings and "lm_head.weight" in names:
     used.add("lm_head.weight")  # tied: a saved copy of the embedding is redundant
-  layers = {}
-  names_of = layer_map(config)
-  for module, leaves in want["layers"].items():
-    layers[module] = {}
-    for leaf, sd in leaves.items():
-      hf = next(k for k, v in names_of.items() if v[:2] == (module, leaf))
-      transpose = names_of[hf][2]
-      per = [fetch(f"model.layers.{i}.{hf}", sd.shape[1:], transpose)
-             for i in range(config.num_layers)]
-      layers[module][leaf] = np.stack(per)
-  params["layers"] = layers
   extra = sorted(n for n in names - used if not n.endswith(_IGNORED_SUFFIXES))
   if extra:
     raise CheckpointError(f"checkpoint has tensors the config does not use: {extra[:8]}"
@@ -127,88 +160,57 @@ def convert_state_dict(config: ModelConfig, tensors: Mapping[str, np.ndarray] | 
   return params
 
 
-def split_fused(config: ModelConfig, names, get):
-  """Phi-3's fused ``qkv_proj`` / ``gate_up_proj`` tensors seen as their parts.
+def split_fused(config: ModelConfig, ckpt: safetensors_io.Checkpoint):
+  """The checkpoint's tensors with Phi-3's fused ``qkv_proj`` / ``gate_up_proj`` seen as parts.
 
   Args:
-    names: the checkpoint's tensor names; get: ``name -> array``.
+    config: the model config.
+    ckpt: the checkpoint.
 
   Returns:
-    ``(names, get)`` with every ``FUSED_MAP`` tensor replaced by its parts (rows
-    ``[q | k | v]`` of sizes ``N*D, K*D, K*D``; ``[gate | up]`` of ``F`` each, transformers'
-    ``Phi3Attention`` / ``Phi3MLP`` order); each part reads its fused tensor (lazily).
+    ``(names, get)``: the tensor names with every ``FUSED_MAP`` tensor replaced by its parts
+    (rows ``[q | k | v]`` of sizes ``N*D, K*D, K*D``; ``[gate | up]`` of ``F`` each,
+    transformers' ``Phi3Attention`` / ``Phi3MLP`` order), and ``get: name -> array`` that
+    reads a part's rows only.
   """
   sizes = {"self_attn.qkv_proj.weight": (config.q_size, config.kv_size, config.kv_size),
            "mlp.gate_up_proj.weight": (config.intermediate_size,) * 2}
-  parts = {}  # part name -> (fused name, row start, row stop, fused rows)
-  for name in names:
+  parts = {}  # part name -> (fused name, row start, row stop)
+  for name in ckpt.names:
     prefix, _, rest = name.rpartition("layers.")
     layer, _, suffix = rest.partition(".")
     if prefix and suffix in FUSED_MAP:
+      rows = sum(sizes[suffix])
+      if ckpt.shape(name)[0] != rows:
+        raise CheckpointError(f"tensor {name!r} has shape {ckpt.shape(name)}, the config "
+                              f"expects {rows} rows")
       start = 0
       for part, size in zip(FUSED_MAP[suffix], sizes[suffix], strict=True):
-        parts[f"{prefix}layers.{layer}.{part}"] = (name, start, start + size, sum(sizes[suffix]))
+        parts[f"{prefix}layers.{layer}.{part}"] = (name, start, start + size)
         start += size
-  if not parts:
-    return names, get
   fused = {src for src, *_ in parts.values()}
 
-  def get_split(name):
-    if name not in parts:
-      return get(name)
-    src, start, stop, rows = parts[name]
-    arr = np.asarray(get(src))
-    if arr.shape[0] != rows:
-      raise CheckpointError(f"tensor {src!r} has shape {tuple(arr.shape)}, the config expects "
-                            f"{rows} rows")
-    return arr[start:stop]
-
-  return sorted((set(names) - fused) | set(parts)), get_split
-
-
-def read_safetensors(path: str):
-  """Lazily reads an HF directory's safetensors (single file or sharded with an index).
-
-  Returns:
-    ``(names, get)`` where ``get(name)`` loads one tensor as numpy.
-  """
-  from safetensors import safe_open
-
-  index = os.path.join(path, "model.safetensors.index.json")
-  single = os.path.join(path, "model.safetensors")
-  if os.path.exists(index):
-    with open(index) as f:
-      weight_map = json.load(f)["weight_map"]
-    files = {n: os.path.join(path, fn) for n, fn in weight_map.items()}
-    for fn in set(files.values()):
-      if not os.path.exists(fn):
-        raise FileNotFoundError(f"shard {fn} listed in {index} is missing")
-  elif os.path.exists(single):
-    with safe_open(single, framework="np") as f:
-      files = {n: single for n in f.keys()}
-  else:
-    raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {path}")
-  handles = {}
-
   def get(name):
-    fn = files[name]
-    if fn not in handles:
-      handles[fn] = safe_open(fn, framework="flax")
-    return np.asarray(handles[fn].get_tensor(name))
+    if name not in parts:
+      return ckpt.read(name)
+    src, start, stop = parts[name]
+    return ckpt.read(src, rows=(start, stop))
 
-  return sorted(files), get
+  return sorted((set(ckpt.names) - fused) | set(parts)), get
 
 
 def load_hf_dir(path: str, dtype: str = "float32"):
-  """Loads ``config.json`` + safetensors from an HF directory.
+  """Loads ``config.json`` + safetensors from an HF directory, one tensor at a time.
 
   Returns:
-    ``(config, params)`` with numpy params.
+    ``(config, params)`` with numpy params (see ``convert_state_dict``).
   """
   cfg_path = os.path.join(path, "config.json")
   if not os.path.exists(cfg_path):
     raise FileNotFoundError(f"{path} has no config.json (expected a Hugging Face model dir)")
   with open(cfg_path) as f:
     config = ModelConfig.from_hf_config(json.load(f), dtype=dtype)
-  names, get = split_fused(config, *read_safetensors(path))
-  return config, convert_state_dict(config, get, names)
+  with safetensors_io.Checkpoint(path) as ckpt:
+    names, get = split_fused(config, ckpt)
+    return config, convert_state_dict(config, get, names)
+

@@ -89,7 +89,9 @@ def load(path_or_name: str = "smollm2-135m-instruct", *, dtype: str = "float32",
   tok = None
   if os.path.exists(os.path.join(path_or_name, "tokenizer.json")):
     tok = tokenizer_lib.from_hf_dir(path_or_name)
-  return Model(config, jax.tree.map(jnp.asarray, params), tok, path_or_name)
+  # device_put, not jnp.asarray: it aliases the loader's aligned host buffers on a CPU (the
+  # host holds the weights once) where jnp.asarray would copy them.
+  return Model(config, jax.device_put(params), tok, path_or_name)
 
 
 def _load_gguf(name: str, dtype: str, use_cache: bool) -> Model:
