@@ -12,7 +12,8 @@ argument under ``jax.jit``). Per layer the model calls, with post-RoPE ``q [B, H
   out, cache, state = m.rectify(q, k, v, cache, state, positions, scale=s)   # every rect_interval
   out, cache, state = m.extend(q, k, v, cache, state, positions, scale=s)    # dense: a chunk
 
-``make("dense")`` is exact attention, the reference every other method is tested against.
+``make("dense")`` is exact attention, the reference every other method is tested against;
+``available()`` lists every name ``make`` builds (``catalog.MethodInfo``: family, panels).
 
 Enhancers compose with any selector (``sparse_attn.enhancers``): ``"quest+resa"`` (RESA residual
 estimation, option ``lam``, ``typical_query``, ``prior_update``), ``"quest+rect"`` (ReSA dense
@@ -31,6 +32,7 @@ from pallas_kernels import Impl, resolve_impl
 from pallas_kernels import check_softcap as _check_softcap
 from sparse_attn import compression, placement, selection, selectors, sliding_window
 from sparse_attn.budget import Budget
+from sparse_attn.catalog import available  # pylint: disable=unused-import (methods.available)
 from sparse_attn.cache import DIGEST_KINDS, KVCache, init_cache
 from sparse_attn.enhancers import compose
 from sparse_attn.enhancers import options as enhancer_options
@@ -38,7 +40,7 @@ from sparse_attn.enhancers import rectify as rect_lib
 from sparse_attn.presets import PRESETS
 from sparse_attn.protocol import PrefillGroup
 from sparse_attn.selectors import Selector
-from sparse_attn.spec import parse_spec, with_options
+from sparse_attn.spec import check_options, parse_spec, with_options
 
 COMMON_OPTIONS = ("block_size", "impl", "interpret")
 ENHANCER_OPTIONS = enhancer_options.OPTIONS
@@ -319,12 +321,6 @@ class Method:
     return compose.attend(self, q, cache, positions, scale)
 
 
-def _check_options(name: str, options: dict, valid: tuple[str, ...]):
-  bad = sorted(set(options) - set(valid))
-  if bad:
-    raise ValueError(f"unknown option(s) {bad} for {name!r}; valid options: {sorted(valid)}")
-
-
 def make(spec: str = "dense", **options) -> Method:
   """Builds a method from a spec string and options.
 
@@ -365,7 +361,7 @@ def make(spec: str = "dense", **options) -> Method:
   opts = {**inline, **{k: v for k, v in options.items() if k not in enh_opts}}
   valid = COMMON_OPTIONS + (() if name == "dense" else selectors.options(name))
   valid += tuple(o for e in enh for o in ENHANCER_OPTIONS[e])
-  _check_options(name, opts, valid)
+  check_options(name, opts, valid)
   impl = opts.get("impl", "auto")
   resolve_impl(impl)
   block_size = int(opts.get("block_size", 16))
@@ -376,7 +372,8 @@ def make(spec: str = "dense", **options) -> Method:
   if name == "dense":
     return Method(**common)
   sel = selectors.build(name, opts, block_size)  # TidalDecode's method_class: its layers
-  return getattr(sel, "method_class", Method)(**common, selector=sel, **enhancer_options.configs(enh, enh_opts))
+  return getattr(sel, "method_class", Method)(**common, selector=sel,
+                                               **enhancer_options.configs(enh, enh_opts))
 
 
 def _parse_enhancers(spec: str, name: str, rest, options: dict):
@@ -387,7 +384,7 @@ def _parse_enhancers(spec: str, name: str, rest, options: dict):
       raise ValueError(f"unknown enhancer {e!r} in {spec!r}; valid: {sorted(ENHANCER_OPTIONS)}")
     if e in enh:
       raise ValueError(f"enhancer {e!r} given twice in {spec!r}")
-    _check_options(e, inline, ENHANCER_OPTIONS[e])
+    check_options(e, inline, ENHANCER_OPTIONS[e])
     enh.append(e)
     enh_opts.update(inline)
   if enh and name == "dense":

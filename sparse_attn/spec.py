@@ -66,3 +66,10 @@ def with_options(spec: str, options: dict, owners: dict) -> str:
   return "+".join(name + (":" + ",".join(f"{k}={_format_value(v)}" for k, v in opts.items())
                           if opts else "")
                   for name, opts in parts)
+
+
+def check_options(name: str, options, valid) -> None:
+  """Raises ValueError naming the keys of ``options`` not in ``valid`` (and the valid ones)."""
+  bad = sorted(set(options) - set(valid))
+  if bad:
+    raise ValueError(f"unknown option(s) {bad} for {name!r}; valid options: {sorted(valid)}")

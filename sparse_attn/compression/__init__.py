@@ -45,7 +45,7 @@ from sparse_attn.compression.base import CompressionMethod
 from sparse_attn.compression import rocketkv
 from sparse_attn.compression.decode_phase import Phase
 from sparse_attn.compression.head_budget import HeadBudget
-from sparse_attn.spec import with_options
+from sparse_attn.spec import check_options, with_options
 
 
 def budget_as_ratio(spec: str, parts, options: dict):
@@ -92,13 +92,11 @@ def builder(cls):
       raise ValueError(f"compression method {name!r} takes no enhancers, got "
                        f"{[n for n, _ in rest]} in {spec!r}")
     opts = {**inline, **options}
-    valid = sorted(common + own)
-    bad = sorted(set(opts) - set(valid))
-    if bad:
-      raise ValueError(f"unknown option(s) {bad} for {name!r}; valid options: {valid}")
+    check_options(name, opts, common + own)
     return cls(spec=spec, **{**cls.DEFAULTS, **opts})
 
   build.__doc__ = f"Builds {cls.__name__} from a spec and options (see its docstring)."
+  build.method_class = cls  # what methods.available() describes
   return build
 
 
@@ -111,4 +109,5 @@ BUILDERS: dict = {cls.name: builder(cls) for cls in (
 BUILDERS.update({cls.name: builder(cls) for cls in (
     pyramidkv.PyramidKV, chunkkv.ChunkKV, finch.FINCH, criticalkv.CriticalKV,
     criticalkv.CriticalAdaKV)})
+rocketkv.build.method_class = rocketkv.RocketKV
 BUILDERS["rocketkv"] = rocketkv.build  # two stages from one token budget (its own builder)

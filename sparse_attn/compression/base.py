@@ -94,6 +94,10 @@ class CompressionMethod(Scorer):
   # logits (Expected Attention's Gaussian moments): it refuses a soft-capped model and a
   # sliding window (``with_softcap``, ``with_sliding_window``).
   estimates_raw_attention: ClassVar[bool] = False
+  # The leaderboard panels it runs on (kvpress's evaluation/leaderboard.sh): "query_agnostic"
+  # (the question arrives after compression) and/or "query_aware" (the question is compressed
+  # with the context: the methods whose paper scores with the question in view).
+  PANELS: ClassVar[tuple[str, ...]] = ("query_agnostic",)
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)

@@ -50,7 +50,6 @@ class ChunkKV(SnapKV):
 
   name = "chunkkv"
   PANELS = ("query_aware",)  # kvpress runs it with the question compressed (catalog)
-  PANELS = ("query_aware",)  # kvpress's leaderboard panels
 
   def __post_init__(self):
     super().__post_init__()

@@ -59,7 +59,6 @@ class FINCH(CompressionMethod):
 
   name = "finch"
   PANELS = ("query_aware",)  # kvpress runs it with the question compressed (catalog)
-  PANELS = ("query_aware",)  # kvpress's leaderboard panels
 
   def __post_init__(self):
     super().__post_init__()

@@ -69,6 +69,7 @@ class PyramidKV(SnapKV):
   num_layers: int | None = None
 
   name = "pyramidkv"
+  PANELS = ("query_agnostic",)  # kvpress's leaderboard runs it query-agnostic only
 
   def __post_init__(self):
     super().__post_init__()

@@ -39,6 +39,7 @@ from sparse_attn.budget import parse_budget
 from sparse_attn.compression import layout
 from sparse_attn.compression.snapkv import SnapKV
 from sparse_attn.selectors.hybrid import HybridSparse
+from sparse_attn.spec import check_options
 
 
 def stages(budget: float) -> dict:
@@ -108,7 +109,5 @@ def build(spec, parts, options):
   if isinstance(b, int):
     raise ValueError(f"{name}: give the token budget as a fraction of the context, got {b}")
   valid = {f.name for f in dataclasses.fields(RocketKV)} - {"spec"}
-  bad = sorted(set(opts) - valid)
-  if bad:
-    raise ValueError(f"unknown option(s) {bad} for {name!r}; valid: {sorted(valid | {'budget'})}")
+  check_options(name, opts, valid | {"budget"})
   return RocketKV(spec=spec, **{**stages(b), **opts})

@@ -38,6 +38,7 @@ class SnapKV(CompressionMethod):
   pooling: str = "avg"
 
   name = "snapkv"
+  PANELS = ("query_agnostic", "query_aware")  # kvpress's leaderboard panels
 
   def __post_init__(self):
     super().__post_init__()
