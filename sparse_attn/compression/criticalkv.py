@@ -29,6 +29,7 @@ import dataclasses
 import jax.numpy as jnp
 
 from sparse_attn.compression import compact as compact_lib
+from sparse_attn.compression import observe
 from sparse_attn.compression import head_budget as head_budget_lib
 from sparse_attn.compression.head_budget import HeadBudget
 from sparse_attn.compression.snapkv import SnapKV
@@ -88,6 +89,13 @@ class _Critical(SnapKV):
       raise ValueError(f"first_stage_ratio must be in [0, 1], got {self.first_stage_ratio}")
     if not self.epsilon >= 0:
       raise ValueError(f"epsilon must be >= 0, got {self.epsilon}")
+
+  def scores(self, cache, state, scale, n):
+    """SnapKV's votes as kvpress scales them, the mean over the window's queries (``epsilon``
+    is added to them, so their scale matters)."""
+    votes = super().scores(cache, state, scale, n)
+    filled = jnp.sum(observe.ring_filled(state["obs"]), axis=-1)  # [B]
+    return votes / jnp.maximum(filled, 1)[:, None, None]
 
   def stage_one(self, n):
     """Tokens chosen by the base scores alone out of a head's ``n`` (int array)."""

@@ -214,7 +214,7 @@ def test_criticalkv_matches_brute_force(projection, seed, frac, first):
   keep = (run_keep(m, p, budgets) if projection == "identity" else
           run_keep(m, p, budgets, criticalkv.set_out_proj, f32(wo)))
   for b, n in enumerate(LENGTHS):
-    raw = np.where(np.arange(n) < N_SINK, np.inf, numpy_scores("snapkv", p, b, n, 0))
+    raw = np.where(np.arange(n) < N_SINK, np.inf, numpy_scores("snapkv", p, b, n, 0) / WINDOW)
     first_n = np.full(HKV, int(budgets[b] * first))
     check_kept(keep[b, :, :n], numpy_two_stage(raw, numpy_norm(p, b, n, wo), first_n),
                budgets[b])
@@ -228,7 +228,7 @@ def test_criticaladakv_matches_brute_force(seed, frac):
   m = methods.make("criticaladakv", ratio=0.5, n_sink=N_SINK, window_size=WINDOW)
   keep = run_keep(m, p, budgets, criticalkv.set_out_proj, f32(wo))
   for b, n in enumerate(LENGTHS):
-    raw = np.where(np.arange(n) < N_SINK, np.inf, numpy_scores("snapkv", p, b, n, 0))
+    raw = np.where(np.arange(n) < N_SINK, np.inf, numpy_scores("snapkv", p, b, n, 0) / WINDOW)
     floor = int(math.floor(0.2 * budgets[b]))
     tier = np.zeros(raw.shape, bool)
     for h in range(HKV):
