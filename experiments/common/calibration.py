@@ -1,4 +1,5 @@
-"""Calibrations a method computes from the model, not trained: Q-Filters' query SVD.
+"""Calibrations a method computes from the model, not trained: Q-Filters' query SVD and
+DuoAttention's on-the-fly head scores.
 
 Q-Filters (Godey et al. 2025, arXiv 2503.02812, Sec. 3) fixes one filter per layer and kv head
 from the SVD of the model's queries on a calibration text. The authors' ``make_filters.py``
@@ -8,6 +9,12 @@ the first ``length`` tokens of the offline Jane Austen novels (``experiments.com
 model (``experiments.analysis.capture``: the post-RoPE queries of every layer, as the authors'
 patched models return them), 3,000 queries sampled per head. Computed once per model and text
 and cached as ``.npz`` under ``$SPARSE_ATTN_CACHE`` (default ``~/.cache/sparse_attn``).
+
+DuoAttention on the fly (kvpress's ``duo_attention_on_the_fly``, arXiv 2410.10819) scores each
+(layer, kv head) from the mean pre-RoPE query and key of a text (``duo_attention.head_scores``),
+averaged over samples: kvpress draws 50 BookSum chapters; here ``samples`` consecutive pieces of
+``length`` tokens of the same Austen text, each its own dense prefill (the captured post-RoPE
+vectors rotated back by their positions).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import os
 
 import numpy as np
 
+from sparse_attn.compression import duo_attention
 from sparse_attn.compression import qfilters as qfilters_lib
 
 
@@ -45,9 +53,39 @@ def qfilters(model, text: str = "austen", length: int = 4096, samples: int = 300
   return table
 
 
+def duo_head_scores(model, text: str = "austen", length: int = 1024, samples: int = 8,
+                    num_positions: int = 500) -> np.ndarray:
+  """``[L, K]`` float32 DuoAttention on-the-fly head scores of ``model`` (cached on disk)."""
+  path = _cache_path(model, f"duo{num_positions}", text, length, samples)
+  if os.path.exists(path):
+    return np.load(path)["scores"]
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from experiments.analysis import capture  # pylint: disable=g-import-not-at-top (heavy)
+  from experiments.common import modelzoo  # pylint: disable=g-import-not-at-top
+  from sparse_attn.compression import rope  # pylint: disable=g-import-not-at-top
+  inv_freq = np.asarray(modelzoo.rope_inv_freq(model), np.float32)
+  tokens = capture.text_tokens(model, text, length * samples)
+  pos = jnp.arange(length)
+  total = 0.0
+  for i in range(samples):
+    cap = capture.capture(model, tokens[i * length:(i + 1) * length])
+    # [L, N | K, D] mean pre-RoPE vectors (RoPE is linear: rotate back, then average)
+    q, k = (np.asarray(rope.rotate_by(jnp.asarray(x), -pos, inv_freq)).mean(2)
+            for x in (cap.q, cap.k))
+    total = total + np.asarray(duo_attention.head_scores(q, k, inv_freq, num_positions))
+  table = (total / samples).astype(np.float32)
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  np.savez(path, scores=table)
+  return table
+
+
 def calibrate(method, model):
   """``method`` with what it calibrates from ``model``: a Q-Filters method that reads a
-  calibration text (not ``calibration="prompt"``) gets its filter table; others unchanged."""
+  calibration text (not ``calibration="prompt"``) gets its filter table, DuoAttention on the
+  fly its head-score table; others unchanged."""
+  if getattr(method, "name", None) == duo_attention.DuoAttention.name and (
+      method.calibration != "prompt" and method.table is None):
+    return method.with_head_scores(duo_head_scores(model, num_positions=method.num_positions))
   if getattr(method, "name", None) == "qfilters" and method.calibration != "prompt" and (
       method.filters is None):
     return method.with_filters(qfilters(model))
