@@ -14,7 +14,9 @@ Block digests, recomputed from the block's valid keys after every write that tou
     Sec. 5.2, Eq. 1-2, centred on the centroid);
   * ``kdev [B, K, NB, D]``: the per-channel mean absolute deviation of the keys from the box
     centre ``(kmin + kmax) / 2`` (the ``"mean_box"`` kind; ArkVale's cuboid-mean radius vector,
-    Eq. 4: the box ``centre +- kdev`` is its default page digest).
+    Eq. 4: the box ``centre +- kdev`` is its default page digest);
+  * ``kcos [B, K, NB]``: the least cosine similarity of a valid key to the block's mean key
+    (the ``"cosine"`` kind; ShadowKV's outlier-chunk statistic, Sun et al. 2024, Sec. 4.2).
 Empty blocks have all-zero digests; selectors mask them by ``length``. A cache keeps only the
 digest kinds its method asks for (``init_cache(digests=...)``; methods keep the box, part of
 every cache's contract, and ArkVale's kind only for ArkVale); an absent kind is a zero-length
@@ -77,6 +79,8 @@ class KVCache(SlotBuffer):
     kmin, kmax, kcen: ``[B, K, NB, D]`` block digests (cache dtype).
     krad: ``[B, K, NB]`` float32 bounding-sphere radius per block.
     kdev: ``[B, K, NB, D]`` mean absolute deviation from the box centre (cache dtype).
+    kcos: ``[B, K, NB]`` float32 least cosine similarity of a key to the block mean (None, as
+      from a constructor that predates it, reads as not kept).
     (A digest kind the method does not read has a zero-length ``NB`` axis: ``has_digests``.)
     block_size: static block (page) size.
   """
@@ -90,6 +94,7 @@ class KVCache(SlotBuffer):
   kcen: jax.Array
   krad: jax.Array
   kdev: jax.Array
+  kcos: jax.Array | None = None
   block_size: int = dataclasses.field(metadata=dict(static=True), default=16)
 
   @property
@@ -101,10 +106,10 @@ class KVCache(SlotBuffer):
     return self.capacity // self.block_size
 
   def has_digests(self, kind: str) -> bool:
-    """Whether the cache keeps the ``"box"`` (kmin, kmax), ``"sphere"`` (kcen, krad) or
-    ``"mean_box"`` (kdev) digests."""
-    arr = {"box": self.kmin, "sphere": self.kcen, "mean_box": self.kdev}[kind]
-    return arr.shape[2] > 0 or self.num_blocks == 0
+    """Whether the cache keeps the ``"box"`` (kmin, kmax), ``"sphere"`` (kcen, krad),
+    ``"mean_box"`` (kdev) or ``"cosine"`` (kcos) digests."""
+    arr = {"box": self.kmin, "sphere": self.kcen, "mean_box": self.kdev, "cosine": self.kcos}[kind]
+    return (arr is not None and arr.shape[2] > 0) or self.num_blocks == 0
 
   @property
   def digest_kinds(self) -> tuple[str, ...]:
@@ -112,7 +117,7 @@ class KVCache(SlotBuffer):
     return tuple(k for k in DIGEST_KINDS if self.has_digests(k))
 
 
-DIGEST_KINDS = ("box", "sphere", "mean_box")
+DIGEST_KINDS = ("box", "sphere", "mean_box", "cosine")
 
 
 def _check_digests(digests):
@@ -141,7 +146,9 @@ def init_cache(batch: int, num_kv_heads: int, capacity: int, head_dim: int,
       pos=jnp.full(shape[:3], -1, jnp.int32), length=jnp.zeros((batch,), jnp.int32),
       kmin=jnp.zeros(box, dtype), kmax=jnp.zeros(box, dtype),
       kcen=jnp.zeros(sphere, dtype), krad=jnp.zeros(sphere[:3], jnp.float32),
-      kdev=jnp.zeros(mean_box, dtype), block_size=block_size)
+      kdev=jnp.zeros(mean_box, dtype),
+      kcos=jnp.zeros(sphere[:2] + (nb if "cosine" in digests else 0,), jnp.float32),
+      block_size=block_size)
 
 
 def keep_digests(cache: KVCache, digests) -> KVCache:
@@ -155,7 +162,8 @@ def keep_digests(cache: KVCache, digests) -> KVCache:
       kmax=cache.kmax if box else empty(cache.kmax),
       kcen=cache.kcen if sphere else empty(cache.kcen),
       krad=cache.krad if sphere else empty(cache.krad),
-      kdev=cache.kdev if "mean_box" in digests else empty(cache.kdev))
+      kdev=cache.kdev if "mean_box" in digests else empty(cache.kdev),
+      kcos=cache.kcos if "cosine" in digests or cache.kcos is None else empty(cache.kcos))
 
 
 def block_digests(k, valid, block_size):
@@ -186,6 +194,22 @@ def block_digests(k, valid, block_size):
       cnt, 1)
   dt = k.dtype
   return kmin.astype(dt), kmax.astype(dt), kcen.astype(dt), krad, kdev.astype(dt)
+
+
+def block_cosines(k, valid, block_size):
+  """``kcos [..., NB]`` float32: per block, the least cosine similarity of a valid key of
+  ``k [..., NB * block_size, D]`` to the block's mean key (``valid`` as ``block_digests``; 1
+  for blocks with no valid key; zero vectors have similarity 0, as torch's cosine_similarity
+  with its 1e-8 floor on the norms gives)."""
+  *lead, t, d = k.shape
+  kb = k.reshape(*lead, t // block_size, block_size, d).astype(jnp.float32)
+  vb = valid.reshape(*lead, t // block_size, block_size)
+  mean = jnp.sum(jnp.where(vb[..., None], kb, 0.0), axis=-2) / jnp.maximum(
+      jnp.sum(vb, axis=-1, keepdims=True), 1)
+  dot = jnp.sum(kb * mean[..., None, :], axis=-1)
+  norms = jnp.maximum(jnp.linalg.norm(kb, axis=-1) * jnp.linalg.norm(mean, axis=-1)[..., None],
+                      1e-8)
+  return jnp.min(jnp.where(vb, dot / norms, 1.0), axis=-1)
 
 
 def _check_write(cache: KVCache, k_new, v_new, positions):
@@ -276,7 +300,9 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None, *,
 def _refresh_all_digests(cache: KVCache) -> KVCache:
   """Every block's digests, of the kinds ``cache`` keeps (XLA drops the others' computation)."""
   kmin, kmax, kcen, krad, kdev = block_digests(cache.k, cache.valid, cache.block_size)
-  full = dataclasses.replace(cache, kmin=kmin, kmax=kmax, kcen=kcen, krad=krad, kdev=kdev)
+  kcos = block_cosines(cache.k, cache.valid, cache.block_size)
+  full = dataclasses.replace(cache, kmin=kmin, kmax=kmax, kcen=kcen, krad=krad, kdev=kdev,
+                             kcos=kcos)
   return keep_digests(full, cache.digest_kinds)
 
 
@@ -296,9 +322,12 @@ def _refresh_block_digests(cache: KVCache, blocks) -> KVCache:
   hi = jnp.arange(hkv)[None, :, None]
   idx = jnp.where(blocks < nb, blocks, nb)[:, None, :]
   upd = lambda arr, val: scatter_set(arr, (bi, hi, idx), val) if arr.shape[2] else arr
+  kcos = cache.kcos
+  if kcos is not None and kcos.shape[2]:
+    kcos = upd(kcos, block_cosines(kb, vb, bs))
   return dataclasses.replace(cache, kmin=upd(cache.kmin, kmin), kmax=upd(cache.kmax, kmax),
                              kcen=upd(cache.kcen, kcen), krad=upd(cache.krad, krad),
-                             kdev=upd(cache.kdev, kdev))
+                             kdev=upd(cache.kdev, kdev), kcos=kcos)
 
 
 def replace_storage(cache: KVCache, k, v, pos, length) -> KVCache:

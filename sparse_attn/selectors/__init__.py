@@ -16,6 +16,7 @@ from sparse_attn.selectors.arkvale import ArkVale
 from sparse_attn.selectors.base import BlockSelector, Selector
 from sparse_attn.selectors.hybrid import HybridSparse
 from sparse_attn.selectors.quest import Quest
+from sparse_attn.selectors.shadowkv import ShadowKV
 from sparse_attn.selectors.tidal import TidalDecode
 from sparse_attn.selectors.token import Streaming, TopK
 from sparse_attn.selectors.twilight import Twilight
@@ -31,6 +32,7 @@ SELECTORS: dict[str, type[Selector]] = {
     "twilight": Twilight,
     "tidaldecode": TidalDecode,
     "hybrid": HybridSparse,
+    "shadowkv": ShadowKV,
 }
 
 
@@ -71,4 +73,4 @@ def build(name: str, opts: dict, block_size: int) -> Selector:
 
 
 __all__ = ["ArkVale", "BlockSelector", "BUDGET_OPTIONS", "Quest", "SELECTORS", "Selector",
-           "Streaming", "TidalDecode", "TopK", "build", "options", "register"]
+           "ShadowKV", "Streaming", "TidalDecode", "TopK", "build", "options", "register"]
