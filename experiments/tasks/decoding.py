@@ -124,14 +124,21 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
   The ``Method``s of one (block size, capacity) share one prefill of their union
   (``_prefill_union``): the dense cache is copied and each takes its part of the union's
   enhancer state. Compression methods of one (block size, capacity) share one prefill of a
-  ``CompressionUnion`` and each evicts from it with its own ``end_prefill``. Methods are
+  ``CompressionUnion`` and each evicts from it with its own ``end_prefill`` (on a soft-capped
+  or windowed model, which the union cannot attend, each prefills on its own). Methods are
   yielded one at a time (the caller runs one to completion before the next), so at most the
   shared prefill and one working copy are alive. With ``mesh``, every prefill runs sharded and
   the yielded ``Prefilled`` carries the mesh (``greedy`` / ``extend`` decode there).
   """
+  cfg = model.config
+  # The shared compression prefill attends uncapped, unwindowed logits: on a soft-capped or
+  # windowed model (Gemma, Mistral) each compression method prefills on its own.
+  solo = cfg.attn_softcap is not None or cfg.sliding_window is not None
+  alone = lambda m: solo and m.prefill_group == PrefillGroup.COMPRESSION
   compressed = {_shared_key(m, capacity, mesh=mesh) for m in method_list
-                if m.prefill_group == PrefillGroup.COMPRESSION}
-  key_of = lambda m: (k if (k := _shared_key(m, capacity, True, mesh)) in compressed
+                if m.prefill_group == PrefillGroup.COMPRESSION and not alone(m)}
+  key_of = lambda m: (None if alone(m) else
+                      k if (k := _shared_key(m, capacity, True, mesh)) in compressed
                       else _shared_key(m, capacity, mesh=mesh))
   groups = {}
   for m in method_list:
@@ -143,7 +150,6 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
             for key, g in groups.items()}
   shared = {}
   copy = lambda t: jax.tree.map(jnp.copy, t)
-  cfg = model.config
   for m in method_list:
     key = key_of(m)
     if key is None or (key[0] == "dense" and not _shares_union(m, unions[key])):

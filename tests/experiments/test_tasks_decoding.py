@@ -138,3 +138,21 @@ def test_compression_union_refuses_caps_and_windows_it_cannot_model():
     union.with_softcap(50.0)
   with pytest.raises(NotImplementedError, match="sliding-window"):
     union.with_sliding_window(8)
+
+
+def test_capped_windowed_model_prefills_each_compression_method_on_its_own():
+  """On a soft-capped model with local and global layers (Gemma 2's) the shared union is
+  skipped: each compression method prefills itself (capped, windowed where the layer is) and
+  gets exactly its own prefill."""
+  base = modelzoo.tiny_random()
+  model = dataclasses.replace(base, config=dataclasses.replace(
+      base.config, attn_softcap=20.0, sliding_window=24, sliding_layers=(True, False)))
+  rng = np.random.default_rng(1)
+  lengths = np.array([50], np.int32)
+  prompts = rng.integers(10, 1000, (1, 50)).astype(np.int32)
+  ms = [methods.make("dense"), methods.make("snapkv", ratio=0.5)]
+  got = dict(decoding.prefill_all(model, prompts, lengths, ms, capacity=64))
+  for m in ms[1:]:
+    want = decode.prefill(model, prompts, lengths, m, m.round_capacity(64), 512)
+    for a, b in zip(jax.tree.leaves(got[m].caches), jax.tree.leaves(want[2])):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=m.spec)
