@@ -19,6 +19,7 @@ from absl import app, flags
 
 from models import llama, sharding
 from models.config import ModelConfig, RopeConfig
+from sparse_attn import cache as cache_lib
 from sparse_attn import methods
 
 FLAGS = flags.FLAGS
@@ -40,7 +41,7 @@ METHODS = {
     "quest+retro": lambda: methods.make("quest+retro", budget=0.1),
     "expected_attention 0.5": lambda: methods.make("expected_attention", ratio=0.5),
 }
-DIGESTS = ("kmin", "kmax", "kcen", "krad", "kdev")
+DIGESTS = cache_lib.DIGEST_FIELDS
 GIB = 1024 ** 3
 H100_BYTES = 80 * 1000 ** 3
 

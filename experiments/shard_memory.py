@@ -46,6 +46,7 @@ def cache_bytes(model, method, mesh) -> tuple[int, int, int]:
   import numpy as np  # pylint: disable=g-import-not-at-top
 
   from models import decode, driver, sharding  # pylint: disable=g-import-not-at-top
+  from sparse_attn import cache as cache_lib  # pylint: disable=g-import-not-at-top
   model, method = sharding.prepare(model, method, mesh)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, model.config.vocab_size, (FLAGS.batch, FLAGS.prompt)).astype(np.int32)
@@ -57,7 +58,7 @@ def cache_bytes(model, method, mesh) -> tuple[int, int, int]:
     loop.step(lengths + i, jax.random.key(i))
   caches, states = loop.caches, loop.states
   # ``length [B]`` is replicated on every device (a few bytes); the rest is split.
-  slots = [{f: getattr(c, f) for f in ("k", "v", "pos", "kmin", "kmax", "kcen", "krad", "kdev")}
+  slots = [{f: getattr(c, f) for f in ("k", "v", "pos") + cache_lib.DIGEST_FIELDS}
            for c in caches]
   per_cache = sharding.cache_bytes_per_device(slots)
   per_state = sharding.cache_bytes_per_device(states)

@@ -54,7 +54,7 @@ STATE_AXES = {
     # KVCache (sparse_attn.cache): slots and blocks over seq
     ("k", 4): _BKTD, ("v", 4): _BKTD, ("kmin", 4): _BKTD, ("kmax", 4): _BKTD,
     ("kcen", 4): _BKTD, ("kdev", 4): _BKTD, ("pos", 3): ("batch", "kv_heads", "seq"),
-    ("krad", 3): ("batch", "kv_heads", "seq"),
+    ("krad", 3): ("batch", "kv_heads", "seq"), ("kcos", 3): ("batch", "kv_heads", "seq"),
     # RESA (enhancers.resa)
     ("prior", 3): ("batch", "heads", "seq"), ("qsum", 3): ("batch", "heads", None),
     ("qlast", 3): ("batch", "heads", None), ("mu_q", 3): ("batch", "heads", None),

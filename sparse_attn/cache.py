@@ -118,6 +118,8 @@ class KVCache(SlotBuffer):
 
 
 DIGEST_KINDS = ("box", "sphere", "mean_box", "cosine")
+# The cache's digest arrays (fields), every kind's.
+DIGEST_FIELDS = ("kmin", "kmax", "kcen", "krad", "kdev", "kcos")
 
 
 def _check_digests(digests):
