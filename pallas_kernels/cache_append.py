@@ -107,15 +107,21 @@ def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *
   """One token per (batch, kv head) written at ``slot``, the touched block's box digests
   recomputed, in one launch.
 
-  Args: as ``cache_append_reference``; ``impl``: ``"pallas"``, ``"xla"`` or ``"auto"``;
-    ``interpret``: run the kernel in interpret mode (CPU).
+  Args: as ``cache_append_reference``; ``impl``: ``"pallas"``/``"triton"``, ``"mosaic"``
+    (``pallas_kernels.mosaic.cache_append``), ``"xla"`` or ``"auto"``
+    (``backends.resolve_impl``); ``interpret``: run the kernel in interpret mode (CPU).
 
   Returns:
     ``(k, v, pos, kmin, kmax)`` updated (in place where the inputs are donated).
   """
-  if _common.resolve_impl(impl, "cache_append") == "xla":
+  resolved = _common.resolve_impl(impl, "cache_append")
+  if resolved == "xla":
     return cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
                                   block_size=block_size)
+  if resolved == "mosaic":
+    from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
+    return mosaic.cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
+                               block_size=block_size, impl="mosaic", interpret=interpret)
   b, h, t, d = k.shape
   nb = _common.check_block_size(block_size, t)
   if kmin.shape != (b, h, nb, d) or kmax.shape != (b, h, nb, d):

@@ -7,6 +7,7 @@ race detection). docs/kernels_mosaic.md says what is and is not verified without
 
 from pallas_kernels.mosaic._common import InterpretGPUParams
 from pallas_kernels.mosaic.block_score import block_score
+from pallas_kernels.mosaic.cache_append import cache_append
 from pallas_kernels.mosaic.sparse_decode import sparse_decode
 
-__all__ = ["InterpretGPUParams", "block_score", "sparse_decode"]
+__all__ = ["InterpretGPUParams", "block_score", "cache_append", "sparse_decode"]

@@ -95,14 +95,15 @@ def _quest_decode(impl, interpret):
 
 
 def test_mosaic_impl_runs_the_mosaic_kernels_in_a_decode_step(monkeypatch):
-  """impl="mosaic" on a method: block scores and the sparse decode run their Mosaic GPU kernels
-  (GPU interpret mode here), the other ops their Triton ones; the step equals the jnp one."""
+  """impl="mosaic" on a method: block scores, the sparse decode and the cache append run their
+  Mosaic GPU kernels (GPU interpret mode here), the other ops their Triton ones; the step
+  equals the jnp one."""
   from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel
   calls = []
-  for name in ("sparse_decode", "block_score"):
+  for name in ("sparse_decode", "block_score", "cache_append"):
     real = getattr(mosaic, name)
     monkeypatch.setattr(mosaic, name, lambda *a, _real=real, _name=name, **kw: (
         calls.append(_name), _real(*a, **kw))[1])
   got = _quest_decode("mosaic", True)
-  assert sorted(set(calls)) == ["block_score", "sparse_decode"]
+  assert sorted(set(calls)) == ["block_score", "cache_append", "sparse_decode"]
   np.testing.assert_allclose(got, _quest_decode("xla", False), atol=2e-5, rtol=2e-5)
