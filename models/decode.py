@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import llama, sharding
+from models import kvzip_replay, llama, sharding
 from models.sampling import Sampling
 from models.driver import Decoder, pin_prefix
 from models.steps import (check_layer_methods, end_prefill, init_caches, prefill_step,
@@ -81,6 +81,9 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMe
     if progress is not None:
       last.block_until_ready()
       progress("prefill", start // c + 1, n_chunks)
+  if hasattr(method, "replay"):  # KVzip: score the prompt by replaying it
+    caches, states = kvzip_replay.replay(model, prompts, lengths, caches, states, method,
+                                         config)
   caches, states = end_prefill(caches, states, config=config, method=method)
   history = jnp.asarray(history)
   if isinstance(method, sharding.ShardedMethod):  # rows as the decode steps return them

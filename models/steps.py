@@ -124,6 +124,14 @@ def extend_step(params, tokens, positions, caches, states, *, config, method: At
                      phase="extend")
 
 
+def replay_step(params, tokens, positions, caches, states, *, config, method: AttentionMethod):
+  """A chunk that attends the prompt's cache and itself without being written
+  (``method.replay``: KVzip's context reconstruction, ``models.kvzip_replay``); arguments and
+  result as ``prefill_step``'s."""
+  return _chunk_step(params, tokens, positions, caches, states, config=config, method=method,
+                     phase="replay")
+
+
 def _chunk_step(params, tokens, positions, caches, states, *, config, method: AttentionMethod,
                 phase):
   x = _embed(_head(params), jnp.asarray(tokens, jnp.int32), config=config)

@@ -43,7 +43,7 @@ from sparse_attn.compression import compactor, qfilters
 from sparse_attn.compression import chunkkv, criticalkv, finch, pyramidkv
 from sparse_attn.compression.base import CompressionMethod
 from sparse_attn.compression import rocketkv
-from sparse_attn.compression import duo_attention
+from sparse_attn.compression import duo_attention, kvzip
 from sparse_attn.compression.decode_phase import Phase
 from sparse_attn.compression.head_budget import HeadBudget
 from sparse_attn.spec import check_options, with_options
@@ -113,3 +113,4 @@ BUILDERS.update({cls.name: builder(cls) for cls in (
 rocketkv.build.method_class = rocketkv.RocketKV
 BUILDERS["rocketkv"] = rocketkv.build  # two stages from one token budget (its own builder)
 BUILDERS[duo_attention.DuoAttention.name] = builder(duo_attention.DuoAttention)
+BUILDERS[kvzip.KVzip.name] = builder(kvzip.KVzip)

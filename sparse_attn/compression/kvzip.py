@@ -1,0 +1,134 @@
+"""KVzip: query-agnostic KV eviction by context reconstruction (arXiv 2505.23416).
+
+Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction", Sec. 3,
+as kvpress's ``KVzipPress`` computes it with ``layerwise=True``. Letters: B batch, K kv heads,
+G group, N = K G query heads, S replay tokens, T slots, D head dim.
+
+After the prompt, the model is asked to repeat it: for each chunk of ``chunk_size`` (2,048)
+context tokens, a *replay* ``"\\n\\nRepeat the previous context exactly."`` (later chunks: ``"...
+the part of the previous context exactly, starting with"`` + the previous chunk's last 8
+tokens), the chat template's assistant header, then the chunk itself, is run through the model
+at the positions after the prompt, attending the cache and its own tokens (``replay``; the
+cache is not written). A context key's score is how much the replay's queries need it:
+
+  a_{h,s,i} = softmax_{i in sinks ∪ chunk ∪ replay_{<=s}}( <q_{h,s}, k_i> scale )
+  score_i = max_{h in group(i's head), s} a_{h,s,i}            for i in the chunk,
+
+the softmax over only the ``min(n_sink, start)`` leading sinks, the chunk and the replay's own
+causal keys (Eq. 2, with kvpress's and the authors' subsampled keys). The sinks (``n_sink = 4``)
+are never evicted. ``models.kvzip_replay`` runs the replays between the prefill and
+``end_prefill`` (about twice the prefill's cost); ``state["span"]`` is the chunk the next
+replay reconstructs (``[start, end)`` token positions).
+
+Selection: kvpress's default (``layerwise=False``) evicts the lowest ``ratio`` of the scores of
+*all layers at once*, so each layer keeps its own share. A per-layer method cannot see the
+other layers: this is kvpress's ``layerwise=True``, every layer evicting its lowest
+``int(K L ratio)`` over all its heads (Ada-KV's layer-wide top-k without a floor: our default
+``head_budget="adakv", floor=0``, keeping ``K ceil((1 - ratio) L)``, at most ``K`` more than
+kvpress's). kvpress also leaves the chat template's prefix unscored (score 0); here every
+prompt token is scored. Without a replay every score is 0 and the sinks and the earliest tokens
+are kept (the rank's tie order).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax.numpy as jnp
+
+from sparse_attn import merge as merge_lib
+from sparse_attn import reference
+from sparse_attn.cache_attention import dense_over_cache
+from sparse_attn.compression.base import CompressionMethod
+from sparse_attn.compression.head_budget import HeadBudget
+
+NEG = -1e30
+
+
+def replay_scores(q, k_ctx, pos_ctx, k_own, positions, span, n_sink: int, scale):
+  """``[B, K, T]`` KVzip scores of the chunk ``span`` (module docstring), ``-inf`` elsewhere.
+
+  Args:
+    q: ``[B, N, S, D]`` the replay's post-RoPE queries; positions: ``[B, S]`` (-1 = padding).
+    k_ctx: ``[B, K, T, D]`` cached keys at token positions ``pos_ctx [B, K, T]`` (-1 = empty).
+    k_own: ``[B, K, S, D]`` the replay's own keys.
+    span: ``[B, 2]`` the chunk's ``[start, end)`` positions; n_sink: static; scale: float.
+  """
+  b, n, s, d = q.shape
+  kh = k_ctx.shape[1]
+  qg = q.astype(jnp.float32).reshape(b, kh, n // kh, s, d)
+  start, end = span[:, 0, None, None], span[:, 1, None, None]  # [B, 1, 1]
+  sink = jnp.minimum(n_sink, start)
+  in_chunk = (pos_ctx >= start) & (pos_ctx < end)
+  seen = (pos_ctx >= 0) & ((pos_ctx < sink) | in_chunk)  # [B, K, T]
+  # [B, K, G, S, T] and [B, K, G, S, S]
+  lc = jnp.einsum("bkgsd,bktd->bkgst", qg, k_ctx.astype(jnp.float32)) * scale
+  lo = jnp.einsum("bkgsd,bkud->bkgsu", qg, k_own.astype(jnp.float32)) * scale
+  ok = positions >= 0
+  causal = (positions[:, None, :] <= positions[:, :, None]) & ok[:, None, :] & ok[:, :, None]
+  lc = jnp.where(seen[:, :, None, None, :], lc, NEG)
+  lo = jnp.where(causal[:, None, None], lo, NEG)
+  mx = jnp.maximum(jnp.max(lc, -1, keepdims=True), jnp.max(lo, -1, keepdims=True))
+  den = jnp.sum(jnp.exp(lc - mx), -1, keepdims=True) + jnp.sum(jnp.exp(lo - mx), -1,
+                                                               keepdims=True)
+  w = jnp.where(seen[:, :, None, None, :], jnp.exp(lc - mx) / den, 0.0)
+  w = jnp.where(ok[:, None, None, :, None], w, 0.0)  # padding queries score nothing
+  score = jnp.max(w, axis=(2, 3))
+  return jnp.where(in_chunk & (pos_ctx >= 0), score, -jnp.inf)
+
+
+@dataclasses.dataclass(frozen=True)
+class KVzip(CompressionMethod):
+  """KVzip eviction (arXiv 2505.23416; kvpress's ``KVzipPress(layerwise=True)``).
+
+  Attributes:
+    chunk_size: context tokens reconstructed per replay (2,048).
+  """
+
+  chunk_size: int = 2048
+
+  name = "kvzip"
+  DEFAULTS = {"n_sink": 4, "head_budget": HeadBudget.ADAKV, "floor": 0.0}
+
+  def __post_init__(self):
+    super().__post_init__()
+    c = self.chunk_size
+    if isinstance(c, bool) or not isinstance(c, int) or c < 1:
+      raise ValueError(f"chunk_size must be an int >= 1, got {c!r}")
+    if self.compresses_decode:
+      raise ValueError("kvzip scores the prompt by replaying it (phase='prefill'), as kvpress")
+
+  def init_extra(self, batch, num_q_heads, num_kv_heads, head_dim, capacity):
+    return {"score": jnp.zeros((batch, num_kv_heads, capacity), jnp.float32),
+            "span": jnp.zeros((batch, 2), jnp.int32)}
+
+  def replay(self, q, k, v, cache, state, positions, *, scale=None):
+    """A replay chunk (module docstring): attends the cache and its own keys causally, records
+    the scores of the chunk ``state["span"]`` and writes nothing.
+
+    Args:
+      q: ``[B, N, S, D]`` post-RoPE queries; k, v: ``[B, K, S, D]``.
+      positions: ``[B, S]`` token positions after the prompt (-1 = padding).
+
+    Returns:
+      ``(out [B, N, S, D], cache, state)``.
+    """
+    scale = reference.default_scale(q.shape[-1], scale)
+    past = dense_over_cache(q, cache, positions, scale, softcap=self.softcap,
+                            window=self.sliding_window)
+    own = reference.attention(q, k, v, None, scale, q_positions=positions,
+                              k_positions=positions, softcap=self.softcap,
+                              window=self.sliding_window)
+    out, _ = merge_lib.merge(past, own)
+    new = replay_scores(q, cache.k, cache.pos, k, positions, state["span"], self.n_sink, scale)
+    score = jnp.where(new > -jnp.inf, new, state["score"])
+    return out.astype(q.dtype), cache, dict(state, score=score)
+
+  def scores(self, cache, state, scale, n):
+    """``[B, K, T]``: the replays' scores (sinks forced by ``slot_scores``)."""
+    del cache, scale, n
+    return state["score"]
+
+  def compact_state(self, state, idx):
+    del idx
+    return dict(state, score=state["score"][:, :, :0])

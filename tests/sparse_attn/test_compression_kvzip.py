@@ -1,0 +1,128 @@
+"""KVzip (arXiv 2505.23416, kvpress's ``KVzipPress(layerwise=True)``) against numpy.
+
+The numpy side, per row, kv head and replay: the softmax of each replay query over the sinks
+``< min(n_sink, start)``, the chunk and the replay's own earlier keys; a chunk key's score is
+its largest weight over the group and the queries; the layer then keeps its top ``K n`` over
+all heads (sinks first). The replay writes nothing and its output is exact attention over the
+cache and itself.
+"""
+
+import hypothesis
+import hypothesis.strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sparse_attn import methods, reference
+from sparse_attn.compression import flat
+
+B, HQ, HKV, D, T, S = 2, 4, 2, 8, 48, 6
+G = HQ // HKV
+LENGTHS = (40, 29)
+SINK = 4
+
+
+def scores_np(q, k, kown, lengths, spans):
+  out = np.full((B, HKV, T), -np.inf)
+  for b in range(B):
+    start, end = spans[b]
+    ctx = [i for i in range(lengths[b]) if i < min(SINK, start) or start <= i < end]
+    for h in range(HKV):
+      best = np.zeros(T)
+      for g in range(G):
+        for s in range(S):
+          keys = np.concatenate([k[b, h, ctx], kown[b, h, :s + 1]])
+          a = keys @ q[b, h * G + g, s] / np.sqrt(D)
+          w = np.exp(a - a.max())
+          w /= w.sum()
+          best[ctx] = np.maximum(best[ctx], w[:len(ctx)])
+      out[b, h, start:min(end, lengths[b])] = best[start:min(end, lengths[b])]
+  return out
+
+
+def prefilled(m, rng):
+  f = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
+  pos = np.where(np.arange(T)[None] < np.asarray(LENGTHS)[:, None], np.arange(T)[None], -1)
+  k = f(B, HKV, T, D)
+  cache = m.init_cache(B, HKV, T + 16, D)
+  state = m.init_state(B, HQ, HKV, D, T + 16)
+  _, cache, state = jax.jit(m.prefill)(f(B, HQ, T, D), k, f(B, HKV, T, D), cache, state,
+                                       jnp.asarray(pos, jnp.int32))
+  return cache, state, np.asarray(k)
+
+
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), split=st.integers(1, 28))
+@hypothesis.settings(max_examples=6, deadline=None)
+def test_replay_scores_and_kept_set_match_numpy(seed, split):
+  rng = np.random.default_rng(seed)
+  m = methods.make("kvzip", ratio=0.5, block_size=8)
+  cache, state, k = prefilled(m, rng)
+  total = np.full((B, HKV, T), -np.inf)
+  step = jax.jit(m.replay)
+  for spans in ([(0, split)] * B, [(split, 40), (split, 29)]):  # two chunks per row
+    q, kown, vown = (rng.normal(size=(B, n, S, D)) for n in (HQ, HKV, HKV))
+    pos = np.asarray(LENGTHS)[:, None] + np.arange(S)[None]
+    state = dict(state, span=jnp.asarray(spans, jnp.int32))
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    out, new_cache, state = step(f32(q), f32(kown), f32(vown), cache, state,
+                                 jnp.asarray(pos, jnp.int32))
+    assert new_cache is cache or np.array_equal(new_cache.k, cache.k)  # nothing written
+    want = scores_np(q, k, kown, LENGTHS, spans)
+    total = np.where(want > -np.inf, want, total)
+    # the output: exact attention over the cache and the replay's own keys (causal)
+    kk = jnp.concatenate([cache.k, f32(kown)], 2)
+    vv = jnp.concatenate([cache.v, f32(vown)], 2)
+    kpos = jnp.concatenate([cache.pos, jnp.broadcast_to(jnp.asarray(pos)[:, None],
+                                                         (B, HKV, S))], 2)
+    ref, _ = reference.attention(f32(q), kk, vv, None, q_positions=jnp.asarray(pos),
+                                 k_positions=kpos)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5)
+  got = np.asarray(state["score"])[..., :T]
+  for b, n in enumerate(LENGTHS):
+    np.testing.assert_allclose(got[b, :, :n], total[b, :, :n], rtol=1e-5, atol=1e-7)
+  keep, _ = m.prefill_keep(cache, state)
+  keep = np.asarray(keep)[..., :T]
+  for b, n in enumerate(LENGTHS):
+    score = np.where(np.arange(T) < SINK, np.inf, total[b])[:, :n]  # sinks forced
+    want = np.zeros((HKV, n), bool)
+    order = np.argsort(-score.reshape(-1), kind="stable")[:HKV * -(-n // 2)]
+    want.reshape(-1)[order] = True
+    assert keep[b, :, n:].sum() == 0
+    assert keep[b, :, :n].sum() == want.sum()
+    np.testing.assert_array_equal(np.sort(score[keep[b, :, :n]]), np.sort(score[want]))
+  new, _ = m.end_prefill(cache, state)
+  assert isinstance(new, flat.FlatKVCache)
+  assert int(new.length[0]) == HKV * 20
+
+
+def test_jit_vmap_and_bf16():
+  rng = np.random.default_rng(1)
+  m = methods.make("kvzip", ratio=0.5)
+  cache, state, _ = prefilled(m, rng)
+  state = dict(state, span=jnp.asarray([[0, 40], [0, 29]], jnp.int32))
+  q, kown, vown = (jnp.asarray(rng.normal(size=(B, n, S, D)) * 35, jnp.bfloat16)
+                   for n in (HQ, HKV, HKV))
+  pos = jnp.asarray(np.asarray([[40], [-1]]) + np.arange(S)[None] * np.asarray([[1], [0]]),
+                    jnp.int32)
+  plain = m.replay(q, kown, vown, cache, state, pos)
+  jitted = jax.jit(m.replay)(q, kown, vown, cache, state, pos)
+  one = lambda *a: jax.tree.map(lambda x: x[None], a)
+  mapped = jax.vmap(lambda *a: jax.tree.map(lambda x: x[0], m.replay(*one(*a))))(
+      q, kown, vown, cache, state, pos)
+  for got in (jitted, mapped):
+    for a, b in zip(jax.tree.leaves((got[0], got[2])), jax.tree.leaves((plain[0], plain[2]))):
+      np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32),
+                                 rtol=1e-2, atol=1e-2)
+  out = np.asarray(plain[0], np.float32)
+  assert np.isfinite(out).all() and np.all(out[1] == 0)  # the padding row attends nothing
+  assert np.isfinite(np.asarray(plain[2]["score"])[0, :, :40]).all()
+  assert np.all(np.asarray(plain[2]["score"])[1] == 0)  # no query: nothing scored
+
+
+def test_options():
+  m = methods.make("kvzip", ratio=0.5)
+  assert (m.n_sink, m.chunk_size, m.floor, m.head_budget.value) == (4, 2048, 0.0, "adakv")
+  for bad in (dict(chunk_size=0), dict(phase="both")):
+    with pytest.raises(ValueError):
+      methods.make("kvzip", ratio=0.5, **bad)
