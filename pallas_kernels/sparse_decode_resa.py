@@ -78,7 +78,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
       empty, never attended: a compacted cache has such holes below ``length``). None: every
       slot below ``length`` holds a token.
     block_size, scale, num_splits, impl, interpret, num_warps, num_stages, blocks_per_iter: as
-      ``sparse_decode``.
+      ``sparse_decode`` (``"mosaic"``: ``pallas_kernels.mosaic.sparse_decode_resa``).
     epilogue: optional hashable ``f((out, lse), (prior_out, prior_lse), seen, *extras) ->
       (out, lse)`` of elementwise jnp ops over rows (RESA's aggregator): the Pallas path runs
       it inside the split combine, the reference after; the op then returns its ``(out, lse)``.
@@ -93,10 +93,17 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
     and ``seen [B, N]`` int32, the prior members (finite ``P_j``) attended, counted in the same
     pass and summed by the split combine (RESA's test that the selection covered the prior).
   """
-  if _common.resolve_impl(impl, "sparse_decode_resa") == "xla":
+  resolved = _common.resolve_impl(impl, "sparse_decode_resa")
+  if resolved == "xla":
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
                                         block_size=block_size, scale=scale, pos=pos,
                                         epilogue=epilogue, extras=extras, softcap=softcap)
+  if resolved == "mosaic":
+    from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
+    return mosaic.sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length,
+                                     block_size=block_size, scale=scale, num_splits=num_splits,
+                                     impl="mosaic", interpret=interpret, num_stages=num_stages,
+                                     pos=pos, epilogue=epilogue, extras=extras, softcap=softcap)
   softcap = check_softcap(softcap)
   _common.check_block_size(block_size, k.shape[2])
   b, hq, d = q.shape

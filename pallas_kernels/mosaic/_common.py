@@ -80,6 +80,10 @@ class Regs:
   def iota(self, shape, dim, layout):
     return plgpu.broadcasted_iota(jnp.int32, shape, dim, layout=None if self.interp else layout)
 
+  def load_vec(self, ref, layout):
+    """A 1-D SMEM vector into registers in ``layout`` (``row`` or ``col``)."""
+    return ref[...] if self.interp else plgpu.load(ref, (), layout=layout)
+
   def load_tile(self, ref):
     """A ``[64 k, N]`` SMEM tile into registers (WGMMA layout), as float32."""
     return self.cast(ref[...], self.tile).astype(jnp.float32)

@@ -43,11 +43,6 @@ from pallas_kernels.mosaic import _common as mc
 TILE = mc.TILE_ROWS
 
 
-def _load(ref, layout, regs):
-  """A 1-D SMEM vector into registers in ``layout`` (interpret mode: a plain read)."""
-  return ref[...] if regs.interp else plgpu.load(ref, (), layout=layout)
-
-
 def _append_body(k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, knew_ref, vnew_ref, slot_ref,
                  tok_ref, len_ref, kb_s, pb_s, row_s, dig_s, blk_bar, row_bar, *,
                  block_size, t, regs):
@@ -85,7 +80,7 @@ def _append_body(k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, knew_ref, vnew_ref, 
     plgpu.copy_smem_to_gmem(row_s.at[1], v_ref.at[bi, hi, s])
 
     tok = tok_ref[bi, hi]
-    k_new = _load(row_s.at[0], regs.col, regs).astype(jnp.float32)  # [D]
+    k_new = regs.load_vec(row_s.at[0], regs.col).astype(jnp.float32)  # [D]
     row = regs.iota((TILE,), 0, regs.row)
     lo = hi_ = cnt = None
     for i in range(tiles):
@@ -94,7 +89,7 @@ def _append_body(k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, knew_ref, vnew_ref, 
       kb = regs.load_tile(kb_s.at[i])  # [64, D]
       kb = mc.where(mc.bcast(is_new, (TILE, d), (0,)), mc.bcast(k_new, (TILE, d), (1,)), kb)
       if pos_tma:
-        pb = _load(pb_s.at[i], regs.row, regs)  # [64] positions (rows past the block unused)
+        pb = regs.load_vec(pb_s.at[i], regs.row)  # [64] positions (rows past the block unused)
       else:
         pb = jnp.full((TILE,), -1, jnp.int32)
         for r in range(rows):

@@ -21,6 +21,11 @@ per-(entry, row) bit, as the Triton kernel does; the split partials are merged b
 ``lse_combine`` (XLA). Block sizes: powers of 2 >= 16; head dims: multiples of 64 (bf16/f16) or
 32 (f32) elements (whole 128-byte swizzled rows).
 
+The same body runs RESA's variant (``mosaic.sparse_decode_resa``, ``with_prior``): a third
+ring holds each step's ``[R, W]`` prior logits of the listed slots, and each row also runs an
+online softmax of its prior over the attended prior members with the same V tile, and counts
+them.
+
 Letters: B batch, N query heads, K kv heads, G = N // K, R rows of a program (G), n list length,
 S splits, T slots, D head dim, W tokens per step, J blocks per step.
 """
@@ -40,7 +45,8 @@ from pallas_kernels import _union
 from pallas_kernels._decode_kernel import split_bounds
 from pallas_kernels.mosaic import _common as mc
 from pallas_kernels.softmax import check_softcap, default_scale, lse_combine, soft_cap
-from pallas_kernels.sparse_decode import (kv_head_lists, selection_rows,
+from pallas_kernels.split_combine import split_combine_pairs
+from pallas_kernels.sparse_decode import (gather_prior, kv_head_lists, selection_rows,
                                           sparse_decode_reference)
 
 NEG_INF = mc.NEG_INF
@@ -78,15 +84,22 @@ def _online(carry, s, v, row_ok, regs):
 
 
 def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, list_len,
-                 max_splits, scale, softcap, with_pos, with_bits, regs):
-  """One program; refs: inputs (GMEM), outputs (GMEM), scratch (SMEM, barriers)."""
+                 max_splits, scale, softcap, with_pos, with_bits, with_prior, regs):
+  """One program; refs: inputs (GMEM), outputs (GMEM), scratch (SMEM, barriers). With a prior
+  (RESA, ``sparse_decode_resa``): ``prior_ref [B, K, n / J, R, W]`` the listed slots' prior
+  logits per step, outputs ``po, plse, cnt`` and their SMEM tiles, and a ring ``pr_s [ST, R,
+  W]`` filled beside K/V."""
   it = iter(refs)
   q_ref, k_ref, v_ref, idx_ref, nv_ref, len_ref = (next(it) for _ in range(6))
   slot_ref = next(it) if with_pos else None
   bits_ref = next(it) if with_bits else None
+  prior_ref = next(it) if with_prior else None
   o_ref, lse_ref = next(it), next(it)
+  po_ref, plse_ref, cnt_ref = (next(it) for _ in range(3)) if with_prior else (None,) * 3
   q_s, k_s, v_s = next(it), next(it), next(it)  # [64, D], [ST, W, D] x 2
   o_s, lse_s, q_bar, k_bar, v_bar = (next(it) for _ in range(5))
+  if with_prior:
+    pr_s, po_s, plse_s, cnt_s, p_bar = (next(it) for _ in range(5))
 
   bi, hi, si = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("s")
   bs, jn = block_size, blocks_per_step
@@ -113,6 +126,9 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
                               k_bar.at[slot * jn + j])
       plgpu.copy_gmem_to_smem(v_ref.at[bi, hi, src], v_s.at[slot, dst],
                               v_bar.at[slot * jn + j])
+    if with_prior:  # [R, W]: the step's listed slots (lo is a multiple of J)
+      at = jnp.minimum(lo // jn + step, prior_ref.shape[2] - 1)
+      plgpu.copy_gmem_to_smem(prior_ref.at[bi, hi, at], pr_s.at[slot], p_bar.at[slot])
 
   for st in range(stages):
     @pl.when(st < steps)
@@ -129,6 +145,8 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
     for j in range(jn):
       plgpu.barrier_wait(k_bar.at[slot * jn + j])
       plgpu.barrier_wait(v_bar.at[slot * jn + j])
+    if with_prior:
+      plgpu.barrier_wait(p_bar.at[slot])
     k = regs.load_tile(k_s.at[slot])  # [W, D]
     v = regs.load_tile(v_s.at[slot])
     # [W] per token: its block's first slot, listed in this slice, and (with bits) its word.
@@ -151,14 +169,21 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
       ok = ok & ((lax.shift_right_logical(held, tok_in_block % 32) & 1) > 0)
     # Masked slots never reach p.v (stale or non-finite values are zeroed, not multiplied by 0).
     v = mc.where(mc.bcast(ok, (w, d), (0,)), v, 0.0)
-    new = []
+    new, ok_rows = [], []
     for r in range(rows):
       s = jnp.sum(k * mc.bcast(q_rows[r], (w, d), (1,)), axis=1) * scale  # [W]
       s = soft_cap(s, softcap)
       ok_r = ok
       if with_bits:
         ok_r = ok & ((lax.shift_right_logical(word, jnp.int32(r)) & 1) > 0)
+      ok_rows.append(ok_r)
       new.append(_online(carry[r], mc.where(ok_r, s, NEG_INF), v, ok_r, regs))
+    for r in range(rows if with_prior else 0):  # RESA: the prior over the same slots and V
+      pr = regs.load_vec(pr_s.at[slot, r], regs.row)  # [W] prior logits, -inf: no member
+      seen = (pr > NEG_INF) & ok_rows[r]
+      pc, cnt = carry[rows + r]
+      new.append((_online(pc, mc.where(seen, pr, NEG_INF), v, seen, regs),
+                  cnt + jnp.sum(seen.astype(jnp.int32))))
 
     @pl.when(step + stages < steps)
     def _():
@@ -167,33 +192,50 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
 
   init = (regs.cast(jnp.zeros((d,), jnp.float32), regs.col), jnp.float32(NEG_INF),
           jnp.float32(0.0))
-  carry = lax.fori_loop(0, steps, body, (init,) * rows)
-  for r, (acc, m, l) in enumerate(carry):
-    ok = l > 0
-    safe = jnp.where(ok, l, 1.0)
-    o_s[r] = acc / safe * ok.astype(jnp.float32)
-    lse_s[r] = jnp.where(ok, m + jnp.log(safe), NEG_INF)
+  carry = lax.fori_loop(0, steps, body, (init,) * rows + ((init, jnp.int32(0)),) * (
+      rows if with_prior else 0))
+  pairs = [(carry[:rows], o_s, lse_s, o_ref, lse_ref)]
+  if with_prior:
+    pairs.append(([c for c, _ in carry[rows:]], po_s, plse_s, po_ref, plse_ref))
+    for r, (_, cnt) in enumerate(carry[rows:]):
+      cnt_s[r] = cnt
+  for rows_carry, out_s, l_s, _, _ in pairs:
+    for r, (acc, m, l) in enumerate(rows_carry):
+      ok = l > 0
+      safe = jnp.where(ok, l, 1.0)
+      out_s[r] = acc / safe * ok.astype(jnp.float32)
+      l_s[r] = jnp.where(ok, m + jnp.log(safe), NEG_INF)
   plgpu.commit_smem()
-  plgpu.copy_smem_to_gmem(o_s, o_ref.at[bi, hi, si])
-  plgpu.copy_smem_to_gmem(lse_s, lse_ref.at[bi, hi, si])
+  for _, out_s, l_s, out_ref, l_ref in pairs:
+    plgpu.copy_smem_to_gmem(out_s, out_ref.at[bi, hi, si])
+    plgpu.copy_smem_to_gmem(l_s, l_ref.at[bi, hi, si])
+  if with_prior:
+    plgpu.copy_smem_to_gmem(cnt_s, cnt_ref.at[bi, hi, si])
   plgpu.wait_smem_to_gmem(0)
 
 
-def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None, *,
-                    block_size: int, scale: float, num_splits: int | None, num_stages: int,
-                    softcap: float | None, interpret):
-  """Runs the Mosaic GPU kernel: per-split partials, merged by ``lse_combine``.
+def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None, prior=None,
+                    *, block_size: int, scale: float, num_splits: int | None, num_stages: int,
+                    softcap: float | None, interpret, epilogue=None, extras=()):
+  """Runs the Mosaic GPU kernel: per-split partials, merged in XLA (``lse_combine``; with a
+  prior ``split_combine_pairs``' jnp path, which also runs the epilogue).
 
   Args:
     q: ``[B, K, R, D]`` query rows of each kv head (R <= 64).
     k, v: ``[B, K, T, D]``; block_idx ``[B, K, n]``; n_valid ``[B, K]``; length ``[B]``.
     pos: optional ``[B, K, T]`` int32 (-1 = empty slot); row_bits: optional ``[B, K, n]``
       int32, bit ``r`` set where row ``r`` uses the entry.
+    prior: optional ``[B, K, R, T]`` float32 RESA prior logits of every slot (-inf: not a
+      member). The listed slots' logits are gathered in XLA per step (``[B, K, n / J, R, W]``,
+      proportional to the list, not to T): one TMA of ``[R, W]`` per step then, where a block's
+      ``[R, 16]`` row piece would be 64 bytes, under the 128 a warpgroup's TMA must move.
     block_size, scale, num_splits, num_stages, softcap: static; interpret: see
-      ``mc.interpret_params``.
+      ``mc.interpret_params``; epilogue, extras: with ``prior``, as ``decode_partials`` of
+      ``pallas_kernels._decode_kernel``.
 
   Returns:
-    ``(out [B, K, R, D] f32, lse [B, K, R] f32)``.
+    ``(out [B, K, R, D] f32, lse [B, K, R] f32)``; with ``prior`` also ``(prior_out,
+    prior_lse)`` and ``seen [B, K, R]`` int32; with an ``epilogue``, its ``(out, lse)``.
   """
   b, kh, r, d = q.shape
   t, n = k.shape[2], block_idx.shape[-1]
@@ -203,16 +245,17 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
   jn = max(1, mc.TILE_ROWS // block_size)
   w = jn * block_size
   itemsize = jnp.dtype(k.dtype).itemsize
-  stages = max(2, min(num_stages, mc.RING_BYTES // (2 * w * d * itemsize),
-                      MAX_BARRIERS // jn))
+  per_stage = 2 * w * d * itemsize + (r * w * 4 if prior is not None else 0)  # K, V (, prior)
+  stages = max(2, min(num_stages, mc.RING_BYTES // per_stage, MAX_BARRIERS // jn))
   splits = num_splits or _common.choose_num_splits(b * kh, n)
   splits = max(1, min(splits, -(-n // jn)))
   params = mc.interpret_params(interpret)
-  with_pos, with_bits = pos is not None, row_bits is not None
+  with_pos, with_bits, with_prior = pos is not None, row_bits is not None, prior is not None
   kernel = functools.partial(
       _decode_body, rows=r, block_size=block_size, blocks_per_step=jn, stages=stages,
       num_blocks=t // block_size, list_len=n, max_splits=splits, scale=float(scale),
-      softcap=softcap, with_pos=with_pos, with_bits=with_bits, regs=mc.Regs(params is not None))
+      softcap=softcap, with_pos=with_pos, with_bits=with_bits, with_prior=with_prior,
+      regs=mc.Regs(params is not None))
   # [B, K, 64, D]: the group's rows padded to one WGMMA-layout tile.
   q_pad = jnp.pad(q, ((0, 0), (0, 0), (0, mc.TILE_ROWS - r), (0, 0)))
   lse_pad = -(-r // 4) * 4  # a TMA store moves whole 16-byte rows
@@ -228,17 +271,38 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
     args.append(slot_words(pos, block_size))
   if with_bits:
     args.append(row_bits.astype(jnp.int32))
-  out, lse = plgpu.kernel(
-      kernel,
-      out_type=(jax.ShapeDtypeStruct((b, kh, splits, r, d), jnp.float32),
-                jax.ShapeDtypeStruct((b, kh, splits, lse_pad), jnp.float32)),
-      scratch_types=scratch, grid=(b, kh, splits), grid_names=("b", "h", "s"),
-      interpret=params, kernel_name="sparse_decode_mosaic",
+  pair = (jax.ShapeDtypeStruct((b, kh, splits, r, d), jnp.float32),
+          jax.ShapeDtypeStruct((b, kh, splits, lse_pad), jnp.float32))
+  out_type = pair
+  if with_prior:
+    num_steps = -(-n // jn)
+    # [B, K, R, n * bs] -> [B, K, n / J, R, W]: each step's [R, W] prior tile contiguous
+    pg = gather_prior(prior.reshape(b, kh * r, t), block_idx, block_size)
+    pg = jnp.pad(pg.reshape(b, kh, r, n * block_size),
+                 ((0, 0), (0, 0), (0, 0), (0, num_steps * w - n * block_size)),
+                 constant_values=NEG_INF)
+    args.append(jnp.swapaxes(pg.reshape(b, kh, r, num_steps, w), 2, 3))
+    out_type += pair + (jax.ShapeDtypeStruct((b, kh, splits, lse_pad), jnp.int32),)
+    scratch += [plgpu.SMEM((stages, r, w), jnp.float32), plgpu.SMEM((r, d), jnp.float32),
+                plgpu.SMEM((lse_pad,), jnp.float32), plgpu.SMEM((lse_pad,), jnp.int32),
+                plgpu.Barrier(num_barriers=stages)]
+  outs = plgpu.kernel(
+      kernel, out_type=out_type, scratch_types=scratch, grid=(b, kh, splits),
+      grid_names=("b", "h", "s"), interpret=params,
+      kernel_name="sparse_decode_resa_mosaic" if with_prior else "sparse_decode_mosaic",
   )(*args)
-  lse = lse[..., :r]
-  if splits == 1:
-    return out[:, :, 0], lse[:, :, 0]
-  return lse_combine(out, lse, axis=2)
+  outs = [x if x.ndim == 5 else x[..., :r] for x in outs]  # lse, counts: drop the padding
+  if not with_prior:
+    out, lse = outs
+    if splits == 1:
+      return out[:, :, 0], lse[:, :, 0]
+    return lse_combine(out, lse, axis=2)
+  got = split_combine_pairs([tuple(outs[:2]), tuple(outs[2:4])], outs[4], epilogue=epilogue,
+                            extras=extras, impl="xla")
+  if epilogue is not None:
+    return got
+  (pair_true, pair_prior), seen = got
+  return (*pair_true, *pair_prior, seen)
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
