@@ -4,60 +4,33 @@ Tensors are dequantised with ``gguf.quants.dequantize`` (Q4_0/Q4_1/Q5_0/Q8_0/Q4_
 F16/F32), renamed to Hugging Face names and handed to ``hf_loader.convert_state_dict``, so a
 GGUF takes the same path as a safetensors checkpoint.
 
-llama.cpp's converter permutes the rows of Llama's Q and K projections so each head's two
-rotary halves are interleaved (``convert_hf_to_gguf.py``, ``LlamaModel.permute``); we invert it
-to get back Hugging Face's half-split layout. Qwen2 and Qwen3 files are written without the
-permutation.
-
-Llama-3.x files carry their llama3 RoPE scaling as a ``rope_freqs`` tensor ``[D/2]``: per
-frequency, the divisor llama.cpp applies to ``theta^(-2i/D)`` (``ggml_rope_ext``'s
-``freq_factors``; ``LlamaModel.generate_extra_tensors`` computes it from the HF config's
-``factor``, ``low_freq_factor``, ``high_freq_factor``, ``original_max_position_embeddings``). It
-becomes ``RopeConfig.freq_factors``, so the file's own numbers are used.
+Per architecture (``models.gguf_arch``: llama, qwen2, qwen3, gemma2, gemma3, phi3), the
+metadata becomes the Hugging Face ``config.json`` it describes and tensor names become HF names;
+llama.cpp's conventions are undone on read: Llama's Q/K row permutation (``unpermute_rows``),
+Gemma's norms stored as ``1 + w``, Phi-3's fused ``attn_qkv`` / ``ffn_up`` (split like the HF
+checkpoint's). RoPE data tensors become config: Llama-3.x's ``rope_freqs`` ``[D/2]`` (the
+frequency divisors llama.cpp applies, ``RopeConfig.freq_factors``) and Phi-3's
+``rope_factors_long`` / ``rope_factors_short`` (LongRoPE).
 """
 
 from __future__ import annotations
 
 import os
-import re
 
 import numpy as np
 
-from models import hf_loader
+from models import gguf_arch, hf_loader
 from models import tokenizer as tokenizer_lib
 from models.config import ModelConfig
 
-_GLOBAL = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-}
-_LAYER = {
-    "attn_norm.weight": "input_layernorm.weight",
-    "ffn_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
-}
-for _p in "qkv":
-  for _s in ("weight", "bias"):
-    _LAYER[f"attn_{_p}.{_s}"] = f"self_attn.{_p}_proj.{_s}"
-_LAYER["attn_output.weight"] = "self_attn.o_proj.weight"
-_LAYER["attn_q_norm.weight"] = "self_attn.q_norm.weight"
-_LAYER["attn_k_norm.weight"] = "self_attn.k_norm.weight"
-_PERMUTED_ARCHS = ("llama",)
-_SUPPORTED_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
-ROPE_FREQS = "rope_freqs.weight"
 
-
-def hf_name(gguf_name: str) -> str:
-  """llama.cpp tensor name -> Hugging Face name (raises on unknown names)."""
-  if gguf_name in _GLOBAL:
-    return _GLOBAL[gguf_name]
-  m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-  if m and m.group(2) in _LAYER:
-    return f"model.layers.{m.group(1)}.{_LAYER[m.group(2)]}"
-  raise hf_loader.CheckpointError(f"GGUF tensor {gguf_name!r} has no known HF equivalent")
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
+  """llama.cpp tensor name -> Hugging Face name in a file of ``arch`` (raises on unknown
+  names)."""
+  try:
+    return gguf_arch.ARCHS[arch].hf_name(gguf_name)
+  except ValueError as e:
+    raise hf_loader.CheckpointError(str(e)) from None
 
 
 def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -86,48 +59,47 @@ def read_metadata(reader) -> dict:
   return out
 
 
-def config_from_metadata(meta: dict, has_output: bool, has_qkv_bias: bool,
-                         dtype: str = "float32", rope_freqs=None) -> ModelConfig:
-  """The ``ModelConfig`` a GGUF file describes (raises on unsupported architectures).
+def config_from_metadata(meta: dict, names, side: dict, dtype: str = "float32") -> ModelConfig:
+  """The ``ModelConfig`` a GGUF file describes (``gguf_arch.hf_config``: raises on unsupported
+  architectures and on metadata keys this port does not implement).
 
-  ``rope_freqs``: the file's ``rope_freqs`` tensor ``[D/2]`` (RoPE frequency divisors), or None.
+  Args:
+    meta: the file's metadata; names: its tensor names; side: its RoPE tensors
+      (``rope_freqs``, ``rope_factors_long`` / ``_short``) as float32 arrays.
   """
-  arch = meta.get("general.architecture")
-  if arch not in _SUPPORTED_ARCHS:
-    raise ValueError(f"GGUF architecture {arch!r} is not supported "
-                     f"(supported: {', '.join(_SUPPORTED_ARCHS)})")
-  g = lambda k, default=None: meta.get(f"{arch}.{k}", default)
-  heads = int(g("attention.head_count"))
-  hidden = int(g("embedding_length"))
-  head_dim = int(g("attention.key_length", hidden // heads))
-  if int(g("rope.dimension_count", head_dim)) != head_dim:
-    raise ValueError("partial rotary embeddings are not supported")
-  rope = {"rope_theta": float(g("rope.freq_base", 10000.0)), "rope_type": "default"}
-  scaling = g("rope.scaling.type", "none")
-  if scaling == "linear":
-    rope.update(rope_type="linear", factor=float(g("rope.scaling.factor")))
-  elif scaling not in ("none", None):
-    raise ValueError(f"GGUF rope scaling {scaling!r} is not supported")
-  if rope_freqs is not None:
-    rope["freq_factors"] = [float(f) for f in np.asarray(rope_freqs).reshape(-1)]
-  vocab = int(g("vocab_size", len(meta["tokenizer.ggml.tokens"])))
-  eos = meta.get("tokenizer.ggml.eos_token_id")
-  cfg = {
-      "model_type": _SUPPORTED_ARCHS[arch], "vocab_size": vocab, "hidden_size": hidden,
-      "intermediate_size": int(g("feed_forward_length")),
-      "num_hidden_layers": int(g("block_count")), "num_attention_heads": heads,
-      "num_key_value_heads": int(g("attention.head_count_kv", heads)), "head_dim": head_dim,
-      "rms_norm_eps": float(g("attention.layer_norm_rms_epsilon")), "rope_parameters": rope,
-      "max_position_embeddings": int(g("context_length", 2048)),
-      "tie_word_embeddings": not has_output,
-      "bos_token_id": meta.get("tokenizer.ggml.bos_token_id"),
-      "eos_token_id": None if eos is None else int(eos),
-  }
-  if arch in ("llama", "qwen3"):
-    cfg["attention_bias"] = has_qkv_bias
-  elif not has_qkv_bias:
-    raise ValueError("qwen2 GGUF without q/k/v biases")
-  return ModelConfig.from_hf_config(cfg, dtype=dtype)
+  return ModelConfig.from_hf_config(gguf_arch.hf_config(meta, names, side), dtype=dtype)
+
+
+class _Tensors:
+  """A GGUF file's weights under Hugging Face names, in HF layout ``[out, in]``, float32: the
+  ``safetensors_io.Checkpoint`` interface (``names``, ``shape``, ``read``) that
+  ``hf_loader.split_fused`` reads, so Phi-3's fused ``attn_qkv`` / ``ffn_up`` split as the HF
+  checkpoint's ``qkv_proj`` / ``gate_up_proj`` do."""
+
+  def __init__(self, by_name: dict, spec: gguf_arch.Arch, config: ModelConfig):
+    self._by_hf = {spec.hf_name(n): t for n, t in by_name.items()}
+    self._spec, self._config = spec, config
+    self._last = (None, None)  # a fused tensor is read once for its parts
+    self.names = sorted(self._by_hf)
+
+  def shape(self, name):
+    return tuple(int(x) for x in reversed(self._by_hf[name].shape))
+
+  def read(self, name, rows=None):
+    from gguf import quants
+    if self._last[0] != name:
+      t = self._by_hf[name]
+      w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
+      w = w.reshape(self.shape(name))
+      if self._spec.permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
+        w = unpermute_rows(w, self._config.num_heads)
+      elif self._spec.permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
+        w = unpermute_rows(w, self._config.num_kv_heads)
+      if self._spec.norm_plus_one and name.endswith("norm.weight"):
+        w = w - np.float32(1.0)  # llama.cpp stores Gemma's 1 + w
+      self._last = (name, w)
+    w = self._last[1]
+    return w if rows is None else w[rows[0]:rows[1]]
 
 
 def load_gguf(path: str, dtype: str = "float32"):
@@ -143,26 +115,19 @@ def load_gguf(path: str, dtype: str = "float32"):
     raise FileNotFoundError(f"GGUF file {path} does not exist")
   reader = gguf.GGUFReader(path)
   meta = read_metadata(reader)
+  _, spec = gguf_arch.arch_of(meta)
   by_name = {t.name: t for t in reader.tensors}
-  freqs = by_name.pop(ROPE_FREQS, None)
-  if freqs is not None:
-    freqs = quants.dequantize(freqs.data, freqs.tensor_type).astype(np.float32)
-  config = config_from_metadata(meta, "output.weight" in by_name,
-                                "blk.0.attn_q.bias" in by_name, dtype, freqs)
-  hf_to_gguf = {hf_name(n): n for n in by_name}
-  permute = meta["general.architecture"] in _PERMUTED_ARCHS
-
-  def get(name):
-    t = by_name[hf_to_gguf[name]]
-    # [out, in] (numpy order of GGUF dims), float32
-    w = np.asarray(quants.dequantize(t.data, t.tensor_type), dtype=np.float32)
-    w = w.reshape(tuple(int(x) for x in reversed(t.shape)))
-    if permute and name.endswith(("q_proj.weight", "q_proj.bias")):
-      w = unpermute_rows(w, config.num_heads)
-    elif permute and name.endswith(("k_proj.weight", "k_proj.bias")):
-      w = unpermute_rows(w, config.num_kv_heads)
-    return w
-
-  params = hf_loader.convert_state_dict(config, get, list(hf_to_gguf))
+  side = {}
+  for name in spec.side_tensors:
+    if name in by_name:
+      t = by_name.pop(name)
+      side[name] = quants.dequantize(t.data, t.tensor_type).astype(np.float32)
+  config = config_from_metadata(meta, by_name, side, dtype)
+  try:
+    tensors = _Tensors(by_name, spec, config)
+  except ValueError as e:
+    raise hf_loader.CheckpointError(str(e)) from None
+  names, get = hf_loader.split_fused(config, tensors)
+  params = hf_loader.convert_state_dict(config, get, names)
   tok = tokenizer_lib.from_gguf_metadata(meta)
   return config, params, tok

@@ -1,4 +1,10 @@
-"""Writes a tiny transformers model as a llama.cpp-style GGUF (for loader tests)."""
+"""Writes a tiny transformers model as a llama.cpp-style GGUF (for loader tests).
+
+Gemma 2 / 3 and Phi-3 files follow llama.cpp's converter (``convert_hf_to_gguf.py``:
+``Gemma2Model``, ``Gemma3Model``, ``Phi3MiniModel``): tensor names from gguf-py's own
+``TensorNameMap``, RMSNorm weights stored as ``1 + w`` for Gemma, no ``lm_head`` for Gemma, the
+converter's metadata keys, Phi-3's LongRoPE factors as ``rope_factors_long`` / ``_short``.
+"""
 
 from __future__ import annotations
 
@@ -53,12 +59,14 @@ def llama3_rope_freqs(rope: dict, head_dim: int) -> np.ndarray:
 
 
 def write_gguf(hf_dir, path, arch: str = "llama", q8_mlp: bool = False) -> None:
-  """Writes the transformers Llama/Qwen2/Qwen3 saved in ``hf_dir`` (vocab >= 258) to ``path``
-  (read with ``safetensors.numpy``: no PyTorch in the test process); a llama3 rope scaling is
-  written as a ``rope_freqs`` tensor, as llama.cpp's converter does."""
+  """Writes the transformers Llama/Qwen2/Qwen3/Gemma 2/Gemma 3/Phi-3 (``arch``: llama.cpp's
+  name) saved in ``hf_dir`` (vocab >= 258) to ``path`` (read with ``safetensors.numpy``: no
+  PyTorch in the test process); a llama3 rope scaling is written as a ``rope_freqs`` tensor, as
+  llama.cpp's converter does."""
   with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
     cfg = types.SimpleNamespace(**json.load(f))
   rope = getattr(cfg, "rope_parameters", None) or {}
+  rope = rope.get("full_attention", rope)  # Gemma 3: the global layers' (rope.freq_base)
   theta = rope.get("rope_theta", getattr(cfg, "rope_theta", None))
   head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
   w = gguf.GGUFWriter(str(path), arch)
@@ -68,10 +76,14 @@ def write_gguf(hf_dir, path, arch: str = "llama", q8_mlp: bool = False) -> None:
   w.add_feed_forward_length(cfg.intermediate_size)
   w.add_head_count(cfg.num_attention_heads)
   w.add_head_count_kv(cfg.num_key_value_heads)
-  w.add_rope_freq_base(float(theta))
+  if arch != "gemma2" or theta != 10000.0:  # Gemma2Model writes no base: llama.cpp's 10000
+    w.add_rope_freq_base(float(theta))
   w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
   w.add_key_length(head_dim)
   w.add_value_length(head_dim)
+  extra = _FAMILY_METADATA[arch](w, cfg, head_dim) if arch in _FAMILY_METADATA else {}
+  for name, a in extra.items():
+    w.add_tensor(name, a)
   if rope.get("rope_type") == "llama3":
     w.add_tensor("rope_freqs.weight", llama3_rope_freqs(rope, head_dim))
   tokens = sorted(tokenizer_lib._byte_alphabet()) + ["Ġt", "<|endoftext|>"]
@@ -83,11 +95,18 @@ def write_gguf(hf_dir, path, arch: str = "llama", q8_mlp: bool = False) -> None:
   w.add_token_merges(["Ġ t"])
   w.add_eos_token_id(257)
   tensors = safetensors.numpy.load_file(os.path.join(hf_dir, "model.safetensors"))
+  names = gguf.get_tensor_name_map(_FAMILIES[arch], cfg.num_hidden_layers) if (
+      arch in _FAMILIES) else None
   for name, t in tensors.items():
     a = np.asarray(t, np.float32)
-    if name == "lm_head.weight" and getattr(cfg, "tie_word_embeddings", False):
+    if name == "lm_head.weight" and (getattr(cfg, "tie_word_embeddings", False)
+                                     or arch.startswith("gemma")):
       continue
-    if name.startswith("model.layers."):
+    if names is not None:  # llama.cpp's own HF -> GGUF table
+      out = names.get_name(name, try_suffixes=(".weight", ".bias"))
+      if arch.startswith("gemma") and name.endswith("norm.weight"):
+        a = a + np.float32(1.0)  # Gemma*Model.modify_tensors: llama.cpp's norm is x * w
+    elif name.startswith("model.layers."):
       i, rest = name[len("model.layers."):].split(".", 1)
       if arch == "llama" and rest.startswith("self_attn.q_proj"):
         a = _permute(a, cfg.num_attention_heads)
@@ -106,3 +125,63 @@ def write_gguf(hf_dir, path, arch: str = "llama", q8_mlp: bool = False) -> None:
   w.write_kv_data_to_file()
   w.write_tensors_to_file()
   w.close()
+
+
+_FAMILIES = {"gemma2": gguf.MODEL_ARCH.GEMMA2, "gemma3": gguf.MODEL_ARCH.GEMMA3,
+             "phi3": gguf.MODEL_ARCH.PHI3}
+_GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
+
+
+def _gemma_metadata(w, cfg, head_dim, arch):
+  """``Gemma2Model`` / ``Gemma3Model.set_gguf_parameters``, plus the keys llama.cpp reads for
+  what the converter leaves at llama.cpp's defaults (Gemma 3's pattern 6, local base 10000)."""
+  big = cfg.num_hidden_layers == _GEMMA_27B_LAYERS[arch]
+  implied = cfg.hidden_size // cfg.num_attention_heads if big else head_dim
+  if cfg.query_pre_attn_scalar != implied:
+    raise ValueError(f"llama.cpp implies query_pre_attn_scalar={implied}, the checkpoint has "
+                     f"{cfg.query_pre_attn_scalar}: not expressible in a GGUF")
+  local = [t == "sliding_attention" for t in cfg.layer_types]
+  if arch == "gemma2":
+    assert local == [i % 2 == 0 for i in range(len(local))], "llama.cpp's fixed pattern 2"
+    w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+    w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    w.add_sliding_window(cfg.sliding_window)
+    return {}
+  if cfg.final_logit_softcapping:
+    w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+  full = cfg.rope_parameters["full_attention"]
+  if full.get("rope_type") == "linear":
+    w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+    w.add_rope_scaling_factor(full["factor"])
+  if any(local):
+    w.add_sliding_window(cfg.sliding_window)
+    period = next((p for p in range(1, len(local) + 2)
+                   if local == [i % p < p - 1 for i in range(len(local))]), None)
+    if period != 6:
+      w.add_sliding_window_pattern(local if period is None else period)
+    base = cfg.rope_parameters["sliding_attention"]["rope_theta"]
+    if base != 10000.0:
+      w.add_rope_freq_base_swa(base)
+  return {}
+
+
+def _phi3_metadata(w, cfg, head_dim):
+  """``Phi3MiniModel.set_gguf_parameters`` / ``generate_extra_tensors``: the LongRoPE factor
+  tensors and attention factor."""
+  orig = cfg.original_max_position_embeddings
+  w.add_rope_scaling_orig_ctx_len(orig)
+  w.add_rope_dimension_count(head_dim)
+  w.add_sliding_window(cfg.sliding_window or 0)
+  rope = cfg.rope_parameters
+  if rope.get("rope_type") != "longrope":
+    return {}
+  scale = cfg.max_position_embeddings / orig
+  w.add_rope_scaling_attn_factors(
+      math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
+  return {"rope_factors_long.weight": np.asarray(rope["long_factor"], np.float32),
+          "rope_factors_short.weight": np.asarray(rope["short_factor"], np.float32)}
+
+
+_FAMILY_METADATA = {"gemma2": lambda w, c, d: _gemma_metadata(w, c, d, "gemma2"),
+                    "gemma3": lambda w, c, d: _gemma_metadata(w, c, d, "gemma3"),
+                    "phi3": _phi3_metadata}

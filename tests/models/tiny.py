@@ -63,11 +63,19 @@ MODEL_CLASS = {"LlamaConfig": "LlamaForCausalLM", "Qwen2Config": "Qwen2ForCausal
 
 
 def make_hf(name: str, path, seed: int = 0, max_shard_size=None, **overrides) -> str:
-  """Saves a random transformers model of config ``name`` (``BASE`` updated by ``overrides``)
+  """Saves a random transformers model of config ``name`` (``BASE`` and the config's own
+  keys, updated by ``overrides``)
   into ``path`` (in a child process, ``tests.isolated``); returns the path. ``max_shard_size``
   (e.g. ``"20KB"``) saves it sharded, with ``model.safetensors.index.json``."""
   isolated.run(_make_hf, name, str(path), seed, overrides, max_shard_size)
   return str(path)
+
+
+def make_many(specs) -> list[str]:
+  """``make_hf`` of each ``(name, path, overrides)`` in ``specs``, all in one child process
+  (one PyTorch start); returns the paths."""
+  isolated.run(_make_many, [(n, str(p), dict(o)) for n, p, o in specs])
+  return [str(p) for _, p, _ in specs]
 
 
 def loaded(name: str, tmp_path_factory):
@@ -99,7 +107,7 @@ def _make_hf(name, path, seed, overrides, max_shard_size=None):
   import transformers
 
   cls_name, kw = CONFIGS[name]
-  cfg = getattr(transformers, cls_name)(**{**BASE, **overrides, **kw})
+  cfg = getattr(transformers, cls_name)(**{**BASE, **kw, **overrides})
   torch.manual_seed(seed)
   model = getattr(transformers, MODEL_CLASS[cls_name])(cfg).eval()
   with torch.no_grad():  # larger-than-default weights so errors are not hidden by tiny logits
@@ -109,6 +117,11 @@ def _make_hf(name, path, seed, overrides, max_shard_size=None):
       else:
         p.normal_(0.0, 0.08)
   model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+
+
+def _make_many(specs):
+  for name, path, overrides in specs:
+    _make_hf(name, path, 0, overrides)
 
 
 def _load(path, dtype="float32"):
