@@ -37,11 +37,14 @@ def chunk_size_for(max_len: int, prefill_chunk: int) -> int:
 
 
 def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMethod, capacity: int,
-            prefill_chunk: int = 512, progress=None):
+            prefill_chunk: int = 512, progress=None, question_length=None):
   """Prefills right-padded ``prompts [B, S]`` in chunks.
 
   ``progress``: None, or ``progress("prefill", i, n)`` called after chunk ``i`` of ``n`` has
-  run (the chunk is waited for, so a long prompt shows its pace).
+  run (the chunk is waited for, so a long prompt shows its pace). ``question_length [B]``:
+  each prompt ends with a question of this many tokens (what a query-aware method such as
+  FINCH observes; None: not known, the method's fallback). The method's layer states get it
+  and the model's weights (``steps.init_caches``).
 
   Returns:
     ``(last_hidden [B, E], history [B, T], caches, states)``; ``last_hidden`` is the hidden
@@ -64,7 +67,7 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMe
   check_layer_methods(method, config)  # per-layer windows, soft-cap: refuse before compiling
   history = np.zeros((b, capacity), np.int32)
   history[:, :s] = prompts
-  caches, states = init_caches(config, method, b, capacity)
+  caches, states = init_caches(config, method, b, capacity, params, question_length)
   c = min(chunk_size_for(int(lengths.max()), prefill_chunk), capacity)
   last = jnp.zeros((b, config.hidden_size), llama.compute_dtype(config))
   rows = jnp.arange(b)
@@ -156,7 +159,7 @@ READBACK = 16
 def generate(model, prompt_tokens, max_new_tokens: int, method: AttentionMethod,
              sampling: Sampling = Sampling(), *, prefill_chunk: int = 512,
              capacity: int | None = None, stop_at_eos: bool = True, mesh=None,
-             progress=None) -> Generation:
+             progress=None, question_length=None) -> Generation:
   """Generates up to ``max_new_tokens`` per prompt with ``method`` as the attention.
 
   Args:
@@ -172,6 +175,8 @@ def generate(model, prompt_tokens, max_new_tokens: int, method: AttentionMethod,
       caches and method states sharded on it (see ``models.sharding``); None = one device.
     progress: None, or ``progress(stage, i, n)``, called after prefill chunk ``i`` of ``n``
       (``stage="prefill"``) and after new token ``i`` of ``n`` (``stage="decode"``).
+    question_length: int or ``[B]``: each prompt ends with a question of this many tokens
+      (``prefill``; None: not known).
   """
   model, method = sharding.prepare(model, method, mesh)
   config = model.config
@@ -183,8 +188,9 @@ def generate(model, prompt_tokens, max_new_tokens: int, method: AttentionMethod,
   method = with_model_window(method, config, capacity)
   key = jax.random.key(sampling.seed)
   t0 = time.perf_counter()
+  question = None if question_length is None else np.broadcast_to(question_length, lengths.shape)
   last, history, caches, states = prefill(model, prompts, lengths, method, capacity,
-                                          prefill_chunk, progress)
+                                          prefill_chunk, progress, question)
   nxt, _ = sample_from_hidden(model.params, last, jax.random.fold_in(key, 0), config=config,
                               sampling=sampling)
   history = history.at[jnp.arange(len(lengths)), jnp.asarray(lengths)].set(nxt, mode="drop")

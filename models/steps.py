@@ -24,9 +24,11 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from models import llama, sharding
 from models.sampling import sample
+from sparse_attn import layer_inputs
 from sparse_attn.protocol import AttentionMethod
 
 @functools.lru_cache(maxsize=256)
@@ -80,9 +82,14 @@ def check_layer_methods(method: AttentionMethod, config):
     layer_method(m, config, local)
 
 
-def init_caches(config, method: AttentionMethod, batch: int, capacity: int):
+def init_caches(config, method: AttentionMethod, batch: int, capacity: int, params=None,
+                question_length=None):
   """``(caches, states)``: per-layer lists of empty caches and method states, one buffer per
-  layer (created sharded for a ``sharding.ShardedMethod``)."""
+  layer (created sharded for a ``sharding.ShardedMethod``).
+
+  A method's ``layer_state`` hook (``sparse_attn.layer_inputs``) then gets each layer's index
+  and inputs: its output projection from ``params`` (the weights, when given) and
+  ``question_length [B]`` (the question ending each prompt, when known)."""
   dt = llama.compute_dtype(config)
 
   def init():
@@ -95,10 +102,13 @@ def init_caches(config, method: AttentionMethod, batch: int, capacity: int):
     made = method.init_caches(config.num_layers, init)
   else:
     made = [init() for _ in range(config.num_layers)]
-  states = [s for _, s in made]
-  layer_state = getattr(method, "layer_state", None)  # a layer's calibration (Q-Filters)
-  if layer_state is not None:
-    states = [layer_state(s, i) for i, s in enumerate(states)]
+  layers = [None] * config.num_layers if params is None else llama.split_layers(params)["layers"]
+  # On the host: each layer's state makes its own device copy (states are donated per layer).
+  question = None if question_length is None else np.asarray(question_length, np.int32)
+  inputs = [layer_inputs.LayerInputs(
+      out_proj=None if p is None else p["o_proj"]["kernel"], question_length=question)
+            for p in layers]
+  states = layer_inputs.apply(method, [s for _, s in made], inputs)
   return [c for c, _ in made], states
 
 

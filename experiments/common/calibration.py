@@ -15,6 +15,10 @@ DuoAttention on the fly (kvpress's ``duo_attention_on_the_fly``, arXiv 2410.1081
 averaged over samples: kvpress draws 50 BookSum chapters; here ``samples`` consecutive pieces of
 ``length`` tokens of the same Austen text, each its own dense prefill (the captured post-RoPE
 vectors rotated back by their positions).
+
+Runs apply them through ``experiments.common.specs.build(..., model=)`` / ``for_model`` (the
+CLI, the accuracy harness): a method built for a model gets its table unless its spec says
+``calibration=prompt``. The disk cache is keyed by the model's config and a sample of its weights.
 """
 
 from __future__ import annotations
@@ -28,8 +32,21 @@ from sparse_attn.compression import duo_attention
 from sparse_attn.compression import qfilters as qfilters_lib
 
 
+def _fingerprint(model) -> str:
+  """The model's config and a sample of its weights (the first 256 values of every tensor):
+  two checkpoints of one architecture (a base model and its instruct tune, two random seeds)
+  get their own tables."""
+  import jax  # pylint: disable=g-import-not-at-top
+  h = hashlib.sha256(repr(model.config).encode())
+  for path, leaf in sorted(jax.tree_util.tree_leaves_with_path(model.params),
+                           key=lambda x: jax.tree_util.keystr(x[0])):
+    h.update(jax.tree_util.keystr(path).encode())
+    h.update(np.asarray(leaf.reshape(-1)[:256], np.float32).tobytes())
+  return h.hexdigest()[:16]
+
+
 def _cache_path(model, what: str, text: str, length: int, samples: int) -> str:
-  key = hashlib.sha256(repr(model.config).encode()).hexdigest()[:16]
+  key = _fingerprint(model)
   root = os.environ.get("SPARSE_ATTN_CACHE", os.path.expanduser("~/.cache/sparse_attn"))
   return os.path.join(root, "calibration", f"{what}-{key}-{text}-{length}-{samples}.npz")
 

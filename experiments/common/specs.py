@@ -33,7 +33,7 @@ from sparse_attn import budget as budget_lib
 from sparse_attn import methods
 from sparse_attn.spec import parse_spec, parse_value
 
-from experiments.common import checkpoint, reuse
+from experiments.common import calibration, checkpoint, modelzoo, reuse
 
 _OWN_BUDGET = ("budget", "p", "ratio", "max_tokens")
 _OWN_RULE = ("p", "min_tokens")  # a preset with one of these keeps its own budget rule
@@ -156,7 +156,17 @@ def _head_params_after_prefill(spec: str, method, fit: str):
   return lambda states: resa.set_head_params(states, params["log_lam"], params.get("beta"))
 
 
-def build(spec, budget: float | None = None, *, rope_inv_freq=None, **options):
+def for_model(method, model):
+  """``method`` with what it takes from ``model`` before a run: its RoPE frequencies
+  (``with_rope``: methods that model RoPE) and its calibration tables
+  (``calibration.calibrate``: Q-Filters' filters, DuoAttention's head scores; computed once per
+  model and cached on disk). What a run adds per layer and sample (W^O, the question's length)
+  reaches the method's layer state in ``models.steps.init_caches``
+  (``sparse_attn.layer_inputs``)."""
+  return calibration.calibrate(method.with_rope(modelzoo.rope_inv_freq(model)), model)
+
+
+def build(spec, budget: float | None = None, *, rope_inv_freq=None, model=None, **options):
   """The method of ``spec`` (a string or a ``ParsedSpec``) at ``budget`` (fraction kept; None
   = the spec's ``@b``, else its own/default).
 
@@ -166,6 +176,8 @@ def build(spec, budget: float | None = None, *, rope_inv_freq=None, **options):
 
   ``rope_inv_freq`` (the model's ``[D/2]`` RoPE frequencies) is given to methods that model
   RoPE (Expected Attention's pre-RoPE query statistics) unless the spec sets their own.
+  ``model``: the model the method will run on (``for_model``: its RoPE frequencies and the
+  method's calibration; a spec with ``calibration=prompt`` keeps its prompt fallback).
   """
   p = _parsed(spec)
   budget = p.at_budget if budget is None else budget
@@ -173,7 +185,9 @@ def build(spec, budget: float | None = None, *, rope_inv_freq=None, **options):
   if budget is not None and p.family != "dense":
     opts["budget"] = budget_lib.parse_budget(budget)
   m = methods.make(p.preset or p.base, **opts)
-  if rope_inv_freq is not None:
+  if model is not None:
+    m = for_model(m, model)
+  elif rope_inv_freq is not None:
     m = m.with_rope(rope_inv_freq)
   if p.wrapper is not None:
     m = reuse.TrackedMethod.wrap(m, p.text if budget is None else f"{p.text}@{budget}", p.every)
@@ -188,7 +202,7 @@ def has_own_budget(spec) -> bool:
 def expand(specs, budgets, **options) -> list[Entry]:
   """Every spec crossed with every budget (see the module docstring), dense-like rows once.
 
-  ``options`` go to ``build`` (e.g. ``block_size``, ``rope_inv_freq``).
+  ``options`` go to ``build`` (e.g. ``block_size``, ``rope_inv_freq`` or ``model``).
   """
   out = []
   for spec in specs:

@@ -80,6 +80,15 @@ def context_split(prompter: ruler.Prompter, s: ruler.Sample) -> tuple[list[int],
   return ids, n
 
 
+def query_length(protocol: str, split) -> np.ndarray | None:
+  """``[B]`` the question's tokens ending each prompt (``split``: ``context_split``'s
+  ``(ids, n)`` per row): what a query-aware method observes (FINCH's window); None when the
+  prompt holds no question (query-agnostic: it is read after compression)."""
+  if protocol != "query_aware":
+    return None
+  return np.array([len(ids) - n for ids, n in split], np.int32)
+
+
 def attended_tokens(method, context: int):
   """``method.attended_tokens(context)`` (forced / chosen / total per head), or None."""
   return method.attended_tokens(int(context))
@@ -115,7 +124,7 @@ def pad(seqs) -> tuple[np.ndarray, np.ndarray]:
 
 def entries_of(config, model) -> list[specs.Entry]:
   return specs.expand(config.methods, config.budgets, block_size=config.block_size,
-                      rope_inv_freq=modelzoo.rope_inv_freq(model))
+                      model=model)
 
 
 def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
@@ -178,12 +187,13 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
       else:
         prompts, lengths = pad([ids for ids, _ in split])
         total = int(lengths.max())
+      question = query_length(protocol, split)
       # Rounded up so batches of one target length share the compiled steps.
       capacity = -(-(total + max_new + 1) // CAPACITY_ROUND) * CAPACITY_ROUND
       t0 = time.perf_counter()
       for e, (m, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
                                                          [e.method for e in todo], capacity,
-                                                         mesh=mesh)):
+                                                         mesh=mesh, question_length=question)):
         rows, kept = _answer(model, pre, e, m, protocol,
                              (suffix, suffix_lengths) if protocol == "query_agnostic" else None,
                              max_new, fused)
@@ -297,7 +307,7 @@ def _planned_batch(model, protocol, m, e, rows, size, split, plan, capacity, chu
   else:
     prompts, lengths = pad([x for x, _ in ids])
   pre = planned.prefill(model, prompts, lengths, m, capacity, prefill_batch=plan.prefill_batch,
-                        prefill_chunk=chunk)
+                        prefill_chunk=chunk, question_length=query_length(protocol, ids))
   out, kept = _answer(model, pre, e, m, protocol,
                       (suffix, suffix_lengths) if protocol == "query_agnostic" else None,
                       max_new, fused)

@@ -19,7 +19,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 
 from models import llama, sharding, steps
-from sparse_attn import reference
+from sparse_attn import layer_inputs, reference
 from sparse_attn.cache import write
 from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.compression import HeadBudget
@@ -81,6 +81,11 @@ class CompressionUnion(CompressionMethod):
     return {f"m{i}": m.init_state(batch, num_q_heads, num_kv_heads, head_dim, capacity)
             for i, m in enumerate(self.observers)}
 
+  def layer_state(self, state, layer: int, inputs=None):
+    """Every observer's layer state (``sparse_attn.layer_inputs``: W^O, the question...)."""
+    return dict(state, **{f"m{i}": m.layer_state(state[f"m{i}"], layer, inputs)
+                          for i, m in enumerate(self.observers) if hasattr(m, "layer_state")})
+
   def prefill(self, q, k, v, cache, state, positions, *, scale=None):
     """The chunk ``q [B, N, S, D]`` attends once; every observer records it (base ``prefill``)."""
     cache = write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), positions)
@@ -111,6 +116,9 @@ def split(union: CompressionUnion, method: CompressionMethod, caches, states, co
   key = union.slot(method)
   run = sharding.wrap(method, mesh)
   n = config.num_layers  # a method's layer (PyramidKV's budgets): steps.per_layer
-  out = [steps.per_layer(run, i, n).end_prefill(c, s[key], scale=scale)
-         for i, (c, s) in enumerate(zip(caches, states))]
+  # The member's own layer_state over the shared one: what it reads of its keep-only options
+  # (DuoAttention's streaming heads follow its ratio); the run's inputs stay as the union set.
+  mine = layer_inputs.apply(method, [s[key] for s in states], None)
+  out = [steps.per_layer(run, i, n).end_prefill(c, s, scale=scale)
+         for i, (c, s) in enumerate(zip(caches, mine))]
   return [c for c, _ in out], [s for _, s in out]

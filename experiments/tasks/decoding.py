@@ -118,7 +118,7 @@ def _shared_key(m, capacity, with_compression: bool = False, mesh=None):
 
 
 def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, capacity: int,
-                prefill_chunk: int = 512, mesh=None):
+                prefill_chunk: int = 512, mesh=None, question_length=None):
   """Yields ``(method, Prefilled)`` for each method, sharing one dense prefill where possible.
 
   The ``Method``s of one (block size, capacity) share one prefill of their union
@@ -129,6 +129,8 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
   yielded one at a time (the caller runs one to completion before the next), so at most the
   shared prefill and one working copy are alive. With ``mesh``, every prefill runs sharded and
   the yielded ``Prefilled`` carries the mesh (``greedy`` / ``extend`` decode there).
+  ``question_length [B]``: each prompt ends with its question of this many tokens (FINCH's
+  window, ``models.decode.prefill``); None: not known.
   """
   cfg = model.config
   # The shared compression prefill attends uncapped, unwindowed logits: on a soft-capped or
@@ -155,13 +157,14 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
     if key is None or (key[0] == "dense" and not _shares_union(m, unions[key])):
       run = sharding.wrap(m, mesh)
       cap = run.round_capacity(capacity)
-      yield m, Prefilled(*decode.prefill(model, prompts, lengths, run, cap, prefill_chunk),
+      yield m, Prefilled(*decode.prefill(model, prompts, lengths, run, cap, prefill_chunk,
+                                         question_length=question_length),
                          lengths, cap, mesh=mesh)
       continue
     if key not in shared:
       shared.clear()  # one shared prefill alive at a time
       shared[key] = decode.prefill(model, prompts, lengths, sharding.wrap(unions[key], mesh),
-                                   key[2], prefill_chunk)
+                                   key[2], prefill_chunk, question_length=question_length)
     last, history, caches, states = shared[key]
     if key[0] == PrefillGroup.COMPRESSION and m.prefill_group == PrefillGroup.COMPRESSION:
       mine_caches, mine = compression_union.split(unions[key], m, caches, states, cfg, mesh)

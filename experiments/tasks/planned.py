@@ -47,14 +47,15 @@ def padded(rows: list, size: int) -> list:
   return list(rows) + [rows[-1]] * (size - len(rows))
 
 
-def batch_axes(model_config, method, capacity: int):
+def batch_axes(model_config, method, capacity: int, params=None):
   """A tree like ``(caches, states)`` after ``end_prefill``: True where a leaf's first axis is
-  the batch (its size follows the batch size), False where it does not."""
+  the batch (its size follows the batch size), False where it does not. ``params``: the
+  weights a method's layer state reads (``steps.init_caches``; CriticalKV's W^O)."""
   cfg = model_config.for_context(capacity)
 
   def after(b):
-    return jax.eval_shape(lambda: steps.end_prefill(*steps.init_caches(cfg, method, b, capacity),
-                                                    config=cfg, method=method))
+    return jax.eval_shape(lambda: steps.end_prefill(
+        *steps.init_caches(cfg, method, b, capacity, params), config=cfg, method=method))
 
   return jax.tree.map(lambda one, two: one.shape[:1] != two.shape[:1], after(1), after(2))
 
@@ -77,23 +78,26 @@ def join(parts: list, axes):
 
 
 def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method, capacity: int, *,
-            prefill_batch: int, prefill_chunk: int) -> decoding.Prefilled:
+            prefill_batch: int, prefill_chunk: int, question_length=None) -> decoding.Prefilled:
   """``method``'s own prefill of ``prompts [B, S]``: in one batch, or for a compression method
   (``batch_plan.splits_prefill``; pass it ``with_decode_slots``) in sub-batches of
-  ``prefill_batch`` whose compacted caches are joined."""
+  ``prefill_batch`` whose compacted caches are joined. ``question_length [B]`` as
+  ``decode.prefill``'s."""
   b = len(lengths)
   if not batch_plan.splits_prefill(method) or prefill_batch >= b:
     return decoding.Prefilled(*decode.prefill(model, prompts, lengths, method, capacity,
-                                              prefill_chunk), lengths, capacity)
+                                              prefill_chunk, question_length=question_length),
+                              lengths, capacity)
   if method.decode_slots is None:
     raise ValueError(f"{method.spec!r}: a sub-batched prefill needs the static decode_slots "
                      "(batch_plan.with_decode_slots), so every sub-batch compacts to one size")
-  axes = batch_axes(model.config, method, capacity)
+  axes = batch_axes(model.config, method, capacity, model.decode_params)
   lasts, histories, trees = [], [], []
   for i in range(0, b, prefill_batch):
     rows = slice(i, i + prefill_batch)
-    last, history, caches, states = decode.prefill(model, prompts[rows], lengths[rows], method,
-                                                   capacity, prefill_chunk)
+    last, history, caches, states = decode.prefill(
+        model, prompts[rows], lengths[rows], method, capacity, prefill_chunk,
+        question_length=None if question_length is None else question_length[rows])
     lasts.append(last)
     histories.append(history)
     trees.append((caches, states))

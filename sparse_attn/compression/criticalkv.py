@@ -15,10 +15,11 @@ allocates the layer's budget over the heads by Ada-KV on the base scores (with i
 runs the two stages inside each head's allocation. Defaults as kvpress's ``CriticalKVPress``
 and ``CriticalAdaKVPress``: ``epsilon = 1e-4``, ``first_stage_ratio = 0.5``, ``floor = 0.2``.
 
-The projection is the model's: ``set_out_proj(states, [w_o of each layer])`` puts each layer's
-``W^O`` in its state before ``end_prefill``. Without it (a method used outside a model) the
-projection is the identity, ``||v_i||_1``: the same ranking only for an orthogonal-by-head
-``W^O`` up to scale. kvpress's stage-1 count is ``max(1, floor((1 - r) L f))``; here it is
+The projection is the model's: in a model run, ``layer_state`` puts each layer's ``W^O`` (the
+model's ``o_proj`` weights, ``sparse_attn.layer_inputs``) in its state at ``init_caches``;
+by hand, ``set_out_proj(states, [w_o of each layer])``. Without it (a method used outside a
+model) the projection is the identity, ``||v_i||_1``: the same ranking only for an
+orthogonal-by-head ``W^O`` up to scale. kvpress's stage-1 count is ``max(1, floor((1 - r) L f))``; here it is
 ``floor(n f)`` of the ``n = ceil((1 - r) L)`` kept.
 """
 
@@ -96,6 +97,13 @@ class _Critical(SnapKV):
     votes = super().scores(cache, state, scale, n)
     filled = jnp.sum(observe.ring_filled(state["obs"]), axis=-1)  # [B]
     return votes / jnp.maximum(filled, 1)[:, None, None]
+
+  def layer_state(self, state, layer: int, inputs=None):
+    """The state with the layer's output projection (``sparse_attn.layer_inputs``), if given."""
+    del layer
+    if inputs is None or inputs.out_proj is None:
+      return state
+    return set_out_proj(state, inputs.out_proj)
 
   def stage_one(self, n):
     """Tokens chosen by the base scores alone out of a head's ``n`` (int array)."""

@@ -180,8 +180,9 @@ class DuoAttention(RopeOptions, CompressionMethod):
       return {"streaming": jnp.zeros((batch, num_kv_heads), bool)}
     return {"q_sum": jnp.zeros((batch, num_q_heads, head_dim), jnp.float32)}
 
-  def layer_state(self, state, layer: int):
+  def layer_state(self, state, layer: int, inputs=None):
     """The state of layer ``layer``: its row of the streaming mask (``"text"``)."""
+    del inputs  # the table is the method's (sparse_attn.layer_inputs)
     if self.source != "text":
       return state
     if not 0 <= layer < len(self.table):

@@ -10,11 +10,14 @@ question's own tokens always kept.
 
 As kvpress's ``FinchPress`` (its leaderboard's ``finch``, query-aware): the question is the
 last ``question`` tokens of the prompt (kvpress finds it at a delimiter token; here it is the
-state's ``question [B]``, ``window_size`` unless set by ``set_question_length``), a query at
-position ``p`` is weighted by ``p`` (kvpress's count, one less than the ``p + 1`` keys it
-sees), the question's tokens score the largest vote + 1 (kept first), and ``chunk_length``
-(None: one chunk, kvpress's default) cuts the whole prompt from its first token into chunks
-that keep ``ceil((1 - ratio) s)`` of their ``s`` tokens each (kvpress: ``max(1, floor(..))``).
+state's ``question [B]``: in a model run the question's token count per sample, which the run
+passes as ``question_length`` (``models.decode.prefill``; the accuracy harness's query-aware
+protocol does) and ``layer_state`` puts in every layer's state; without one, ``window_size``;
+at most ``window_size`` either way, the tokens the ring buffers), a query at position ``p`` is
+weighted by ``p`` (kvpress's count, one less than the ``p + 1`` keys it sees), the question's
+tokens score the largest vote + 1 (kept first), and ``chunk_length`` (None: one chunk,
+kvpress's default) cuts the whole prompt from its first token into chunks that keep
+``ceil((1 - ratio) s)`` of their ``s`` tokens each (kvpress: ``max(1, floor(..))``).
 The chunk quotas are a first tier: the head's top ``ceil((1 - ratio) L)`` takes every chunk's
 share, then the best of the rest (or the best shares when the quotas sum to more).
 
@@ -74,6 +77,13 @@ class FINCH(CompressionMethod):
   def init_extra(self, batch, num_q_heads, num_kv_heads, head_dim, capacity):
     return {"obs": observe.init_ring(batch, num_q_heads, self.window_size, head_dim),
             "question": jnp.full((batch,), self.window_size, jnp.int32)}
+
+  def layer_state(self, state, layer: int, inputs=None):
+    """The state with the run's question length (``sparse_attn.layer_inputs``), if known."""
+    del layer
+    if inputs is None or inputs.question_length is None:
+      return state
+    return set_question_length(state, inputs.question_length)
 
   def observe(self, q, cache, state, positions, lse, scale):
     return dict(state, obs=observe.ring_push(state["obs"], q, positions, positions >= 0))

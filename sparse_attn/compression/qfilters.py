@@ -107,8 +107,9 @@ class QFilters(CompressionMethod):
     return {"q_second": jnp.zeros((batch, num_q_heads, head_dim, head_dim), jnp.float32),
             "q_sum": jnp.zeros((batch, num_q_heads, head_dim), jnp.float32)}
 
-  def layer_state(self, state, layer: int):
+  def layer_state(self, state, layer: int, inputs=None):
     """The state of layer ``layer``: its row of the filter table (``"text"``)."""
+    del inputs  # the table is the method's (sparse_attn.layer_inputs)
     if self.source != "text":
       return state
     if not 0 <= layer < len(self.filters):
