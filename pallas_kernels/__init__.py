@@ -15,6 +15,8 @@ from pallas_kernels.block_score import (block_score, block_score_pooled,
 from pallas_kernels.block_select import block_select, block_select_reference
 from pallas_kernels.cache_append import cache_append, cache_append_reference
 from pallas_kernels.chunk_attention import chunk_attention, chunk_attention_reference
+from pallas_kernels.score_select import score_select, score_select_reference
+from pallas_kernels.score_select import supported as score_select_supported
 from pallas_kernels.softmax import (check_softcap, default_scale, grouped_attention,
                                     lse_combine, scaled_logits, soft_cap, softmax_sum)
 from pallas_kernels.split_combine import split_combine, split_combine_pairs
@@ -32,7 +34,8 @@ __all__ = [
     "soft_cap", "softmax_sum",
     "block_score", "block_score_pooled", "block_score_reference", "block_score_pooled_reference",
     "block_select", "block_select_reference", "cache_append", "cache_append_reference",
-    "chunk_attention", "chunk_attention_reference", "split_combine", "split_combine_pairs",
+    "chunk_attention", "chunk_attention_reference", "score_select", "score_select_reference",
+    "score_select_supported", "split_combine", "split_combine_pairs",
     "sparse_decode", "sparse_decode_reference",
     "sparse_decode_resa", "sparse_decode_resa_reference",
     "sparse_decode_multiquery", "sparse_decode_multiquery_reference",

@@ -61,44 +61,63 @@ def block_score_reference(q, kmin, kmax, length, *, block_size: int):
   return jnp.where(live[:, None, None, :], score, NEG_INF)
 
 
+def query_halves(q_ref, rows: int, head_dim: int, digest_dtype):
+  """The kernel's query tile ``[Rp, Dp]`` split as ``(relu(q), min(q, 0))`` in the dots' dtype,
+  and the dots' precision: what ``tile_scores`` multiplies the digests by."""
+  rp, dp = _common.pad_rows(rows), _common.pad_rows(head_dim)
+  row_ok = jnp.arange(rp) < rows
+  col_ok = jnp.arange(dp) < head_dim
+  # [Rp, Dp]
+  q = plgpu.load(q_ref.at[pl.ds(0, rp), pl.ds(0, dp)], mask=row_ok[:, None] & col_ok[None, :],
+                 other=0)
+  cdt = jnp.promote_types(q.dtype, digest_dtype)
+  precision = lax.Precision.HIGHEST if cdt == jnp.float32 else None
+  q = q.astype(cdt)
+  zero = jnp.zeros_like(q)
+  return jnp.maximum(q, zero), jnp.minimum(q, zero), precision
+
+
+def tile_scores(q_halves, kmin_ref, kmax_ref, first, length, *, block_size: int, head_dim: int,
+                num_blocks: int, block_nb: int):
+  """Quest bounds of the ``block_nb`` blocks from ``first`` for the rows of ``q_halves``
+  (``query_halves``): ``(blocks [NBt], live [NBt], scores [Rp, NBt] f32)``, blocks at or past
+  ``length`` (or ``num_blocks``) ``-inf`` and masked off the loads (no memory traffic). Shared
+  by ``block_score`` and ``score_select``, so both rank blocks from the same bits."""
+  q_pos, q_neg, precision = q_halves
+  cdt = q_pos.dtype
+  col = jnp.arange(_common.pad_rows(head_dim))
+  col_ok = col < head_dim
+  # [NBt]
+  blocks = first + jnp.arange(block_nb)
+  live = (blocks < num_blocks) & (blocks * block_size < length)
+  at = (jnp.minimum(blocks, num_blocks - 1)[:, None], col[None, :])
+  # [NBt, Dp]
+  lo = plgpu.load(kmin_ref.at[at], mask=live[:, None] & col_ok[None, :], other=0).astype(cdt)
+  hi = plgpu.load(kmax_ref.at[at], mask=live[:, None] & col_ok[None, :], other=0).astype(cdt)
+  # [Rp, NBt]
+  score = (plgpu.dot(q_pos, hi, trans_b=True, precision=precision)
+           + plgpu.dot(q_neg, lo, trans_b=True, precision=precision))
+  return blocks, live, jnp.where(live[None, :], score.astype(jnp.float32), NEG_INF)
+
+
 def _score_kernel(q_ref, kmin_ref, kmax_ref, length_ref, out_ref, *, block_size: int, rows: int,
                   head_dim: int, num_blocks: int, block_nb: int, tiles_per_split: int):
   """One program: rows of one kv head against ``tiles_per_split`` tiles of ``block_nb`` blocks.
 
-  The tiles are a loop so Triton pipelines the digest loads (cp.async ring); digests of blocks
-  at or past ``length`` are masked off the loads (no memory traffic) and score ``-inf``.
+  The tiles are a loop so Triton pipelines the digest loads (cp.async ring).
   """
-  rp, dp = _common.pad_rows(rows), _common.pad_rows(head_dim)
-  row_ok = jnp.arange(rp) < rows
-  col = jnp.arange(dp)
-  col_ok = col < head_dim
-  # [Rp, Dp]
-  q = plgpu.load(q_ref.at[pl.ds(0, rp), pl.ds(0, dp)], mask=row_ok[:, None] & col_ok[None, :],
-                 other=0)
-  cdt = jnp.promote_types(q.dtype, kmin_ref.dtype)
-  precision = lax.Precision.HIGHEST if cdt == jnp.float32 else None
-  q = q.astype(cdt)
-  zero = jnp.zeros_like(q)
-  q_pos, q_neg = jnp.maximum(q, zero), jnp.minimum(q, zero)
+  row_ok = jnp.arange(_common.pad_rows(rows)) < rows
+  halves = query_halves(q_ref, rows, head_dim, kmin_ref.dtype)
   length = length_ref[()]
   first_tile = pl.program_id(2) * tiles_per_split  # (interpret mode: not inside the loop)
 
   def body(i, carry):
     first = (first_tile + i) * block_nb
-    # [NBt]
-    blocks = first + jnp.arange(block_nb)
-    blk_ok = blocks < num_blocks
-    live = blk_ok & (blocks * block_size < length)
-    at = (jnp.minimum(blocks, num_blocks - 1)[:, None], col[None, :])
-    # [NBt, Dp]
-    lo = plgpu.load(kmin_ref.at[at], mask=live[:, None] & col_ok[None, :], other=0).astype(cdt)
-    hi = plgpu.load(kmax_ref.at[at], mask=live[:, None] & col_ok[None, :], other=0).astype(cdt)
-    # [Rp, NBt]
-    score = (plgpu.dot(q_pos, hi, trans_b=True, precision=precision)
-             + plgpu.dot(q_neg, lo, trans_b=True, precision=precision))
-    score = jnp.where(live[None, :], score.astype(jnp.float32), NEG_INF)
-    plgpu.store(out_ref.at[pl.ds(0, rp), pl.ds(first, block_nb)], score,
-                mask=row_ok[:, None] & blk_ok[None, :])
+    blocks, _, score = tile_scores(halves, kmin_ref, kmax_ref, first, length,
+                                   block_size=block_size, head_dim=head_dim,
+                                   num_blocks=num_blocks, block_nb=block_nb)
+    plgpu.store(out_ref.at[pl.ds(0, score.shape[0]), pl.ds(first, block_nb)], score,
+                mask=row_ok[:, None] & (blocks < num_blocks)[None, :])
     return carry
 
   lax.fori_loop(0, tiles_per_split, body, 0)

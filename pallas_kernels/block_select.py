@@ -68,15 +68,22 @@ def block_select_reference(scores, count, *, n: int):
   return lax.top_k(scores, n)[1].astype(jnp.int32)
 
 
-def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: int, n: int,
-                   bits_per_pass: int, early_exit: bool):
-  row = pl.program_id(0)
-  ids = jnp.arange(padded, dtype=jnp.int32)
-  live = ids < num_entries
-  x = plgpu.load(scores_ref.at[row, pl.ds(0, padded)], mask=live, other=0.0)
-  keys = jnp.where(live, order_keys(x), jnp.uint32(0))  # padding below every real key
-  count = count_ref[row]
-  need = jnp.maximum(count, 1)
+FORCED = 3.0e38  # a forced entry's rank: above any real score, finite (no inf arithmetic)
+
+
+def rank_scores(scores, valid, forced):
+  """The ranking a selection sorts by (``selection.rank_scores``): forced entries ``FORCED``,
+  entries outside the context ``-inf``, NaN scores ``-FORCED``, others clipped to
+  ``[-FORCED, FORCED / 2]``. Elementwise; ``valid`` and ``forced`` broadcast against
+  ``scores``."""
+  s = jnp.where(jnp.isnan(scores), -FORCED, jnp.clip(scores, -FORCED, FORCED / 2))
+  s = jnp.where(forced, FORCED, s)
+  return jnp.where(valid, s, -jnp.inf)
+
+
+def threshold(keys, need, *, padded: int, bits_per_pass: int, early_exit: bool):
+  """The ``need``-th largest of ``keys`` (``order_keys`` of one row held in registers; padding
+  lanes 0) by counting passes (the module docstring's step 2)."""
 
   def bit(i, t):
     cand = t | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
@@ -105,20 +112,39 @@ def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: 
     # Padding keys (0) count at t = 0, so the loop never stops there with a padded row.
     _, t, _ = lax.while_loop(lambda carry: (carry[0] < 32) & (carry[2] != need), bit_counted,
                              (jnp.int32(0), jnp.uint32(0), jnp.int32(padded)))
-  elif bits_per_pass == 1:
-    t = lax.fori_loop(0, 32, bit, jnp.uint32(0))
-  else:
-    t = lax.fori_loop(0, 32 // bits_per_pass, digit, jnp.uint32(0))
+    return t
+  if bits_per_pass == 1:
+    return lax.fori_loop(0, 32, bit, jnp.uint32(0))
+  return lax.fori_loop(0, 32 // bits_per_pass, digit, jnp.uint32(0))
+
+
+def destinations(keys, live, t, need, count):
+  """Each lane's slot in the list (the module docstring's steps 3-4): the chosen ids (keys
+  ``> t``, then ties ``== t`` lowest id first, ``need`` in all; none when ``count == 0``) at
+  ``0..count-1`` in id order, every other lane after them in id order. A permutation of the
+  lanes, so masked lanes never share a target with a written one (interpret mode would let
+  them overwrite it)."""
   above = keys > t
   tied = (keys == t) & live
   chosen = above | (tied & (jnp.cumsum(tied.astype(jnp.int32)) <= need - jnp.sum(
       above.astype(jnp.int32))))
   chosen = chosen & (count > 0)
   first = jnp.cumsum(chosen.astype(jnp.int32)) - 1
-  # Padding lanes count among the rest too, so ``dest`` is a permutation of the lanes: masked
-  # lanes never share a target with a written one (interpret mode would let them overwrite it).
   rest = count + jnp.cumsum((~chosen).astype(jnp.int32)) - 1
-  dest = jnp.where(chosen, first, rest)
+  return jnp.where(chosen, first, rest)
+
+
+def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: int, n: int,
+                   bits_per_pass: int, early_exit: bool):
+  row = pl.program_id(0)
+  ids = jnp.arange(padded, dtype=jnp.int32)
+  live = ids < num_entries
+  x = plgpu.load(scores_ref.at[row, pl.ds(0, padded)], mask=live, other=0.0)
+  keys = jnp.where(live, order_keys(x), jnp.uint32(0))  # padding below every real key
+  count = count_ref[row]
+  need = jnp.maximum(count, 1)
+  t = threshold(keys, need, padded=padded, bits_per_pass=bits_per_pass, early_exit=early_exit)
+  dest = destinations(keys, live, t, need, count)
   plgpu.store(out_ref.at[row, dest], ids, mask=dest < n)
 
 

@@ -184,6 +184,28 @@ def block_score_cost(s: Shape, design: str = "after", pooled: bool = False) -> C
               smem_bytes=inflight + 8 * 1024)
 
 
+def score_select_cost(s: Shape) -> Cost:
+  """``score_select`` (group-shared Quest): one program per (batch, kv head) streams its head's
+  digests (64-block tiles, two in flight, 72 KB of shared memory on sm_90), keeps the keys on
+  chip and writes the list; the select's counting passes (latency, ~0.7 us each on an H100 in
+  ``block_select``, 2048 entries as slow as 8192) are not in this bandwidth model. With
+  ``B x K`` programs only (8 at batch 1 on Llama-3.1-8B) the digests stream through 8 SMs."""
+  nb = s.context // s.block_size
+  read = s.batch * s.hkv * (2 * nb + 1) * s.head_dim * s.itemsize
+  write = s.batch * s.hkv * (s.blocks + 1) * 4
+  tile = 64 * 2 * s.head_dim * s.itemsize
+  return Cost("score_select (fused, one program per kv head)", read + write,
+              4 * s.batch * s.hkv * 16 * nb * s.head_dim, programs=s.batch * s.hkv,
+              inflight_bytes=2 * tile, smem_bytes=72 * 1024)
+
+
+def fused_step_costs(s: Shape) -> list[Cost]:
+  """``sparse_step_costs(s, "after")`` with scoring, ranking and select as one ``score_select``
+  (group-shared selection only)."""
+  write, _, _, _, decode = sparse_step_costs(s, "after")
+  return [write, score_select_cost(s), decode]
+
+
 def sparse_decode_cost(s: Shape, design: str = "after") -> Cost:
   return _decode(s, design, "sparse_decode", 1)
 
@@ -276,6 +298,13 @@ def format_table(title: str, s: Shape) -> str:
     lines.append(f"| **whole sparse step** ({sum(c.launches for c in step)} launches) | "
                  f"{design} | {total_b / 1e6:.3f} | | | {total_b / HBM_BYTES_PER_S * 1e6:.2f} | "
                  f"{total_t:.2f} | | {total_b / HBM_BYTES_PER_S * 1e6 / total_t:.0%} |")
+  if not s.per_head:
+    step = fused_step_costs(s)
+    total_b, total_t = sum(c.bytes for c in step), sum(c.predicted_us for c in step)
+    lines.append(f"| **whole sparse step, score_select** ({sum(c.launches for c in step)} "
+                 f"launches) | after | {total_b / 1e6:.3f} | | | "
+                 f"{total_b / HBM_BYTES_PER_S * 1e6:.2f} | {total_t:.2f} | | "
+                 f"{total_b / HBM_BYTES_PER_S * 1e6 / total_t:.0%} |")
   return "\n".join(lines)
 
 
@@ -289,6 +318,7 @@ PRESETS = {
     "Llama-3.1-8B 32k": Shape(context=32768, blocks=102),
     "Llama-3.1-8B 32k per-head": Shape(context=32768, blocks=102, per_head=True),
     "Llama-3.1-8B 32k batch 8": Shape(batch=8, context=32768, blocks=102),
+    "Llama-3.1-8B 128k": Shape(context=131072, blocks=820),
     "Qwen2.5 (G=7) 32k per-head": Shape(hq=14, hkv=2, head_dim=64, context=32768, blocks=102,
                                         per_head=True),
     "SmolLM2-135M 8k": Shape(hq=9, hkv=3, head_dim=64, context=8192, blocks=26),

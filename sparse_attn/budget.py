@@ -140,17 +140,34 @@ class Budget:
     local = self.n_local if self.n_local is not None else -(-self.local_window // unit) + 1
     return sink + local
 
+  def forced_span(self, length, unit: int):
+    """The forced entries in closed form: ``(sink, start)``, an int and ``[B]`` int32, with
+    ``forced == (idx < sink | idx >= start) & (idx * unit < length)`` (sinks: ``idx * unit <
+    n_sink``; local: the last ``n_local`` entries, or those ending past ``length -
+    local_window``, ``(idx + 1) * unit > length - local_window``, none for a 0 window)."""
+    sink = -(-self.n_sink // unit)
+    last = (length + unit - 1) // unit
+    if self.n_local is not None:
+      start = last - self.n_local
+    elif self.local_window > 0:
+      start = (length - self.local_window) // unit  # floor: exact for negative values too
+    else:
+      start = last
+    return sink, start.astype(jnp.int32)
+
   def forced(self, length, num: int, unit: int):
     """``[B, num]`` bool: entries (of ``unit`` tokens) always attended at ``length [B]``."""
     idx = jnp.arange(num, dtype=jnp.int32)[None, :]
-    ln = length[:, None]
-    sink = idx * unit < self.n_sink
-    if self.n_local is not None:
-      last = (ln + unit - 1) // unit
-      local = idx >= last - self.n_local
-    else:
-      local = ((idx + 1) * unit > ln - self.local_window) & (self.local_window > 0)
-    return (sink | local) & (idx * unit < ln)
+    sink, start = self.forced_span(length, unit)
+    return ((idx < sink) | (idx >= start[:, None])) & (idx * unit < length[:, None])
+
+  def n_forced(self, length, num: int, unit: int):
+    """``[B]`` int32: ``sum(forced(length, num, unit), -1)`` without the mask (the sinks plus
+    the local entries not among them, inside the ``min(ceil(length / unit), num)`` valid)."""
+    m = jnp.minimum((length + unit - 1) // unit, num)
+    sink, start = self.forced_span(length, unit)
+    return (jnp.minimum(sink, m) + jnp.maximum(0, m - jnp.maximum(start, sink))).astype(
+        jnp.int32)
 
   def accounting(self, context: int, unit: int) -> dict:
     """Tokens attended per selection head at a context of ``context`` tokens (host ints).

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import pallas_kernels
 from pallas_kernels import Impl, resolve_impl  # pylint: disable=unused-import (re-exported)
 from sparse_attn.cache import KVCache
-from sparse_attn.selection import Selection
+from sparse_attn.selection import Selection, block_count
 
 
 def dense_attention(q, cache: KVCache, positions, scale=None, *, window: int | None = None,
@@ -96,6 +96,32 @@ def top_ids(ranked, count, n_max: int, *, impl: Impl = "xla", interpret: bool = 
   ids = pallas_kernels.block_select(ranked.reshape(b * h, nb), rows, n=n_max, impl=impl,
                                     interpret=interpret)
   return ids.reshape(b, h, n_max)
+
+
+def quest_select(qs, cache: KVCache, budget, *, impl: Impl = "xla",
+                 interpret: bool = False) -> Selection | None:
+  """Quest's group-shared block selection in one launch (``pallas_kernels.score_select``):
+  the selection ``quest_scores`` + ``selection.select_blocks`` with ``top_ids`` make, the same
+  blocks in the same order, for ``qs [B, K, D]`` (one pooled query per kv head) under
+  ``budget`` (a ``Budget``). None where that kernel does not run (``impl`` not resolving to
+  the Triton scorer and select, or more than ``score_select.FUSED_MAX_ENTRIES`` blocks): the
+  caller then scores and selects as before.
+
+  The bookkeeping around the kernel is closed-form ``[B]`` arithmetic (``Budget.forced_span``,
+  ``selection.block_count``) where the two-kernel path builds ``[B, NB]`` masks and sums them.
+  """
+  nb, bs = cache.num_blocks, cache.block_size
+  if (resolve_impl(impl, "block_score") != "pallas"
+      or resolve_impl(impl, "block_select") != "pallas"
+      or not pallas_kernels.score_select_supported(nb)):
+    return None
+  n_max = min(budget.max_count(cache.capacity, bs), nb)
+  sink, start = budget.forced_span(cache.length, bs)
+  count = block_count(cache.length, budget, nb, bs, n_max)
+  idx, n_valid = pallas_kernels.score_select(qs, cache.kmin, cache.kmax, cache.length, start,
+                                             count, block_size=bs, n=n_max, n_sink_blocks=sink,
+                                             impl=impl, interpret=interpret)
+  return Selection(idx=idx, n_valid=n_valid, granularity=bs)
 
 
 def _listed(cache: KVCache, sel: Selection):

@@ -20,11 +20,10 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import block_select_reference
+from pallas_kernels.block_select import rank_scores as _rank
 from sparse_attn import reference, scoring
 from sparse_attn.budget import Budget
 from sparse_attn.cache import KVCache
-
-_FORCED = 3.0e38  # above any real score, finite so that no inf arithmetic happens
 
 
 @jax.tree_util.register_dataclass
@@ -88,9 +87,7 @@ def rank_scores(scores, valid, forced):
   ``scores [B, H, NB]``, ``valid, forced [B, NB]`` -> ``[B, H, NB]`` float32. Shared with the
   context-parallel decode, whose per-shard and global top-k must rank exactly alike.
   """
-  s = jnp.where(jnp.isnan(scores), -_FORCED, jnp.clip(scores, -_FORCED, _FORCED / 2))
-  s = jnp.where(forced[:, None, :], _FORCED, s)
-  return jnp.where(valid[:, None, :], s, -jnp.inf)
+  return _rank(scores, valid[:, None, :], forced[:, None, :])  # the select kernels' rule
 
 
 def selected_count(valid, forced, count, n_max: int):
@@ -99,6 +96,15 @@ def selected_count(valid, forced, count, n_max: int):
   n_ctx = jnp.sum(valid, axis=-1)
   n = jnp.minimum(jnp.maximum(count, jnp.sum(forced, axis=-1)), n_ctx)
   return jnp.minimum(n, n_max)
+
+
+def block_count(length, budget: Budget, num_blocks: int, block_size: int, n_max: int):
+  """``[B]`` int32: the blocks ``select_blocks`` keeps (``selected_count`` of its masks), in
+  closed form from ``length [B]`` (``Budget.n_forced``; no ``[B, NB]`` mask or reduction)."""
+  m = jnp.minimum(-(-length // block_size), num_blocks)  # blocks inside the context
+  forced = budget.n_forced(length, num_blocks, block_size)
+  n = jnp.minimum(jnp.maximum(budget.total(length, forced, block_size), forced), m)
+  return jnp.minimum(n, n_max).astype(jnp.int32)
 
 
 def _block_masks(cache: KVCache, budget: Budget):

@@ -2,7 +2,9 @@
 
 Each page keeps the element-wise min and max of its keys (the ``"box"`` digest); a page's score
 is the bound ``sum_d max(q_d kmin_d, q_d kmax_d) >= max_j q . k_j`` (Sec. 3.2, Eq. 1), computed
-by the Pallas ``block_score`` kernel on a GPU (``kernels.quest_scores``).
+by the Pallas ``block_score`` kernel on a GPU (``kernels.quest_scores``). Group-shared
+selection (``gqa="group"``, ReSA's sharing) on the Pallas path scores and selects in one kernel
+(``kernels.quest_select``: the same blocks, no scores in HBM) unless ``fused=False``.
 """
 
 from __future__ import annotations
@@ -11,15 +13,22 @@ import dataclasses
 from typing import ClassVar
 
 from pallas_kernels import Impl
-from sparse_attn import kernels
+from sparse_attn import kernels, placement, scoring, selection
 from sparse_attn.selectors.base import BlockSelector
 
 
 @dataclasses.dataclass(frozen=True)
 class Quest(BlockSelector):
-  """Quest's page selection (see the module docstring)."""
+  """Quest's page selection (see the module docstring).
+
+  Attributes:
+    fused: group-shared selection on one device through ``kernels.quest_select`` (one launch)
+      where it runs; False keeps ``block_score`` then ``block_select`` (the benchmark times
+      both: ``experiments/latency_lib/per_layer.py``). Either picks the same blocks.
+  """
 
   name: ClassVar[str] = "quest"
+  fused: bool = True
 
   @property
   def digests(self) -> tuple[str, ...]:
@@ -28,3 +37,17 @@ class Quest(BlockSelector):
   def block_scores(self, qs, cache, *, impl: Impl = "auto", interpret: bool = False):
     """Quest's bound ``[B, H, NB]`` (blocks past the context ``-inf``)."""
     return kernels.quest_scores(qs, cache, impl=impl, interpret=interpret)
+
+  def select(self, q, cache, scale=None, *, impl: Impl = "auto", interpret: bool = False,
+             windowed: bool = False, place=placement.ONE_DEVICE) -> selection.Selection:
+    """``BlockSelector.select``; group-shared with the fixed budget rule on one device (no
+    window, top-p or Ada-KV) first tries the one-kernel path (``kernels.quest_select``)."""
+    if (self.fused and self.group_shared and not windowed and self.topp is None
+        and self.adakv is None and type(place) is placement.OneDevice
+        and cache.has_digests("box")):
+      qs = scoring.scoring_queries(q, cache.num_kv_heads, self.gqa)
+      sel = kernels.quest_select(qs, cache, self.budget, impl=impl, interpret=interpret)
+      if sel is not None:
+        return sel
+    return super().select(q, cache, scale, impl=impl, interpret=interpret, windowed=windowed,
+                          place=place)
