@@ -3,7 +3,7 @@
 ShadowKV keeps, after the prompt, a low-rank copy of the pre-RoPE keys and one *landmark* per
 chunk of ``c`` tokens, and at each decode step attends a few chunks chosen by their landmarks.
 Per layer and kv head, with post-RoPE keys ``k_j`` (read from the authors' code, github
-bytedance/ShadowKV at a21f5a9, ``models/kv_cache.py`` ``ShadowKVCache``):
+bytedance/ShadowKV at a21f5a9, ``ShadowKVCache`` in its kv_cache module):
 
 * landmarks: ``L_i = mean_{j in chunk i} k_j`` (``prefill_kv_cache``): the ``"sphere"``
   digest's ``kcen`` (the mean of a block's valid keys) with chunk = cache block;
