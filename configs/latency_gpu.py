@@ -42,8 +42,8 @@ from configs import latency
 
 GPU_METHODS = ",".join([
     "dense", "dense:impl=xla", "quest:gqa=head", "quest:gqa=group",
-    # the two-kernel selection (block_score + block_select) beside score_select's one launch
-    "quest:gqa=group,fused=false", "quest:gqa=group+resa",
+    # score_select's one launch beside the default two kernels (block_score + block_select)
+    "quest:gqa=group,fused=true", "quest:gqa=group+resa",
     "quest:gqa=group,budget=500", "quest:gqa=group,budget=500+resa",
     "quest:gqa=group+retro:w=2", "quest:gqa=group+retro:w=4", "quest:gqa=group+retro:w=8",
     "quest:gqa=group+rect:f=32", "rectified",

@@ -3,8 +3,10 @@
 Each page keeps the element-wise min and max of its keys (the ``"box"`` digest); a page's score
 is the bound ``sum_d max(q_d kmin_d, q_d kmax_d) >= max_j q . k_j`` (Sec. 3.2, Eq. 1), computed
 by the Pallas ``block_score`` kernel on a GPU (``kernels.quest_scores``). Group-shared
-selection (``gqa="group"``, ReSA's sharing) on the Pallas path scores and selects in one kernel
-(``kernels.quest_select``: the same blocks, no scores in HBM) unless ``fused=False``.
+selection (``gqa="group"``, ReSA's sharing) on the Pallas path can score and select in one
+kernel (``fused=True``: ``kernels.quest_select``, the same blocks, no scores in HBM); it is off
+by default until a GPU measures it faster (its roofline predicts 8 programs streaming the
+digests at batch 1, slower than the two kernels' ~264).
 """
 
 from __future__ import annotations
@@ -23,12 +25,12 @@ class Quest(BlockSelector):
 
   Attributes:
     fused: group-shared selection on one device through ``kernels.quest_select`` (one launch)
-      where it runs; False keeps ``block_score`` then ``block_select`` (the benchmark times
-      both: ``experiments/latency_lib/per_layer.py``). Either picks the same blocks.
+      where it runs; False (default, the measured path) keeps ``block_score`` then
+      ``block_select`` (the GPU benchmark times both). Either picks the same blocks.
   """
 
   name: ClassVar[str] = "quest"
-  fused: bool = True
+  fused: bool = False
 
   @property
   def digests(self) -> tuple[str, ...]:

@@ -121,7 +121,7 @@ def test_quest_group_decode_step_is_unchanged():
   q = jnp.asarray(rng.standard_normal((b, hq, d)), jnp.bfloat16)
   pos = jnp.asarray([399, 122], jnp.int32)
   make = functools.partial(methods.make, budget=0.1, block_size=bs)
-  fused, split = make("quest:gqa=group", impl="pallas", interpret=True), make(
+  fused, split = make("quest:gqa=group,fused=true", impl="pallas", interpret=True), make(
       "quest:gqa=group,fused=false", impl="pallas", interpret=True)
   got, want = fused.select(q, cache), split.select(q, cache)
   np.testing.assert_array_equal(got.idx, want.idx)
@@ -145,7 +145,7 @@ def _export_select(spec):
 def test_lowers_for_cuda_at_128k_with_fewer_ops():
   """One Triton call (was two) and no XLA op over the 8192 blocks (was 27); StableHLO ops of
   the selection 118 -> 77 when written (``tests`` count only the direction)."""
-  fused, split = _export_select("quest:gqa=group"), _export_select("quest:gqa=group,fused=false")
+  fused, split = _export_select("quest:gqa=group,fused=true"), _export_select("quest:gqa=group")
   calls = lambda text: text.count(f"stablehlo.custom_call @{ptx.TRITON_CALL}")
   assert (calls(fused), calls(split)) == (1, 2)
   ops = lambda text: [l for l in text.splitlines() if re.search(r"=\s+\"?stablehlo\.", l)]
