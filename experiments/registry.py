@@ -204,6 +204,14 @@ EXPERIMENTS: tuple[Experiment, ...] = (
                   "<= 7.3%", "latency.png", f"{_SPEED}:retro_throughput_loss"),
             Claim("RetroAttention throughput loss (w=8, worst case), GPU", "Retro Table 6",
                   "<= 7.3%", _fig("latency.png"), f"{_SPEED}:retro_throughput_loss_gpu"),
+            Claim("ReSA kernel-level breakdown: estimation, attention, rectification, GPU",
+                  "ReSA Fig. 6", "estimation ~ attention; rectification 16.6% (64k) / 14.0% "
+                  "(256k) of the attention latency", "latency.md",
+                  f"{_SPEED}_e2e:resa_fig6"),
+            Claim("ReSA end-to-end decode speed-up over dense (up to 3.77x at 256K), GPU",
+                  "ReSA Fig. 7", "up to 3.77x at 256K (abstract, Sec. 3.4.2); 2.42x "
+                  "(conclusion); Qwen-3 1.7B, H100", "latency.md",
+                  f"{_SPEED}_e2e:resa_fig7"),
             Claim("Expected Attention at 50% halves the KV cache", "EA Fig. 5a / Sec. 4.3",
                   "2x less KV memory", "latency.png", f"{_SPEED}:ea_memory"),
         )),)),

@@ -43,6 +43,20 @@ SHAPES = {
         sliding_window_pattern=6, query_pre_attn_scalar=256,
         hidden_activation="gelu_pytorch_tanh", attn_logit_softcapping=None,
         final_logit_softcapping=None, max_position_embeddings=131072, tie_word_embeddings=True),
+    # deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json (the shape): ReSA's model (Sec. 3.1:
+    # 28 q / 4 kv heads, 28 layers, hidden 3584), Qwen2 with q/k/v biases.
+    "r1-distill-qwen-7b": dict(
+        model_type="qwen2", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
+        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+        rms_norm_eps=1e-6, rope_theta=10000.0, max_position_embeddings=131072,
+        sliding_window=4096, use_sliding_window=False, max_window_layers=28,
+        tie_word_embeddings=False),
+    # Qwen/Qwen3-1.7B config.json (the shape): the model of ReSA's efficiency section (Sec. 3.4).
+    "qwen3-1.7b": dict(
+        model_type="qwen3", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+        num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=40960,
+        attention_bias=False, use_sliding_window=False, tie_word_embeddings=True),
     # CI: every code path in milliseconds (GQA group 2, untied head, Llama-3 RoPE).
     "tiny": dict(
         model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128,

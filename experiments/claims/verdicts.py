@@ -60,15 +60,24 @@ def is_declared(record: dict) -> bool:
   rather than read from the checkout that ran: nothing checked that the files that ran are that
   revision's. GPU records from before the ``git_declared`` field (a clean revision on a
   ``gpu`` backend) were all declared that way."""
+  if record.get("git_verified") is not None:  # a tree hash was checked: not merely declared
+    return False
   if "git_declared" in record:
     return bool(record["git_declared"])
   gpu = record.get("machine", {}).get("backend") == "gpu"
   return gpu and not is_dirty(record) and record.get("git", "unknown") != "unknown"
 
 
+def is_unverified(record: dict) -> bool:
+  """Whether a record's tree hash was checked on the machine that ran it and the files it ran
+  were not its revision's (``experiments.common.provenance``)."""
+  return record.get("git_verified") is False
+
+
 # What marks a row: (records of this kind, what the mark calls them).
 PROVENANCE = (
     (is_dirty, "are from a modified tree"),
+    (is_unverified, "ran files that differ from their declared revision (tree hash checked)"),
     (is_declared, "have a declared revision (EXPERIMENT_REVISION), not one verified against the "
                   "files that ran"),
 )

@@ -31,6 +31,8 @@ from typing import Any, Iterable, Sequence
 from absl import flags, logging
 import numpy as np
 
+from experiments.common import provenance
+
 _ALLOW_DIRTY = flags.DEFINE_bool(
     "allow_dirty", False, "Write records under the repository's results/ from a checkout with "
     "uncommitted changes (such records cannot be tied to code).")
@@ -169,6 +171,7 @@ class ResultWriter:
     self.meta = dict(git=git_revision(), fingerprint=self.fingerprint, run=self.run)
     if os.environ.get("EXPERIMENT_REVISION"):  # not read from the checkout: the claims say so
       self.meta["git_declared"] = True
+    self.meta.update(provenance.record_fields())  # a declared tree hash checked (or refused)
     check_tied_to_code(workdir, self.meta["git"], _allow_dirty())
     self._header_written = self.run in _runs_with_header(_read_lines(self.path))
     self._done = {(self.fingerprint, r["key"]) for r in mine if "key" in r}
@@ -184,7 +187,8 @@ class ResultWriter:
                       key, self.path)
       return None
     header = {} if self._header_written else self.header
-    rec = dict(experiment=self.experiment, **header, **self.meta,
+    meta = {**self.meta, **provenance.record_fields(record)}  # imports since: checked again
+    rec = dict(experiment=self.experiment, **header, **meta,
                time=datetime.datetime.now(datetime.timezone.utc).isoformat(),
                **_jsonable(record))
     if key is not None:

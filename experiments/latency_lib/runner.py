@@ -5,18 +5,19 @@ from __future__ import annotations
 import jax
 
 from experiments.common import cli, results
-from experiments.latency_lib import (end_to_end, memory, per_layer, prefill, prefill_chunk,
-                                     report, resa_overhead, settings, shape_e2e)
+from experiments.latency_lib import (end_to_end, memory, paper_runs, per_layer, prefill,
+                                     prefill_chunk, report, resa_overhead, settings, shape_e2e)
 
 # Sweep axes: every record's key names its section, dtype, context and method (a shape_e2e key
 # also its shape and prefill chunk).
 KEYED = ("sections", "contexts", "dtypes", "methods", "e2e_methods", "prefill_contexts",
          "decode_contexts", "memory_methods", "resa_contexts", "shape", "shape_dtype",
          "shape_batches", "shape_contexts", "shape_methods", "shape_prefill_methods",
-         "shape_prefill_batches", "shape_prefill_chunk", "shape_transformers")
+         "shape_prefill_batches", "shape_prefill_chunk", "shape_transformers", "plan",
+         "retro_windows", "batch_methods")
 # Per-step medians whatever the loop length; limits that only decide what runs.
 IGNORED = ("max_seconds_per_context", "steps_per_call", "shape_decode_steps", "shape_repeats",
-           "shape_part_timeout_s")
+           "shape_part_timeout_s", "paper_deadline_s")
 
 
 def run(config, workdir: str) -> str:
@@ -25,6 +26,8 @@ def run(config, workdir: str) -> str:
   writer = results.ResultWriter(workdir, s.values, "latency", keyed=KEYED, ignore=IGNORED)
   sections = s.sections
   write = lambda rec, key: writer.write(rec, key=key)
+  if paper_runs.SECTION in sections:  # first: its child processes need the device's memory
+    paper_runs.run(s, writer.done, write, workdir)
   if "shape_e2e" in sections:  # first: its child processes need the device's memory
     shape_e2e.run(s, writer.done, write, workdir)
   if "per_layer" in sections or "torch_peer" in sections:

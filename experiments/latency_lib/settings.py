@@ -11,7 +11,7 @@ from experiments.common import quick
 SECTIONS = ("per_layer", "torch_peer", "end_to_end", "memory", "resa", "prefill")
 # Sections outside configs/latency.py's default run: a named shape end to end (GPU-sized) and
 # one layer's prefill chunk, kernel vs in-order cuDNN (configs/latency_gpu.py).
-SHAPE_SECTIONS = ("shape_e2e", "prefill_chunk")
+SHAPE_SECTIONS = ("shape_e2e", "prefill_chunk", "paper")  # paper: configs/latency_gpu_claims.py
 
 
 def split_list(text: str) -> list[str]:

@@ -25,6 +25,7 @@ runs this section before any other touches the device.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import queue
@@ -120,14 +121,20 @@ def _run_engine(engine: str, s, parts: list[dict], log: str, write_record) -> No
   """Runs ``parts`` in child processes until each has a record (restarting after a timeout or
   a crash, without the part that caused it)."""
   timeout = float(s.shape_part_timeout_s)
+  # the run's deadline (epoch seconds, ``paper_runs``): no part starts or runs past it
+  end = time.monotonic() + float(s.values.get("deadline") or "inf") - time.time()
   env = dict(os.environ, PYTHONPATH=_ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
              PYTHONUNBUFFERED="1")
-  if engine == "ours":
+  if engine != "transformers":
     env.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.92")  # the child owns the device
   else:
     env["JAX_PLATFORMS"] = "cpu"  # the torch child imports JAX (the byte model): keep it off
   remaining = list(parts)
   while remaining:
+    if time.monotonic() >= end:
+      print(f"shape_e2e: deadline reached, {len(remaining)} part(s) left for a later run",
+            file=sys.stderr, flush=True)
+      return
     job = json.dumps(dict(engine=engine, settings=s.values, parts=remaining))
     with open(log, "ab") as err:
       start = err.tell()
@@ -141,10 +148,14 @@ def _run_engine(engine: str, s, parts: list[dict], log: str, write_record) -> No
     current, clock = None, time.monotonic()
     while True:
       try:
-        line = lines.get(timeout=max(0.0, clock + timeout - time.monotonic()))
+        line = lines.get(timeout=max(0.0, min(clock + timeout, end) - time.monotonic()))
       except queue.Empty:
         proc.kill()
         proc.wait()
+        if time.monotonic() >= end and clock + timeout > end:  # the run's time, not the part's
+          if current is not None:
+            _write(write_record, _failure(current, engine, "timeout", "the run's deadline"))
+          return
         if current is None:  # building the model took the whole allowance: nothing can run
           for p in remaining:
             _write(write_record, _failure(p, engine, "timeout",
@@ -192,11 +203,13 @@ def main() -> None:
   """Child: reads ``{engine, settings, parts}`` from stdin, emits events on stdout."""
   job = json.load(sys.stdin)
   s = settings.Settings(job["settings"])
-  if job["engine"] == "ours":
-    from experiments.latency_lib import shape_ours as engine  # pylint: disable=g-import-not-at-top
-  else:
-    from experiments.latency_lib import shape_peer as engine  # pylint: disable=g-import-not-at-top
-  engine.run_parts(s, job["parts"], _emit)
+  module = {"ours": "shape_ours", "transformers": "shape_peer", "kernels": "breakdown"}
+  engine = importlib.import_module(f"experiments.latency_lib.{module[job['engine']]}")
+  from experiments.common import provenance  # pylint: disable=g-import-not-at-top
+
+  def emit(event: str, payload: dict) -> None:  # a record says what this child imported
+    _emit(event, dict(payload, **provenance.child_fields()) if event == "record" else payload)
+  engine.run_parts(s, job["parts"], emit)
 
 
 if __name__ == "__main__":
