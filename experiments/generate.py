@@ -112,7 +112,7 @@ def main(argv):
   # pylint: disable=g-import-not-at-top
   from experiments.common import main_report, passage, sparsity, specs
   from experiments.common import stages as stages_lib
-  from sparse_attn import methods
+  from sparse_attn import layer_inputs, methods
   import models
   # pylint: enable=g-import-not-at-top
   source, prompt, question = "--prompt", FLAGS.prompt, FLAGS.question
@@ -135,6 +135,7 @@ def main(argv):
   sampling = models.Sampling(FLAGS.temperature, FLAGS.top_p, FLAGS.seed)
   dense = methods.make("dense", block_size=FLAGS.block_size)
   method = specs.for_model(method, model)  # RoPE frequencies, calibration tables
+  method = layer_inputs.sized_for(method, asked)  # FINCH's ring holds the whole question
   label = FLAGS.method if FLAGS.budget is None else f"{FLAGS.method}@{FLAGS.budget:g}"
   results = {}
   for name, m in (("dense", dense), (label, method)):

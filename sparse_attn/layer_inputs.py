@@ -13,6 +13,10 @@ One hook serves them all: a method may define ``layer_state(state, layer, inputs
 state``, which ``models.steps.init_caches`` calls on each layer's fresh state with the layer
 index and that layer's ``LayerInputs``. A field the run does not know is None, and the method
 then keeps its documented fallback (``W^O`` = identity, the question = its window).
+
+A method that buffers the question in a static state shape (FINCH's query ring) is sized for
+the run's longest question before its states exist: ``sized_for(method, n)`` (its
+``with_question_room``); its hook refuses a longer question rather than observe part of it.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+import numpy as np
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +40,16 @@ class LayerInputs:
 
   out_proj: jax.Array | None = None
   question_length: jax.Array | None = None
+
+
+def sized_for(method, question_length):
+  """``method`` able to observe a question of ``question_length`` tokens (an int or ``[B]``:
+  the longest counts; None: unchanged): its ``with_question_room(n)`` if it has one (FINCH),
+  else ``method`` itself."""
+  room = getattr(method, "with_question_room", None)
+  if room is None or question_length is None or not np.size(question_length):
+    return method
+  return room(int(np.max(question_length)))
 
 
 def apply(method, states, inputs):

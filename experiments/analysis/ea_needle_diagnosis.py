@@ -191,8 +191,7 @@ def run(config, workdir: str) -> list[dict]:
   writer = ResultWriter(workdir, config, NAME, keyed=KEYED)
   model = modelzoo.load_model(config.model)
   prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
-  build = functools.partial(specs.build, block_size=config.block_size,
-                            rope_inv_freq=modelzoo.rope_inv_freq(model))
+  build = functools.partial(specs.build, block_size=config.block_size, model=model)
   method = build(config.method, config.budget)
   uniform = dataclasses.replace(method, head_budget=HeadBudget.UNIFORM)
   samples = ruler.dataset(config.tasks, config.lengths, config.num_samples, prompter,

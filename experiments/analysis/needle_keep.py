@@ -45,7 +45,7 @@ def run(config, workdir: str) -> list[dict]:
   model = modelzoo.load_model(config.model)
   prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
   entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
-                         rope_inv_freq=modelzoo.rope_inv_freq(model))
+                         model=model)
   bad = [e.label for e in entries if e.method.prefill_group != PrefillGroup.COMPRESSION]
   if bad:
     raise ValueError(f"{bad} are not compression methods: only an eviction keeps a subset")

@@ -15,7 +15,7 @@ import collections
 
 import numpy as np
 
-from experiments.common import modelzoo, render, specs
+from experiments.common import render, specs
 from experiments.tasks import accuracy, accuracy_report
 
 NAME = "resa_lambda"
@@ -24,7 +24,7 @@ FORMS = ("renormalised", "literal")
 
 def entries(config, model) -> list[specs.Entry]:
   """Dense, then one row per (lambda, form); forms coincide at lambda 0 and 1."""
-  opts = dict(block_size=config.block_size, rope_inv_freq=modelzoo.rope_inv_freq(model))
+  opts = dict(block_size=config.block_size, model=model)
   out = [specs.Entry("dense", "dense", None, specs.build("dense", **opts))]
   for lam in config.lambdas:
     for form in (FORMS[:1] if lam in (0.0, 1.0) else FORMS):

@@ -30,6 +30,7 @@ import os
 from typing import Callable
 
 from sparse_attn import budget as budget_lib
+from sparse_attn import layer_inputs
 from sparse_attn import methods
 from sparse_attn.spec import parse_spec, parse_value
 
@@ -192,6 +193,16 @@ def build(spec, budget: float | None = None, *, rope_inv_freq=None, model=None, 
   if p.wrapper is not None:
     m = reuse.TrackedMethod.wrap(m, p.text if budget is None else f"{p.text}@{budget}", p.every)
   return m
+
+
+def sized_for_question(entries, longest: Callable[[], int]) -> list[Entry]:
+  """``entries`` with every method that buffers the prompt's question (FINCH's ring) sized for
+  ``longest()`` tokens, the run's longest question (``sparse_attn.layer_inputs.sized_for``);
+  ``longest`` is called only when such a method is there."""
+  if not any(hasattr(e.method, "with_question_room") for e in entries):
+    return list(entries)
+  n = longest()
+  return [dataclasses.replace(e, method=layer_inputs.sized_for(e.method, n)) for e in entries]
 
 
 def has_own_budget(spec) -> bool:

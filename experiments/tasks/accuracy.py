@@ -155,6 +155,9 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
   writer = results.ResultWriter(workdir, config, experiment, keyed=KEYED + tuple(keyed),
                                 ignore=IGNORED)
   samples = _dataset(config, prompter)
+  if protocol == "query_aware":  # FINCH observes the run's longest question whole
+    entries = specs.sized_for_question(entries, lambda: max(query_length(
+        protocol, [context_split(prompter, s) for s in samples])))
   if config.get("decode_step", "auto") not in DECODE_STEPS:
     raise ValueError(f"decode_step must be one of {tuple(DECODE_STEPS)}, "
                      f"got {config.decode_step!r}")

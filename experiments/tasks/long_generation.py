@@ -72,7 +72,7 @@ def run(config, workdir: str, mesh=None) -> list[dict]:
   model = modelzoo.load_model(config.model, mesh).in_decode_layout()  # one copy of the weights
   writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
   entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
-                         rope_inv_freq=modelzoo.rope_inv_freq(model))
+                         model=model)
   if entries[0].label != "dense":
     entries = [specs.Entry("dense", "dense", None,
                            specs.build("dense", block_size=config.block_size))] + [

@@ -45,9 +45,10 @@ def documents(model, source: str, length: int, count: int, seed: int = 0) -> np.
   return np.stack([np.asarray(ids[s:s + length], np.int32) for s in starts])
 
 
-def _sweep_entries(config, rope_inv_freq=None) -> list[tuple[str, specs.Entry]]:
-  """(sweep name, entry) for the tail view: methods x budgets, then the f and p sweeps."""
-  opts = dict(block_size=config.block_size, rope_inv_freq=rope_inv_freq)
+def _sweep_entries(config, model=None) -> list[tuple[str, specs.Entry]]:
+  """(sweep name, entry) for the tail view: methods x budgets, then the f and p sweeps, each
+  built for ``model`` (``specs.build(model=)``: RoPE frequencies, calibration tables)."""
+  opts = dict(block_size=config.block_size, model=model)
   out = [("methods", e) for e in specs.expand(config.methods, config.budgets, **opts)]
   base = config.sweep_selector
   with_p = lambda p: f"{base}{',' if ':' in base else ':'}p={p}"
@@ -64,7 +65,7 @@ def run(config, workdir: str, mesh=None) -> list[dict]:
   """Runs the perplexity views of ``config`` (on ``mesh`` if given); returns the records."""
   model = modelzoo.load_model(config.model, mesh).in_decode_layout()  # one copy of the weights
   writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
-  entries = _sweep_entries(config, modelzoo.rope_inv_freq(model))
+  entries = _sweep_entries(config, model)
   dense = specs.Entry("dense", "dense", None, specs.build("dense", block_size=config.block_size))
   jobs = [("tail", x) for x in config.xs] + [("interval", None)] * bool(config.interval_length)
   per = max(1, config.get("doc_batch", 0) or config.num_docs)
@@ -80,8 +81,7 @@ def run(config, workdir: str, mesh=None) -> list[dict]:
     else:
       length = config.interval_length
       rows = [("interval", e) for e in specs.expand(
-          config.interval_methods, config.budgets, block_size=config.block_size,
-          rope_inv_freq=modelzoo.rope_inv_freq(model))]
+          config.interval_methods, config.budgets, block_size=config.block_size, model=model)]
     key = lambda label, c: f"{config.model}|{view}|{length}|{x}|{label}|docs{c}+{per}"
     labels = {e.label: e for _, e in rows}
     labels.setdefault("dense", dense)

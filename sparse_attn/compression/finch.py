@@ -12,14 +12,22 @@ As kvpress's ``FinchPress`` (its leaderboard's ``finch``, query-aware): the ques
 last ``question`` tokens of the prompt (kvpress finds it at a delimiter token; here it is the
 state's ``question [B]``: in a model run the question's token count per sample, which the run
 passes as ``question_length`` (``models.decode.prefill``; the accuracy harness's query-aware
-protocol does) and ``layer_state`` puts in every layer's state; without one, ``window_size``;
-at most ``window_size`` either way, the tokens the ring buffers), a query at position ``p`` is
+protocol does) and ``layer_state`` puts in every layer's state; without one, ``window_size``),
+a query at position ``p`` is
 weighted by ``p`` (kvpress's count, one less than the ``p + 1`` keys it sees), the question's
 tokens score the largest vote + 1 (kept first), and ``chunk_length`` (None: one chunk,
 kvpress's default) cuts the whole prompt from its first token into chunks that keep
 ``ceil((1 - ratio) s)`` of their ``s`` tokens each (kvpress: ``max(1, floor(..))``).
 The chunk quotas are a first tier: the head's top ``ceil((1 - ratio) L)`` takes every chunk's
 share, then the best of the rest (or the best shares when the quotas sum to more).
+
+The whole question is observed, as kvpress does: the ring buffers ``window_size`` queries (a
+static size), so a run sizes it to its longest question first (``with_question_room``, through
+``sparse_attn.layer_inputs.sized_for``: the accuracy harness over its samples, ``generate``
+for its prompt), and a question longer than the ring is refused (``set_question_length``),
+never cut to its last ``window_size`` tokens. RULER's questions with Qwen2.5's chat template
+run 34-104 tokens at 4k and 8k (``niah_multikey_3``'s UUID keys 88-104, ``niah_multiquery``
+63-79, the other ten tasks at most 61), so the harness's ring is 128 there.
 
 Not implemented: kvpress's re-rotation of the kept keys to consecutive positions
 (``rerotate_keys``): here the kept tokens keep their positions, as with every other method,
@@ -31,15 +39,33 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sparse_attn.compression import chunks, observe, order
 from sparse_attn.compression.base import CompressionMethod
 
 
+QUESTION_ROUND = 64  # ring sizes from ``with_question_room``: multiples of this (few shapes)
+
+
 def set_question_length(states, n):
   """Every layer's FINCH state with the question's length ``n`` (int or ``[B]``) tokens: the
-  last ``n`` prompt tokens form the window (at most the method's ``window_size``)."""
+  last ``n`` prompt tokens form the window.
+
+  Raises:
+    ValueError: a concrete ``n`` longer than the ring (``window_size``): it would observe only
+      the question's last tokens (``FINCH.with_question_room`` sizes the ring first). A traced
+      ``n`` (under jit) is not checked.
+  """
+  ring = (states[0] if isinstance(states, list) else states)["obs"]["buf"].shape[1]
+  if not isinstance(n, jax.core.Tracer) and np.size(n) and int(np.max(n)) > ring:
+    raise ValueError(
+        f"FINCH observes at most window_size={ring} question tokens, but a question has "
+        f"{int(np.max(n))}: size it first (sparse_attn.layer_inputs.sized_for(method, "
+        f"{int(np.max(n))}), or finch:window_size=N with N >= the longest question)")
+
   def one(state):
     q = jnp.broadcast_to(jnp.asarray(n, jnp.int32), state["question"].shape)
     return dict(state, question=q)
@@ -51,7 +77,8 @@ class FINCH(CompressionMethod):
   """FINCH eviction (Corallo & Papotti 2024), as kvpress's ``FinchPress``.
 
   Attributes:
-    window_size: the most question tokens it buffers (and the question's default length).
+    window_size: the most question tokens it buffers (the question's default length when the
+      run does not give one; ``with_question_room`` raises it to a run's longest question).
     chunk_length: tokens per selection chunk (None: the whole prompt is one chunk).
     normalize_scores: weight each question query by its position (Eq. 2's normalisation).
   """
@@ -78,6 +105,12 @@ class FINCH(CompressionMethod):
     return {"obs": observe.init_ring(batch, num_q_heads, self.window_size, head_dim),
             "question": jnp.full((batch,), self.window_size, jnp.int32)}
 
+  def with_question_room(self, n: int) -> "FINCH":
+    """FINCH whose ring holds a question of ``n`` tokens (``window_size`` rounded up to a
+    multiple of ``QUESTION_ROUND``; never smaller than it was)."""
+    room = -(-int(n) // QUESTION_ROUND) * QUESTION_ROUND
+    return self if room <= self.window_size else dataclasses.replace(self, window_size=room)
+
   def layer_state(self, state, layer: int, inputs=None):
     """The state with the run's question length (``sparse_attn.layer_inputs``), if known."""
     del layer
@@ -93,7 +126,7 @@ class FINCH(CompressionMethod):
     vote + 1); with ``chunk_length``, each chunk's share first (module docstring)."""
     del n
     ring = state["obs"]
-    start = state["next_pos"] - jnp.minimum(state["question"], self.window_size)  # [B]
+    start = state["next_pos"] - state["question"]  # [B] (set_question_length: <= the ring)
     asks = observe.ring_filled(ring) & (ring["pos"] >= start[:, None])  # [B, W]
     p = observe.window_probs(ring["buf"], ring["pos"], asks, cache.k, cache.pos, cache.valid,
                              scale, self.softcap, self.sliding_window)  # [B, K, G, W, T]
