@@ -91,7 +91,7 @@ class QFilters(CompressionMethod):
       object.__setattr__(self, "filters", _as_tuple(self.filters))
     if self.source == "text" and self.filters is None:
       raise ValueError("qfilters calibration='text' needs the filter table: "
-                       "experiments.common.calibration.with_calibration(method, model)")
+                       "experiments.common.calibration.calibrate(method, model)")
 
   @property
   def source(self) -> str:
