@@ -48,7 +48,8 @@ PARAM_AXES = {
 }
 
 # Cache and method-state leaves of one layer, by (name, rank). Names not listed shard their
-# leading (batch) axis only: every state leaf leads with the batch axis.
+# leading (batch) axis only: every state leaf leads with the batch axis, except the per-layer
+# leaves listed without "batch" (CriticalKV's W^O).
 _BKTD = ("batch", "kv_heads", "seq", None)
 STATE_AXES = {
     # KVCache (sparse_attn.cache): slots and blocks over seq
@@ -71,6 +72,8 @@ STATE_AXES = {
     # Attention's query moments [B, N, D] and [B, N, D, D]
     ("acc", 3): ("batch", "kv_heads", "seq"), ("buf", 4): ("batch", None, "heads", None),
     ("mean", 3): ("batch", "heads", None), ("m2", 4): ("batch", "heads", None, None),
+    # CriticalKV's W^O [N, D, E]: one per layer, no batch axis (compression.criticalkv)
+    ("out_proj", 3): ("heads", None, None),
 }
 
 

@@ -5,7 +5,7 @@ F MLP size, N query / K kv heads, D head dim.
 
 A batch of ``B`` samples of one method at one capacity holds on the device
 
-  weights + other + B * kept + b * transient + margin  <=  device bytes
+  weights + other + per_layer + B * kept + b * transient + margin  <=  device bytes
 
 * ``kept`` (per sample, exact: ``jax.eval_shape`` of the method's own ``init_cache`` /
   ``init_state`` at ``T``, every layer): the cache and method state that live while the batch
@@ -19,6 +19,9 @@ A batch of ``B`` samples of one method at one capacity holds on the device
   the full prompt cache and state it compresses from plus its scoring scratch (an observation
   window's f32 attention over the prompt, ``2 N W T``, and f32 keys, ``K T D``, one layer at a
   time);
+* ``per_layer`` (once, whatever the batch): state a run's ``layer_state`` adds per layer with
+  no batch axis (CriticalKV's ``W^O [N, D, E]`` in the weights' dtype, held while it
+  prefills): ``init_caches`` with the weights' shapes less the per-sample bytes;
 * ``b``: a compression method prefills in sub-batches of ``b`` and keeps only the compacted
   caches of the rest (``experiments.tasks.planned``), so its decode batch is bounded by its
   compacted bytes; every other method prefills its whole batch (``b = B``), its prompt cache
@@ -51,12 +54,14 @@ class SampleBytes:
   """Device bytes of one sample: ``kept`` while decoding, ``transient`` while prefilled.
 
   ``split``: whether the prefill may run in sub-batches (compression: the compacted caches of
-  sub-batches are joined for decoding). ``parts``: the named terms, for the record.
+  sub-batches are joined for decoding). ``fixed``: bytes held once whatever the batch (state
+  leaves without a batch axis: CriticalKV's W^O). ``parts``: the named terms, for the record.
   """
 
   kept: int
   transient: int
   split: bool = False
+  fixed: int = 0
   parts: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)
 
 
@@ -94,8 +99,8 @@ class BatchPlan:
 def need(sample: SampleBytes, batch: int, prefill_batch: int, *, weights_bytes: int,
          other_bytes: int, margin_bytes: int) -> int:
   """Device bytes at the peak of a batch (the module docstring's inequality, left side)."""
-  return (weights_bytes + other_bytes + batch * sample.kept + prefill_batch * sample.transient
-          + margin_bytes)
+  return (weights_bytes + other_bytes + sample.fixed + batch * sample.kept
+          + prefill_batch * sample.transient + margin_bytes)
 
 
 def margin(device_bytes: int, fraction: float) -> int:
@@ -200,15 +205,18 @@ def sample_bytes(model_config, method, *, capacity: int, longest_prompt: int,
   dt = llama.compute_dtype(cfg)
   item = jnp.dtype(dt).itemsize
   full = tree_bytes(jax.eval_shape(lambda: steps.init_caches(cfg, method, 1, capacity)))
+  fixed = per_layer_state_bytes(cfg, method, capacity) - full if hasattr(
+      method, "layer_state") else 0
   c = min(int(prefill_chunk), capacity)
   e, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
   n, k = cfg.num_heads, cfg.num_kv_heads
   acts = c * (3 * e + (n + 2 * k) * d + n * d + 3 * f) * item
   tile = n * min(c, 128) * min(capacity, 256) * 4 * 3  # one f32 attention tile (logits, probs)
   head = e * 4 + cfg.vocab_size * 4
-  parts = dict(cache_and_state=full, chunk_activations=acts + tile + head)
+  parts = dict(cache_and_state=full, chunk_activations=acts + tile + head, per_layer=fixed)
   if not splits_prefill(method):
-    return SampleBytes(kept=full, transient=acts + tile + head, split=False, parts=parts)
+    return SampleBytes(kept=full, transient=acts + tile + head, split=False, fixed=fixed,
+                       parts=parts)
   m = with_decode_slots(method, capacity, longest_prompt)
   compact = tree_bytes(jax.eval_shape(lambda: steps.end_prefill(
       *steps.init_caches(cfg, m, 1, capacity), config=cfg, method=m)))
@@ -216,7 +224,17 @@ def sample_bytes(model_config, method, *, capacity: int, longest_prompt: int,
   scoring = 2 * n * window * capacity * 4 + k * capacity * d * 4
   parts.update(compacted=compact, scoring_scratch=scoring)
   return SampleBytes(kept=compact, transient=full + acts + tile + head + scoring, split=True,
-                     parts=parts)
+                     fixed=fixed, parts=parts)
+
+
+def per_layer_state_bytes(cfg, method, capacity: int) -> int:
+  """Bytes of one sample's caches and states with everything a run's ``layer_state`` adds
+  (``steps.init_caches`` given weights of ``cfg``'s shapes: W^O included)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from models import llama, steps  # pylint: disable=g-import-not-at-top
+  params = jax.eval_shape(lambda: llama.init_params(cfg, jax.random.key(0)))
+  return tree_bytes(jax.eval_shape(
+      lambda p: steps.init_caches(cfg, method, 1, capacity, p), params))
 
 
 # ---- the device ----

@@ -17,7 +17,12 @@ and ``CriticalAdaKVPress``: ``epsilon = 1e-4``, ``first_stage_ratio = 0.5``, ``f
 
 The projection is the model's: in a model run, ``layer_state`` puts each layer's ``W^O`` (the
 model's ``o_proj`` weights, ``sparse_attn.layer_inputs``) in its state at ``init_caches``;
-by hand, ``set_out_proj(states, [w_o of each layer])``. Without it (a method used outside a
+by hand, ``set_out_proj(states, [w_o of each layer])``. It is held once per layer, ``out_proj
+[N, D, E]`` in the weights' dtype with no batch axis (``models.sharding.STATE_AXES``: heads
+over ``model``), and dropped at ``end_prefill`` unless a decode phase scores again (a prefill
+-only press needs it once); ``||v_i W^O_h||_1`` is computed in float32 over tiles of
+``NORM_TILE`` slots, so the ``[B, N, tile, E]`` projection never spans the whole prompt.
+Without it (a method used outside a
 model) the projection is the identity, ``||v_i||_1``: the same ranking only for an
 orthogonal-by-head ``W^O`` up to scale. kvpress's stage-1 count is ``max(1, floor((1 - r) L f))``; here it is
 ``floor(n f)`` of the ``n = ceil((1 - r) L)`` kept.
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 from sparse_attn.compression import compact as compact_lib
@@ -36,18 +42,21 @@ from sparse_attn.compression.head_budget import HeadBudget
 from sparse_attn.compression.snapkv import SnapKV
 
 
+NORM_TILE = 512  # cache slots projected at a time by ``projected_norm``
+
+
 def set_out_proj(states, out_proj):
-  """Each layer's state with its output projection ``[N, D, E]`` (or ``[N D, E]`` as stored
-  in a checkpoint's transposed ``o_proj``) broadcast over the batch.
+  """Each layer's state with its output projection as ``out_proj [N, D, E]`` (given as
+  ``[N, D, E]`` or ``[N D, E]``, a checkpoint's transposed ``o_proj``): one copy per layer in
+  its own dtype, no batch axis (the copy is the state's: states are donated per step).
 
   Args:
     states: per-layer list of states (or one state); out_proj: the matching list (or one).
   """
   def one(state, wo):
-    wo = jnp.asarray(wo, jnp.float32)
     n = state["obs"]["buf"].shape[2]
-    wo = wo.reshape(n, -1, wo.shape[-1])
-    return dict(state, out_proj=jnp.broadcast_to(wo, (state["next_pos"].shape[0],) + wo.shape))
+    wo = jnp.array(wo, copy=True)
+    return dict(state, out_proj=wo.reshape(n, -1, wo.shape[-1]))
   if isinstance(states, list):
     return [one(s, w) for s, w in zip(states, out_proj, strict=True)]
   return one(states, out_proj)
@@ -55,17 +64,26 @@ def set_out_proj(states, out_proj):
 
 def projected_norm(cache, state):
   """``[B, K, T]``: ``||v_i W^O_h||_1`` averaged over each kv head's query heads (``||v_i||_1``
-  without an ``out_proj`` in the state)."""
-  v = cache.v.astype(jnp.float32)  # [B, K, T, D]
-  wo = state.get("out_proj")
+  without an ``out_proj`` in the state), in float32, ``NORM_TILE`` slots at a time."""
+  v = cache.v  # [B, K, T, D]
+  wo = state.get("out_proj")  # [N, D, E]
   if wo is None:
-    return jnp.sum(jnp.abs(v), axis=-1)
-  b, n, d, e = wo.shape
-  k = v.shape[1]
-  wo = wo.reshape(b, k, n // k, d, e)
-  # [B, K, G, T, E]
-  proj = jnp.einsum("bktd,bkgde->bkgte", v, wo)
-  return jnp.mean(jnp.sum(jnp.abs(proj), axis=-1), axis=2)
+    return jnp.sum(jnp.abs(v.astype(jnp.float32)), axis=-1)
+  b, k, t, d = v.shape
+  n, _, e = wo.shape
+  wo = wo.reshape(k, n // k, d, e).astype(jnp.float32)  # [K, G, D, E]
+
+  def norm(vt):  # [B, K, t, D] -> [B, K, t]
+    proj = jnp.einsum("bktd,kgde->bkgte", vt.astype(jnp.float32), wo)  # [B, K, G, t, E]
+    return jnp.mean(jnp.sum(jnp.abs(proj), axis=-1), axis=2)
+
+  if t <= NORM_TILE:
+    return norm(v)
+  nt = -(-t // NORM_TILE)
+  vp = jnp.pad(v, ((0, 0), (0, 0), (0, nt * NORM_TILE - t), (0, 0)))
+  # [nt, B, K, tile, D] -> [nt, B, K, tile]
+  parts = jax.lax.map(norm, jnp.moveaxis(vp.reshape(b, k, nt, NORM_TILE, d), 2, 0))
+  return jnp.moveaxis(parts, 0, 2).reshape(b, k, nt * NORM_TILE)[..., :t]
 
 
 def two_stage(raw, valid, norm, first, epsilon: float):
@@ -104,6 +122,13 @@ class _Critical(SnapKV):
     if inputs is None or inputs.out_proj is None:
       return state
     return set_out_proj(state, inputs.out_proj)
+
+  def compact_state(self, state, idx):
+    """The state after ``end_prefill``: ``out_proj`` dropped unless a decode phase scores."""
+    state = super().compact_state(state, idx)
+    if self.decode_phase is None:
+      state = {key: x for key, x in state.items() if key != "out_proj"}
+    return state
 
   def stage_one(self, n):
     """Tokens chosen by the base scores alone out of a head's ``n`` (int array)."""

@@ -12,7 +12,7 @@ import pytest
 
 from experiments.common import calibration, modelzoo, specs
 from experiments.tasks import accuracy, decoding
-from models import decode
+from models import decode, steps
 from sparse_attn.compression import criticalkv
 
 B, S, CAP = 2, 96, 128
@@ -59,18 +59,19 @@ def test_finch_observes_the_protocols_question(model):
 
 
 def test_criticalkv_reads_each_layers_out_proj(model, monkeypatch):
-  """``decode.prefill`` puts each layer's ``o_proj`` in CriticalKV's state; the kept set
-  differs from the identity fallback (``||v||_1``)."""
+  """``init_caches`` (as ``decode.prefill`` calls it) puts each layer's ``o_proj`` in
+  CriticalKV's state; the kept set differs from the identity fallback (``||v||_1``)."""
   prompts, lengths = _prompts()
   m = specs.build("criticalkv:window_size=16", 0.5, model=model)  # not all window
-  *_, caches, states = decode.prefill(model, prompts, lengths, m, CAP)
+  _, states = steps.init_caches(model.config, m, B, CAP, model.decode_params)
   for layer, state in zip(model.decode_params["layers"], states):
     wo = np.asarray(layer["o_proj"]["kernel"]).reshape(model.config.num_heads, -1,
                                                         model.config.hidden_size)
-    np.testing.assert_allclose(np.asarray(state["out_proj"][1]), wo)
+    np.testing.assert_allclose(np.asarray(state["out_proj"]), wo)  # one per layer, no batch
+  *_, caches, states = decode.prefill(model, prompts, lengths, m, CAP)
+  assert "out_proj" not in states[0]  # prefill-only: dropped once the prompt is compressed
   monkeypatch.setattr(criticalkv.CriticalKV, "layer_state", lambda self, s, i, x=None: s)
-  *_, fallback, states = decode.prefill(model, prompts, lengths, m, CAP)
-  assert "out_proj" not in states[0]
+  *_, fallback, _ = decode.prefill(model, prompts, lengths, m, CAP)
   assert _differs(_kept(caches), _kept(fallback))
 
 
