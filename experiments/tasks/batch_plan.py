@@ -260,17 +260,32 @@ def peak_bytes() -> int | None:
   return None if peak is None else int(peak)
 
 
+def combined(samples) -> SampleBytes:
+  """One sample of several methods run side by side (teacher forcing in lockstep): their caches
+  and states all kept, prefilled one method at a time (the largest transient), in sub-batches
+  only if every method splits."""
+  samples = list(samples)
+  if len(samples) == 1:
+    return samples[0]
+  return SampleBytes(kept=sum(s.kept for s in samples),
+                     transient=max(s.transient for s in samples),
+                     split=all(s.split for s in samples), fixed=sum(s.fixed for s in samples),
+                     parts=dict(methods=[s.parts for s in samples]))
+
+
 def plan(model, method, *, capacity: int, longest_prompt: int, prefill_chunk: int,
          max_batch: int, margin_fraction: float = 0.1, override: int = 0,
          prefill_override: int = 0) -> BatchPlan:
-  """``choose`` for ``method`` on this process's device with ``model`` already loaded.
+  """``choose`` for ``method`` (or a list of methods side by side, ``combined``) on this
+  process's device with ``model`` already loaded.
 
   The weights are counted from ``model.params``; whatever else is in use on the device
   (``bytes_in_use`` beyond them) is ``other``. On a CPU the device bytes are the host memory
   available now plus the weights (already loaded).
   """
-  sample = sample_bytes(model.config, method, capacity=capacity, longest_prompt=longest_prompt,
-                        prefill_chunk=prefill_chunk)
+  sample = combined(sample_bytes(model.config, m, capacity=m.round_capacity(capacity),
+                                 longest_prompt=longest_prompt, prefill_chunk=prefill_chunk)
+                    for m in (method if isinstance(method, (list, tuple)) else [method]))
   weights = tree_bytes(model.params)
   total, in_use = device_memory()
   if in_use == 0:  # host memory: ``total`` is what is left after the weights were loaded

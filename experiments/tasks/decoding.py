@@ -312,13 +312,16 @@ def _token_stats(ref_logits, logits, target):
   return nll, jnp.maximum(kl, 0.0), agree
 
 
-def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
+def lockstep(model, tokens, prefill_len, method_map: Mapping[str, object],
              reference: str = "dense", *, hook: Callable | None = None,
-             prefill_chunk: int = 512, mesh=None) -> dict[str, dict[str, np.ndarray]]:
+             prefill_chunk: int = 512, mesh=None, fused: bool | None = None,
+             prefill: Callable | None = None) -> dict[str, dict[str, np.ndarray]]:
   """Teacher-forces ``tokens [B, N]`` through every method's decode path side by side.
 
   The first ``prefill_len`` tokens are prefilled densely; tokens ``prefill_len .. N-1`` are
-  then predicted one at a time (the first from the prefill's last position).
+  then predicted one at a time (the first from the prefill's last position). Ragged rows:
+  ``prefill_len [B]`` per row, row ``b`` holding ``prefill_len[b] + N - max(prefill_len)``
+  tokens (right-padded): every row predicts as many.
 
   Args:
     method_map: label -> method; ``reference`` (a label in it) is the KL reference.
@@ -326,6 +329,9 @@ def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
       the decoder holds them (a per-layer list on the CPU layout: ``steps.stack_layers`` stacks
       it), so a hook that does not read them costs no device work.
     mesh: run every method sharded on this device mesh (the model already placed on it).
+    fused: each decode step as one device program (``greedy``'s).
+    prefill: ``prefill(methods, prompts, lengths, capacity)`` yielding ``(method, Prefilled)``
+      (each method on its own: ``experiments.tasks.planned``); None: ``prefill_all``.
 
   Returns:
     label -> ``{"nll", "kl", "agree"}``, each ``[B, N - prefill_len]`` (per predicted token;
@@ -336,29 +342,31 @@ def lockstep(model, tokens, prefill_len: int, method_map: Mapping[str, object],
   b, n = tokens.shape
   if reference not in method_map:
     raise ValueError(f"reference {reference!r} is not among the methods {list(method_map)}")
-  if not 1 <= prefill_len < n:
+  lengths = np.broadcast_to(np.asarray(prefill_len, np.int32), (b,)).copy()
+  if not 1 <= lengths.min() <= lengths.max() < n:
     raise ValueError(f"prefill_len={prefill_len} must be in [1, {n - 1}]")
-  lengths = np.full((b,), prefill_len, np.int32)
   labels = [reference] + [k for k in method_map if k != reference]
   by_method = {id(method_map[k]): k for k in labels}
   loops, logits = {}, {}
-  for m, pre in prefill_all(model, tokens[:, :prefill_len], lengths,
-                            [method_map[k] for k in labels], n, prefill_chunk, mesh):
+  prompts, methods = tokens[:, :int(lengths.max())], [method_map[k] for k in labels]
+  for m, pre in (prefill_all(model, prompts, lengths, methods, n, prefill_chunk, mesh)
+                 if prefill is None else prefill(methods, prompts, lengths, n)):
     pinned = driver.pin_prefix(tokens, pre.capacity)
     label = by_method[id(m)]
     loops[label] = driver.Decoder(model, sharding.wrap(m, mesh), jnp.where(*pinned, pre.history),
-                                  pre.caches, pre.states, GREEDY, pinned=pinned)
+                                  pre.caches, pre.states, GREEDY, pinned=pinned, fused=fused)
     logits[label] = steps.sample_from_hidden(model.params, pre.last, jax.random.key(0),
                                               config=config, sampling=GREEDY)[1]
   stats = {k: [] for k in labels}
-  tok = jnp.asarray(tokens)
-  for i, p in enumerate(range(prefill_len - 1, n - 1)):
-    target = tok[:, p + 1]
+  tok, rows = jnp.asarray(tokens), jnp.arange(b)
+  count = n - int(lengths.max())  # tokens each row predicts
+  for i in range(count):
+    target = tok[rows, jnp.asarray(lengths + i)]
     for k in labels:
       stats[k].append(_token_stats(logits[reference], logits[k], target))
-    if p + 1 == n - 1:
+    if i == count - 1:
       break
-    newest = np.full((b,), p + 1, np.int32)
+    newest = lengths + i
     for k in labels:
       logits[k] = loops[k].step(newest, jax.random.key(0))[1]
       if hook is not None:

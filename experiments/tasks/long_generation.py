@@ -21,13 +21,13 @@ import os
 import numpy as np
 
 from experiments.common import cli, modelzoo, render, results, specs
-from experiments.tasks import decoding, scoring
-from experiments.tasks.perplexity import documents
+from experiments.tasks import batch_plan, decoding, planned, scoring
+from experiments.tasks.perplexity import IGNORED, documents
 from models import steps
 from sparse_attn.enhancers import retro
 
 EXPERIMENT = "long_generation"
-KEYED = ("model", "methods", "budgets")  # in every record's key
+KEYED = ("model", "methods", "budgets", "prompt_lengths")  # in every record's key
 
 
 class StateProbe:
@@ -49,6 +49,17 @@ class StateProbe:
       if np.isfinite(ov).any():
         self.overlap[label].append((step, float(np.nanmean(ov))))
 
+  def absorb(self, other: "StateProbe", *, offset: int, rows: int) -> None:
+    """Adds ``other``'s series, measured on a batch whose row ``b`` is prompt ``offset + b``
+    (rows ``rows ..`` of the batch were padding: their per-prompt factors are dropped)."""
+    for mine, theirs in ((self.factor, other.factor), (self.overlap, other.overlap)):
+      for label, series in theirs.items():
+        mine[label] = sorted(mine[label] + series, key=lambda p: p[0])  # by step
+    for label, per_row in other.row_factors.items():
+      for b, facs in per_row.items():
+        if b < rows:
+          self.row_factors[label][offset + b].extend(facs)
+
   def _retro(self, label, step, states):
     (rpos, rexp), (pos, exp) = (tuple(np.asarray(a) for a in pair)
                                 for pair in retro.effective_budget(states))
@@ -68,43 +79,45 @@ class StateProbe:
 
 
 def run(config, workdir: str, mesh=None) -> list[dict]:
-  """Runs the long-generation comparison of ``config`` (on ``mesh`` if given)."""
-  model = modelzoo.load_model(config.model, mesh).in_decode_layout()  # one copy of the weights
-  writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
+  """Runs the long-generation comparison of ``config`` (on ``mesh`` if given).
+
+  ``config.batch_plan`` (``configs/long_generation_gpu.py``): the GPU path (``_planned``):
+  each method generates on its own in the batches its memory plan chose, then the methods are
+  teacher-forced in lockstep groups beside dense (``planned.lockstep_groups``), each method
+  prefilled on its own in chunks, each decode step one device program on a GPU.
+  """
+  model = modelzoo.load_model(config.model, mesh, config.get("dtype", "")).in_decode_layout()
+  writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED, ignore=IGNORED)
   entries = specs.expand(config.methods, config.budgets, block_size=config.block_size,
                          model=model)
   if entries[0].label != "dense":
     entries = [specs.Entry("dense", "dense", None,
                            specs.build("dense", block_size=config.block_size))] + [
                                e for e in entries if e.label != "dense"]
-  key = lambda label: f"{config.model}|{config.prompt_length}|{config.new_tokens}|{label}"
+  for length in config.get("prompt_lengths", ()) or (config.prompt_length,):
+    _run_length(config, model, writer, entries, length, mesh)
+  records = writer.records()
+  write_outputs(records, workdir)
+  return records
+
+
+def _run_length(config, model, writer, entries, length: int, mesh) -> None:
+  """The comparison at prompts of ``length`` tokens; writes one record per method."""
+  key = lambda label: f"{config.model}|{length}|{config.new_tokens}|{label}"
   # Finished rows are never recomputed nor rewritten; dense always runs (the reference).
   entries = [e for e in entries if e.label == "dense" or not writer.done(key(e.label))]
   if all(writer.done(key(e.label)) for e in entries):
-    records = writer.records()
-    write_outputs(records, workdir)
-    return records
-  prompts = documents(model, config.text, config.prompt_length, config.num_prompts, config.seed)
-  lengths = np.full((len(prompts),), prompts.shape[1], np.int32)
+    return
+  prompts = documents(model, config.text, length, config.num_prompts, config.seed)
   n = config.new_tokens
   # One tick per decode step: n - 1 greedy steps, then n - 1 teacher-forced steps per method.
   progress = cli.Progress(2 * len(entries) * (n - 1), "long_generation")
-  gens = {}
-  for e, (m, pre) in zip(entries, decoding.prefill_all(model, prompts, lengths,
-                                                       [e.method for e in entries],
-                                                       prompts.shape[1] + n, mesh=mesh)):
-    gens[e.label] = decoding.greedy(model, pre, m, n, stop_at_eos=False,
-                                    hook=lambda *_, lab=e.label: progress.update(note=lab))
+  if config.get("batch_plan", False):
+    gens, forced, probe, extra = _planned(config, model, prompts, entries, progress, mesh)
+  else:
+    gens, forced, probe = _together(model, prompts, entries, n, progress, mesh)
+    extra = {}
   dense = gens["dense"]
-  trajectory = np.concatenate([prompts, np.asarray(dense, np.int32)], axis=1)
-  probe = StateProbe()
-
-  def hook(label, step, states):
-    probe(label, step, states)
-    progress.update(note=f"teacher-forced {label}")
-
-  forced = decoding.lockstep(model, trajectory, prompts.shape[1],
-                             {e.label: e.method for e in entries}, hook=hook, mesh=mesh)
   size = config.interval
   for e in (e for e in entries if not writer.done(key(e.label))):
     st, g = forced[e.label], gens[e.label]
@@ -127,10 +140,90 @@ def run(config, workdir: str, mesh=None) -> list[dict]:
             probe.row_factors.get(e.label, {}).items())],
         overlap=float(np.mean(ov)) if ov else None,
         overlap_steps=_thin(probe.overlap.get(e.label, [])),
-        sample_text=model.decode(g[0][:80])), key=key(e.label))
-  records = writer.records()
-  write_outputs(records, workdir)
-  return records
+        sample_text=model.decode(g[0][:80]), **extra.get(e.label, {})), key=key(e.label))
+
+
+def _together(model, prompts, entries, n, progress, mesh):
+  """The CPU path: one shared prefill, each method's greedy run, then every method in one
+  lockstep along dense's trajectory -> ``(gens, forced, probe)``."""
+  lengths = np.full((len(prompts),), prompts.shape[1], np.int32)
+  gens = {}
+  for e, (m, pre) in zip(entries, decoding.prefill_all(model, prompts, lengths,
+                                                       [e.method for e in entries],
+                                                       prompts.shape[1] + n, mesh=mesh)):
+    gens[e.label] = decoding.greedy(model, pre, m, n, stop_at_eos=False,
+                                    hook=lambda *_, lab=e.label: progress.update(note=lab))
+  trajectory = np.concatenate([prompts, np.asarray(gens["dense"], np.int32)], axis=1)
+  probe = StateProbe()
+
+  def hook(label, step, states):
+    probe(label, step, states)
+    progress.update(note=f"teacher-forced {label}")
+
+  forced = decoding.lockstep(model, trajectory, prompts.shape[1],
+                             {e.label: e.method for e in entries}, hook=hook, mesh=mesh)
+  return gens, forced, probe
+
+
+def _planned(config, model, prompts, entries, progress, mesh):
+  """The GPU path (``run``) -> ``(gens, forced, probe, extra record fields per label)``."""
+  if mesh is not None:
+    raise ValueError("batch_plan plans one device's memory; run without --mesh")
+  opts = planned.Options.of(config)
+  n, (count, plen) = config.new_tokens, prompts.shape
+  capacity, items = plen + n, list(range(count))
+  gens, extra = {}, {}
+  for e in entries:
+    m = batch_plan.with_decode_slots(e.method, e.method.round_capacity(capacity), plen)
+    plan = opts.plan(model, m, capacity=capacity, longest_prompt=plen, max_batch=count)
+    rows = {}
+
+    def generate(batch, m=m, plan=plan, label=e.label):
+      pre = planned.prefill(model, prompts[batch], np.full((len(batch),), plen, np.int32), m,
+                            m.round_capacity(capacity), prefill_batch=plan.prefill_batch,
+                            prefill_chunk=opts.prefill_chunk)
+      return decoding.greedy(model, pre, m, n, stop_at_eos=False, fused=opts.fused,
+                             hook=lambda *_: progress.update(note=label))
+
+    for ran in planned.each_batch(items, plan, generate, label=f"long_generation {e.label}"):
+      rows.update(zip(ran.rows, ran.result))
+      extra[e.label] = dict(decode_step=opts.step_name, oom_retries=ran.retries,
+                            rows_run=ran.size, **ran.plan.record())
+    gens[e.label] = [rows[i] for i in items]
+  trajectory = np.concatenate([prompts, np.asarray(gens["dense"], np.int32)], axis=1)
+  probe, stats = StateProbe(), {e.label: [] for e in entries}
+  groups = planned.lockstep_groups(model, {e.label: e.method for e in entries}, "dense", opts,
+                                   capacity=capacity, longest_prompt=plen, max_batch=count)
+  for methods, plan in groups:
+    for ran in planned.each_batch(items, plan, lambda batch, methods=methods, plan=plan:
+                                  _forced(model, trajectory[batch], plen, methods, plan, opts,
+                                          progress), label="long_generation forced"):
+      part, batch_probe = ran.result
+      probe.absorb(batch_probe, offset=ran.rows[0], rows=len(ran.rows))
+      for k in methods:
+        if k != "dense" or methods is groups[0][0]:
+          stats[k].append({name: a[:len(ran.rows)] for name, a in part[k].items()})
+      for k in methods:
+        extra.setdefault(k, {})["forced_plan_batch"] = ran.plan.batch
+  forced = {k: {name: np.concatenate([s[name] for s in parts]) for name in parts[0]}
+            for k, parts in stats.items()}
+  peak = batch_plan.peak_bytes()
+  for k in extra:
+    extra[k]["peak_bytes"] = peak
+  return gens, forced, probe, extra
+
+
+def _forced(model, trajectory, plen, methods, plan, opts, progress):
+  """One lockstep batch along dense's trajectory -> ``(lockstep's stats, its StateProbe)``."""
+  probe = StateProbe()
+
+  def hook(label, step, states):
+    probe(label, step, states)
+    progress.update(note=f"teacher-forced {label}")
+
+  out = decoding.lockstep(model, trajectory, plen, methods, hook=hook, fused=opts.fused,
+                          prefill=planned.prefiller(model, plan, opts))
+  return out, probe
 
 
 def _thin(series, most: int = 256):

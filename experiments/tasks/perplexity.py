@@ -21,10 +21,15 @@ import time
 import numpy as np
 
 from experiments.common import cli, data, modelzoo, render, results, specs
-from experiments.tasks import decoding
+from experiments.tasks import batch_plan, decoding, planned
 
 EXPERIMENT = "perplexity"
-KEYED = ("model", "methods", "budgets", "xs", "interval_methods")  # in every record's key
+# in every record's key
+KEYED = ("model", "methods", "budgets", "xs", "interval_methods", "lengths")
+# The planned run's fields (``configs/perplexity_gpu.py``) change how a number is computed,
+# not what it is.
+IGNORED = ("batch_plan", "prefill_batch", "memory_margin", "decode_step", "prefill_chunk",
+           "lockstep_methods")
 
 
 def documents(model, source: str, length: int, count: int, seed: int = 0) -> np.ndarray:
@@ -61,35 +66,59 @@ def _sweep_entries(config, model=None) -> list[tuple[str, specs.Entry]]:
   return out
 
 
-def run(config, workdir: str, mesh=None) -> list[dict]:
-  """Runs the perplexity views of ``config`` (on ``mesh`` if given); returns the records."""
-  model = modelzoo.load_model(config.model, mesh).in_decode_layout()  # one copy of the weights
-  writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED)
+def _jobs(config, model):
+  """The runs of ``config``: ``(view, x, length, docs, prefill_len, labels, sweeps)`` with
+  ``labels`` label -> entry (dense among them) and ``sweeps`` label -> the sweeps it is in."""
   entries = _sweep_entries(config, model)
   dense = specs.Entry("dense", "dense", None, specs.build("dense", block_size=config.block_size))
-  jobs = [("tail", x) for x in config.xs] + [("interval", None)] * bool(config.interval_length)
-  per = max(1, config.get("doc_batch", 0) or config.num_docs)
-  count = lambda view: config.get("interval_docs", 0) or config.num_docs if view == "interval" \
-      else config.num_docs
-  progress = cli.Progress(sum(-(-count(v) // per) for v, _ in jobs), "perplexity")
-  for view, x in jobs:
-    n_docs = count(view)
-    chunks = range(0, n_docs, per)
-    if view == "tail":
-      length = config.length
+  out = []
+  for length in config.get("lengths", ()) or (config.length,):
+    for x in config.xs:
       rows = [(s, e) for s, e in entries if s == "methods" or x == config.sweep_x]
-    else:
-      length = config.interval_length
-      rows = [("interval", e) for e in specs.expand(
-          config.interval_methods, config.budgets, block_size=config.block_size, model=model)]
-    key = lambda label, c: f"{config.model}|{view}|{length}|{x}|{label}|docs{c}+{per}"
+      out.append(("tail", x, length, config.num_docs, length - x, rows))
+  if config.interval_length:
+    rows = [("interval", e) for e in specs.expand(
+        config.interval_methods, config.budgets, block_size=config.block_size, model=model)]
+    out.append(("interval", None, config.interval_length,
+                config.get("interval_docs", 0) or config.num_docs, config.interval_length // 2,
+                rows))
+  jobs = []
+  for view, x, length, n_docs, prefill_len, rows in out:
     labels = {e.label: e for _, e in rows}
     labels.setdefault("dense", dense)
     sweeps = collections.defaultdict(list)
     for s, e in rows:
       sweeps[e.label].append(s)
+    jobs.append((view, x, length, n_docs, prefill_len, labels, sweeps))
+  return jobs
+
+
+def run(config, workdir: str, mesh=None) -> list[dict]:
+  """Runs the perplexity views of ``config`` (on ``mesh`` if given); returns the records.
+
+  ``config.batch_plan`` (``configs/perplexity_gpu.py``): the GPU path, ``_run_planned``.
+  """
+  model = modelzoo.load_model(config.model, mesh, config.get("dtype", "")).in_decode_layout()
+  writer = results.ResultWriter(workdir, config, EXPERIMENT, keyed=KEYED, ignore=IGNORED)
+  jobs = _jobs(config, model)
+  if config.get("batch_plan", False):
+    _run_planned(config, model, writer, jobs, mesh)
+  else:
+    _run_lockstep(config, model, writer, jobs, mesh)
+  records = writer.records()
+  write_outputs(records, workdir)
+  return records
+
+
+def _run_lockstep(config, model, writer, jobs, mesh) -> None:
+  """The CPU path: per job, every method in one lockstep over ``doc_batch`` documents at a
+  time; one record per (method, document batch)."""
+  per = max(1, config.get("doc_batch", 0) or config.num_docs)
+  progress = cli.Progress(sum(-(-j[3] // per) for j in jobs), "perplexity")
+  for view, x, length, n_docs, prefill_len, labels, sweeps in jobs:
+    key = lambda label, c: f"{config.model}|{view}|{length}|{x}|{label}|docs{c}+{per}"
     docs = None
-    for c in chunks:
+    for c in range(0, n_docs, per):
       # Finished rows are never recomputed nor rewritten; dense always runs (the KL reference).
       todo = {k: e for k, e in labels.items() if not writer.done(key(k, c))}
       if not todo:
@@ -98,7 +127,6 @@ def run(config, workdir: str, mesh=None) -> list[dict]:
       if docs is None:
         docs = documents(model, config.text, length, n_docs, config.seed)
       batch = docs[c:c + per]
-      prefill_len = length - x if view == "tail" else length // 2
       run_map = {k: e.method for k, e in labels.items() if k in todo or k == "dense"}
       steps = length - prefill_len - 1  # lockstep's hook runs once per method per decode step
       job = cli.Progress(len(run_map) * steps, f"perplexity job {view} x={x} docs {c}+")
@@ -107,18 +135,59 @@ def run(config, workdir: str, mesh=None) -> list[dict]:
                               mesh=mesh)
       seconds = time.perf_counter() - t0  # the batch's decoding (the report's wall time)
       for label, e in todo.items():
-        rec = dict(model=config.model, view=view, length=length, x=x, method=label,
-                   spec=e.spec, budget=e.budget, sweeps=sweeps.get(label, ["reference"]),
-                   rect_f=e.method.rect_interval, p=_p(e.method), first_doc=c,
-                   num_docs=int(batch.shape[0]), memory_access=_memory(e.method, length),
-                   attended_tokens=_attended(e.method, length),
-                   batch_seconds=seconds)
-        rec.update(_statistics(out[label], view, config))
-        writer.write(rec, key=key(label, c))
+        writer.write(_record(config, view, x, length, label, e, sweeps, out[label], c,
+                             int(batch.shape[0]), seconds), key=key(label, c))
       progress.update(1, f"{view} x={x} docs {c}..{c + len(batch) - 1}")
-  records = writer.records()
-  write_outputs(records, workdir)
-  return records
+
+
+def _record(config, view, x, length, label, e, sweeps, st, first_doc, num_docs, seconds,
+            **extra) -> dict:
+  """One record: ``label``'s numbers over documents ``first_doc ..`` (lockstep's ``st``)."""
+  rec = dict(model=config.model, view=view, length=length, x=x, method=label,
+             spec=e.spec, budget=e.budget, sweeps=sweeps.get(label, ["reference"]),
+             rect_f=e.method.rect_interval, p=_p(e.method), first_doc=first_doc,
+             num_docs=num_docs, memory_access=_memory(e.method, length),
+             attended_tokens=_attended(e.method, length), batch_seconds=seconds, **extra)
+  rec.update(_statistics(st, view, config))
+  return rec
+
+
+def _run_planned(config, model, writer, jobs, mesh) -> None:
+  """The GPU path: per job, the methods in lockstep groups beside dense whose document batch
+  the memory plan chose (``planned.lockstep_groups``; ``batch_size`` overrides), each method
+  prefilled on its own in chunks, each decode step one device program on a GPU; one record
+  per (method, document), so a rerun under another plan resumes."""
+  if mesh is not None:
+    raise ValueError("batch_plan plans one device's memory; run without --mesh")
+  opts = planned.Options.of(config)
+  key = lambda view, x, length, label, i: f"{config.model}|{view}|{length}|{x}|{label}|docs{i}+1"
+  progress = cli.Progress(sum(j[3] * len(j[5]) for j in jobs), "perplexity")
+  for view, x, length, n_docs, prefill_len, labels, sweeps in jobs:
+    done = lambda k, i: writer.done(key(view, x, length, k, i))
+    if all(done(k, i) for k in labels for i in range(n_docs)):
+      progress.update(n_docs * len(labels))
+      continue
+    docs = documents(model, config.text, length, n_docs, config.seed)
+    groups = planned.lockstep_groups(model, {k: e.method for k, e in labels.items()}, "dense",
+                                     opts, capacity=length, longest_prompt=prefill_len,
+                                     max_batch=n_docs)
+    for methods, plan in groups:
+      todo = [i for i in range(n_docs) if not all(done(k, i) for k in methods)]
+      run = lambda rows, methods=methods: decoding.lockstep(
+          model, docs[rows], prefill_len, methods, fused=opts.fused,
+          prefill=planned.prefiller(model, plan, opts))
+      for ran in planned.each_batch(todo, plan, run, label=f"perplexity {view} x={x}"):
+        peak = batch_plan.peak_bytes()
+        for j, i in enumerate(ran.rows):
+          for k in (k for k in methods if not done(k, i)):
+            st = {name: a[j:j + 1] for name, a in ran.result[k].items()}
+            writer.write(_record(
+                config, view, x, length, k, labels[k], sweeps, st, i, 1, ran.seconds,
+                batch_size=len(ran.rows), rows_run=ran.size, batch_index=ran.index,
+                lockstep=list(methods), decode_step=opts.step_name, peak_bytes=peak,
+                oom_retries=ran.retries, **ran.plan.record()),
+                key=key(view, x, length, k, i))
+        progress.update(len(ran.rows) * len(methods), f"{view} x={x} L={length}")
 
 
 def _statistics(st, view, config) -> dict:

@@ -15,14 +15,24 @@ GPU config ``configs/accuracy_gpu.py``), where each method runs on its own with 
   cache kept; the sub-batches' caches and states are then joined along the batch axis
   (``join``, the axis found from ``jax.eval_shape`` of ``end_prefill`` at two batch sizes), so
   a larger batch decodes than the full prompt caches would allow;
-* ``is_oom``: a device out-of-memory error (the run halves its batch and tries again).
+* ``is_oom``: a device out-of-memory error (the run halves its batch and tries again);
+  ``each_batch`` runs a list of items in the plan's batches that way;
+* ``Options``: the planned run's config fields, read in one place;
+* teacher forcing (``decoding.lockstep``, the perplexity and long-generation experiments):
+  ``lockstep_groups`` splits the methods into groups that run side by side with the
+  reference, as many in a group as fit one sample beside it (the group's bytes are the sum of
+  its methods', ``batch_plan.combined``), each group with its batch planned;
+  ``prefiller`` prefills each method of a group on its own (``prefill``, chunked).
 
 Letters: B batch, E hidden, T capacity.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -110,3 +120,126 @@ def is_oom(error: BaseException) -> bool:
   """Whether ``error`` is the device running out of memory (XLA's RESOURCE_EXHAUSTED)."""
   text = f"{type(error).__name__}: {error}"
   return "RESOURCE_EXHAUSTED" in text or "Out of memory" in text or "out of memory" in text
+
+
+# -> ``greedy`` / ``lockstep``'s ``fused``: one device program (GPU default), per-layer calls
+DECODE_STEPS = {"auto": None, "program": True, "per_layer": False}
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+  """The planned run's config fields (``configs/accuracy_gpu.py`` documents them).
+
+  ``lockstep_methods``: at most this many methods beside the reference in one lockstep group
+  (0: as many as fit).
+  """
+
+  batch_size: int = 0
+  prefill_batch: int = 0
+  memory_margin: float = 0.1
+  prefill_chunk: int = 512
+  decode_step: str = "auto"
+  lockstep_methods: int = 0
+
+  @classmethod
+  def of(cls, config) -> "Options":
+    opts = cls(**{f.name: config.get(f.name, f.default) for f in dataclasses.fields(cls)})
+    if opts.decode_step not in DECODE_STEPS:
+      raise ValueError(f"decode_step must be one of {tuple(DECODE_STEPS)}, "
+                       f"got {opts.decode_step!r}")
+    return opts
+
+  @property
+  def fused(self) -> bool | None:
+    return DECODE_STEPS[self.decode_step]
+
+  @property
+  def step_name(self) -> str:
+    """The decode step that runs here: ``program`` or ``per_layer``."""
+    return "program" if (steps.fused_by_default() if self.fused is None else self.fused) \
+        else "per_layer"
+
+  def plan(self, model, methods, *, capacity: int, longest_prompt: int, max_batch: int,
+           override: int | None = None) -> batch_plan.BatchPlan:
+    """``batch_plan.plan`` of ``methods`` (one, or a group side by side) under these options."""
+    return batch_plan.plan(model, methods, capacity=capacity, longest_prompt=longest_prompt,
+                           prefill_chunk=self.prefill_chunk, max_batch=max_batch,
+                           margin_fraction=self.memory_margin,
+                           override=self.batch_size if override is None else override,
+                           prefill_override=self.prefill_batch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Ran:
+  """One batch that ``each_batch`` ran: its ``rows`` (the items; the run saw them padded to
+  ``size``), what ``run`` returned, the plan it ran under and the OOM retries so far."""
+
+  rows: list
+  result: object
+  size: int
+  plan: batch_plan.BatchPlan
+  retries: int
+  index: int
+  seconds: float
+
+
+def each_batch(items: list, plan: batch_plan.BatchPlan, run: Callable, *, label: str = ""):
+  """Yields a ``Ran`` per batch of ``items`` in the plan's batches (``batches``), each batch
+  run as ``run(rows padded to one size)``; a batch that runs out of device memory halves the
+  plan and the items left start over in the smaller batches."""
+  pending, retries, index = list(items), 0, 0
+  while pending:
+    parts = batches(pending, plan.batch)
+    size = len(parts[0])  # every batch padded to it: one shape, one compiled program
+    for rows in parts:
+      t0 = time.perf_counter()
+      try:
+        out = run(padded(rows, size))
+      except Exception as err:  # pylint: disable=broad-except (a device OOM is retried)
+        if not is_oom(err) or plan.batch == 1:
+          raise
+        plan, retries = plan.halved(), retries + 1
+        print(f"{label}: out of device memory at batch {size}; retrying at {plan.batch}",
+              flush=True)
+        break
+      yield Ran(rows, out, size, plan, retries, index, time.perf_counter() - t0)
+      pending, index = pending[len(rows):], index + 1
+
+
+def lockstep_groups(model, methods: dict, reference: str, options: Options, *, capacity: int,
+                    longest_prompt: int, max_batch: int) -> list[tuple[dict, batch_plan.BatchPlan]]:
+  """``methods`` (label -> method, ``reference`` among them) in lockstep groups, each the
+  reference and the next methods in order while a batch of ``options.batch_size`` (or one)
+  sample of the group fits; each group with its plan. Compression methods get their static
+  ``decode_slots`` (``batch_plan.with_decode_slots``)."""
+  sized = {k: batch_plan.with_decode_slots(m, m.round_capacity(capacity), longest_prompt)
+           for k, m in methods.items()}
+  kw = dict(capacity=capacity, longest_prompt=longest_prompt, max_batch=max_batch)
+  need = max(1, options.batch_size)
+
+  def fits(labels):
+    try:
+      return options.plan(model, [sized[k] for k in labels], override=0, **kw).batch >= need
+    except batch_plan.DoesNotFit:
+      return False
+
+  groups, group = [], [reference]
+  for k in (k for k in sized if k != reference):
+    full = options.lockstep_methods and len(group) > options.lockstep_methods
+    if len(group) > 1 and (full or not fits(group + [k])):
+      groups.append(group)
+      group = [reference]
+    group.append(k)
+  groups.append(group)
+  return [({k: sized[k] for k in g}, options.plan(model, [sized[k] for k in g], **kw))
+          for g in groups]
+
+
+def prefiller(model, plan: batch_plan.BatchPlan, options: Options) -> Callable:
+  """``decoding.lockstep``'s ``prefill``: each method on its own through ``prefill`` (chunks of
+  ``options.prefill_chunk``; compression in the plan's sub-batches)."""
+  def each(methods, prompts, lengths, capacity):
+    for m in methods:
+      yield m, prefill(model, prompts, lengths, m, m.round_capacity(capacity),
+                       prefill_batch=plan.prefill_batch, prefill_chunk=options.prefill_chunk)
+  return each
