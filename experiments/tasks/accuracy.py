@@ -55,7 +55,7 @@ KEYED = ("model", "protocol", "methods", "budgets", "tasks", "lengths")
 # prediction is computed, not what it is.
 IGNORED = ("pairs", "heatmap", "num_samples", "batch_plan", "prefill_batch", "memory_margin",
            "decode_step", "prefill_chunk", "batch_across_tasks", "sample_cache")
-DECODE_STEPS = {"auto": None, "program": True, "per_layer": False}  # -> decoding.greedy's fused
+DECODE_STEPS = planned.DECODE_STEPS  # -> decoding.greedy's fused
 PROTOCOLS = config_check.PROTOCOLS  # checked there before anything loads
 CAPACITY_ROUND = 256
 
@@ -265,45 +265,27 @@ def _run_planned(config, model, prompter, entries, samples, writer, protocol, ex
                              margin_fraction=config.get("memory_margin", 0.1),
                              override=config.batch_size,
                              prefill_override=config.get("prefill_batch", 0))
-      pending, retries, index = list(todo), 0, 0
-      while pending:
-        parts = planned.batches(pending, plan.batch)
-        size = len(parts[0])  # every batch padded to it: one shape, one compiled program
-        for rows in parts:
-          try:
-            out, secs, kept = _planned_batch(model, protocol, m, e, rows, size, split, plan,
-                                             capacity, chunk, max_new, fused)
-          except Exception as err:  # pylint: disable=broad-except (a device OOM is retried)
-            if not planned.is_oom(err) or plan.batch == 1:
-              raise
-            plan, retries = plan.halved(), retries + 1
-            print(f"{experiment}: {e.label} ran out of device memory at batch {size}; "
-                  f"retrying at {plan.batch}", flush=True)
-            break
-          peak = batch_plan.peak_bytes()
-          for i, (s, row) in enumerate(zip(rows, out)):
-            cut = row if config.max_new_tokens else row[:s.max_new_tokens]  # its task's cap
-            rec = _record(config, model, protocol, e, m, s, cut, split[id(s)][1],
-                          kept[i] if kept else None, batch_seconds=secs, batch_size=len(rows),
-                          rows_run=size, batch_index=index, capacity=capacity,
-                          decode_step=step_name, peak_bytes=peak, oom_retries=retries,
-                          **plan.record())
-            rec.update(fields(e) if fields else {})
-            writer.write(rec, key=key(e, s))
-          progress.update(len(rows), e.label)
-          pending, index = pending[len(rows):], index + 1
+      run = lambda rows, plan, m=m, e=e: _planned_batch(
+          model, protocol, m, e, rows, split, plan, capacity, chunk, max_new, fused)
+      for ran in planned.each_batch(todo, plan, run, label=f"{experiment}: {e.label}"):
+        out, kept = ran.result
+        peak = batch_plan.peak_bytes()
+        for i, (s, row) in enumerate(zip(ran.rows, out)):
+          cut = row if config.max_new_tokens else row[:s.max_new_tokens]  # its task's cap
+          rec = _record(config, model, protocol, e, m, s, cut, split[id(s)][1],
+                        kept[i] if kept else None, batch_seconds=ran.seconds,
+                        batch_size=len(ran.rows), rows_run=ran.size, batch_index=ran.index,
+                        capacity=capacity, decode_step=step_name, peak_bytes=peak,
+                        oom_retries=ran.retries, **ran.plan.record())
+          rec.update(fields(e) if fields else {})
+          writer.write(rec, key=key(e, s))
+        progress.update(len(ran.rows), e.label)
 
 
-def _planned_batch(model, protocol, m, e, rows, size, split, plan, capacity, chunk, max_new,
-                   fused):
-  """One batch of the planned loop -> ``(token rows of the real samples, seconds, kv kept)``.
-
-  ``rows`` is padded to ``size`` rows (the padding repeats its last sample and is dropped).
-  """
-  n = len(rows)
-  run = planned.padded(rows, size)
+def _planned_batch(model, protocol, m, e, run, split, plan, capacity, chunk, max_new, fused):
+  """One batch of the planned loop (``run``: its samples, padded by ``planned.each_batch``)
+  -> ``(token rows, kv kept or None)``, a row per sample of ``run``."""
   ids = [split[id(s)] for s in run]
-  t0 = time.perf_counter()
   if protocol == "query_agnostic":
     prompts, lengths = pad([x[:k] for x, k in ids])
     suffix, suffix_lengths = pad([x[k:] for x, k in ids])
@@ -311,10 +293,9 @@ def _planned_batch(model, protocol, m, e, rows, size, split, plan, capacity, chu
     prompts, lengths = pad([x for x, _ in ids])
   pre = planned.prefill(model, prompts, lengths, m, capacity, prefill_batch=plan.prefill_batch,
                         prefill_chunk=chunk, question_length=query_length(protocol, ids))
-  out, kept = _answer(model, pre, e, m, protocol,
-                      (suffix, suffix_lengths) if protocol == "query_agnostic" else None,
-                      max_new, fused)
-  return out[:n], time.perf_counter() - t0, kept[:n] if kept else None
+  return _answer(model, pre, e, m, protocol,
+                 (suffix, suffix_lengths) if protocol == "query_agnostic" else None,
+                 max_new, fused)
 
 
 def _answer(model, pre, e, m, protocol, question, max_new, fused):

@@ -178,7 +178,7 @@ def _planned(config, model, prompts, entries, progress, mesh):
     plan = opts.plan(model, m, capacity=capacity, longest_prompt=plen, max_batch=count)
     rows = {}
 
-    def generate(batch, m=m, plan=plan, label=e.label):
+    def generate(batch, plan, m=m, label=e.label):
       pre = planned.prefill(model, prompts[batch], np.full((len(batch),), plen, np.int32), m,
                             m.round_capacity(capacity), prefill_batch=plan.prefill_batch,
                             prefill_chunk=opts.prefill_chunk)
@@ -195,7 +195,7 @@ def _planned(config, model, prompts, entries, progress, mesh):
   groups = planned.lockstep_groups(model, {e.label: e.method for e in entries}, "dense", opts,
                                    capacity=capacity, longest_prompt=plen, max_batch=count)
   for methods, plan in groups:
-    for ran in planned.each_batch(items, plan, lambda batch, methods=methods, plan=plan:
+    for ran in planned.each_batch(items, plan, lambda batch, plan, methods=methods:
                                   _forced(model, trajectory[batch], plen, methods, plan, opts,
                                           progress), label="long_generation forced"):
       part, batch_probe = ran.result

@@ -173,7 +173,7 @@ def _run_planned(config, model, writer, jobs, mesh) -> None:
                                      max_batch=n_docs)
     for methods, plan in groups:
       todo = [i for i in range(n_docs) if not all(done(k, i) for k in methods)]
-      run = lambda rows, methods=methods: decoding.lockstep(
+      run = lambda rows, plan, methods=methods: decoding.lockstep(
           model, docs[rows], prefill_len, methods, fused=opts.fused,
           prefill=planned.prefiller(model, plan, opts))
       for ran in planned.each_batch(todo, plan, run, label=f"perplexity {view} x={x}"):

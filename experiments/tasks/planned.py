@@ -185,8 +185,8 @@ class Ran:
 
 def each_batch(items: list, plan: batch_plan.BatchPlan, run: Callable, *, label: str = ""):
   """Yields a ``Ran`` per batch of ``items`` in the plan's batches (``batches``), each batch
-  run as ``run(rows padded to one size)``; a batch that runs out of device memory halves the
-  plan and the items left start over in the smaller batches."""
+  run as ``run(rows padded to one size, plan)``; a batch that runs out of device memory halves
+  the plan and the items left start over in the smaller batches."""
   pending, retries, index = list(items), 0, 0
   while pending:
     parts = batches(pending, plan.batch)
@@ -194,7 +194,7 @@ def each_batch(items: list, plan: batch_plan.BatchPlan, run: Callable, *, label:
     for rows in parts:
       t0 = time.perf_counter()
       try:
-        out = run(padded(rows, size))
+        out = run(padded(rows, size), plan)
       except Exception as err:  # pylint: disable=broad-except (a device OOM is retried)
         if not is_oom(err) or plan.batch == 1:
           raise
