@@ -2,7 +2,8 @@
 
 Built from an HF directory (``tokenizer.json`` + ``tokenizer_config.json`` /
 ``chat_template.jinja``) or from GGUF metadata (byte-level BPE vocabulary and merges, the
-pre-tokenizer named by ``tokenizer.ggml.pre``, control tokens as special tokens).
+pre-tokenizer named by ``tokenizer.ggml.pre``, control tokens as special tokens; or a
+SentencePiece vocabulary with scores, ``tokenizer_spm``).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import os
 from typing import Any, Sequence
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from models import tokenizer_spm
 
 # llama.cpp pre-tokenizer names -> the split used when the vocabulary was trained.
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
@@ -41,16 +44,18 @@ class TextTokenizer:
   Attributes:
     backend: the ``tokenizers.Tokenizer``.
     bos_id: id of BOS (or None); ``add_bos`` whether ``encode`` prepends it.
-    eos_ids: ids that end a generation.
+    eos_ids: ids that end a generation; ``add_eos`` whether ``encode`` appends the first.
     chat_template: Jinja source (or None).
   """
 
   def __init__(self, backend: Tokenizer, *, bos_id=None, eos_ids=(), add_bos=False,
-               chat_template=None, special_tokens: dict[str, str] | None = None):
+               chat_template=None, special_tokens: dict[str, str] | None = None,
+               add_eos=False):
     self.backend = backend
     self.bos_id = bos_id
     self.eos_ids = tuple(eos_ids)
     self.add_bos = add_bos
+    self.add_eos = add_eos
     self.chat_template = chat_template
     self.special_tokens = dict(special_tokens or {})
 
@@ -59,10 +64,13 @@ class TextTokenizer:
     return self.backend.get_vocab_size(with_added_tokens=True)
 
   def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-    """Token ids of ``text``; special tokens written in the text are recognised."""
+    """Token ids of ``text``; special tokens written in the text are recognised. BOS (and EOS
+    where ``add_eos``) are added as the model's flags say, or not at all with ``add_bos=False``
+    (llama.cpp's ``add_special``)."""
     ids = self.backend.encode(text, add_special_tokens=False).ids
     add = self.add_bos if add_bos is None else add_bos
-    return ([self.bos_id] if add and self.bos_id is not None else []) + ids
+    eos = self.eos_ids[:1] if self.add_eos and add_bos is not False else []
+    return ([self.bos_id] if add and self.bos_id is not None else []) + ids + list(eos)
 
   def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
     return self.backend.decode(list(map(int, ids)), skip_special_tokens=skip_special_tokens)
@@ -87,6 +95,7 @@ class TextTokenizer:
     """Writes ``tokenizer.json`` and ``tokenizer_config.json`` into ``path``."""
     self.backend.save(os.path.join(path, "tokenizer.json"))
     meta = {"bos_id": self.bos_id, "eos_ids": list(self.eos_ids), "add_bos_token": self.add_bos,
+            "add_eos_token": self.add_eos,
             "chat_template": self.chat_template, **self.special_tokens}
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
       json.dump(meta, f)
@@ -125,19 +134,23 @@ def from_hf_dir(path: str) -> TextTokenizer:
     eos_ids = [backend.token_to_id(special["eos_token"])] if "eos_token" in special else []
   return TextTokenizer(backend, bos_id=bos_id, eos_ids=[e for e in eos_ids if e is not None],
                        add_bos=bool(meta.get("add_bos_token", False)), chat_template=template,
-                       special_tokens=special)
+                       special_tokens=special, add_eos=bool(meta.get("add_eos_token", False)))
 
 
 def from_gguf_metadata(meta: dict[str, Any]) -> TextTokenizer:
-  """Builds the byte-level BPE tokenizer described by GGUF ``tokenizer.*`` metadata.
+  """Builds the tokenizer described by GGUF ``tokenizer.*`` metadata: byte-level BPE
+  (``tokenizer.ggml.model = "gpt2"``) or SentencePiece (``"llama"``, ``tokenizer_spm``).
 
   Args:
     meta: GGUF key -> value (``tokenizer.ggml.tokens``, ``.merges``, ``.token_type``,
       ``.pre``, ``.bos_token_id``, ``.eos_token_id``, ``tokenizer.chat_template`` ...).
   """
   kind = meta.get("tokenizer.ggml.model")
+  if kind == "llama":
+    return _with_gguf_specials(tokenizer_spm.spm_backend(meta), meta, spm=True)
   if kind != "gpt2":
-    raise ValueError(f"GGUF tokenizer model {kind!r} is not supported (only byte-level 'gpt2')")
+    raise ValueError(f"GGUF tokenizer model {kind!r} is not supported "
+                     "(byte-level 'gpt2' and SentencePiece 'llama')")
   tokens = list(meta["tokenizer.ggml.tokens"])
   types = list(meta.get("tokenizer.ggml.token_type") or [1] * len(tokens))
   merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
@@ -169,16 +182,30 @@ def from_gguf_metadata(meta: dict[str, Any]) -> TextTokenizer:
   backend.add_special_tokens(special)
   if user:
     backend.add_tokens(user)
+  return _with_gguf_specials(backend, meta, spm=False)
+
+
+def _with_gguf_specials(backend: Tokenizer, meta: dict[str, Any], spm: bool) -> TextTokenizer:
+  """Wraps ``backend`` with the file's special ids, BOS/EOS flags and chat template; a
+  SentencePiece vocabulary takes llama.cpp's SPM defaults (BOS 1, EOS 2, UNK 0, BOS added) and its
+  end-of-turn tokens found by text (``tokenizer_spm.END_OF_TURN_TEXTS``) as extra EOS ids."""
+  tokens = list(meta["tokenizer.ggml.tokens"])
   ids = {k: meta.get(f"tokenizer.ggml.{k}_token_id") for k in ("bos", "eos", "unknown",
                                                                   "padding")}
+  if spm:
+    ids = {k: tokenizer_spm.DEFAULT_IDS.get(k) if v is None else v for k, v in ids.items()}
   names = {"bos": "bos_token", "eos": "eos_token", "unknown": "unk_token",
            "padding": "pad_token"}
   special_tokens = {names[k]: tokens[i] for k, i in ids.items() if i is not None}
   eos = [ids["eos"]] if ids["eos"] is not None else []
   eot = meta.get("tokenizer.ggml.eot_token_id")
-  if eot is not None and eot not in eos:
-    eos.append(eot)
+  for extra in [eot] + (tokenizer_spm.end_of_turn_ids(tokens) if spm else []):
+    if extra is not None and extra not in eos:
+      eos.append(extra)
+  add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
+  if add_eos and ids["eos"] is None:
+    raise ValueError("GGUF tokenizer.ggml.add_eos_token is set but there is no EOS id")
   return TextTokenizer(backend, bos_id=ids["bos"], eos_ids=eos,
-                       add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", False)),
-                       chat_template=meta.get("tokenizer.chat_template"),
+                       add_bos=bool(meta.get("tokenizer.ggml.add_bos_token", spm)),
+                       add_eos=add_eos, chat_template=meta.get("tokenizer.chat_template"),
                        special_tokens=special_tokens)
