@@ -45,6 +45,8 @@ GPU_METHODS = ",".join([
     # score_select's one launch beside the default two kernels (block_score + block_select)
     "quest:gqa=group,fused=true", "quest:gqa=group+resa",
     "quest:gqa=group,budget=500", "quest:gqa=group,budget=500+resa",
+    # RESA's prior update and aggregator inputs in XLA ops (the path before issue 51 item 2)
+    "quest:gqa=group+resa:fused=false", "quest:gqa=group,budget=500+resa:fused=false",
     "quest:gqa=group+retro:w=2", "quest:gqa=group+retro:w=4", "quest:gqa=group+retro:w=8",
     "quest:gqa=group+rect:f=32", "rectified",
 ])

@@ -10,11 +10,11 @@
 #   1. precision: Pallas vs XLA selections and outputs of quest:gqa=group at 8k, 32/8 heads,
 #      compiled (tests/sparse_attn/test_scoring_precision.py; its GPU-only case);
 #   2. per_layer: one Llama-3.1-8B attention layer at 8k/32k/128k, dense (split-K Pallas and
-#      XLA), Quest p = 0.1, +RESA, rectified, next to torch SDPA;
+#      XLA), Quest p = 0.1, +RESA (and fused=false: its XLA-op path), rectified, next to SDPA;
 #   3. shape_32k: a random-weight Llama-3.1-8B end to end at batch 1 and 32k (dense prefill;
 #      decode dense, Quest, +RESA), next to transformers, each row with its fraction of the
 #      bandwidth bound;
-#   4. shape_128k: the same model at 128k, dense, Quest and +RESA (ours only);
+#   4. shape_128k: the same model at 128k, dense, Quest, +RESA and +RESA:fused=false (ours only);
 #   5. prefill_chunk: one layer's 4096-query dense prefill chunk at 32k / 128k, chunk_attention's
 #      kernel vs its in-order branch (cuDNN flash attention), the GPU default;
 #   6. decode_sweep: the dense split-K decode kernel's launch configurations at 32k / 128k next
@@ -97,7 +97,7 @@ for name in $PARTS; do
     precision) part precision 90 python3 -m pytest -q -p no:cacheprovider \
         tests/sparse_attn/test_scoring_precision.py ;;
     per_layer) part per_layer 170 "${LATENCY[@]}" --config.sections=per_layer,torch_peer \
-        "--config.methods=${PER_LAYER_METHODS:-dense,dense:impl=xla,quest:gqa=group,quest:gqa=group+resa,rectified}" \
+        "--config.methods=${PER_LAYER_METHODS:-dense,dense:impl=xla,quest:gqa=group,quest:gqa=group+resa,quest:gqa=group+resa:fused=false,rectified}" \
         ${PER_LAYER_CONTEXTS:+"--config.contexts=$PER_LAYER_CONTEXTS"} "${EXTRA[@]}" ;;
     shape_32k) part shape_32k 220 "${LATENCY[@]}" --config.sections=shape_e2e \
         --config.shape_batches=1 \
@@ -105,7 +105,7 @@ for name in $PARTS; do
         --config.shape_prefill_methods=dense "${CTX32[@]}" "${EXTRA[@]}" ;;
     shape_128k) part shape_128k 170 "${LATENCY[@]}" --config.sections=shape_e2e \
         --config.shape_batches=1 \
-        "--config.shape_methods=dense,quest:gqa=group,quest:gqa=group+resa" \
+        "--config.shape_methods=dense,quest:gqa=group,quest:gqa=group+resa,quest:gqa=group+resa:fused=false" \
         --config.shape_prefill_methods=dense "${CTX128[@]}" "${EXTRA[@]}" ;;
     prefill_chunk) part prefill_chunk 80 "${LATENCY[@]}" --config.sections=prefill_chunk \
         "${CHUNK_CONTEXTS[@]}" "${EXTRA[@]}" ;;
@@ -115,7 +115,7 @@ for name in $PARTS; do
         "${SELECT[@]}" --out="$OUT/decode_sweep.jsonl" ;;
     profile_128k) part profile_128k 80 python3 -m experiments.profile_step \
         --context="${CTX_SMALL[0]}" --impl=pallas "${PROFILE[@]}" \
-        --methods=quest:gqa=group,quest:gqa=group+resa,dense ;;
+        --methods=quest:gqa=group,quest:gqa=group+resa,quest:gqa=group+resa:fused=false,dense ;;
     profile_32k) part profile_32k 60 python3 -m experiments.profile_step \
         --context="${CTX_SMALL[1]}" --impl=pallas "${PROFILE[@]}" \
         --methods=quest:gqa=group,dense ;;

@@ -26,6 +26,7 @@ from pallas_kernels.sparse_decode_multiquery import (sparse_decode_multiquery,
                                                      sparse_decode_multiquery_reference,
                                                      window_slots_ok)
 from pallas_kernels.sparse_decode_resa import sparse_decode_resa, sparse_decode_resa_reference
+from pallas_kernels.resa_prior_update import resa_prior_update, resa_prior_update_reference
 
 __all__ = [
     "IMPLS", "Impl", "TileConfig", "choose_num_splits", "resolve_impl", "gather_blocks",
@@ -38,5 +39,6 @@ __all__ = [
     "score_select_supported", "split_combine", "split_combine_pairs",
     "sparse_decode", "sparse_decode_reference",
     "sparse_decode_resa", "sparse_decode_resa_reference",
+    "resa_prior_update", "resa_prior_update_reference",
     "sparse_decode_multiquery", "sparse_decode_multiquery_reference",
 ]

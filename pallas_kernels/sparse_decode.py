@@ -60,10 +60,14 @@ def gather_prior(prior, block_idx, block_size: int):
       ``h // R``); block_size: tokens per listed entry.
   """
   b, hq, t = prior.shape
-  hs = block_idx.shape[1]
-  # [B, H, T, R]: slots first so blocks gather like keys.
-  pr = jnp.swapaxes(prior.astype(jnp.float32).reshape(b, hs, hq // hs, t), 2, 3)
-  return jnp.swapaxes(_common.gather_blocks(pr, block_idx, block_size), 2, 3)
+  hs, n = block_idx.shape[1:]
+  nb = t // block_size
+  # [B, H, R, NB, bs], gathered along NB in place: a swap of the slots first would copy the
+  # whole [B, N, T] prior every step.
+  pr = prior.reshape(b, hs, hq // hs, nb, block_size)
+  ids = jnp.clip(block_idx, 0, nb - 1).astype(jnp.int32)[:, :, None, :, None]
+  got = jnp.take_along_axis(pr, ids, axis=3, mode="clip")  # [B, H, R, n, bs]
+  return got.reshape(b, hs, hq // hs, n * block_size).astype(jnp.float32)
 
 
 def gather_listed(k, v, block_idx, n_valid, length, block_size: int, pos=None):

@@ -24,6 +24,8 @@ Letters: B batch, K kv heads, N query heads, H selection heads, R = N // H, S qu
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax.numpy as jnp
 
 import pallas_kernels
@@ -177,6 +179,21 @@ def resa_attend(q, cache: KVCache, sel: Selection, prior, scale, aggregator, ext
   return _run(pallas_kernels.sparse_decode_resa, pallas_kernels.sparse_decode_resa_reference,
               cache, sel, impl, interpret, q, k, v, prior, idx, n_valid, length, scale=scale,
               epilogue=aggregator, extras=tuple(extras))
+
+
+def resa_prior_update(state, cache: KVCache, k_new, v_new, slot, scale, incremental: bool, *,
+                      impl: Impl = "xla", interpret: bool = False):
+  """RESA's prior update of a one-token write ``k_new, v_new [B, K, D]`` at ``slot [B]``
+  (``pallas_kernels.resa_prior_update``: one in-place launch) -> the updated ``ResaState``;
+  None where ``impl`` does not resolve to the kernel (the caller runs
+  ``resa.update_prior``, the general form). ``cache``: before the write."""
+  if resolve_impl(impl, "resa_prior_update") != "pallas":
+    return None
+  names = ("prior", "pmax", "zsum", "osum", "ksum", "kcount")
+  got = pallas_kernels.resa_prior_update(
+      *(getattr(state, x) for x in names), state.mu_q, cache.k, cache.v, k_new, v_new, slot,
+      scale=float(scale), incremental=incremental, impl=impl, interpret=interpret)
+  return dataclasses.replace(state, **dict(zip(names, got)))
 
 
 def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, scale, *,

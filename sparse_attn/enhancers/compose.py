@@ -78,10 +78,19 @@ def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool,
   cache, slots = place.view(cache), place.slots(positions)
   if m.resa and prior_formed:
     st = state.resa
-    new = resa.update_prior(st, cache, k, v, slots, scale, m.resa.prior_update == "incremental")
+    incremental = m.resa.prior_update == "incremental"
+    new = None
+    if m.resa.fused and place is placement.ONE_DEVICE and k.shape[2] == 1:  # one launch
+      new = kernels.resa_prior_update(st, cache, k[:, :, 0], v[:, :, 0], slots[:, 0], scale,
+                                      incremental, impl=m.impl, interpret=m.interpret)
+    launched = new is not None
+    if not launched:
+      new = resa.update_prior(st, cache, k, v, slots, scale, incremental)
     state = dataclasses.replace(state, resa=place.share(st, new, slots, positions))
-    # The prior update read the overwritten slots: order that read before the write.
-    k, v = (after(x, state.resa.osum, state.resa.ksum) for x in (k, v))
+    # The prior update read the overwritten slots: order that read before the write (the
+    # kernel's outputs all come from its one launch: its smallest one orders it).
+    reads = (state.resa.kcount,) if launched else (state.resa.osum, state.resa.ksum)
+    k, v = (after(x, *reads) for x in (k, v))
   return place.store(cache, k, v, slots, positions, impl=m.impl, interpret=m.interpret), state
 
 
@@ -168,18 +177,20 @@ def _single(m, q, cache, state, positions, scale, place):
     return attend(m, q, cache, positions, scale, place)[0]
   sel = select(m, q, cache, scale, place)
   st = state.resa
-  bias = resa.online_bias(st, q, scale, m.resa.lam_form)
-  if place.fused:  # the aggregator is the split combine's epilogue
-    out, lse = kernels.resa_attend(
-        q, cache, sel, st.prior, scale, resa.Aggregator(m.resa.lam, m.resa.lam_form),
-        (*resa.total(st), bias, resa.prior_count(st, q.shape[1])),
-        impl=m.impl, interpret=m.interpret)
+  bias = lambda: resa.online_bias(st, q, scale, m.resa.lam_form)
+  if place.fused:  # the aggregator (and its inputs: m.resa.fused) is the combine's epilogue
+    agg, extras = (resa.StateAggregator(m.resa.lam, m.resa.lam_form, scale),
+                   resa.aggregator_inputs(st, q)) if m.resa.fused else (
+        resa.Aggregator(m.resa.lam, m.resa.lam_form),
+        (*resa.total(st), bias(), resa.prior_count(st, q.shape[1])))
+    out, lse = kernels.resa_attend(q, cache, sel, st.prior, scale, agg, extras, impl=m.impl,
+                                   interpret=m.interpret)
   else:  # partials over this device's keys, merged, then aggregated
     true, prior_seen, seen = kernels.resa_partials(q, cache, sel, st.prior, scale,
                                                    impl=m.impl, interpret=m.interpret)
     covered = place.sum(seen) >= resa.prior_count(st, q.shape[1])
     out, lse = resa.aggregate(place.merge(*true), place.merge(*prior_seen), resa.total(st),
-                              bias, m.resa.lam, covered, m.resa.lam_form)
+                              bias(), m.resa.lam, covered, m.resa.lam_form)
   return sparse.mask_rows(out, lse, positions)[0]
 
 

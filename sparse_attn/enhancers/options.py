@@ -14,7 +14,7 @@ from sparse_attn.enhancers import retro as retro_lib
 
 # enhancer -> its options (given inline, ``quest+resa:lam=0.5``, or as keywords to ``make``)
 OPTIONS = {
-    "resa": ("lam", "typical_query", "prior_update", "lam_form"),
+    "resa": ("lam", "typical_query", "prior_update", "lam_form", "fused"),
     "rect": ("f",),
     "retro": ("w",),
 }
@@ -37,12 +37,16 @@ class Resa:
     typical_query: ``mu_Q``: the ``"mean"`` prompt query or the ``"last"`` one.
     prior_update: ``"prefill_only"`` (the paper's prior, fixed at the end of prefill) or
       ``"incremental"`` (an extension: decoded keys join the prior).
+    fused: a decode step's prior update is one kernel launch and the aggregator's inputs are
+      computed in the split combine's epilogue (where ``impl`` runs the kernels); False keeps
+      both in XLA ops, the path before (issue 51), for timing one against the other.
   """
 
   lam: float = 1.0
   lam_form: str = "renormalised"
   typical_query: str = "mean"
   prior_update: str = "prefill_only"
+  fused: bool = True
 
   def __post_init__(self):
     lam = self.lam
@@ -52,6 +56,7 @@ class Resa:
     _one_of("lam_form", self.lam_form, resa_lib.LAM_FORMS)
     _one_of("typical_query", self.typical_query, resa_lib.TYPICAL_QUERIES)
     _one_of("prior_update", self.prior_update, resa_lib.PRIOR_UPDATES)
+    _one_of("fused", self.fused, (True, False))
 
 
 @dataclasses.dataclass(frozen=True)

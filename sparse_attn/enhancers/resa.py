@@ -197,10 +197,14 @@ def update_prior(state: ResaState, cache: KVCache, k_new, v_new, positions, scal
 
 def total(state: ResaState):
   """``(O_est [B,N,D], log Z [B,N])`` of the whole prior set (``0, -inf`` when it is empty)."""
-  z = state.zsum
-  pos = z > 0
-  o_est = jnp.where(pos[..., None], state.osum / jnp.where(pos, z, 1.0)[..., None], 0.0)
-  return o_est, jnp.where(pos, state.pmax + jnp.log(jnp.where(pos, z, 1.0)), NEG_INF)
+  return _total(state.osum, state.zsum, state.pmax)
+
+
+def _total(osum, zsum, pmax):
+  """``total`` from the running sums (``[..., D]``, ``[...]``, ``[...]``), elementwise."""
+  pos = zsum > 0
+  o_est = jnp.where(pos[..., None], osum / jnp.where(pos, zsum, 1.0)[..., None], 0.0)
+  return o_est, jnp.where(pos, pmax + jnp.log(jnp.where(pos, zsum, 1.0)), NEG_INF)
 
 
 def mu_k(state: ResaState):
@@ -234,9 +238,13 @@ def online_bias(state: ResaState, q, scale: float, form: str = "renormalised"):
     raise ValueError("per-head lambda (head_log_lam) is the renormalised reading of lambda; "
                      f"this method uses lam_form={form!r}")
   expand = (lambda x: x) if q.ndim == 3 else (lambda x: x[..., None])
-  if state.head_beta is not None:
-    b = expand(state.head_beta) * b
-  return b + expand(state.head_log_lam)
+  beta = None if state.head_beta is None else expand(state.head_beta)
+  return _head_bias(b, expand(state.head_log_lam), beta)
+
+
+def _head_bias(b, log_lam, beta):
+  """``beta b + log lam`` (``beta`` None: RESA's 1)."""
+  return (b if beta is None else beta * b) + log_lam
 
 
 def with_head_params(state: ResaState, log_lam, beta=None) -> ResaState:
@@ -352,3 +360,40 @@ class Aggregator:
 
   def __call__(self, true, prior_seen, seen, o_est, log_z, b, count):
     return aggregate(true, prior_seen, (o_est, log_z), b, self.lam, seen >= count, self.form)
+
+
+@dataclasses.dataclass(frozen=True)
+class StateAggregator:
+  """``Aggregator`` that also computes its per-head inputs (``total``, ``online_bias``,
+  ``prior_count``) from the state's rows (``aggregator_inputs``), elementwise, so the Pallas
+  path does it inside the split combine's epilogue instead of in XLA ops before the kernel.
+
+  ``scale``: the softmax scale of the bias (static, like ``lam``).
+  """
+
+  lam: float
+  form: str = "renormalised"
+  scale: float = 1.0
+
+  def __call__(self, true, prior_seen, seen, osum, zsum, pmax, q, mu_q, mu_k, count, *head):
+    o_est, log_z = _total(osum, zsum, pmax)
+    b = self.scale * jnp.sum((q.astype(jnp.float32) - mu_q) * mu_k, axis=-1)
+    if head:  # per-head parameters: the renormalised reading only (``online_bias``)
+      if self.form != "renormalised":
+        raise ValueError("per-head lambda (head_log_lam) is the renormalised reading of "
+                         f"lambda; this method uses lam_form={self.form!r}")
+      b = _head_bias(b, head[0], head[1] if len(head) > 1 else None)
+    return aggregate(true, prior_seen, (o_est, log_z), b, self.lam, seen >= count, self.form)
+
+
+def aggregator_inputs(state: ResaState, q):
+  """``StateAggregator``'s per-head inputs for ``q [B,N,D]``: the state's rows as they are
+  (``osum [B,N,D]``, ``zsum, pmax [B,N]``, ``q``, ``mu_q``) and the kv heads' ``mu_K`` and prior
+  count repeated over their query heads (``[B,N,D]``, ``[B,N]``), then the per-head
+  parameters when set."""
+  n = q.shape[1]
+  g = n // state.kcount.shape[1]
+  head = () if state.head_log_lam is None else (
+      (state.head_log_lam,) + (() if state.head_beta is None else (state.head_beta,)))
+  return (state.osum, state.zsum, state.pmax, q, state.mu_q,
+          jnp.repeat(mu_k(state), g, axis=1), prior_count(state, n)) + head
