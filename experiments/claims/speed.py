@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from experiments.claims.overhead import overhead_verdict  # pylint: disable=unused-import (re-exported)
+from experiments.claims import speed_e2e
 from experiments.claims.row import Measured
 from experiments.common import stats
 
@@ -56,22 +58,6 @@ def _overheads(records, method, base=QUEST, dtype="float32"):
     m, lo, hi = stats.paired_bootstrap(a[:n] / b[:n] - 1.0, np.zeros(n))
     out.append((ctx, m, lo, hi, n))
   return out
-
-
-def overhead_verdict(rows, limit: float) -> str:
-  """The verdict of "the overhead is <= ``limit`` at every context" from per-context
-  ``(context, mean, lo, hi, ...)``: reproduced when every interval lies at or below the limit;
-  not reproduced when one lies wholly above twice the limit; partly when one lies wholly above
-  the limit (none above twice it); inconclusive when an interval holds the limit (too noisy to
-  tell, wherever its mean falls). A context without an interval (NaN bounds) counts its mean."""
-  bounds = [(m, m) if not np.isfinite(lo) else (lo, hi) for _, m, lo, hi, *_ in rows]
-  if all(hi <= limit for _, hi in bounds):
-    return "reproduced"
-  if any(lo > 2 * limit for lo, _ in bounds):
-    return "not reproduced"
-  if any(lo > limit for lo, _ in bounds):
-    return "partly"
-  return "inconclusive"
 
 
 def _overhead_claim(records, method, paper_max, label, *, base=QUEST, where="cpu",
@@ -139,7 +125,6 @@ def retro_throughput_loss_gpu(records):
   """Retro Table 6 on a GPU: the whole model's decode as the paper measured it
   (``speed_e2e.retro_table6``) once those records exist; until then the attention layer alone
   (bfloat16, Pallas kernels), an upper bound of the end-to-end loss and "not comparable"."""
-  from experiments.claims import speed_e2e  # pylint: disable=g-import-not-at-top (a cycle)
   whole = speed_e2e.retro_table6(_on(records, "gpu"))
   if whole is not None:
     return whole

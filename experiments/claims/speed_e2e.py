@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from experiments.claims.row import Measured
-from experiments.claims.speed import overhead_verdict
+from experiments.claims.overhead import overhead_verdict
 from experiments.latency_lib import paper_runs
 
 # Retro Table 6 (Llama-3.1-8B-Instruct, one A100 80GB): batch/s at (context, batch) per w.
