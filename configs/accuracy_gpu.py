@@ -37,36 +37,26 @@ experiments.ruler_throughput`` measures samples per hour of its 32k cell on a GP
 (``experiments/ruler_gpu.sh``).
 """
 
-from configs import accuracy
+from configs import accuracy, gpu_settings
 
 
 def get_config(quick: bool = False):
   c = accuracy.get_config(quick)
-  c.model = "random:llama-3.1-8b"
-  c.dtype = "bfloat16"
+  gpu_settings.add(c, quick=quick)
   c.methods = ("dense", "quest", "resa-quest", "expected-attention@0.5", "snapkv@0.5")
   c.budgets = (0.025,)
   c.pairs = (("resa-quest", "quest"),)
   c.lengths = (32768, 65536, 130944)
   c.num_samples = 5
-  c.batch_plan = True
-  c.batch_size = 0  # 0: the memory plan's; N: N whatever the plan says
-  c.prefill_batch = 0  # compression methods' prefill sub-batch (0: the plan's)
-  c.memory_margin = 0.1  # of the device's memory, kept free on top of 1 GiB
-  c.decode_step = "auto"  # auto (one program on a GPU) | program | per_layer
-  c.prefill_chunk = 2048
   c.batch_across_tasks = True
   c.sample_cache = ""  # a directory: generated prompts kept there, keyed by what made them
   if quick:
-    c.model = "tiny-random"
-    c.dtype = "float32"
     c.methods = ("dense", "quest", "resa-quest", "snapkv@0.5")
     c.budgets = (0.1,)
     c.pairs = (("resa-quest", "quest"),)
     c.tasks = ("niah_single_1", "qa")
     c.lengths = (320,)
     c.num_samples = 2
-    c.decode_step = "program"  # the GPU's one-program step, forced on the CPU
     c.prefill_chunk = 128
     c.max_new_tokens = 6
   return c

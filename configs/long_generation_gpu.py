@@ -30,33 +30,22 @@ CPU loop's (``tests/experiments/test_lockstep_gpu.py``).
 Cost: not measured yet (no GPU run of this config so far).
 """
 
-from configs import long_generation
+from configs import gpu_settings, long_generation
 
 
 def get_config(quick: bool = False):
   c = long_generation.get_config(quick)
-  c.model = "random:llama-3.1-8b"
-  c.dtype = "bfloat16"
+  gpu_settings.add(c, lockstep=True, quick=quick)
   c.prompt_lengths = (32768, 65536, 130048)  # ``prompt_length`` is not read
   c.num_prompts = 4
   c.new_tokens = 1024
   c.interval = 128
-  c.batch_plan = True
-  c.batch_size = 0  # 0: the memory plan's; N: N prompts whatever the plan says
-  c.prefill_batch = 0  # compression methods' prefill sub-batch (0: the plan's)
-  c.memory_margin = 0.1  # of the device's memory, kept free on top of 1 GiB
-  c.lockstep_methods = 0  # methods beside dense in one lockstep group (0: as many as fit)
-  c.decode_step = "auto"  # auto (one program on a GPU) | program | per_layer
-  c.prefill_chunk = 2048
   if quick:
-    c.model = "tiny-random"
-    c.dtype = "float32"
     c.methods = ("dense", "quest+retro:w=4", "snapkv@0.5")
     c.prompt_lengths = (160,)
     c.num_prompts = 3
     c.new_tokens = 8
     c.interval = 4
     c.lockstep_methods = 2
-    c.decode_step = "program"
     c.prefill_chunk = 64
   return c

@@ -29,26 +29,16 @@ the size. Each record's numbers equal the CPU loop's (``tests/experiments/test_l
 Cost: not measured yet (no GPU run of this config so far).
 """
 
-from configs import perplexity
+from configs import gpu_settings, perplexity
 
 
 def get_config(quick: bool = False):
   c = perplexity.get_config(quick)
-  c.model = "random:llama-3.1-8b"
-  c.dtype = "bfloat16"
+  gpu_settings.add(c, lockstep=True, quick=quick)
   c.methods = c.methods + ("snapkv@0.5",)
   c.lengths = (32768, 65536, 131072)  # the tail view's; ``length`` is not read
   c.interval_length = 16384
-  c.batch_plan = True
-  c.batch_size = 0  # 0: the memory plan's; N: N documents whatever the plan says
-  c.prefill_batch = 0  # compression methods' prefill sub-batch (0: the plan's)
-  c.memory_margin = 0.1  # of the device's memory, kept free on top of 1 GiB
-  c.lockstep_methods = 0  # methods beside dense in one lockstep group (0: as many as fit)
-  c.decode_step = "auto"  # auto (one program on a GPU) | program | per_layer
-  c.prefill_chunk = 2048
   if quick:
-    c.model = "tiny-random"
-    c.dtype = "float32"
     c.methods = ("dense", "quest+rect:f=4", "snapkv@0.5")
     c.lengths = (192,)
     c.rect_fs = ()
@@ -56,6 +46,5 @@ def get_config(quick: bool = False):
     c.interval_methods = ("dense", "quest+retro")
     c.interval_length = 96
     c.lockstep_methods = 2
-    c.decode_step = "program"  # the GPU's one-program step, forced on the CPU
     c.prefill_chunk = 64
   return c
