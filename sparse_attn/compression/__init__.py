@@ -44,6 +44,7 @@ from sparse_attn.compression import chunkkv, criticalkv, finch, pyramidkv
 from sparse_attn.compression.base import CompressionMethod
 from sparse_attn.compression import rocketkv
 from sparse_attn.compression import duo_attention, kvzip
+from sparse_attn.compression import think
 from sparse_attn.compression.decode_phase import Phase
 from sparse_attn.compression.head_budget import HeadBudget
 from sparse_attn.spec import check_options, with_options
@@ -114,3 +115,4 @@ rocketkv.build.method_class = rocketkv.RocketKV
 BUILDERS["rocketkv"] = rocketkv.build  # two stages from one token budget (its own builder)
 BUILDERS[duo_attention.DuoAttention.name] = builder(duo_attention.DuoAttention)
 BUILDERS[kvzip.KVzip.name] = builder(kvzip.KVzip)
+BUILDERS[think.ThinK.name] = builder(think.ThinK)  # prunes key channels, not tokens

@@ -26,7 +26,9 @@ LENGTHS = (40, 33)  # the second row is padded (positions -1)
 # Methods whose paper fixes each head's count otherwise than ceil((1 - r) L) (skipped by the
 # two count tests below; each has its own count test): name -> why.
 OWN_COUNTS = {"duo_attention_on_the_fly": "streaming heads keep sinks + recent tokens and "
-              "retrieval heads every token, in its own flat buffer (test_compression_duo_attention)"}
+              "retrieval heads every token, in its own flat buffer (test_compression_duo_attention)",
+              "think": "prunes key channels, not tokens: every token stays, the prompt keys "
+              "with ceil((1 - r) D) channels, per head only (test_compression_think)"}
 
 
 def problem(seed=0):
