@@ -37,7 +37,8 @@ experiments.ruler_throughput`` measures samples per hour of its 32k cell on a GP
 (``experiments/ruler_gpu.sh``).
 """
 
-from configs import accuracy, gpu_settings
+from configs import _gpu_settings as gpu_settings
+from configs import accuracy
 
 
 def get_config(quick: bool = False):

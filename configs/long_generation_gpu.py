@@ -30,7 +30,8 @@ CPU loop's (``tests/experiments/test_lockstep_gpu.py``).
 Cost: not measured yet (no GPU run of this config so far).
 """
 
-from configs import gpu_settings, long_generation
+from configs import _gpu_settings as gpu_settings
+from configs import long_generation
 
 
 def get_config(quick: bool = False):

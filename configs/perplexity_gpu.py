@@ -29,7 +29,8 @@ the size. Each record's numbers equal the CPU loop's (``tests/experiments/test_l
 Cost: not measured yet (no GPU run of this config so far).
 """
 
-from configs import gpu_settings, perplexity
+from configs import _gpu_settings as gpu_settings
+from configs import perplexity
 
 
 def get_config(quick: bool = False):
