@@ -51,6 +51,23 @@ def kv_head_lists(block_idx, n_valid, hq: int, hkv: int, num_blocks: int, payloa
   return _union.union_lists(block_idx, n_valid, hq // hkv, num_blocks, payload)
 
 
+def checked_lists(q, k, block_idx, n_valid, block_size: int, softcap):
+  """What every sparse-decode kernel wrapper checks and prepares: the soft-cap, the block size,
+  the selection heads; then each kv head's list (``kv_head_lists``).
+
+  Returns:
+    ``(softcap, lists)``: ``lists`` is ``(idx, n_valid, words)`` or None for empty lists
+    (``n == 0``: the caller returns its empty result).
+  """
+  softcap = check_softcap(softcap)
+  _common.check_block_size(block_size, k.shape[2])
+  hq, hkv = q.shape[1], k.shape[1]
+  selection_rows(hq, hkv, block_idx.shape[1])
+  if block_idx.shape[2] == 0:
+    return softcap, None
+  return softcap, kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
+
+
 def gather_prior(prior, block_idx, block_size: int):
   """RESA's prior logits of the listed slots: ``[B, N, T]`` -> ``[B, H, R, L]`` float32.
 
@@ -196,14 +213,12 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
                                 scale=scale, num_splits=num_splits, impl="mosaic",
                                 interpret=interpret, num_stages=num_stages, pos=pos,
                                 softcap=softcap)
-  softcap = check_softcap(softcap)
-  _common.check_block_size(block_size, k.shape[2])
+  softcap, lists = checked_lists(q, k, block_idx, n_valid, block_size, softcap)
   b, hq, d = q.shape
-  hkv, n = k.shape[1], block_idx.shape[2]
-  selection_rows(hq, hkv, block_idx.shape[1])
-  if n == 0:
+  hkv = k.shape[1]
+  if lists is None:
     return jnp.zeros_like(q), jnp.full((b, hq), -jnp.inf, jnp.float32)
-  idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
+  idx, nv, words = lists
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
   out, lse = decode_partials(

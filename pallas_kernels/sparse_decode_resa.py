@@ -26,7 +26,7 @@ from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
 from pallas_kernels.softmax import check_softcap, default_scale
 from pallas_kernels.sparse_decode import (gather_listed, gather_prior, gathered_partials,
-                                          kv_head_lists, selection_rows)
+                                          checked_lists, selection_rows)
 
 
 def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
@@ -104,16 +104,14 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
                                      block_size=block_size, scale=scale, num_splits=num_splits,
                                      impl="mosaic", interpret=interpret, num_stages=num_stages,
                                      pos=pos, epilogue=epilogue, extras=extras, softcap=softcap)
-  softcap = check_softcap(softcap)
-  _common.check_block_size(block_size, k.shape[2])
+  softcap, lists = checked_lists(q, k, block_idx, n_valid, block_size, softcap)
   b, hq, d = q.shape
-  hkv, n = k.shape[1], block_idx.shape[2]
-  selection_rows(hq, hkv, block_idx.shape[1])
-  if n == 0:
+  hkv = k.shape[1]
+  if lists is None:
     zeros, empty = jnp.zeros((b, hq, d), jnp.float32), jnp.full((b, hq), -jnp.inf, jnp.float32)
     return _finish((zeros, empty), (zeros, empty), jnp.zeros((b, hq), jnp.int32), epilogue,
                    extras)
-  idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
+  idx, nv, words = lists
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
   g = hq // hkv

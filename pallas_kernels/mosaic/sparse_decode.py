@@ -44,9 +44,9 @@ from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import split_bounds
 from pallas_kernels.mosaic import _common as mc
-from pallas_kernels.softmax import check_softcap, default_scale, lse_combine, soft_cap
+from pallas_kernels.softmax import default_scale, lse_combine, soft_cap
 from pallas_kernels.split_combine import split_combine_pairs
-from pallas_kernels.sparse_decode import (gather_prior, kv_head_lists, selection_rows,
+from pallas_kernels.sparse_decode import (checked_lists, gather_prior,
                                           sparse_decode_reference)
 
 NEG_INF = mc.NEG_INF
@@ -339,14 +339,12 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   if impl == "xla":
     return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
                                    scale=scale, pos=pos, softcap=softcap)
-  softcap = check_softcap(softcap)
-  _common.check_block_size(block_size, k.shape[2])
+  softcap, lists = checked_lists(q, k, block_idx, n_valid, block_size, softcap)
   b, hq, d = q.shape
-  hkv, n = k.shape[1], block_idx.shape[2]
-  selection_rows(hq, hkv, block_idx.shape[1])
-  if n == 0:
+  hkv = k.shape[1]
+  if lists is None:
     return jnp.zeros_like(q), jnp.full((b, hq), -jnp.inf, jnp.float32)
-  idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
+  idx, nv, words = lists
   out, lse = decode_partials(
       q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
       row_bits=None if words is None else _union.head_bits(words)[..., 0],

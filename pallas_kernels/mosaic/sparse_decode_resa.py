@@ -24,8 +24,8 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels.mosaic.sparse_decode import decode_partials
-from pallas_kernels.softmax import check_softcap, default_scale
-from pallas_kernels.sparse_decode import kv_head_lists, selection_rows
+from pallas_kernels.softmax import default_scale
+from pallas_kernels.sparse_decode import checked_lists
 from pallas_kernels.sparse_decode_resa import _finish, sparse_decode_resa_reference
 
 
@@ -60,16 +60,14 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
                                         block_size=block_size, scale=scale, pos=pos,
                                         epilogue=epilogue, extras=extras, softcap=softcap)
-  softcap = check_softcap(softcap)
-  _common.check_block_size(block_size, k.shape[2])
+  softcap, lists = checked_lists(q, k, block_idx, n_valid, block_size, softcap)
   b, hq, d = q.shape
-  hkv, n = k.shape[1], block_idx.shape[2]
-  selection_rows(hq, hkv, block_idx.shape[1])
-  if n == 0:
+  hkv = k.shape[1]
+  if lists is None:
     zeros, empty = jnp.zeros((b, hq, d), jnp.float32), jnp.full((b, hq), -jnp.inf, jnp.float32)
     return _finish((zeros, empty), (zeros, empty), jnp.zeros((b, hq), jnp.int32), epilogue,
                    extras)
-  idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
+  idx, nv, words = lists
   g = hq // hkv
   heads = lambda x: x.reshape(b, hkv, g, *x.shape[2:])  # [B, N, ...] -> [B, K, G, ...]
   got = decode_partials(
