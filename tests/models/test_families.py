@@ -10,6 +10,7 @@ has no window mask and is refused, as on Mistral (``test_sliding_window``). Gemm
 """
 
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -21,50 +22,81 @@ from tests.models import tiny
 
 PROMPT_LEN = 9
 KW = dict(prefill_chunk=4, capacity=32)
-
-
-@pytest.fixture(scope="module", params=tiny.NEW_FAMILIES)
-def family(request, tmp_path_factory):
-  return tiny.loaded(request.param, tmp_path_factory)
+TEACHER_FORCED = (tiny.LONGROPE_ORIGINAL, 26)
+LONGROPE_SWITCH = (tiny.LONGROPE_ORIGINAL, tiny.LONGROPE_ORIGINAL + 1)  # short, then long
 
 
 _tokens = tiny.random_tokens
+SHARDED = ("phi3_window", "gemma3_text")
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+  """``name -> (path, references)``: every checkpoint of this module and every transformers
+  reference its tests compare with, computed in one child process (``tiny.references``);
+  ``name + "@40KB"``: the checkpoint saved in 40 KB shards."""
+  root = tmp_path_factory.mktemp("hf")
+  specs = []
+  for name in tiny.NEW_FAMILIES:
+    requests = {"greedy": tiny.greedy(_tokens(1, tiny.LONGROPE_ORIGINAL + 1), 8),
+                "f32_24": tiny.logits(_tokens(2, 24)),
+                "bf16_24": tiny.logits(_tokens(2, 24), "bfloat16")}
+    for n in TEACHER_FORCED:
+      requests[f"f32_{n}"] = tiny.logits(_tokens(2, n))
+    if name == "phi3_longrope":
+      for n in LONGROPE_SWITCH:
+        requests[f"switch_{n}"] = tiny.logits(_tokens(1, n, seed=n))
+      requests["greedy_short"] = tiny.greedy(_tokens(1, PROMPT_LEN), 7)
+    specs.append((name, root / name, requests, {}))
+  for name in SHARDED:
+    specs.append((name, root / f"{name}_sharded", {"f32_20": tiny.logits(_tokens(1, 20))},
+                  dict(max_shard_size="40KB")))
+  refs = tiny.references(specs)
+  keys = list(tiny.NEW_FAMILIES) + [f"{name}@40KB" for name in SHARDED]
+  return {k: (str(spec[1]), r) for k, spec, r in zip(keys, specs, refs)}
+
+
+@pytest.fixture(scope="module", params=tiny.NEW_FAMILIES)
+def family(request, hf):
+  """``(name, path, model, references)``."""
+  path, refs = hf[request.param]
+  return request.param, path, models.load(path), refs
 
 
 def test_greedy_generate_matches_transformers(family):
   """A prompt past phi3_window's window and phi3_longrope's original length (17 > 16: the
   long factors throughout, in transformers and in a run of this capacity)."""
-  _, path, model = family
+  _, _, model, refs = family
   prompt = _tokens(1, tiny.LONGROPE_ORIGINAL + 1)
-  want = tiny.hf_greedy(path, prompt, 8)
+  want = refs["greedy"]
   out = decode.generate(model, prompt[0].tolist(), 8, methods.make("dense", block_size=4),
                         stop_at_eos=False, **KW)
   assert out.tokens[0] == want
 
 
-@pytest.mark.parametrize("n", [tiny.LONGROPE_ORIGINAL, 26])
+@pytest.mark.parametrize("n", TEACHER_FORCED)
 def test_teacher_forced_matches_transformers(family, n):
   """A cache of 16 positions (LongRoPE's short factors) and of 28 (the long ones), as
   transformers' forward over 16 and 26 tokens."""
-  _, path, model = family
+  _, _, model, refs = family
   tokens = _tokens(2, n)
-  ref = tiny.hf_logits(path, tokens)
+  ref = refs[f"f32_{n}"]
   got = decode.teacher_forced(model, tokens, PROMPT_LEN, methods.make("dense", block_size=4),
                               prefill_chunk=4)
   assert tiny.rel_error(got, ref[:, PROMPT_LEN - 1:]) <= 1e-4
 
 
 def test_bfloat16_logits_close(family):
-  _, path, _ = family
+  _, path, _, refs = family
   model = models.load(path, dtype="bfloat16")
   tokens = _tokens(2, 24)
   got = np.asarray(model.forward(tokens))
-  assert tiny.rel_error(got, tiny.hf_logits(path, tokens)) <= 3e-2
-  assert tiny.rel_error(got, tiny.hf_logits(path, tokens, "bfloat16")) <= 3e-2
+  assert tiny.rel_error(got, refs["f32_24"]) <= 3e-2
+  assert tiny.rel_error(got, refs["bf16_24"]) <= 3e-2
 
 
 def test_full_budget_methods_equal_dense(family):
-  name, _, model = family
+  name, _, model, _ = family
   tokens = _tokens(1, 26, seed=5)
   run = lambda m: decode.teacher_forced(model, tokens, 13, m, **KW)
   dense = run(methods.make("dense", block_size=4))
@@ -83,7 +115,7 @@ def test_full_budget_methods_equal_dense(family):
 def test_fused_decode_layout_equals_loaded(family):
   """The GPU decode layout (q/k/v and gate/up fused) keeps Qwen3's q/k norms and reads
   Phi-3's split projections back in transformers' order."""
-  _, _, model = family
+  _, _, model, _ = family
   fused = models.Model(model.config, llama.decode_layout(model.params, fuse=True), None)
   assert llama.is_fused(fused.params["layers"])
   tokens = _tokens(1, 20)
@@ -93,16 +125,16 @@ def test_fused_decode_layout_equals_loaded(family):
   np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_longrope_short_and_long(tmp_path):
-  path = tiny.make_hf("phi3_longrope", tmp_path)
+def test_longrope_short_and_long(hf):
+  path, refs = hf["phi3_longrope"]
   model = models.load(path)
   rope = model.config.rope
   assert rope.rope_type == "longrope" and rope.original_max_position_embeddings == 16
   assert rope.factor == 256 / 16
   assert math.isclose(rope.attention_factor, math.sqrt(1 + math.log(16) / math.log(16)))
-  for n in (tiny.LONGROPE_ORIGINAL, tiny.LONGROPE_ORIGINAL + 1):  # short factors, then long
+  for n in LONGROPE_SWITCH:  # short factors, then long
     tokens = _tokens(1, n, seed=n)
-    assert tiny.rel_error(model.forward(tokens), tiny.hf_logits(path, tokens)) <= 1e-4
+    assert tiny.rel_error(model.forward(tokens), refs[f"switch_{n}"]) <= 1e-4
   tokens = _tokens(1, 20)
   short_prefix = np.asarray(model.forward(tokens[:, :16]))
   long_prefix = np.asarray(model.forward(tokens))[:, :16]
@@ -111,13 +143,13 @@ def test_longrope_short_and_long(tmp_path):
   prompt = _tokens(1, PROMPT_LEN)
   out = decode.generate(model, prompt[0].tolist(), 7, methods.make("dense", block_size=4),
                         stop_at_eos=False, prefill_chunk=4, capacity=16)
-  assert out.tokens[0] == tiny.hf_greedy(path, prompt, 7)
+  assert out.tokens[0] == refs["greedy_short"]
 
 
-@pytest.mark.parametrize("name", ["phi3_window", "gemma3_text"])
-def test_sharded_checkpoint_loads(tmp_path, name):
-  path = tiny.make_hf(name, tmp_path, max_shard_size="40KB")
-  assert (tmp_path / "model.safetensors.index.json").exists()
-  assert len(list(tmp_path.glob("model-*.safetensors"))) > 1
+@pytest.mark.parametrize("name", SHARDED)
+def test_sharded_checkpoint_loads(hf, name):
+  path, refs = hf[f"{name}@40KB"]
+  assert (pathlib.Path(path) / "model.safetensors.index.json").exists()
+  assert len(list(pathlib.Path(path).glob("model-*.safetensors"))) > 1
   tokens = _tokens(1, 20)
-  assert tiny.rel_error(models.load(path).forward(tokens), tiny.hf_logits(path, tokens)) <= 1e-4
+  assert tiny.rel_error(models.load(path).forward(tokens), refs["f32_20"]) <= 1e-4

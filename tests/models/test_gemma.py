@@ -24,12 +24,32 @@ PROMPT_LEN = 13  # > the window
 KW = dict(prefill_chunk=4, capacity=32)
 
 
-@pytest.fixture(scope="module", params=tiny.GEMMA_FAMILIES)
-def family(request, tmp_path_factory):
-  return tiny.loaded(request.param, tmp_path_factory)
-
-
 _tokens = tiny.random_tokens
+TEACHER_FORCED = (16, 26)
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+  """``name -> (path, references)``: both checkpoints and every transformers reference the
+  tests compare with, computed in one child process (``tiny.references``)."""
+  root = tmp_path_factory.mktemp("hf")
+  specs = []
+  for name in tiny.GEMMA_FAMILIES:
+    requests = {"f32_24": tiny.logits(_tokens(2, 24)),
+                "bf16_24": tiny.logits(_tokens(2, 24), "bfloat16"),
+                "greedy": tiny.greedy(_tokens(1, PROMPT_LEN), 12)}
+    for n in TEACHER_FORCED:
+      requests[f"f32_{n}"] = tiny.logits(_tokens(2, n))
+    specs.append((name, root / name, requests, {}))
+  refs = tiny.references(specs)
+  return {name: (str(root / name), r) for name, r in zip(tiny.GEMMA_FAMILIES, refs)}
+
+
+@pytest.fixture(scope="module", params=tiny.GEMMA_FAMILIES)
+def family(request, hf):
+  """``(name, path, model, references)``."""
+  path, refs = hf[request.param]
+  return request.param, path, models.load(path), refs
 
 
 def _dense():
@@ -37,7 +57,7 @@ def _dense():
 
 
 def test_config_reads_the_family(family):
-  name, _, model = family
+  name, _, model, _ = family
   c = model.config
   assert c.norm_plus_one and c.sandwich_norms and c.scale_embeddings and c.tie_word_embeddings
   assert c.hidden_act == "gelu_pytorch_tanh" and c.softmax_scale == 0.5  # 4 ** -0.5
@@ -56,9 +76,9 @@ def test_config_reads_the_family(family):
 def test_forward_matches_transformers_and_the_caps_matter(family):
   """float32 logits within 1e-4 relative; without its soft-caps (or with one RoPE base, or
   without windows) the model is measurably another one, so each is tested."""
-  name, path, model = family
+  name, _, model, refs = family
   tokens = _tokens(2, 24)
-  ref = tiny.hf_logits(path, tokens)
+  ref = refs["f32_24"]
   assert tiny.rel_error(model.forward(tokens), ref) <= 1e-4
   c = model.config
   variants = {"final_softcap": c.replace(final_softcap=None),
@@ -72,19 +92,19 @@ def test_forward_matches_transformers_and_the_caps_matter(family):
     assert tiny.rel_error(got, ref) > 1e-2, what
 
 
-@pytest.mark.parametrize("n", [16, 26])
+@pytest.mark.parametrize("n", TEACHER_FORCED)
 def test_teacher_forced_matches_transformers(family, n):
-  _, path, model = family
+  _, _, model, refs = family
   tokens = _tokens(2, n)
-  ref = tiny.hf_logits(path, tokens)
+  ref = refs[f"f32_{n}"]
   got = decode.teacher_forced(model, tokens, PROMPT_LEN, _dense(), **KW)
   assert tiny.rel_error(got, ref[:, PROMPT_LEN - 1:]) <= 1e-4
 
 
 def test_greedy_generate_matches_transformers(family):
-  _, path, model = family
+  _, _, model, refs = family
   prompt = _tokens(1, PROMPT_LEN)
-  want = tiny.hf_greedy(path, prompt, 12)
+  want = refs["greedy"]
   out = decode.generate(model, prompt[0].tolist(), 12, _dense(), stop_at_eos=False, **KW)
   assert out.tokens[0] == want
 
@@ -92,11 +112,11 @@ def test_greedy_generate_matches_transformers(family):
 def test_bfloat16_logits_close(family):
   """Within the other families' 3e-2, or within transformers' own bfloat16 error where that is
   larger (the tiny Gemma 3: 6.2e-2 for transformers, 4.1e-2 here, against its float32)."""
-  _, path, _ = family
+  _, path, _, refs = family
   model = models.load(path, dtype="bfloat16")
   tokens = _tokens(2, 24)
   got = np.asarray(model.forward(tokens))
-  f32, bf16 = tiny.hf_logits(path, tokens), tiny.hf_logits(path, tokens, "bfloat16")
+  f32, bf16 = refs["f32_24"], refs["bf16_24"]
   bound = max(3e-2, tiny.rel_error(bf16, f32))
   assert tiny.rel_error(got, f32) <= bound
   assert tiny.rel_error(got, bf16) <= bound
@@ -106,7 +126,7 @@ def test_full_budget_methods_equal_dense(family):
   """A selector, an enhancer and a compression method at full budget equal dense: each local
   layer runs under its window (the selector ranks only blocks inside it, SnapKV's attention
   and votes are windowed), every layer soft-capped (Gemma 2)."""
-  name, _, model = family
+  name, _, model, _ = family
   tokens = _tokens(1, 26, seed=5)
   run = lambda m: decode.teacher_forced(model, tokens, PROMPT_LEN, m, **KW)
   dense = run(_dense())
@@ -120,7 +140,7 @@ def test_full_budget_methods_equal_dense(family):
 
 def test_the_fused_decode_layout_equals_forward(family):
   """The GPU decode layout (q/k/v, gate/up fused) keeps the four norms and the q/k norms."""
-  _, _, model = family
+  _, _, model, _ = family
   fused = models.Model(model.config, llama.decode_layout(model.params, fuse=True), None)
   tokens = _tokens(1, 20)
   got = decode.teacher_forced(fused, tokens, PROMPT_LEN, _dense(), prefill_chunk=4)
@@ -131,7 +151,7 @@ def test_the_fused_decode_layout_equals_forward(family):
 def test_methods_that_cannot_follow_are_refused(family):
   """RESA and retro have no window mask (the local layers refuse them); RESA, the adaptive
   rules and Expected Attention do not model a soft-cap (Gemma 2 refuses them on every layer)."""
-  name, _, model = family
+  name, _, model, _ = family
   prompt = _tokens(1, PROMPT_LEN)[0].tolist()
   refused = ["quest+resa", "quest+retro:w=2"]
   if name == "gemma2":
@@ -145,7 +165,7 @@ def test_within_the_window_every_layer_is_global(family):
   """A run whose cache never outgrows the window asks no method for a window: retro runs (its
   window partials soft-capped on Gemma 2) and RESA runs on Gemma 3 (no soft-cap), both equal
   to dense at full budget."""
-  name, _, model = family
+  name, _, model, _ = family
   tokens = _tokens(1, tiny.GEMMA_WINDOW, seed=7)
   kw = dict(prefill_chunk=4, capacity=tiny.GEMMA_WINDOW)
   dense = decode.teacher_forced(model, tokens, 4, _dense(), **kw)

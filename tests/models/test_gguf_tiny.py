@@ -10,30 +10,42 @@ from tests.models import gguf_writer, tiny
 VOCAB = dict(vocab_size=300)
 
 
+TOKENS = np.random.default_rng(0).integers(0, 300, (1, 20))
+NAMES = ("llama_gqa_tied", "qwen2", "qwen3", "llama3_rope")
+
+
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
   monkeypatch.setenv("SPARSE_ATTN_CACHE", str(tmp_path / "cache"))
 
 
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+  """``name -> (path, transformers' logits of TOKENS)``: the 300-token-vocabulary checkpoints
+  (read only; each test writes its own GGUF), all made in one child process."""
+  root = tmp_path_factory.mktemp("hf")
+  refs = tiny.references([(n, root / n, {"f32": tiny.logits(TOKENS)}, VOCAB) for n in NAMES])
+  return {n: (str(root / n), r["f32"]) for n, r in zip(NAMES, refs)}
+
+
 @pytest.mark.parametrize("name, arch", [("llama_gqa_tied", "llama"), ("qwen2", "qwen2"),
                                         ("qwen3", "qwen3"), ("llama3_rope", "llama")])
-def test_gguf_logits_match_transformers(name, arch, tmp_path, monkeypatch):
-  ref = tiny.make_hf(name, tmp_path / "hf", vocab_size=300)
+def test_gguf_logits_match_transformers(name, arch, hf, tmp_path):
+  ref, want = hf[name]
   gguf_writer.write_gguf(ref, tmp_path / "m.gguf", arch)
   model = models.load(str(tmp_path / "m.gguf"))
   assert model.config.model_type == arch
   assert model.config.tie_word_embeddings == (name == "llama_gqa_tied")
-  tokens = np.random.default_rng(0).integers(0, 300, (1, 20))
-  assert tiny.rel_error(model.forward(tokens), tiny.hf_logits(ref, tokens)) <= 1e-4
+  assert tiny.rel_error(model.forward(TOKENS), want) <= 1e-4
   assert model.tokenizer.encode(" t<|endoftext|>") == [256, 257]
   assert (model.config.rope.freq_factors is not None) == (name == "llama3_rope")
   again = models.load(str(tmp_path / "m.gguf"))  # from the converted cache: the same model
   assert again.config == model.config
 
 
-def test_rope_freqs_equal_llama3_scaling(tmp_path):
+def test_rope_freqs_equal_llama3_scaling(hf, tmp_path):
   """llama.cpp's ``rope_freqs`` divisors and our llama3 scaling give the same frequencies."""
-  ref = tiny.make_hf("llama3_rope", tmp_path / "hf", vocab_size=300)
+  ref, _ = hf["llama3_rope"]
   gguf_writer.write_gguf(ref, tmp_path / "m.gguf")
   config = models.load(str(tmp_path / "m.gguf")).config
   hf = models.load(ref).config
@@ -43,16 +55,15 @@ def test_rope_freqs_equal_llama3_scaling(tmp_path):
                              rope.inverse_frequencies(hf.rope, d), rtol=1e-6)
 
 
-def test_q8_dequantized_close(tmp_path, monkeypatch):
-  ref = tiny.make_hf("llama_gqa_tied", tmp_path / "hf", vocab_size=300)
+def test_q8_dequantized_close(hf, tmp_path):
+  ref, want = hf["llama_gqa_tied"]
   gguf_writer.write_gguf(ref, tmp_path / "m.gguf", q8_mlp=True)
   model = models.load(str(tmp_path / "m.gguf"))
-  tokens = np.random.default_rng(0).integers(0, 300, (1, 20))
-  assert tiny.rel_error(model.forward(tokens), tiny.hf_logits(ref, tokens)) <= 2e-2
+  assert tiny.rel_error(model.forward(TOKENS), want) <= 2e-2
 
 
-def test_corrupt_or_partial_cache_is_rebuilt(tmp_path, monkeypatch):
-  ref = tiny.make_hf("llama_gqa_tied", tmp_path / "hf", vocab_size=300)
+def test_corrupt_or_partial_cache_is_rebuilt(hf, tmp_path):
+  ref, _ = hf["llama_gqa_tied"]
   gguf_writer.write_gguf(ref, tmp_path / "m.gguf")
   first = models.load(str(tmp_path / "m.gguf"))
   (entry,) = (tmp_path / "cache").iterdir()

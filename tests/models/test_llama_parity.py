@@ -1,6 +1,7 @@
 """Logits of the Flax port vs transformers on tiny random checkpoints (float32)."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -10,13 +11,24 @@ from models import hf_loader
 from models.config import ModelConfig
 from tests.models import tiny
 
+TOKENS = np.random.default_rng(1).integers(0, tiny.BASE["vocab_size"], (2, 24))
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+  """``name -> (path, transformers' logits of TOKENS)`` for every tiny config, all computed
+  in one child process (``tiny.references``)."""
+  root = tmp_path_factory.mktemp("hf")
+  names = sorted(tiny.CONFIGS)
+  refs = tiny.references([(n, root / n, {"f32": tiny.logits(TOKENS)}, {}) for n in names])
+  return {n: (str(root / n), r["f32"]) for n, r in zip(names, refs)}
+
 
 @pytest.mark.parametrize("name", sorted(tiny.CONFIGS))
-def test_logits_match_transformers(name, tmp_path):
-  tiny.make_hf(name, tmp_path)
-  model = models.load(str(tmp_path))
-  tokens = np.random.default_rng(1).integers(0, tiny.BASE["vocab_size"], (2, 24))
-  ref = tiny.hf_logits(tmp_path, tokens)
+def test_logits_match_transformers(name, hf):
+  path, ref = hf[name]
+  model = models.load(path)
+  tokens = TOKENS
   ours = np.asarray(model.forward(tokens))
   assert ours.shape == ref.shape
   assert tiny.rel_error(ours, ref) <= 1e-4
@@ -35,9 +47,8 @@ def test_phi3_su_config_reads_as_longrope():
   assert cfg.rope.for_context(4097).longrope_long is True
 
 
-def test_config_fields(tmp_path):
-  tiny.make_hf("qwen2", tmp_path)
-  cfg = models.load(str(tmp_path)).config
+def test_config_fields(hf):
+  cfg = models.load(hf["qwen2"][0]).config
   assert cfg.model_type == "qwen2" and cfg.qkv_bias and not cfg.o_bias
   assert not cfg.tie_word_embeddings and cfg.rope.theta == 1e6
   assert cfg.group_size == 2
@@ -72,8 +83,9 @@ def test_unsupported_options_raise(bad, match):
     ModelConfig.from_hf_config(_hf_config(**bad))
 
 
-def test_shape_mismatch_names_tensor(tmp_path):
-  tiny.make_hf("llama_gqa_tied", tmp_path)
+def test_shape_mismatch_names_tensor(hf, tmp_path):
+  tmp_path = tmp_path / "llama_gqa_tied"
+  shutil.copytree(hf["llama_gqa_tied"][0], tmp_path)  # the module's copy stays intact
   cfg = json.loads((tmp_path / "config.json").read_text())
   cfg["intermediate_size"] = 120
   (tmp_path / "config.json").write_text(json.dumps(cfg))

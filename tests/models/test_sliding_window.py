@@ -19,32 +19,40 @@ PROMPT_LEN = 13  # > WINDOW
 KW = dict(prefill_chunk=4, capacity=32)
 
 
-@pytest.fixture(scope="module")
-def mistral(tmp_path_factory):
-  path = tiny.make_hf("mistral_window", tmp_path_factory.mktemp("mistral"))
-  model = models.load(path)
-  assert model.config.sliding_window == WINDOW
-  return path, model
-
-
 def _tokens(b, n, seed=3):
   return np.random.default_rng(seed).integers(0, tiny.BASE["vocab_size"], (b, n))
 
 
+NEW = 12  # greedy tokens
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+  """``(references, model)``: transformers' logits and greedy tokens computed in the child
+  that saves the checkpoint (``tiny.references``)."""
+  path = tmp_path_factory.mktemp("mistral")
+  (refs,) = tiny.references([("mistral_window", path, {
+      "f32_26": tiny.logits(_tokens(2, 26)),
+      "greedy": tiny.greedy(_tokens(1, PROMPT_LEN), NEW)}, {})])
+  model = models.load(str(path))
+  assert model.config.sliding_window == WINDOW
+  return refs, model
+
+
 def test_teacher_forced_matches_transformers(mistral):
-  ref_path, model = mistral
+  refs, model = mistral
   tokens = _tokens(2, 26)
-  ref = tiny.hf_logits(ref_path, tokens)
+  ref = refs["f32_26"]
   ours = decode.teacher_forced(model, tokens, PROMPT_LEN, methods.make("dense", block_size=4),
                                **KW)
   assert tiny.rel_error(ours, ref[:, PROMPT_LEN - 1:]) <= 1e-4
 
 
 def test_greedy_generate_matches_transformers(mistral):
-  ref_path, model = mistral
+  refs, model = mistral
   prompt = _tokens(1, PROMPT_LEN)
-  new = 12
-  want = tiny.hf_greedy(ref_path, prompt, new)
+  new = NEW
+  want = refs["greedy"]
   out = decode.generate(model, prompt[0].tolist(), new, methods.make("dense", block_size=4),
                         stop_at_eos=False, **KW)
   assert out.tokens[0] == want

@@ -78,6 +78,32 @@ def make_many(specs) -> list[str]:
   return [str(p) for _, p, _ in specs]
 
 
+def logits(tokens, dtype: str = "float32") -> tuple:
+  """A ``references`` request: transformers' logits ``[B, S, V]`` (float32) of ``tokens``, run
+  in ``dtype`` (as ``hf_logits``)."""
+  return ("logits", np.asarray(tokens), dtype)
+
+
+def greedy(prompt, new: int) -> tuple:
+  """A ``references`` request: transformers' greedy continuation of ``prompt [1, S]`` (as
+  ``hf_greedy``)."""
+  return ("greedy", np.asarray(prompt), new)
+
+
+def references(specs) -> list[dict]:
+  """Checkpoints and their transformers references, all in one child process (one PyTorch
+  start, each checkpoint loaded once per dtype).
+
+  Args:
+    specs: ``(name, path, requests, options)`` each: ``make_hf(name, path, **options)``, then
+      ``requests``, a dict ``key -> logits(...) | greedy(...)``, computed on that checkpoint.
+
+  Returns:
+    Per spec, ``key -> array | token list`` (what ``hf_logits`` / ``hf_greedy`` return).
+  """
+  return isolated.run(_references, [(n, str(p), dict(r), dict(o)) for n, p, r, o in specs])
+
+
 def loaded(name: str, tmp_path_factory):
   """``(name, path, model)``: the tiny random ``name`` checkpoint saved by transformers in a
   fresh temporary folder, and ours loaded from it (a module-scoped fixture's value)."""
@@ -124,6 +150,27 @@ def _make_many(specs):
     _make_hf(name, path, 0, overrides)
 
 
+def _references(specs):
+  out = []
+  for name, path, requests, options in specs:
+    options = dict(options)
+    seed, shards = options.pop("seed", 0), options.pop("max_shard_size", None)
+    _make_hf(name, path, seed, options, shards)
+    held = {}  # dtype -> the loaded model
+    got = {}
+    for key, (kind, x, arg) in requests.items():
+      if kind == "logits":
+        if arg not in held:
+          held[arg] = _load(path, arg)
+        got[key] = _hf_logits(path, x, arg, held[arg])
+      else:
+        if "float32" not in held:
+          held["float32"] = _load(path)
+        got[key] = _hf_greedy(path, x, arg, held["float32"])
+    out.append(got)
+  return out
+
+
 def _load(path, dtype="float32"):
   import torch
   import transformers
@@ -131,16 +178,18 @@ def _load(path, dtype="float32"):
       path, dtype=getattr(torch, dtype)).eval()
 
 
-def _hf_logits(path, tokens, dtype="float32"):
+def _hf_logits(path, tokens, dtype="float32", model=None):
   import torch
+  model = model if model is not None else _load(path, dtype)
   with torch.no_grad():
-    return _load(path, dtype)(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
+    return model(torch.as_tensor(tokens, dtype=torch.long)).logits.float().numpy()
 
 
-def _hf_greedy(path, prompt, new):
+def _hf_greedy(path, prompt, new, model=None):
   import torch
+  model = model if model is not None else _load(path)
   with torch.no_grad():
-    out = _load(path).generate(torch.as_tensor(prompt), max_new_tokens=new, do_sample=False,
+    out = model.generate(torch.as_tensor(prompt), max_new_tokens=new, do_sample=False,
                                min_new_tokens=new, pad_token_id=0)
   return out[0, prompt.shape[1]:].tolist()
 
