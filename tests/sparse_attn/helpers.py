@@ -33,3 +33,31 @@ def select(name, q, cache, budget, **options):
   """The selection of selector ``name`` (its options: gqa, variant, ...) on the jnp path."""
   sel = selectors.SELECTORS[name](budget=budget, block_size=cache.block_size, **options)
   return sel.select(q, cache, impl="xla")
+
+
+def prefill_then_decode(m, rng, lengths, *, capacity, head_dim, steps, dtype=jnp.float32,
+                        scale=1.0, b=2, hq=4, hkv=2, jit=False):
+  """Method ``m`` on random prompts of ``lengths`` (0 = a padding row): prefill, end_prefill,
+  then ``steps`` one-token decode steps (``jit``: one compiled step) ->
+  ``(outs, cache after the prompt, cache after the steps)``; queries and keys scaled by
+  ``scale``."""
+  import jax  # pylint: disable=import-outside-toplevel
+  d, s = head_dim, max(lengths)
+  cache = m.init_cache(b, hkv, capacity, d, dtype)
+  state = m.init_state(b, hq, hkv, d, capacity, dtype)
+  pos = np.full((b, s), -1, np.int32)
+  for i, n in enumerate(lengths):
+    pos[i, :n] = np.arange(n)
+  q = normal(rng, (b, hq, s, d), dtype, scale)
+  k = normal(rng, (b, hkv, s, d), dtype, scale)
+  v = normal(rng, (b, hkv, s, d), dtype)
+  _, cache, state = m.prefill(q, k, v, cache, state, jnp.asarray(pos))
+  cache, state = m.end_prefill(cache, state)
+  prompt_cache, outs, step = cache, [], jax.jit(m.decode) if jit else m.decode
+  for t in range(steps):
+    p = jnp.asarray([[n + t if n else -1] for n in lengths], jnp.int32)
+    q1, k1, v1 = (normal(rng, (b, h, 1, d), dtype, scale if x != 2 else 1.0)
+                  for x, h in enumerate((hq, hkv, hkv)))
+    out, cache, state = step(q1, k1, v1, cache, state, p)
+    outs.append(out)
+  return outs, prompt_cache, cache

@@ -74,26 +74,11 @@ def test_the_budget_split_follows_the_authors_compress():
     methods.make("rocketkv", budget=0.1, nope=1)
 
 
-def _run(m, rng, lengths, steps=3, dtype=jnp.float32, scale=1.0, b=2, hq=4, hkv=2):
-  """Prefill random prompts of ``lengths``, end_prefill, ``steps`` decode steps -> outputs."""
-  s = max(lengths)
-  cache = m.init_cache(b, hkv, CAP, D, dtype)
-  state = m.init_state(b, hq, hkv, D, CAP, dtype)
-  pos = np.full((b, s), -1, np.int32)
-  for i, n in enumerate(lengths):
-    pos[i, :n] = np.arange(n)
-  q = helpers.normal(rng, (b, hq, s, D), dtype, scale)
-  k = helpers.normal(rng, (b, hkv, s, D), dtype, scale)
-  v = helpers.normal(rng, (b, hkv, s, D), dtype)
-  _, cache, state = m.prefill(q, k, v, cache, state, jnp.asarray(pos))
-  cache, state = m.end_prefill(cache, state)
-  outs = []
-  for t in range(steps):
-    p = jnp.asarray([[n + t if n else -1] for n in lengths], jnp.int32)
-    q1, k1, v1 = (helpers.normal(rng, (b, h, 1, D), dtype, scale if x != 2 else 1.0)
-                  for x, h in enumerate((hq, hkv, hkv)))
-    out, cache, state = m.decode(q1, k1, v1, cache, state, p)
-    outs.append(out)
+def _run(m, rng, lengths, steps=3, **kw):
+  """Prefill random prompts of ``lengths``, end_prefill, ``steps`` decode steps ->
+  ``(outputs, cache after the steps)``."""
+  outs, _, cache = helpers.prefill_then_decode(m, rng, lengths, capacity=CAP, head_dim=D,
+                                               steps=steps, **kw)
   return outs, cache
 
 
