@@ -4,7 +4,7 @@ r"""Kept tokens of our compression methods against kvpress's presses, per layer 
   python -m experiments.kvpress_parity --kvpress_path=/tmp/kvp --length=2048 --ratio=0.5
 
 Not part of CI (kvpress is not a dependency). The embedded SmolLM2's post-RoPE keys and values
-of a real text are captured once (a dense prefill, ``experiments.analysis.capture``); then per
+of a real text are captured once (a dense prefill, ``experiments.common.capture``); then per
 press, per layer and kv head, the tokens our method keeps after ``end_prefill``'s scoring
 (``keep_mask`` at ``ceil((1 - ratio) L)`` per head) are compared with the top-``n_kept`` of
 kvpress's ``press.score`` on the same tensors (``compute_n_kept``), and the overlap
@@ -42,7 +42,7 @@ from absl import app, flags
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.analysis import capture
+from experiments.common import capture
 from experiments.common import modelzoo, peer_kvpress
 from experiments import kvpress_parity_window as window
 from sparse_attn import methods

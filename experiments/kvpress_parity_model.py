@@ -26,7 +26,7 @@ import types
 from absl import app, flags
 import numpy as np
 
-from experiments.analysis import capture
+from experiments.common import capture
 from experiments.common import calibration, modelzoo, peer_kvpress
 from sparse_attn.compression import duo_attention
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from experiments.analysis import capture as capture_lib
+from experiments.common import capture as capture_lib
 from experiments.analysis import errors, resa_decomposition
 from experiments.common import cli, modelzoo, render
 from experiments.common.results import ResultWriter

@@ -16,7 +16,7 @@ import collections
 
 import numpy as np
 
-from experiments.analysis import capture as capture_lib
+from experiments.common import capture as capture_lib
 from experiments.analysis import errors
 from experiments.common import render, specs
 from experiments.tasks import accuracy, ruler

@@ -37,7 +37,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from scipy import stats
 
-from experiments.analysis import capture as capture_lib
+from experiments.common import capture as capture_lib
 from experiments.analysis import kept_tokens
 from experiments.common import cli, modelzoo, render, specs
 from experiments.common.results import ResultWriter

@@ -24,7 +24,7 @@ import os
 import matplotlib.pyplot as plt
 import numpy as np
 
-from experiments.analysis import capture as capture_lib
+from experiments.common import capture as capture_lib
 from experiments.analysis import kept_tokens
 from experiments.common import cli, modelzoo, render, specs
 from experiments.common.results import ResultWriter

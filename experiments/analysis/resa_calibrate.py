@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from experiments.analysis import calibrate, errors, quality
-from experiments.analysis import capture as capture_lib
+from experiments.common import capture as capture_lib
 from experiments.common import checkpoint, cli, modelzoo, render
 from experiments.common.results import ResultWriter
 from sparse_attn import methods

@@ -14,7 +14,7 @@ import time
 
 import numpy as np
 
-from experiments.analysis import capture as capture_lib
+from experiments.common import capture as capture_lib
 from experiments.analysis import svd
 from experiments.common import cli, modelzoo, render
 from experiments.common.results import ResultWriter

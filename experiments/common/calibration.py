@@ -6,7 +6,7 @@ from the SVD of the model's queries on a calibration text. The authors' ``make_f
 samples 3,000 queries of 20 sequences of 2,048 tokens of a pretraining corpus; here the text is
 the first ``length`` tokens of the offline Jane Austen novels (``experiments.common.data``,
 ``/work``-independent: the package data described in the data README), one dense prefill of the
-model (``experiments.analysis.capture``: the post-RoPE queries of every layer, as the authors'
+model (``experiments.common.capture``: the post-RoPE queries of every layer, as the authors'
 patched models return them), 3,000 queries sampled per head. Computed once per model and text
 and cached as ``.npz`` under ``$SPARSE_ATTN_CACHE`` (default ``~/.cache/sparse_attn``).
 
@@ -60,7 +60,7 @@ def qfilters(model, text: str = "austen", length: int = 4096, samples: int = 300
   path = _cache_path(model, "qfilters", text, length, samples)
   if os.path.exists(path):
     return np.load(path)["filters"]
-  from experiments.analysis import capture  # pylint: disable=g-import-not-at-top (heavy)
+  from experiments.common import capture  # pylint: disable=g-import-not-at-top (heavy)
   cap = capture.capture(model, capture.text_tokens(model, text, length))
   kv = cap.k.shape[1]
   table = np.stack([qfilters_lib.filters_from_queries(cap.q[layer], kv, samples, seed)
@@ -77,7 +77,7 @@ def duo_head_scores(model, text: str = "austen", length: int = 1024, samples: in
   if os.path.exists(path):
     return np.load(path)["scores"]
   import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from experiments.analysis import capture  # pylint: disable=g-import-not-at-top (heavy)
+  from experiments.common import capture  # pylint: disable=g-import-not-at-top (heavy)
   from experiments.common import modelzoo  # pylint: disable=g-import-not-at-top
   from sparse_attn.compression import rope  # pylint: disable=g-import-not-at-top
   inv_freq = np.asarray(modelzoo.rope_inv_freq(model), np.float32)

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from experiments.analysis import capture
+from experiments.common import capture
 from models import llama
 from models.config import ModelConfig
 

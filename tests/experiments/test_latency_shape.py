@@ -121,7 +121,8 @@ def test_quick_run_of_the_gpu_benchmark(tmp_path):
 def test_every_shape_reads_as_a_model_config(name):
   c = shapes.model_config(name, "bfloat16")
   family = name.split("-")[0]
-  assert c.rope.rope_type == {"qwen3": "default", "gemma": "linear"}.get(family, "llama3")
+  assert c.rope.rope_type == {"qwen3": "default", "gemma": "linear", "r1": "default"}.get(
+      family, "llama3")
   assert c.num_heads % c.num_kv_heads == 0 and c.qk_norm == (family in ("qwen3", "gemma"))
   if name == "gemma-3-12b":
     assert c.sliding_layers == ((True,) * 5 + (False,)) * 8 and c.sliding_window == 1024

@@ -99,7 +99,7 @@ def test_spec_grammar():
   bad = [("quest+foo", {}, "valid: ['rect', 'resa', 'retro']"),
          ("quest+resa+resa", {}, "twice"),
          ("dense+resa", {}, "need a selector"),
-         ("quest+resa:f=3", {}, "valid options: ['lam', 'lam_form', 'prior_update', 'typical_query']"),
+         ("quest+resa:f=3", {}, "valid options: ['fused', 'lam', 'lam_form', 'prior_update', 'typical_query']"),
          ("quest+resa", dict(w=2), "unknown option"),
          ("quest", dict(lam=1.0), "unknown option"),
          ("quest+resa", dict(lam=-1), "lam"),
