@@ -164,12 +164,18 @@ def main(argv):
           f"{np.mean(o == 1.0):.1%} of {len(o)} |")
 
 
-if __name__ == "__main__":
+def define_flags(ratio_help: str = "Fraction evicted.") -> None:
+  """The flags every kvpress parity script takes (kvpress's folder, the text, its length, the
+  ratio), defined when a script runs."""
   flags.DEFINE_string("kvpress_path", "", "A folder holding kvpress (pip --target), if not "
                       "installed.")
   flags.DEFINE_integer("length", 2048, "Tokens of the text.")
-  flags.DEFINE_float("ratio", 0.5, "Fraction evicted.")
+  flags.DEFINE_float("ratio", 0.5, ratio_help)
   flags.DEFINE_string("text", "essays", "The text (experiments.common.data).")
+
+
+if __name__ == "__main__":
+  define_flags()
   flags.DEFINE_integer("question", 48, "FINCH: the last tokens taken as the question.")
   flags.DEFINE_list("presses", list(PRESSES) + list(window.PRESSES),
                     f"Which of {list(PRESSES) + list(window.PRESSES)}.")

@@ -74,9 +74,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  flags.DEFINE_string("kvpress_path", "", "A folder holding kvpress (pip --target), if not "
-                      "installed.")
-  flags.DEFINE_integer("length", 2048, "Tokens of the text.")
-  flags.DEFINE_float("ratio", 0.5, "Fraction of key channels pruned.")
-  flags.DEFINE_string("text", "essays", "The text (experiments.common.data).")
+  kvpress_parity.define_flags("Fraction of key channels pruned.")
   app.run(main)
