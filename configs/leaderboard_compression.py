@@ -1,0 +1,56 @@
+r"""kvpress's RULER leaderboard for the compression methods kvpress runs, on Qwen.
+
+  # query-agnostic panel (kvpress: the context compressed before the question is seen)
+  python -m experiments.accuracy --config=configs/leaderboard_compression.py \
+      --workdir=results/leaderboard_compression "--config.lengths=(4096,)"
+  # query-aware panel (the question inside the compressed prompt: SnapKV, FINCH, ChunkKV)
+  python -m experiments.accuracy --config=configs/leaderboard_compression_qa.py \
+      --workdir=results/leaderboard_compression_qa "--config.lengths=(4096,)"
+
+kvpress's leaderboard (``evaluation/leaderboard.sh``): RULER at 4k, compression ratios 0.25 /
+0.5 / 0.75 / 0.875, i.e. kept fractions 0.75 / 0.5 / 0.25 / 0.125 (``budgets`` here: the
+fraction kept). Rows per panel, as kvpress runs them:
+
+* query-agnostic: the methods of ``results/ruler_compression`` are there at 0.75 / 0.5 /
+  0.25 / 0.1 (EA Table 1's grid), so this run adds their 0.125 cell and every method new to
+  the library at all four fractions: random, CUR, LagKV, Compactor with Ada-KV head budgets
+  (kvpress's ``adakv_compactor``), Q-Filters, PyramidKV, DuoAttention on the fly, KVzip, and
+  CriticalKV / CriticalAdaKV (not on kvpress's board; ours beside them). kvpress's
+  ``duo_attention`` (trained patterns) and ``kvzap`` (a trained scorer) are out of scope.
+* query-aware: SnapKV, Ada-KV SnapKV, FINCH and ChunkKV with the question in the window.
+
+Same task mix, samples and generator as ``configs/accuracy_compression.py`` (12 RULER tasks x
+5 samples = 60 per cell, NVIDIA/RULER's generator, greedy answers, string match); one shared
+prefill per batch serves every row (``experiments.tasks.compression_union``); dense reads the
+same cache. Pairs: each new method against SnapKV, the board's reference row (run here at
+all four fractions so that every pair is within one run).
+"""
+
+from configs import accuracy_compression
+
+KEPT = (0.75, 0.5, 0.25, 0.125)  # kvpress's ratios 0.25 / 0.5 / 0.75 / 0.875
+NEW_QUERY_AGNOSTIC = ("random", "cur", "lagkv", "compactor:head_budget=adakv", "qfilters",
+                      "pyramidkv", "duo_attention_on_the_fly", "kvzip", "criticalkv",
+                      "criticaladakv")
+QUERY_AWARE = ("snapkv", "snapkv:head_budget=adakv", "finch", "chunkkv")
+
+
+def get_config(quick: bool = False, panel: str = "query_agnostic"):
+  """The ``panel`` (``query_agnostic`` or ``query_aware``) of kvpress's board."""
+  if panel not in ("query_agnostic", "query_aware"):
+    raise ValueError(f"panel must be query_agnostic or query_aware, got {panel!r}")
+  c = accuracy_compression.get_config(quick)
+  c.protocol = panel
+  c.budgets = KEPT
+  if panel == "query_agnostic":
+    older = tuple(m for m in c.methods if m not in ("dense", "snapkv"))
+    c.methods = (("dense",) + NEW_QUERY_AGNOSTIC + ("snapkv",)  # the pairs' reference
+                 + tuple(f"{m}@0.125" for m in older))  # their other cells: ruler_compression
+    c.pairs = tuple((m, "snapkv") for m in NEW_QUERY_AGNOSTIC)
+  else:
+    c.methods = ("dense",) + QUERY_AWARE
+    c.pairs = tuple((m, "snapkv") for m in QUERY_AWARE[1:])
+  if quick:
+    c.budgets = (0.5,)
+    c.methods = tuple(m for m in c.methods if "@" not in m)
+  return c
