@@ -4,14 +4,18 @@ the context it reads, per benchmark, protocol and context length.
 ``rows`` computes the cells from the ``accuracy`` experiment's records (once: the bootstrap
 intervals are not free), ``markdown`` renders them as the report's tables (one per benchmark
 and protocol, a row per method x budget, its lengths side by side), ``missing`` names the
-rows a length lacks that another length of the same benchmark has, and ``figure`` draws one
-panel per (benchmark, protocol, length): accuracy (with its 95% interval) against the share of
-the context read per head, a line per method through its budgets, dense as a line on top.
+rows a length lacks that another length of the same benchmark has, and ``figure`` draws, per
+(benchmark, protocol, length), one panel per method family (``panels``: compression, sparse
+decode with its presets, names the catalog does not hold): accuracy (with its 95% interval)
+against the share of the context read per head, a line per method through its budgets, dense
+the dashed line of every panel.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
+import re
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -20,6 +24,7 @@ from experiments.claims.tasks import base_label, benchmark, sample_key
 from experiments.claims.verdicts import RULER_GENERATOR
 from experiments.common import method_style, render, stats
 from experiments.tasks import accuracy_report
+from sparse_attn import methods
 
 XLIM, XTICKS = (1.0, 100.0), (1, 2, 5, 10, 20, 50, 100)
 DODGE = 1.06  # sideways spread (a factor on the log axis) between the points of one panel
@@ -177,45 +182,141 @@ def missing(board: list[dict]) -> str:
   return "\n".join(lines)
 
 
-def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> str | None:
-  """Writes the figure of ``rows``' answer into ``workdir``; returns its path (None without
-  rows)."""
+# the figure's panels per (benchmark, protocol, length): one per family, in this order
+FAMILY_TITLES = {"compression": "compression (eviction)",
+                 "sparse-decode": "sparse decode (selectors + enhancers)",
+                 "other": "other (not in the catalog)", "dense": "dense"}
+CROWDED = 12  # a panel with more lines than this has its legend outside the axes
+LEGEND_ROWS = 28  # entries per column of such a legend (fontsize 4.5 in a PANEL's height)
+PANEL, SLOT = (4.6, 3.8), 1.5  # inches: a panel (width, height); a legend column beside one
+SPREAD = 1.35  # at most this factor either side of a share between one panel's dodged points
+LABEL = 40  # legend labels past this many characters are cut (a calibration file's path)
+
+
+@functools.cache
+def _catalog_families() -> dict[str, str]:
+  """catalog name -> its family; a preset -> the family of the method it presets (the
+  ``expected-attention`` preset is compression, ``resa-quest`` sparse decode)."""
+  info = {i.name: i for i in methods.available()}
+  out = {}
+  for name, i in info.items():
+    if i.family == "preset":
+      base = info.get(_spec_name(i.spec))
+      out[name] = base.family if base is not None and base.family != "preset" else "other"
+    else:
+      out[name] = i.family
+  return out
+
+
+def _spec_name(spec: str) -> str:
+  """The first method name of a spec: ``"resa-quest+calibrated:fit=a"`` -> ``"resa-quest"``."""
+  return re.split(r"[:+]", str(spec), maxsplit=1)[0]
+
+
+def family(label) -> str:
+  """The figure's family of a row label (``base_label``, then its spec's first name, looked up
+  in ``sparse_attn.methods.available()``): ``"dense"``, ``"compression"``, ``"sparse-decode"``
+  or ``"other"`` (a name the catalog does not hold)."""
+  return _catalog_families().get(_spec_name(base_label(label)), "other")
+
+
+def panels(board: list[dict]) -> dict[tuple, list[dict]]:
+  """``(benchmark, protocol, length, family) -> rows`` of ``figure``'s panels, in drawing order:
+  each (benchmark, protocol, length) split by family (``FAMILY_TITLES``' order; families
+  without rows there have no panel), dense's rows in every panel of their group (a group of
+  dense alone: one ``"dense"`` panel)."""
   groups = collections.defaultdict(list)
   for r in board:
     groups[(r["benchmark"], r["protocol"], r["length"])].append(r)
-  if not groups:
+  out = {}
+  for key in sorted(groups, key=lambda k: (ORDER[k[0]], PROTOCOLS.get(k[1], len(PROTOCOLS)),
+                                           k[1], _length_order(k[2]))):
+    by = collections.defaultdict(list)
+    for r in groups[key]:
+      by[family(r["method"])].append(r)
+    dense = by.pop("dense", [])
+    for fam in sorted(by, key=list(FAMILY_TITLES).index) or ["dense"]:
+      out[key + (fam,)] = dense + by.get(fam, [])
+  return out
+
+
+def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> str | None:
+  """Writes the figure of ``rows``' answer into ``workdir``; returns its path (None without
+  rows). One panel per ``panels`` key (three to a row): accuracy (95% interval) against the
+  share of the context read per head, a line per method through its budgets, dense the dashed
+  line of every panel; one colour and marker per method across the figure."""
+  grid = panels(board)
+  if not grid:
     return None
-  fig, ax = render.new_figure(ncols=min(3, len(groups)), nrows=-(-len(groups) // 3),
-                              size=(4.6, 3.8))
-  for a in ax.flat[len(groups):]:
-    a.axis("off")
+  lines = {k: {base_label(r["method"]) for r in rs if family(r["method"]) != "dense"}
+           for k, rs in grid.items()}
+  fig, axes, beside = _layout(grid, lines)
   # one colour and marker per method in every panel, distinct within a panel
-  style = method_style.assign([{base_label(r["method"]) for r in rs if r["share"] is not None}
-                               for rs in groups.values()])
-  colour = {m: st.colour for m, st in style.items()}
-  marker = {m: st.marker for m, st in style.items()}
-  for a, ((bench, proto, length), rs) in zip(ax.flat, sorted(
-      groups.items(), key=lambda kv: (ORDER[kv[0][0]], kv[0][1], kv[0][2]))):
+  style = method_style.assign(lines.values())
+  for a, ((bench, proto, length, fam), rs) in zip(axes, grid.items()):
+    by = collections.defaultdict(list)
     for r in rs:
-      if r["share"] is None:
+      if family(r["method"]) == "dense":
         a.axhline(r["accuracy"], color="k", ls="--", lw=1, label=r["method"])
-    families = collections.defaultdict(list)
-    for r in rs:
-      if r["share"] is not None:
-        families[base_label(r["method"])].append(r)
-    for i, (m, fam) in enumerate(sorted(families.items())):
-      # one line per method across its budgets (kvpress style); methods at one share (e.g.
-      # every eviction at 50%) are spread sideways to stay readable
-      fam = sorted(fam, key=lambda r: r["share"])
-      x = [100 * r["share"] * DODGE ** (i - (len(families) - 1) / 2) for r in fam]
-      y = [r["accuracy"] for r in fam]
-      a.errorbar(x, y, yerr=[[r["accuracy"] - r["lo"] for r in fam],
-                             [r["hi"] - r["accuracy"] for r in fam]],
-                 fmt=marker[m] + "-", color=colour[m], ms=4, lw=1, capsize=2, label=m)
+      else:
+        by[base_label(r["method"])].append(r)
+    # methods at one share (e.g. every eviction at 50%) are spread sideways to stay readable
+    step = min(DODGE, SPREAD ** (2 / max(1, len(by) - 1)))
+    for i, (m, line) in enumerate(sorted(by.items())):
+      st = style[m]
+      at = [r for r in line if r["share"] is not None]
+      for r in line:  # a row without a share (none recorded): a level line
+        if r["share"] is None:
+          a.axhline(r["accuracy"], color=st.colour, ls=":", lw=1, label=_short(r["method"]))
+      if not at:
+        continue
+      # one line per method across its budgets (kvpress style)
+      at.sort(key=lambda r: r["share"])
+      x = [100 * r["share"] * step ** (i - (len(by) - 1) / 2) for r in at]
+      err = [[r["accuracy"] - r["lo"] for r in at], [r["hi"] - r["accuracy"] for r in at]]
+      a.errorbar(x, [r["accuracy"] for r in at], yerr=err,
+                 fmt=st.marker + "-", color=st.colour, ms=4, lw=1, capsize=2, label=_short(m))
     a.set(xscale="log", xlabel="context read per head (%)", ylabel="accuracy (%)",
-          title=f"{bench}, {proto}, {length} tokens", ylim=(-3, 103), xlim=XLIM)
+          title=f"{bench}, {proto}, {length} tokens\n{FAMILY_TITLES[fam]}", ylim=(-3, 103),
+          xlim=XLIM)
     a.set_xticks(XTICKS, [f"{t:g}" for t in XTICKS])
     a.minorticks_off()
     a.title.set_fontsize(8)
-    a.legend(fontsize=5, loc="best")
+    if a in beside:  # in its own slot beside the axes, so that the points stay visible
+      slot, ncol = beside[a]
+      slot.legend(*a.get_legend_handles_labels(), fontsize=4.5, loc="upper left",
+                  borderaxespad=0, ncol=ncol)
+    else:
+      a.legend(fontsize=5, loc="best")
   return render.save_figure(fig, workdir, name)
+
+
+def _layout(grid: dict, lines: dict):
+  """``(fig, axes, beside)`` for ``figure``: a panel per ``grid`` key, three to a row; a column
+  holding a panel of more than ``CROWDED`` lines is followed by a legend slot (``beside``: such
+  a panel's axes -> (its slot's axes, legend columns))."""
+  keys = list(grid)
+  ncols, nrows = min(3, len(keys)), -(-len(keys) // 3)
+  legend_cols = {k: -(-(len(lines[k]) + 1) // LEGEND_ROWS) if len(lines[k]) > CROWDED else 0
+                 for k in keys}
+  slots = [max(legend_cols[k] for k in keys[c::ncols]) for c in range(ncols)]
+  first = [sum(1 + bool(n) for n in slots[:c]) for c in range(ncols)]  # gridspec columns
+  widths = [w for n in slots for w in ((PANEL[0], SLOT * n) if n else (PANEL[0],))]
+  fig = plt.figure(figsize=(sum(widths), PANEL[1] * nrows))
+  gs = fig.add_gridspec(nrows, len(widths), width_ratios=widths)
+  axes, beside = [], {}
+  for i, k in enumerate(keys):
+    row, col = divmod(i, ncols)
+    axes.append(fig.add_subplot(gs[row, first[col]]))
+    if legend_cols[k]:
+      slot = fig.add_subplot(gs[row, first[col] + 1])
+      slot.axis("off")
+      beside[axes[-1]] = (slot, legend_cols[k])
+  return fig, axes, beside
+
+
+def _short(label: str) -> str:
+  """``label`` cut to ``LABEL`` characters (its end kept: options differ there)."""
+  if len(label) <= LABEL:
+    return label
+  return label[:LABEL // 2 - 1] + "..." + label[-(LABEL // 2 - 2):]
