@@ -81,6 +81,15 @@ class RocketKV(SnapKV):
     """The decode selector: ``topk`` tokens per kv head at compression ratio ``c``."""
     return HybridSparse(budget=self.topk, c=self.c, block_size=self.block_size)
 
+  def attended_tokens(self, context: int) -> dict:
+    """Tokens a decode step reads per kv head at a prompt of ``context`` tokens: stage 2's
+    top-k over the ``prompt_keep`` tokens stage 1 keeps (``Budget.accounting``; ``kept`` adds
+    the cache size it selects from). The harness's share of the context read is then the
+    paper's token budget, not the size of the evicted cache."""
+    kept = int(self.prompt_keep(int(context)))
+    acc = self.stage2.budget.accounting(kept, 1)
+    return dict(acc, context=int(context), kept=kept)
+
   def decode(self, q, k, v, cache, state, positions, *, scale=None):
     """Appends the new token after the kept ones and attends the stage-2 selection.
 

@@ -111,3 +111,18 @@ def test_jit_vmap_padding_and_large_bf16_logits():
   outs, _ = _run(m, rng, [0, 29], dtype=jnp.bfloat16, scale=35.0)
   for o in outs:
     assert np.all(np.isfinite(np.asarray(o, np.float32))) and not np.any(np.asarray(o[0]))
+
+
+def test_attended_tokens_are_stage_twos_reads_of_the_kept_prompt():
+  """The harness's share of the context read is the top-k over the evicted prompt: equal to
+  the n_valid stage 2 selects on the cache stage 1 leaves (brute force), not the cache size."""
+  m = methods.make("rocketkv", budget=0.2, block_size=4, window_size=4, kernel=3)
+  n = 40
+  _, cache = _run(m, np.random.default_rng(2), [n, n], steps=0)
+  acc = m.attended_tokens(n)
+  kept = math.ceil(n * (1 - m.ratio))
+  assert acc["kept"] == kept == int(cache.length[0]) and acc["context"] == n
+  q = helpers.normal(np.random.default_rng(3), (2, 4, D))
+  sel = m.stage2.select(q, cache)
+  assert acc["total"] == acc["chosen"] == int(np.asarray(sel.n_valid).max()) < kept
+  assert methods.make("rocketkv", budget=1.0).attended_tokens(n)["total"] == n

@@ -1,0 +1,26 @@
+r"""The sparse-decode methods of 2025 on the RULER leaderboard beside Quest, on Qwen.
+
+  python -m experiments.accuracy --config=configs/leaderboard_sparse.py \
+      --workdir=results/leaderboard_sparse "--config.lengths=(4096,)"
+
+Rows: TidalDecode, ShadowKV's selection, Twilight (Quest's candidates pruned to top-p mass
+with low-bit keys), RocketKV (SnapKV++ eviction, then its hybrid top-k) and its stage-2
+selector ``hybrid`` alone, each at 2.5 / 5 / 10% of the context, with Quest at the same
+fractions as every row's pair (run here again so that pairs are within one run; its cells
+equal ``results/ruler_accuracy``'s on the same samples). Protocol, task mix, samples and
+generator as ``configs/accuracy.py`` (RESA's: the question prefilled with the context, 12
+RULER tasks x 5 samples at 4k and 8k, greedy answers, string match).
+"""
+
+from configs import accuracy
+
+NEW_SPARSE_DECODE = ("tidaldecode", "shadowkv", "twilight", "rocketkv", "hybrid")
+
+
+def get_config(quick: bool = False):
+  c = accuracy.get_config(quick)
+  c.methods = ("dense", "quest") + NEW_SPARSE_DECODE
+  c.pairs = tuple((m, "quest") for m in NEW_SPARSE_DECODE)
+  if quick:
+    c.methods = ("dense", "quest") + NEW_SPARSE_DECODE
+  return c
