@@ -184,8 +184,9 @@ class Method:
 
   def attended_tokens(self, context: int) -> dict | None:
     """Tokens attended per selection head at ``context`` tokens, split into forced and chosen
-    (``Budget.accounting``); None for dense."""
-    return None if self.budget is None else self.budget.accounting(context, self.granularity)
+    (``Selector.accounting``: ``Budget.accounting`` plus what the selector attends on top of
+    its budget); None for dense."""
+    return None if self.selector is None else self.selector.accounting(context)
 
   def check_context(self, context: int):
     """Raises ValueError when a score-based selector would choose nothing by score at

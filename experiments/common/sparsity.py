@@ -46,8 +46,10 @@ def attended(method, context: int) -> Attended:
     return Attended(context, context, "dense")
   acc = method.attended_tokens(context)
   if acc is not None:
+    what = "sinks, local window" + (f", {acc['outliers']} in outlier blocks"
+                                    if acc.get("outliers") else "")  # ShadowKV's
     return Attended(int(acc["total"]), context,
-                    f"{acc['forced']} forced (sinks, local window) + {acc['chosen']} chosen",
+                    f"{acc['forced']} forced ({what}) + {acc['chosen']} chosen",
                     int(acc["forced"]))
   ratio = getattr(method, "ratio", None)
   if ratio is not None:

@@ -93,6 +93,13 @@ class Selector(abc.ABC):
     """Heads of a selection: one list per kv head (group-shared) or per query head."""
     return num_kv_heads if self.group_shared else num_q_heads
 
+  def accounting(self, context: int) -> dict:
+    """Tokens one decode step attends per selection head at ``context`` tokens, as host ints:
+    ``dict(forced=, chosen=, total=, context=)`` (``Budget.accounting`` in entries of
+    ``granularity`` tokens). A selector that attends more than its budget's entries (ShadowKV's
+    outlier blocks) counts them here; ``Method.attended_tokens`` reports this."""
+    return self.budget.accounting(context, self.granularity)
+
   def check_context(self, context: int, spec: str):
     """Raises ValueError when a score-based selector would choose nothing by score at
     ``context`` tokens (it would silently be StreamingLLM)."""

@@ -33,7 +33,8 @@ Fit to this library, and what differs:
 * landmarks, outlier statistics and the budget follow the cache as it grows (every block's
   digest is refreshed on write), not only the prompt's chunks; the budget is the selected
   tokens, with the local window and the outliers on top (``forced_count="extra"``);
-  ``attended_tokens`` counts the budget and the local window, not the outliers;
+  ``attended_tokens`` (``ShadowKV.accounting``) counts the outlier blocks with the sinks and
+  local window as ``forced`` (also given alone as ``outliers``), the landmark choice as ``chosen``;
 * the score softmax uses ``1/sqrt(D)`` (the code writes ``1/sqrt(128)``, the same at D = 128);
 * ``rank=None`` (the default) attends the *exact* keys of the chosen blocks: ShadowKV's
   selection alone. ``rank=r`` is the paper's numerics (``ShadowKVMethod.end_prefill``: the
@@ -55,6 +56,7 @@ from typing import ClassVar
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from pallas_kernels import Impl
 from sparse_attn import placement, scoring, selection, sliding_window
@@ -144,6 +146,31 @@ class ShadowKV(BlockSelector):
       b, k = jnp.indices(ids.shape[:2])
       outlier = outlier.at[b[..., None], k[..., None], ids].max(jnp.isfinite(low))
     return valid, forced, outlier, free & ~outlier
+
+  def accounting(self, context: int) -> dict:
+    """Tokens one decode step attends per kv head at ``context`` tokens (host ints), as
+    ``select`` counts them: the budget's forced blocks (sinks, local window), then
+    ``min(outliers, free blocks)`` outlier blocks out of the rest, then the budget's blocks by
+    landmark score out of what is left, at most every block. ``forced`` holds the sinks, local
+    window and outliers (attended whatever the query; ``outliers`` is their outlier part),
+    ``chosen`` the landmark choice, ``total = forced + chosen``; blocks are disjoint, and a
+    partial last block that is not forced counts as the largest (an upper bound)."""
+    context, bs = int(context), self.block_size
+    if context <= 0:
+      return dict(forced=0, chosen=0, total=0, context=context, outliers=0)
+    m = -(-context // bs)
+    ln = np.array([context], np.int32)
+    forced = np.asarray(self.budget.forced(ln, m, bs))[0]
+    tokens = np.minimum(bs, context - np.arange(m) * bs)  # tokens per block
+    n_forced = int(forced.sum())
+    free = np.sort(tokens[~forced])[::-1]
+    n_out = min(self.outliers, free.size)
+    total = min(m, int(np.asarray(self.budget.total(ln, np.array([n_forced]), bs))[0]) + n_out)
+    out_tok = int(free[:n_out].sum())
+    f_tok = int(tokens[forced].sum()) + out_tok
+    c_tok = int(free[n_out:total - n_forced].sum())
+    return dict(forced=f_tok, chosen=c_tok, total=f_tok + c_tok, context=context,
+                outliers=out_tok)
 
   def block_scores(self, qs, cache, *, impl: Impl = "auto", interpret: bool = False):
     """``landmark_scores`` of ``qs [B, H, D]`` over the candidate blocks -> ``[B, K, NB]``."""
