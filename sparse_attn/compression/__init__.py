@@ -44,7 +44,7 @@ from sparse_attn.compression import chunkkv, criticalkv, finch, pyramidkv
 from sparse_attn.compression.base import CompressionMethod
 from sparse_attn.compression import rocketkv
 from sparse_attn.compression import duo_attention, kvzip
-from sparse_attn.compression import think
+from sparse_attn.compression import think, think_composed
 from sparse_attn.compression.decode_phase import Phase
 from sparse_attn.compression.head_budget import HeadBudget
 from sparse_attn.spec import check_options, with_options
@@ -90,9 +90,14 @@ def builder(cls):
   def build(spec, parts, options):
     spec, parts, options = budget_as_ratio(spec, parts, options)
     (name, inline), rest = parts[0], parts[1:]
+    if [n for n, _ in rest] == ["think"] and cls is not think.ThinK:  # press + ThinK
+      press = build(with_options(name, inline, {}), parts[:1], options)
+      return think_composed.compose(spec, press, rest[0][1])
     if rest:
+      hint = "" if cls is think.ThinK else (f" (ThinK's key-channel pruning composes with "
+                                            f"it: '{name}+think:ratio=0.5')")
       raise ValueError(f"compression method {name!r} takes no enhancers, got "
-                       f"{[n for n, _ in rest]} in {spec!r}")
+                       f"{[n for n, _ in rest]} in {spec!r}{hint}")
     opts = {**inline, **options}
     check_options(name, opts, common + own)
     return cls(spec=spec, **{**cls.DEFAULTS, **opts})

@@ -29,7 +29,8 @@ kvpress's ``compression_ratio``. ``ratio=0`` keeps the ordinary cache (dense att
 
 Differences: the authors keep the last 32 prompt keys unpruned (``recent_size``); kvpress and
 this port prune every prompt key. Composition with a token-eviction press (kvpress's
-``ComposedPress([SnapKVPress, ThinKPress])``) is not offered yet.
+``ComposedPress([SnapKVPress, ThinKPress])``): the spec ``"snapkv:ratio=0.5+think:ratio=0.5"``
+(``think_composed``).
 """
 
 from __future__ import annotations
@@ -122,6 +123,30 @@ def query_channels(q, channels):
   return jnp.take_along_axis(q, ch, axis=-1)
 
 
+def pruned_cache(cache: KVCache, channels, static_slots: int | None) -> ThinKCache:
+  """``cache`` with its keys cut to ``channels [B, K, D']`` -> ``ThinKCache``.
+
+  The prompt part holds the longest row's ``n`` slots (with traced lengths: ``static_slots``,
+  the caller's static bound; None raises), the decode part the rest of the capacity (the room
+  the caller allocated). Exact slot counts (block size 1): neither part reads block digests.
+  """
+  try:
+    n = int(jnp.max(cache.length))
+  except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
+    if static_slots is None:
+      raise ValueError("end_prefill needs concrete lengths to size the pruned cache; call "
+                       "it outside jit/vmap or set the static option decode_slots") from None
+    n = static_slots
+  t, d = cache.capacity, cache.head_dim
+  tp, tr = max(n, 1), max(t - n, 1)
+  k = jnp.take_along_axis(cache.k[:, :, :tp], channels[:, :, None, :], axis=-1)
+  prompt = keep_digests(dataclasses.replace(
+      cache, k=k, v=cache.v[:, :, :tp], pos=cache.pos[:, :, :tp],
+      length=jnp.minimum(cache.length, tp), block_size=1), ())
+  recent = init_cache(cache.batch, cache.num_kv_heads, tr, d, 1, cache.v.dtype, ())
+  return ThinKCache(prompt=prompt, recent=recent, channels=channels)
+
+
 def attend_part(q, cache: KVCache, positions, scale, softcap=None, window=None):
   """Causal attention of ``q [B, N, S, Dq]`` over one part (``k [B, K, T, Dq]``, ``v`` of any
   width ``Dv``) by position, as ``dense_over_cache``'s one masked softmax (which ties ``v`` to
@@ -189,30 +214,20 @@ class ThinK(CompressionMethod):
     """Prunes the prompt keys to their kept channels -> ``(ThinKCache, state)``.
 
     The prompt part holds the longest row's ``n`` slots (with traced lengths: ``capacity -
-    decode_slots``), the decode part the rest of the capacity (the room the caller allocated).
+    decode_slots``), the decode part the rest of the capacity (``pruned_cache``).
     """
     del scale
     if self.ratio == 0:
       return cache, state
-    t, d = cache.capacity, cache.head_dim
-    try:
-      n = int(jnp.max(cache.length))
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
-      if self.decode_slots is None:
-        raise ValueError("end_prefill needs concrete lengths to size the pruned cache; call "
-                         "it outside jit/vmap or set the static option decode_slots") from None
-      n = max(t - self.decode_slots, 0)
-    # Exact slot counts (block size 1): neither part reads block digests.
-    tp, tr = max(n, 1), max(t - n, 1)
+    static = None if self.decode_slots is None else max(cache.capacity - self.decode_slots, 0)
+    return pruned_cache(cache, self.channels(cache, state), static), state
+
+  def channels(self, cache: KVCache, state):
+    """``[B, K, D']`` kept channels from the window queries in ``state["obs"]`` and the keys
+    of ``cache`` (Eq. 4, ``channel_scores``)."""
     ring = state["obs"]
     score = channel_scores(ring["buf"], observe.ring_filled(ring), cache.k, cache.valid)
-    channels = kept_channels(score, self.kept_dim(d))  # [B, K, D']
-    k = jnp.take_along_axis(cache.k[:, :, :tp], channels[:, :, None, :], axis=-1)
-    prompt = keep_digests(dataclasses.replace(
-        cache, k=k, v=cache.v[:, :, :tp], pos=cache.pos[:, :, :tp],
-        length=jnp.minimum(cache.length, tp), block_size=1), ())
-    recent = init_cache(cache.batch, cache.num_kv_heads, tr, d, 1, cache.v.dtype, ())
-    return ThinKCache(prompt=prompt, recent=recent, channels=channels), state
+    return kept_channels(score, self.kept_dim(cache.head_dim))
 
   def _attend(self, q, cache, state, positions, scale):
     if not isinstance(cache, ThinKCache):
