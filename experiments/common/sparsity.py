@@ -53,7 +53,8 @@ def attended(method, context: int) -> Attended:
                     int(acc["forced"]))
   ratio = getattr(method, "ratio", None)
   if ratio is not None:
-    kept = min(context, round((1.0 - ratio) * context))
+    keep = getattr(method, "prompt_keep", None)  # ceil((1 - ratio) L), as the cache keeps
+    kept = min(context, int(keep(context)) if keep else round((1.0 - ratio) * context))
     return Attended(kept, context, f"kept after compression (ratio {ratio:g})", 0)
   return Attended(context, context, "unknown: counted as dense")
 

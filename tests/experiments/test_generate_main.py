@@ -39,6 +39,8 @@ def test_attended_share_and_dense_warning():
   assert dense.share == 1.0 and sparsity.dense_warning("dense", dense) is None
   kept = sparsity.attended(methods.make("snapkv", ratio=0.75), 1000)
   assert kept.tokens == 250
+  # what end_prefill keeps, ceil((1 - r) L): round would say 14 at L = 29
+  assert sparsity.attended(methods.make("snapkv", ratio=0.5), 29).tokens == 15
   # a budget covering the prompt is the budget's fault, not the prompt's
   big = sparsity.dense_warning("quest@5000", sparsity.attended(methods.make("quest", budget=5000),
                                                                1253))
