@@ -54,7 +54,9 @@ def union_lists(block_idx, n_valid, group: int, num_blocks: int, payload=None):
   bi = jnp.arange(b)[:, None, None]
   ki = jnp.arange(kh)[None, :, None]
   idx = jnp.full((b, kh, u), num_blocks, jnp.int32).at[bi, ki, seg].min(blk_s)
-  words = jnp.zeros((b, kh, u, group), jnp.int32).at[bi, ki, seg, head_s].max(
+  # One non-duplicate entry per (union entry, head), the rest add 0: a sum, not a max, keeps
+  # words with bit 31 set (a 32-query window's last step), which are negative in int32.
+  words = jnp.zeros((b, kh, u, group), jnp.int32).at[bi, ki, seg, head_s].add(
       jnp.where(dup | (blk_s >= num_blocks), 0, word))
   n_union = jnp.sum(first & (blk_s < num_blocks), axis=-1, dtype=jnp.int32)
   return jnp.minimum(idx, num_blocks - 1), n_union, words

@@ -40,7 +40,7 @@ Resolved = Literal["pallas", "mosaic", "xla"]
 # Ops with a Mosaic GPU kernel beside their Triton one (pallas_kernels/mosaic/); the dense
 # decode is sparse_decode over every block, and block_score_pooled resolves as block_score.
 MOSAIC_OPS: frozenset[str] = frozenset({"sparse_decode", "block_score", "cache_append",
-                                        "sparse_decode_resa"})
+                                        "sparse_decode_resa", "sparse_decode_multiquery"})
 
 # Mosaic GPU needs Hopper's TMA and wgmma: sm_90 and newer.
 MOSAIC_MIN_CAPABILITY = 9.0

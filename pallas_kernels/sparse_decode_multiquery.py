@@ -91,7 +91,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     prior: optional ``[B, N, T]`` float32 RESA prior logits ``P_j`` of each head, shared by its
       W queries (as ``sparse_decode_resa``).
     block_size, scale, num_splits, impl, interpret, num_warps, num_stages, blocks_per_iter: as
-      ``sparse_decode`` (W <= 32).
+      ``sparse_decode`` (W <= 32; ``"mosaic"``: ``pallas_kernels.mosaic.sparse_decode_multiquery``).
     softcap: attention-logit soft-cap (static, ``sparse_decode``'s), None = none.
 
   Returns:
@@ -101,10 +101,17 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     (partials, merged by the caller); and ``seen [B, N, W]`` int32, the prior members each
     query attended (counted in the kernel's pass).
   """
-  if _common.resolve_impl(impl, "sparse_decode_multiquery") == "xla":
+  resolved = _common.resolve_impl(impl, "sparse_decode_multiquery")
+  if resolved == "xla":
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
                                               length, block_size=block_size, scale=scale,
                                               pos=pos, prior=prior, softcap=softcap)
+  if resolved == "mosaic":
+    from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
+    return mosaic.sparse_decode_multiquery(
+        q, k, v, block_idx, n_valid, block_mask, q_limit, length, block_size=block_size,
+        scale=scale, num_splits=num_splits, impl="mosaic", interpret=interpret,
+        num_stages=num_stages, pos=pos, prior=prior, softcap=softcap)
   softcap = check_softcap(softcap)
   _common.check_block_size(block_size, k.shape[2])
   b, hq, w, d = q.shape

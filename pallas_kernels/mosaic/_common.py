@@ -1,5 +1,5 @@
 """Helpers shared by the Mosaic GPU kernels: interpret-mode parameters, register layouts, SMEM
-tiles.
+tiles, slot-validity words.
 
 Mosaic GPU (``jax.experimental.pallas.mosaic_gpu``) gives every register array a layout. The
 kernels here keep 2-D tiles in the WGMMA layout (``[64 k, N]`` tiles; row reductions and
@@ -30,7 +30,7 @@ TILE_ROWS = 64
 RING_BYTES = 160 * 1024
 
 __all__ = ["InterpretGPUParams", "Regs", "interpret_params", "smem_transforms",
-           "check_minor_dim", "where", "bcast", "rows_of"]
+           "check_minor_dim", "where", "bcast", "rows_of", "slot_words"]
 
 
 def interpret_params(interpret) -> InterpretGPUParams | None:
@@ -110,3 +110,17 @@ def rows_of(tile, rows: int, regs: Regs):
   return [jnp.sum(where(rid == r, tile, 0.0), axis=0) for r in range(rows)]
 
 
+def slot_words(pos, block_size: int):
+  """``pos [B, K, T]`` -> ``[B, K, NB, ceil(bs / 32)]`` int32: bit ``i % 32`` of word
+  ``i // 32`` of a block is set where its slot ``i`` holds a token (``pos >= 0``).
+
+  The kernel reads one scalar word per listed block instead of copying 16-slot position rows (a
+  TMA moves multiples of 128 bytes per warpgroup: 32 int32 slots)."""
+  b, kh, t = pos.shape
+  nw = -(-block_size // 32)
+  held = (pos >= 0).reshape(b, kh, t // block_size, block_size)
+  held = jnp.pad(held, ((0, 0), (0, 0), (0, 0), (0, nw * 32 - block_size)))
+  bits = jnp.left_shift(jnp.int32(1), jnp.arange(32, dtype=jnp.int32))
+  held = held.reshape(b, kh, t // block_size, nw, 32)
+  # Bit 31 is the sign bit: the sum of distinct powers of two wraps exactly in int32.
+  return jnp.sum(jnp.where(held, bits, 0), axis=-1, dtype=jnp.int32)

@@ -26,8 +26,14 @@ ring holds each step's ``[R, W]`` prior logits of the listed slots, and each row
 online softmax of its prior over the attended prior members with the same V tile, and counts
 them.
 
-Letters: B batch, N query heads, K kv heads, G = N // K, R rows of a program (G), n list length,
-S splits, T slots, D head dim, W tokens per step, J blocks per step.
+And RetroAttention's multi-query variant (``mosaic.sparse_decode_multiquery``, ``with_limit``):
+R = G x window rows (each head's window queries), each with its own last position
+(``row_limit``; with ``pos`` each step's listed-slot positions come by TMA into a fourth ring),
+per-(entry, row) bits over several words, and one prior row per head shared by its queries.
+
+Letters: B batch, N query heads, K kv heads, G = N // K, R rows of a program (G; G x window for
+the multi-query), n list length, S splits, T slots, D head dim, W tokens per step, J blocks per
+step.
 """
 
 from __future__ import annotations
@@ -54,22 +60,6 @@ NEG_INF = mc.NEG_INF
 MAX_BARRIERS = 32
 
 
-def slot_words(pos, block_size: int):
-  """``pos [B, K, T]`` -> ``[B, K, NB, ceil(bs / 32)]`` int32: bit ``i % 32`` of word
-  ``i // 32`` of a block is set where its slot ``i`` holds a token (``pos >= 0``).
-
-  The kernel reads one scalar word per listed block instead of copying 16-slot position rows (a
-  TMA moves multiples of 128 bytes per warpgroup: 32 int32 slots)."""
-  b, kh, t = pos.shape
-  nw = -(-block_size // 32)
-  held = (pos >= 0).reshape(b, kh, t // block_size, block_size)
-  held = jnp.pad(held, ((0, 0), (0, 0), (0, 0), (0, nw * 32 - block_size)))
-  bits = jnp.left_shift(jnp.int32(1), jnp.arange(32, dtype=jnp.int32))
-  held = held.reshape(b, kh, t // block_size, nw, 32)
-  # Bit 31 is the sign bit: the sum of distinct powers of two wraps exactly in int32.
-  return jnp.sum(jnp.where(held, bits, 0), axis=-1, dtype=jnp.int32)
-
-
 def _online(carry, s, v, row_ok, regs):
   """One flash step of one row: logits ``s [W]`` (row layout, -inf = masked), ``v [W, D]``."""
   acc, m, l = carry
@@ -84,15 +74,21 @@ def _online(carry, s, v, row_ok, regs):
 
 
 def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, list_len,
-                 max_splits, scale, softcap, with_pos, with_bits, with_prior, regs):
-  """One program; refs: inputs (GMEM), outputs (GMEM), scratch (SMEM, barriers). With a prior
-  (RESA, ``sparse_decode_resa``): ``prior_ref [B, K, n / J, R, W]`` the listed slots' prior
-  logits per step, outputs ``po, plse, cnt`` and their SMEM tiles, and a ring ``pr_s [ST, R,
-  W]`` filled beside K/V."""
+                 max_splits, scale, softcap, with_pos, bits, with_limit, with_positions,
+                 with_prior, rows_per_prior, regs):
+  """One program; refs: inputs (GMEM), outputs (GMEM), scratch (SMEM, barriers). ``bits``:
+  None or ``(A, C)``, row ``r`` may use an entry iff bit ``r % C`` of its word
+  ``min(r // C, A - 1)`` is set. With a limit (multi-query): ``lim_ref [B, K, R]`` and, with
+  ``with_positions``, ``ps_ref [B, K, n / J, W]`` the listed slots' positions per step, in a
+  ring ``ps_s [ST, W]`` (they replace the slot words). With a prior (RESA):
+  ``prior_ref [B, K, n / J, R / rows_per_prior, W]`` the listed slots' prior logits per step,
+  outputs ``po, plse, cnt`` and their SMEM tiles, and a ring ``pr_s`` filled beside K/V."""
   it = iter(refs)
   q_ref, k_ref, v_ref, idx_ref, nv_ref, len_ref = (next(it) for _ in range(6))
   slot_ref = next(it) if with_pos else None
-  bits_ref = next(it) if with_bits else None
+  bits_ref = next(it) if bits else None
+  lim_ref = next(it) if with_limit else None
+  ps_ref = next(it) if with_positions else None
   prior_ref = next(it) if with_prior else None
   o_ref, lse_ref = next(it), next(it)
   po_ref, plse_ref, cnt_ref = (next(it) for _ in range(3)) if with_prior else (None,) * 3
@@ -100,6 +96,8 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
   o_s, lse_s, q_bar, k_bar, v_bar = (next(it) for _ in range(5))
   if with_prior:
     pr_s, po_s, plse_s, cnt_s, p_bar = (next(it) for _ in range(5))
+  if with_positions:
+    ps_s, ps_bar = next(it), next(it)
 
   bi, hi, si = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("s")
   bs, jn = block_size, blocks_per_step
@@ -110,6 +108,7 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
                           blocks_per_iter=jn)
   length = len_ref[bi]
   steps = (hi_e - lo + jn - 1) // jn
+  last_step = -(-list_len // jn) - 1
 
   plgpu.copy_gmem_to_smem(q_ref.at[bi, hi], q_s, q_bar.at[0])
 
@@ -126,9 +125,11 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
                               k_bar.at[slot * jn + j])
       plgpu.copy_gmem_to_smem(v_ref.at[bi, hi, src], v_s.at[slot, dst],
                               v_bar.at[slot * jn + j])
-    if with_prior:  # [R, W]: the step's listed slots (lo is a multiple of J)
-      at = jnp.minimum(lo // jn + step, prior_ref.shape[2] - 1)
+    at = jnp.minimum(lo // jn + step, last_step)  # per-step tiles (lo is a multiple of J)
+    if with_prior:  # [R / rows_per_prior, W]
       plgpu.copy_gmem_to_smem(prior_ref.at[bi, hi, at], pr_s.at[slot], p_bar.at[slot])
+    if with_positions:  # [W]
+      plgpu.copy_gmem_to_smem(ps_ref.at[bi, hi, at], ps_s.at[slot], ps_bar.at[slot])
 
   for st in range(stages):
     @pl.when(st < steps)
@@ -137,6 +138,7 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
 
   plgpu.barrier_wait(q_bar.at[0])
   q_rows = mc.rows_of(regs.load_tile(q_s), rows, regs)  # R x [D]
+  limits = [lim_ref[bi, hi, r] for r in range(rows)] if with_limit else None
   tok = regs.iota((w,), 0, regs.row)
   tok_entry, tok_in_block = tok // bs, tok % bs
 
@@ -147,12 +149,14 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
       plgpu.barrier_wait(v_bar.at[slot * jn + j])
     if with_prior:
       plgpu.barrier_wait(p_bar.at[slot])
+    if with_positions:
+      plgpu.barrier_wait(ps_bar.at[slot])
     k = regs.load_tile(k_s.at[slot])  # [W, D]
     v = regs.load_tile(v_s.at[slot])
     # [W] per token: its block's first slot, listed in this slice, and (with bits) its word.
     first = jnp.zeros((w,), jnp.int32)
     live = jnp.zeros((w,), jnp.int32)
-    word = jnp.zeros((w,), jnp.int32)
+    word = [jnp.zeros((w,), jnp.int32) for _ in range(bits[0] if bits else 0)]
     held = jnp.zeros((w,), jnp.int32)  # with pos: the slot-validity word of the token
     for j in range(jn):
       e = lo + step * jn + j
@@ -160,13 +164,17 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
       blk = jnp.clip(idx_ref[bi, hi, entry(step, j)], 0, num_blocks - 1)
       first = mc.where(at_j, blk * bs, first)
       live = mc.where(at_j, (e < hi_e).astype(jnp.int32), live)
-      if with_bits:
-        word = mc.where(at_j, bits_ref[bi, hi, entry(step, j)], word)
+      for a in range(len(word)):
+        word[a] = mc.where(at_j, bits_ref[bi, hi, entry(step, j), a], word[a])
       for c in range(words if with_pos else 0):
         held = mc.where(at_j & (tok_in_block // 32 == c), slot_ref[bi, hi, blk, c], held)
-    ok = (live > 0) & (first + tok_in_block < length)
+    tpos = first + tok_in_block  # [W] token positions (the slot when pos is not given)
+    ok = (live > 0) & (tpos < length)
     if with_pos:
       ok = ok & ((lax.shift_right_logical(held, tok_in_block % 32) & 1) > 0)
+    if with_positions:
+      tpos = regs.load_vec(ps_s.at[slot], regs.row)
+      ok = ok & (tpos >= 0)
     # Masked slots never reach p.v (stale or non-finite values are zeroed, not multiplied by 0).
     v = mc.where(mc.bcast(ok, (w, d), (0,)), v, 0.0)
     new, ok_rows = [], []
@@ -174,12 +182,17 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
       s = jnp.sum(k * mc.bcast(q_rows[r], (w, d), (1,)), axis=1) * scale  # [W]
       s = soft_cap(s, softcap)
       ok_r = ok
-      if with_bits:
-        ok_r = ok & ((lax.shift_right_logical(word, jnp.int32(r)) & 1) > 0)
+      if bits:
+        wd = word[min(r // bits[1], bits[0] - 1)]
+        ok_r = ok_r & ((lax.shift_right_logical(wd, jnp.int32(r % bits[1])) & 1) > 0)
+      if with_limit:
+        ok_r = ok_r & (tpos <= limits[r])
       ok_rows.append(ok_r)
       new.append(_online(carry[r], mc.where(ok_r, s, NEG_INF), v, ok_r, regs))
+    prs = [regs.load_vec(pr_s.at[slot, i], regs.row)  # [W] prior logits, -inf: no member
+           for i in range(rows // rows_per_prior if with_prior else 0)]
     for r in range(rows if with_prior else 0):  # RESA: the prior over the same slots and V
-      pr = regs.load_vec(pr_s.at[slot, r], regs.row)  # [W] prior logits, -inf: no member
+      pr = prs[r // rows_per_prior]
       seen = (pr > NEG_INF) & ok_rows[r]
       pc, cnt = carry[rows + r]
       new.append((_online(pc, mc.where(seen, pr, NEG_INF), v, seen, regs),
@@ -215,20 +228,25 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
 
 
 def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None, prior=None,
-                    *, block_size: int, scale: float, num_splits: int | None, num_stages: int,
-                    softcap: float | None, interpret, epilogue=None, extras=()):
+                    row_limit=None, *, block_size: int, scale: float, num_splits: int | None,
+                    num_stages: int, softcap: float | None, interpret, bits_per_word: int = 32,
+                    rows_per_prior: int = 1, epilogue=None, extras=()):
   """Runs the Mosaic GPU kernel: per-split partials, merged in XLA (``lse_combine``; with a
   prior ``split_combine_pairs``' jnp path, which also runs the epilogue).
 
   Args:
     q: ``[B, K, R, D]`` query rows of each kv head (R <= 64).
     k, v: ``[B, K, T, D]``; block_idx ``[B, K, n]``; n_valid ``[B, K]``; length ``[B]``.
-    pos: optional ``[B, K, T]`` int32 (-1 = empty slot); row_bits: optional ``[B, K, n]``
-      int32, bit ``r`` set where row ``r`` uses the entry.
-    prior: optional ``[B, K, R, T]`` float32 RESA prior logits of every slot (-inf: not a
-      member). The listed slots' logits are gathered in XLA per step (``[B, K, n / J, R, W]``,
-      proportional to the list, not to T): one TMA of ``[R, W]`` per step then, where a block's
-      ``[R, 16]`` row piece would be 64 bytes, under the 128 a warpgroup's TMA must move.
+    pos: optional ``[B, K, T]`` int32 (-1 = empty slot).
+    row_bits: optional ``[B, K, n]`` or ``[B, K, n, A]`` int32: row ``r`` uses an entry iff
+      bit ``r % C`` of its word ``min(r // C, A - 1)`` is set (``C = bits_per_word``, static).
+    prior: optional ``[B, K, R / rows_per_prior, T]`` float32 RESA prior logits of every slot
+      (-inf: not a member; row ``r`` reads prior row ``r // rows_per_prior``). The listed
+      slots' logits are gathered in XLA per step (``[B, K, n / J, R', W]``, proportional to the
+      list, not to T): one TMA per step then, where a block's ``[R', 16]`` row piece would be
+      64 bytes, under the 128 a warpgroup's TMA must move.
+    row_limit: optional ``[B, K, R]`` int32, the last token position each row may attend (the
+      multi-query window); with ``pos`` the listed slots' positions are gathered per step too.
     block_size, scale, num_splits, num_stages, softcap: static; interpret: see
       ``mc.interpret_params``; epilogue, extras: with ``prior``, as ``decode_partials`` of
       ``pallas_kernels._decode_kernel``.
@@ -245,17 +263,33 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
   jn = max(1, mc.TILE_ROWS // block_size)
   w = jn * block_size
   itemsize = jnp.dtype(k.dtype).itemsize
-  per_stage = 2 * w * d * itemsize + (r * w * 4 if prior is not None else 0)  # K, V (, prior)
+  with_limit, with_prior = row_limit is not None, prior is not None
+  with_positions = with_limit and pos is not None  # the listed slots' positions, per step
+  prior_rows = prior.shape[2] if with_prior else 0
+  if prior_rows * rows_per_prior not in (0, r):
+    raise ValueError(f"prior rows {prior_rows} x {rows_per_prior} != {r} rows")
+  if row_bits is not None and row_bits.ndim == 3:
+    row_bits = row_bits[..., None]
+  # K, V (, prior, positions)
+  per_stage = 2 * w * d * itemsize + prior_rows * w * 4 + (w * 4 if with_positions else 0)
   stages = max(2, min(num_stages, mc.RING_BYTES // per_stage, MAX_BARRIERS // jn))
   splits = num_splits or _common.choose_num_splits(b * kh, n)
   splits = max(1, min(splits, -(-n // jn)))
   params = mc.interpret_params(interpret)
-  with_pos, with_bits, with_prior = pos is not None, row_bits is not None, prior is not None
+  num_steps = -(-n // jn)
+
+  def per_step(x, fill):  # [B, K, ..., n * bs] -> [B, K, ..., n / J, W]
+    x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, num_steps * w - n * block_size)],
+                constant_values=fill)
+    return x.reshape(*x.shape[:-1], num_steps, w)
+
   kernel = functools.partial(
       _decode_body, rows=r, block_size=block_size, blocks_per_step=jn, stages=stages,
       num_blocks=t // block_size, list_len=n, max_splits=splits, scale=float(scale),
-      softcap=softcap, with_pos=with_pos, with_bits=with_bits, with_prior=with_prior,
-      regs=mc.Regs(params is not None))
+      softcap=softcap, with_pos=pos is not None and not with_positions,
+      bits=None if row_bits is None else (row_bits.shape[-1], bits_per_word),
+      with_limit=with_limit, with_positions=with_positions, with_prior=with_prior,
+      rows_per_prior=rows_per_prior, regs=mc.Regs(params is not None))
   # [B, K, 64, D]: the group's rows padded to one WGMMA-layout tile.
   q_pad = jnp.pad(q, ((0, 0), (0, 0), (0, mc.TILE_ROWS - r), (0, 0)))
   lse_pad = -(-r // 4) * 4  # a TMA store moves whole 16-byte rows
@@ -267,29 +301,33 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
               plgpu.Barrier(num_barriers=stages * jn)]
   args = [q_pad, k, v, block_idx.astype(jnp.int32), n_valid.astype(jnp.int32),
           length.astype(jnp.int32)]
-  if with_pos:
-    args.append(slot_words(pos, block_size))
-  if with_bits:
+  if pos is not None and not with_positions:
+    args.append(mc.slot_words(pos, block_size))
+  if row_bits is not None:
     args.append(row_bits.astype(jnp.int32))
+  if with_limit:
+    args.append(row_limit.astype(jnp.int32))
+  if with_positions:  # [B, K, n / J, W], -1 (empty) past the list
+    args.append(per_step(_common.gather_blocks(pos, block_idx, block_size).astype(jnp.int32),
+                         -1))
   pair = (jax.ShapeDtypeStruct((b, kh, splits, r, d), jnp.float32),
           jax.ShapeDtypeStruct((b, kh, splits, lse_pad), jnp.float32))
   out_type = pair
   if with_prior:
-    num_steps = -(-n // jn)
-    # [B, K, R, n * bs] -> [B, K, n / J, R, W]: each step's [R, W] prior tile contiguous
-    pg = gather_prior(prior.reshape(b, kh * r, t), block_idx, block_size)
-    pg = jnp.pad(pg.reshape(b, kh, r, n * block_size),
-                 ((0, 0), (0, 0), (0, 0), (0, num_steps * w - n * block_size)),
-                 constant_values=NEG_INF)
-    args.append(jnp.swapaxes(pg.reshape(b, kh, r, num_steps, w), 2, 3))
+    # [B, K, R', n * bs] -> [B, K, n / J, R', W]: each step's [R', W] prior tile contiguous
+    pg = gather_prior(prior.reshape(b, kh * prior_rows, t), block_idx, block_size)
+    args.append(jnp.swapaxes(per_step(pg, NEG_INF), 2, 3))
     out_type += pair + (jax.ShapeDtypeStruct((b, kh, splits, lse_pad), jnp.int32),)
-    scratch += [plgpu.SMEM((stages, r, w), jnp.float32), plgpu.SMEM((r, d), jnp.float32),
-                plgpu.SMEM((lse_pad,), jnp.float32), plgpu.SMEM((lse_pad,), jnp.int32),
-                plgpu.Barrier(num_barriers=stages)]
+    scratch += [plgpu.SMEM((stages, prior_rows, w), jnp.float32),
+                plgpu.SMEM((r, d), jnp.float32), plgpu.SMEM((lse_pad,), jnp.float32),
+                plgpu.SMEM((lse_pad,), jnp.int32), plgpu.Barrier(num_barriers=stages)]
+  if with_positions:
+    scratch += [plgpu.SMEM((stages, w), jnp.int32), plgpu.Barrier(num_barriers=stages)]
+  name = "sparse_decode" + ("_multiquery" if with_limit else "") + ("_resa" if with_prior
+                                                                     else "")
   outs = plgpu.kernel(
       kernel, out_type=out_type, scratch_types=scratch, grid=(b, kh, splits),
-      grid_names=("b", "h", "s"), interpret=params,
-      kernel_name="sparse_decode_resa_mosaic" if with_prior else "sparse_decode_mosaic",
+      grid_names=("b", "h", "s"), interpret=params, kernel_name=name + "_mosaic",
   )(*args)
   outs = [x if x.ndim == 5 else x[..., :r] for x in outs]  # lse, counts: drop the padding
   if not with_prior:

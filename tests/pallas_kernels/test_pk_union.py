@@ -19,7 +19,8 @@ def test_union_lists_is_the_set_union_with_per_head_words():
   idx = np.stack([[rng.permutation(nb)[:n] for _ in range(hkv * g)] for _ in range(b)])
   n_valid = rng.integers(0, n + 1, (b, hkv * g))
   idx[0, 0, n_valid[0, 0]:] = -3  # junk past n_valid is ignored
-  payload = rng.integers(1, 100, (b, hkv * g, n))
+  # nonzero int32 words, some with bit 31 set (negative: a 32-query window's last step)
+  payload = rng.integers(1, 100, (b, hkv * g, n)) * rng.choice([1, -(2**24)], (b, hkv * g, n))
   u, nu, words = _union.union_lists(jnp.asarray(idx, jnp.int32), jnp.asarray(n_valid, jnp.int32),
                                     g, nb, jnp.asarray(payload, jnp.int32))
   u, nu, words = map(np.asarray, (u, nu, words))
