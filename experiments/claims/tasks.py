@@ -306,7 +306,7 @@ def benchmark(r) -> str:
 # 0.531 / 0.559 / 0.552, "comparable to the dense baseline" at 0.9.
 RESA_TABLE2_KEEP = {"rectified": 0.1, "rectified:p=0.05": 0.05, "rectified:p=0.2": 0.2,
                     "rectified:p=0.02": 0.02}
-COMPARABLE = 0.03  # points of accuracy within which "comparable" holds (the paper spans -1.8..+1)
+COMPARABLE = verdicts.COMPARABLE  # points of accuracy within which "comparable" holds
 
 
 def rectified_comparable_to_dense(records):
@@ -322,8 +322,7 @@ def rectified_comparable_to_dense(records):
   if main is None:
     return None
   _, _, d, lo, hi, n, p = main
-  verdict = ("reproduced" if lo >= -COMPARABLE else
-             "not reproduced" if hi < -COMPARABLE else "inconclusive")
+  verdict = verdicts.comparable_verdict(lo, hi, COMPARABLE)
   why = (f"paired on {n} samples (lengths {sorted({k[1] for k in dense})} pooled); "
          f"comparable = within {100 * COMPARABLE:g} points"
          + task_differences(scores(aware, "rectified"), dense).replace("differs", "rectified "

@@ -15,6 +15,10 @@ Verdicts (``VERDICTS``):
   not comparable  ours measures something else than the paper's number (e.g. one layer
                   against a whole model), so no verdict is given;
   not run         no records yet.
+
+A claim that a method keeps a reference's accuracy ("comparable to dense", "negligible loss")
+is judged by ``comparable_verdict``: whether the paired interval rules a loss beyond
+``COMPARABLE`` out (reproduced), in (not reproduced), or neither (inconclusive).
 """
 
 from __future__ import annotations
@@ -36,6 +40,20 @@ def effect_verdict(d: float, lo: float, hi: float, paper: float) -> str:
   if hi >= paper:  # our interval still holds the paper's effect: too few samples to reject it
     return "inconclusive"
   return "not reproduced"
+
+
+COMPARABLE = 0.03  # accuracy within which "comparable" holds (ReSA Table 2 spans -1.8..+1 pts)
+
+
+def comparable_verdict(lo: float, hi: float, tol: float = COMPARABLE) -> str:
+  """The verdict of "the method keeps the reference's accuracy within ``tol``" from the paired
+  interval ``[lo, hi]`` of method - reference: reproduced when the interval lies above
+  ``-tol`` (a loss beyond ``tol`` is ruled out), not reproduced when it lies below ``-tol`` (a
+  loss beyond ``tol`` is certain), inconclusive when it straddles ``-tol``. A gain never
+  counts against the claim."""
+  if lo >= -tol:
+    return "reproduced"
+  return "not reproduced" if hi < -tol else "inconclusive"
 
 
 def ruler_records(records: list[dict]) -> tuple[list[dict], str]:
