@@ -65,6 +65,28 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
   return true if prior is None else true + prior_part
 
 
+def checked(q, k, block_idx, prior, block_size: int, softcap):
+  """The kernels' shared checks: ``(softcap, None)``, or ``(softcap, the outputs)`` of an
+  empty list (``n = 0``: zero outputs, -inf LSE, and the prior's three outputs with one)."""
+  softcap = check_softcap(softcap)
+  _common.check_block_size(block_size, k.shape[2])
+  b, hq, w, _ = q.shape
+  selection_rows(hq, k.shape[1], block_idx.shape[1])
+  if block_idx.shape[2]:
+    return softcap, None
+  empty = (jnp.zeros(q.shape, jnp.float32), jnp.full((b, hq, w), -jnp.inf, jnp.float32))
+  return softcap, empty if prior is None else empty + empty + (jnp.zeros((b, hq, w), jnp.int32),)
+
+
+def entry_lists(block_idx, n_valid, block_mask, hq: int, hkv: int, num_blocks: int):
+  """``(idx, n_valid, row_bits)`` per kv head: the union of its query heads' lists and, per
+  entry, the window steps that may use it (``row_bits [B, K, U, 1 or G]``: one word for
+  shared lists, a word per query head of the group otherwise; bit w = window step w)."""
+  steps = _union.step_words(block_mask)  # [B, H, n]
+  idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, num_blocks, payload=steps)
+  return idx, nv, steps[..., None] if words is None else words
+
+
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
                                              "blocks_per_iter", "softcap"))
@@ -112,21 +134,16 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
         q, k, v, block_idx, n_valid, block_mask, q_limit, length, block_size=block_size,
         scale=scale, num_splits=num_splits, impl="mosaic", interpret=interpret,
         num_stages=num_stages, pos=pos, prior=prior, softcap=softcap)
-  softcap = check_softcap(softcap)
-  _common.check_block_size(block_size, k.shape[2])
+  softcap, empty = checked(q, k, block_idx, prior, block_size, softcap)
+  if empty is not None:
+    return empty
   b, hq, w, d = q.shape
-  hkv, n = k.shape[1], block_idx.shape[2]
+  hkv = k.shape[1]
   g = hq // hkv
-  selection_rows(hq, hkv, block_idx.shape[1])
-  if n == 0:
-    empty = (jnp.zeros(q.shape, jnp.float32), jnp.full((b, hq, w), -jnp.inf, jnp.float32))
-    return empty if prior is None else empty + empty + (jnp.zeros((b, hq, w), jnp.int32),)
   # Row r = g * W + w of kv head k is query head k * G + g at window step w; it may use entry e
   # iff bit w of word min(r // W, A - 1) of entry e is set.
-  steps = _union.step_words(block_mask)  # [B, H, n]
-  idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size,
-                                 payload=steps)
-  row_bits = steps[..., None] if words is None else words  # [B, K, U, 1 or G]
+  idx, nv, row_bits = entry_lists(block_idx, n_valid, block_mask, hq, hkv,
+                                  k.shape[2] // block_size)
   # [B, K, G * W]
   row_limit = jnp.broadcast_to(q_limit[:, None, None, :], (b, hkv, g, w))
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,

@@ -25,12 +25,11 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import _common
-from pallas_kernels import _union
 from pallas_kernels.mosaic import _common as mc
 from pallas_kernels.mosaic.sparse_decode import decode_partials
-from pallas_kernels.softmax import check_softcap, default_scale
-from pallas_kernels.sparse_decode import kv_head_lists, selection_rows
-from pallas_kernels.sparse_decode_multiquery import sparse_decode_multiquery_reference
+from pallas_kernels.softmax import default_scale
+from pallas_kernels.sparse_decode_multiquery import (checked, entry_lists,
+                                                     sparse_decode_multiquery_reference)
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
@@ -68,20 +67,15 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
                                               length, block_size=block_size, scale=scale,
                                               pos=pos, prior=prior, softcap=softcap)
-  softcap = check_softcap(softcap)
-  _common.check_block_size(block_size, k.shape[2])
+  softcap, empty = checked(q, k, block_idx, prior, block_size, softcap)
+  if empty is not None:
+    return empty
   b, hq, w, d = q.shape
-  hkv, n = k.shape[1], block_idx.shape[2]
+  hkv = k.shape[1]
   g = hq // hkv
-  selection_rows(hq, hkv, block_idx.shape[1])
-  if n == 0:
-    empty = (jnp.zeros(q.shape, jnp.float32), jnp.full((b, hq, w), -jnp.inf, jnp.float32))
-    return empty if prior is None else empty + empty + (jnp.zeros((b, hq, w), jnp.int32),)
-  steps = _union.step_words(block_mask)  # [B, H, n], bit w: query w may use the entry
-  idx, nv, words = kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size,
-                                 payload=steps)
-  # [B, K, U, 1 or G]: row g * W + w reads bit w of word min(g, A - 1)
-  row_bits = steps[..., None] if words is None else words
+  # row_bits [B, K, U, 1 or G]: row g * W + w reads bit w of word min(g, A - 1)
+  idx, nv, row_bits = entry_lists(block_idx, n_valid, block_mask, hq, hkv,
+                                  k.shape[2] // block_size)
   heads = lambda x: x.reshape(b, hkv, g, *x.shape[2:])  # [B, N, ...] -> [B, K, G, ...]
   per_launch = max(1, mc.TILE_ROWS // w)  # whole heads, at most 64 rows
   parts = []
@@ -92,7 +86,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     limit = jnp.broadcast_to(q_limit[:, None, None, :], (b, hkv, gc, w))
     parts.append(decode_partials(
         rows(heads(q)[:, :, gs]), k, v, idx, nv, length, pos=pos,
-        row_bits=row_bits if words is None else row_bits[..., gs],
+        row_bits=row_bits if row_bits.shape[-1] == 1 else row_bits[..., gs],
         prior=None if prior is None else heads(prior)[:, :, gs], row_limit=rows(limit),
         block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
         num_stages=num_stages, softcap=softcap, interpret=interpret, bits_per_word=w,
