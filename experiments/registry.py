@@ -159,6 +159,10 @@ EXPERIMENTS: tuple[Experiment, ...] = (
              Claim("RetroAttention's long-generation accuracy gain over Quest (b=0.15, w=2)",
                    "Retro Table 1", "+3.9 / +0.5 / +3.5 pts per dataset (mean +2.6, max +6.8)",
                    "accuracy_vs_length.png", f"{_TASKS}:retro_longgen_gain"),)),
+         # kvpress's board (no claim rows: its cells are the leaderboard's); minutes estimated
+         # from accuracy_compression's rate (one shared prefill a batch; KVzip replays it)
+         Part("leaderboard_compression", 600),
+         Part("leaderboard_compression_qa", 300),
          # 19 rows x 120 samples at 4k + 8k: estimated from the accuracy part's rate
          Part("leaderboard_sparse", 240, (
              Claim("TidalDecode matches full attention on needle retrieval at ~2.5% of the "
