@@ -42,7 +42,7 @@ from absl import app, flags
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.common import capture
+from experiments.common import capture, kept_overlap
 from experiments.common import modelzoo, peer_kvpress
 from experiments import kvpress_parity_window as window
 from sparse_attn import methods
@@ -67,6 +67,7 @@ OURS = {"compactor": ("compactor", {"head_budget": "uniform"}),
         "adakv_compactor": ("compactor", {})}
 ADAKV = {"adakv_compactor"}  # kvpress's AdaKVPress around the press (alpha_safeguard 0.2)
 READS_QUERIES = {"compactor", "compactor_exact", "adakv_compactor"}
+
 
 
 def ours_kept(m, k, v, ratio, q=None):
@@ -140,28 +141,24 @@ def main(argv):
   cap = capture.capture(model, tokens)
   print(f"SmolLM2-135M, {FLAGS.length} tokens of {FLAGS.text!r}, ratio {FLAGS.ratio}, "
         f"kvpress {kvpress.version}")
-  print("| ours | kvpress | min overlap | mean overlap | identical cells |\n|---|---|---|---|---|")
+  print(kept_overlap.TABLE_HEAD)
   inv_freq = modelzoo.rope_inv_freq(model)
   for name in FLAGS.presses:
     if name in window.PRESSES:  # SnapKV and its wrappers: experiments/kvpress_parity_window.py
       o = window.overlaps(name, kvpress, model, cap, FLAGS.ratio, FLAGS.question)
-      print(f"| {name} | {window.PRESSES[name]} | {o.min():.4f} | {o.mean():.4f} | "
-            f"{np.mean(o == 1.0):.1%} of {len(o)} |")
+      print(kept_overlap.table_row(name, window.PRESSES[name], o))
       continue
     cls, opts = PRESSES[name]
     spec, ours_opts = OURS.get(name, (name, {}))
     m = methods.make(spec, ratio=FLAGS.ratio, **ours_opts).with_rope(inv_freq)
     press = getattr(kvpress, cls)(compression_ratio=FLAGS.ratio, **opts)
-    overlaps = []
-    for layer in range(cap.num_layers):
+
+    def kept_pair(layer, name=name, m=m, press=press):
       q = cap.q[layer] if name in READS_QUERIES else None
-      a = ours_kept(m, cap.k[layer], cap.v[layer], FLAGS.ratio, q)
-      b = theirs_kept(press, kvpress, cap.k[layer], cap.v[layer], FLAGS.ratio, q, inv_freq,
-                      adakv=name in ADAKV)
-      overlaps += list((a & b).sum(-1) / b.sum(-1))
-    o = np.asarray(overlaps)
-    print(f"| {name} | {cls} | {o.min():.4f} | {o.mean():.4f} | "
-          f"{np.mean(o == 1.0):.1%} of {len(o)} |")
+      return (ours_kept(m, cap.k[layer], cap.v[layer], FLAGS.ratio, q),
+              theirs_kept(press, kvpress, cap.k[layer], cap.v[layer], FLAGS.ratio, q, inv_freq,
+                          adakv=name in ADAKV))
+    print(kept_overlap.table_row(name, cls, kept_overlap.per_layer(cap.num_layers, kept_pair)))
 
 
 def define_flags(ratio_help: str = "Fraction evicted.") -> None:

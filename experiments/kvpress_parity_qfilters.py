@@ -35,7 +35,7 @@ from absl import app, flags
 import numpy as np
 
 from experiments import kvpress_parity
-from experiments.common import calibration, capture, modelzoo, peer_kvpress
+from experiments.common import calibration, capture, kept_overlap, modelzoo, peer_kvpress
 from sparse_attn import methods
 
 FLAGS = flags.FLAGS
@@ -87,18 +87,13 @@ def main(argv):
   cap = capture.capture(model, capture.text_tokens(model, FLAGS.text, FLAGS.length))
   m = methods.make("qfilters", ratio=FLAGS.ratio).with_filters(table)
   press = kvpress_press(kvpress, table, FLAGS.ratio)
-  overlaps = []
-  for layer in range(cap.num_layers):
-    a = kvpress_parity.ours_kept(AtLayer(m, layer), cap.k[layer], cap.v[layer], FLAGS.ratio)
-    b = theirs_kept(press, kvpress, layer, cap.k[layer], cap.v[layer], FLAGS.ratio)
-    overlaps += list((a & b).sum(-1) / b.sum(-1))
-  o = np.asarray(overlaps)
+  o = kept_overlap.per_layer(cap.num_layers, lambda layer: (
+      kvpress_parity.ours_kept(AtLayer(m, layer), cap.k[layer], cap.v[layer], FLAGS.ratio),
+      theirs_kept(press, kvpress, layer, cap.k[layer], cap.v[layer], FLAGS.ratio)))
   print(f"SmolLM2-135M, {FLAGS.length} tokens of {FLAGS.text!r}, ratio {FLAGS.ratio}, "
         f"kvpress {kvpress.version}, our filters (Austen query SVD) on both sides")
-  print("| ours | kvpress | min overlap | mean overlap | identical cells |\n|---|---|---|---|---|")
-  print(f"| qfilters | QFilterPress | {o.min():.4f} | {o.mean():.4f} | "
-        f"{np.mean(o == 1.0):.1%} of {len(o)} |")
-
+  print(kept_overlap.TABLE_HEAD)
+  print(kept_overlap.table_row("qfilters", "QFilterPress", o))
 
 if __name__ == "__main__":
   kvpress_parity.define_flags()

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments import kvpress_parity
-from experiments.common import capture, modelzoo, peer_kvpress
+from experiments.common import capture, kept_overlap, modelzoo, peer_kvpress
 from sparse_attn import methods
 
 FLAGS = flags.FLAGS
@@ -60,18 +60,13 @@ def main(argv):
   inv_freq = modelzoo.rope_inv_freq(model)
   m = methods.make("think", ratio=FLAGS.ratio)
   press = kvpress.ThinKPress(key_channel_compression_ratio=FLAGS.ratio)
-  overlaps = []
-  for layer in range(cap.num_layers):
-    a = ours_channels(m, cap.q[layer], cap.k[layer], cap.v[layer])
-    b = theirs_channels(press, cap.q[layer], cap.k[layer], cap.v[layer], inv_freq)
-    overlaps += list((a & b).sum(-1) / b.sum(-1))
-  o = np.asarray(overlaps)
+  o = kept_overlap.per_layer(cap.num_layers, lambda layer: (
+      ours_channels(m, cap.q[layer], cap.k[layer], cap.v[layer]),
+      theirs_channels(press, cap.q[layer], cap.k[layer], cap.v[layer], inv_freq)))
   print(f"SmolLM2-135M, {FLAGS.length} tokens of {FLAGS.text!r}, channel ratio {FLAGS.ratio}, "
         f"kvpress {kvpress.version}")
-  print("| ours | kvpress | min overlap | mean overlap | identical cells |\n|---|---|---|---|---|")
-  print(f"| think | ThinKPress | {o.min():.4f} | {o.mean():.4f} | "
-        f"{np.mean(o == 1.0):.1%} of {len(o)} |")
-
+  print(kept_overlap.TABLE_HEAD)
+  print(kept_overlap.table_row("think", "ThinKPress", o))
 
 if __name__ == "__main__":
   kvpress_parity.define_flags("Fraction of key channels pruned.")

@@ -26,6 +26,7 @@ import types
 import jax.numpy as jnp
 import numpy as np
 
+from experiments.common import kept_overlap
 from sparse_attn import methods
 from sparse_attn.compression import criticalkv, finch
 
@@ -118,10 +119,9 @@ def overlaps(name, kvpress, model, cap, ratio, question):
   n, d = cap.q.shape[1], cap.q.shape[3]
   opts = dict(window_size=max(question, 1)) if name == "finch" else {}
   m = methods.make(name, ratio=ratio, **opts)
-  out = []
-  for layer in range(cap.num_layers):
+
+  def kept_pair(layer):
     wo = wo_all[layer].reshape(n, d, -1)
-    a = ours(m, cap, layer, wo, question)
-    b = theirs(name, kvpress, cap, layer, wo, ratio, question)
-    out += list((a & b).sum(-1) / b.sum(-1))
-  return np.asarray(out)
+    return (ours(m, cap, layer, wo, question),
+            theirs(name, kvpress, cap, layer, wo, ratio, question))
+  return kept_overlap.per_layer(cap.num_layers, kept_pair)
