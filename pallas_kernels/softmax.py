@@ -95,14 +95,15 @@ def softmax_sum(logits, v, ok=None):
   logits = logits.astype(jnp.float32)
   if ok is not None:
     logits = jnp.where(ok, logits, -jnp.inf)
-  m = jnp.max(logits, axis=-1, keepdims=True)
+  m = jnp.max(logits, axis=-1, keepdims=True, initial=-jnp.inf)  # L = 0: an empty row
   m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
   p = jnp.exp(logits - m_safe)  # exp(-inf) = 0 for masked keys
   denom = jnp.sum(p, axis=-1)
   b, h = p.shape[:2]
   # Row axes merged into one: XLA:CPU runs a (B P)-batched matmul ~5x faster than an einsum
   # with several free row axes. [B, P, R, D]
-  num = jnp.einsum("bprl,bpld->bprd", p.reshape(b, h, -1, p.shape[-1]), v.astype(jnp.float32),
+  num = jnp.einsum("bprl,bpld->bprd", p.reshape(b, h, math.prod(p.shape[2:-1]), p.shape[-1]),
+                   v.astype(jnp.float32),
                    precision=jax.lax.Precision.HIGHEST)
   num = num.reshape(*p.shape[:-1], -1)
   safe = jnp.where(denom > 0, denom, 1.0)

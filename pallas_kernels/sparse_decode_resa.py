@@ -58,6 +58,14 @@ def _finish(true, prior_seen, seen, epilogue, extras):
   return epilogue(true, prior_seen, seen, *extras)
 
 
+def attends_nothing(q, epilogue, extras):
+  """What every backend returns when no block is listed: both partials ``0`` / ``-inf`` and
+  ``seen`` 0 for each ``[B, N]`` row (through ``epilogue`` if one is given)."""
+  b, hq, d = q.shape
+  zeros, empty = jnp.zeros((b, hq, d), jnp.float32), jnp.full((b, hq), -jnp.inf, jnp.float32)
+  return _finish((zeros, empty), (zeros, empty), jnp.zeros((b, hq), jnp.int32), epilogue, extras)
+
+
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
                                              "blocks_per_iter", "epilogue", "softcap"))
@@ -108,9 +116,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   b, hq, d = q.shape
   hkv = k.shape[1]
   if lists is None:
-    zeros, empty = jnp.zeros((b, hq, d), jnp.float32), jnp.full((b, hq), -jnp.inf, jnp.float32)
-    return _finish((zeros, empty), (zeros, empty), jnp.zeros((b, hq), jnp.int32), epilogue,
-                   extras)
+    return attends_nothing(q, epilogue, extras)
   idx, nv, words = lists
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)

@@ -26,7 +26,7 @@ from pallas_kernels import _union
 from pallas_kernels.mosaic.sparse_decode import decode_partials
 from pallas_kernels.softmax import default_scale
 from pallas_kernels.sparse_decode import checked_lists
-from pallas_kernels.sparse_decode_resa import _finish, sparse_decode_resa_reference
+from pallas_kernels.sparse_decode_resa import attends_nothing, sparse_decode_resa_reference
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
@@ -64,9 +64,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   b, hq, d = q.shape
   hkv = k.shape[1]
   if lists is None:
-    zeros, empty = jnp.zeros((b, hq, d), jnp.float32), jnp.full((b, hq), -jnp.inf, jnp.float32)
-    return _finish((zeros, empty), (zeros, empty), jnp.zeros((b, hq), jnp.int32), epilogue,
-                   extras)
+    return attends_nothing(q, epilogue, extras)
   idx, nv, words = lists
   g = hq // hkv
   heads = lambda x: x.reshape(b, hkv, g, *x.shape[2:])  # [B, N, ...] -> [B, K, G, ...]

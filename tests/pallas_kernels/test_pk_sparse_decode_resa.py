@@ -121,3 +121,18 @@ def test_epilogue_runs_inside_the_split_combine(lam, form, num_splits):
   out, lse, p_out, p_lse, seen = reference(*args, block_size=case.block_size)
   want = agg((out, lse), (p_out, p_lse), seen, *extras)
   assert_attention_close(*got, *want, case.dtype)
+
+
+@pytest.mark.parametrize("impl", ["pallas", "mosaic", "xla"])
+def test_empty_lists_attend_nothing_on_every_backend(impl):
+  """No listed block: every backend returns ``0`` / ``-inf`` partials and ``seen`` 0, as the
+  reference does (``attends_nothing``)."""
+  case = Case(batch=2, hkv=2, group=2, head_dim=32, block_size=16, num_blocks=4, list_len=2,
+              per_head=False, dtype=jnp.float32, num_splits=1, seed=3)
+  q, k, v, idx, n_valid, length, prior = case.arrays()
+  got = sparse_decode_resa(q, k, v, prior, idx[..., :0], n_valid, length,
+                           block_size=case.block_size, impl=impl, interpret=True)
+  want = reference(q, k, v, prior, idx[..., :0], n_valid, length, block_size=case.block_size)
+  for a, b in zip(got, want):
+    np.testing.assert_array_equal(a, b)
+  assert not np.any(got[0]) and np.all(np.isneginf(got[1])) and not np.any(got[4])
