@@ -69,7 +69,6 @@ ADAKV = {"adakv_compactor"}  # kvpress's AdaKVPress around the press (alpha_safe
 READS_QUERIES = {"compactor", "compactor_exact", "adakv_compactor"}
 
 
-
 def ours_kept(m, k, v, ratio, q=None):
   """``[K, S]`` bool: what method ``m`` keeps of one layer's ``k, v [K, S, D]`` (and its
   queries ``q [N, S, D]``, for the methods that read them)."""
