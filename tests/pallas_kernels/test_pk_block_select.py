@@ -43,7 +43,7 @@ def _np_select(s, count, n):
   return np.stack(out).astype(np.int32)
 
 
-@settings(deadline=None, max_examples=25)
+@settings(deadline=None, max_examples=15)
 @given(rows=st.integers(1, 5), nb=st.integers(1, 700), ties=st.booleans(),
        bits=st.sampled_from((1, 2, 4, 8, "early")), data=st.data(), seed=st.integers(0, 2**16))
 def test_interpret_chooses_the_reference_set_in_id_order(rows, nb, ties, bits, data, seed):

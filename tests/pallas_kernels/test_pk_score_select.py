@@ -89,7 +89,7 @@ def test_interpret_lists_what_the_two_kernels_list(shape, dtype, integer, n_sink
         assert set(idx[bi, h, :c]) == set(ref[bi, h, :c])
 
 
-@settings(deadline=None, max_examples=25)
+@settings(deadline=None, max_examples=15)
 @given(n_sink=st.integers(0, 70), local=st.integers(0, 130), n_local=st.none() | st.integers(0, 4),
        inside=st.booleans(), unit=st.sampled_from((1, 16, 32)), nb=st.integers(1, 40),
        seed=st.integers(0, 2**16))

@@ -76,7 +76,7 @@ def _kept(selection):
           for j in range(idx.shape[1])}
 
 
-@hypothesis.settings(max_examples=15, deadline=None)
+@hypothesis.settings(max_examples=10, deadline=None)
 @hypothesis.given(
     lengths=st.lists(st.integers(0, CAP), min_size=2, max_size=2),
     hkv=st.sampled_from([1, 2]), group=st.sampled_from([1, 2]),
