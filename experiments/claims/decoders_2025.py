@@ -10,7 +10,9 @@ dense, McNemar's test), the lengths pooled (a length still running, holding fewe
 apart), every task cut to the same sample count. Verdict: ``verdicts.comparable_verdict`` with
 ``verdicts.COMPARABLE`` (3 points, the ReSA row's rule): reproduced when the interval rules out a
 loss beyond 3 points, not reproduced when it lies below -3 points, inconclusive when it straddles
--3. The why adds the method against Quest at the same budget (the rival in TidalDecode's,
+-3; a mix whose run has not reached all its planned tasks (the records' ``config["tasks"]``) is
+inconclusive until it has, with the rule's answer on the tasks so far in the why. The why adds
+the method against Quest at the same budget (the rival in TidalDecode's,
 ShadowKV's, Twilight's and RocketKV's tables), each length, the other budgets, the share of the
 context the method reads and the tasks where it differs from dense.
 
@@ -167,8 +169,25 @@ def within_dense(records, method: str, budget: float, tasks=None, *, paper_setti
       "differs", f"{method} differs from dense")
   ours = (f"dense -> {label}: {pair_text(got)}"
           + (f", McNemar p={p:.2g})" if np.isfinite(p) else ")"))
-  return Measured(ours=ours, n=n, setting=setting, verdict=verdicts.comparable_verdict(lo, hi),
-                  why=why, read=read)
+  verdict = verdicts.comparable_verdict(lo, hi)
+  planned = planned_tasks([r for r in recs if base_label(r.get("method")) == method
+                           and r.get("budget") == budget], tasks)
+  missing = sorted(planned - set(ran))
+  if missing:  # a mix judged on its first tasks: the rest may decide otherwise
+    setting += f"; {len(ran)} of the {len(planned)} planned tasks so far"
+    why = (f"partial mix, so no verdict yet: on the {len(ran)} tasks that ran the rule says "
+           f"'{verdict}'; no records yet for {', '.join(missing)}; " + why)
+    verdict = "inconclusive"
+  return Measured(ours=ours, n=n, setting=setting, verdict=verdict, why=why, read=read)
+
+
+def planned_tasks(records, tasks=None) -> set[str]:
+  """The tasks the runs behind ``records`` planned (each record's ``config["tasks"]``; none
+  for records without it), of ``tasks`` (None = all)."""
+  planned = set()
+  for r in records:
+    planned |= set((r.get("config") or {}).get("tasks") or ())
+  return planned if tasks is None else planned & set(tasks)
 
 
 def tidaldecode_vs_dense(records):

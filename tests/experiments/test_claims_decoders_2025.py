@@ -88,6 +88,25 @@ def test_a_length_still_running_is_not_pooled():
   assert "; at 8192 tokens (2 of 12 tasks, not pooled): 100.0 -> 0.0" in got.why
 
 
+def test_a_mix_short_of_its_planned_tasks_gets_no_verdict_yet():
+  ran = ALL[:4]
+  recs = (grid("dense", lambda *_: 1.0, None, ran, (4096,))
+          + grid("twilight", lambda *_: 1.0, 0.1, ran, (4096,)))
+  for r in recs:
+    r["config"] = {"tasks": list(ALL)}  # the run plans all twelve
+  got = d25.twilight_vs_dense(recs)
+  assert got.verdict == "inconclusive" and got.n == 20
+  assert "4 of the 12 planned tasks so far" in got.setting
+  assert got.why.startswith("partial mix, so no verdict yet: on the 4 tasks that ran the rule "
+                            "says 'reproduced'; no records yet for cwe, fwe, niah_multikey_2,")
+  # the needle row plans only its three tasks: complete once they ran
+  recs += grid("tidaldecode", lambda *_: 0.0, 0.025, ran, (4096,))
+  for r in recs:
+    r["config"] = {"tasks": list(ALL)}
+  got = d25.tidaldecode_vs_dense(recs)
+  assert got.verdict == "not reproduced" and "planned" not in got.setting
+
+
 def test_rows_say_not_run_without_the_methods_records():
   for fn in (d25.tidaldecode_vs_dense, d25.shadowkv_vs_dense, d25.twilight_vs_dense,
              d25.rocketkv_vs_dense):
