@@ -27,6 +27,10 @@ recent tokens otherwise; pass them to get that). The authors' fused kernel
 ``local_window=1, forced_count="inside"`` gives that variant. ``gqa="group"`` ranks by the
 group's mean logit (one list per kv head).
 
+Measured (``results/tidaldecode_forced``, Qwen2.5-Coder-0.5B, RULER single needles at 4k, 2.5%):
+without forced tokens the answer breaks off or loops (0 of 10 right; re-selection at layer 6,
+18 or none: 1, 0, 0 of 10), with ``n_sink=4, local_window=64`` 5 of 10 (dense 10 of 10).
+
 The cross-layer part lives in ``sparse_attn.tidal.TidalMethod`` (what ``methods.make`` builds
 for this selector): the decode loop (``models.steps``) hands the selection layer's choice to
 the following layers. On its own (``select``) this selector is what a selection layer chooses:
