@@ -65,6 +65,7 @@ def run(config, workdir: str) -> list[dict]:
     attention = [_question_attention(model, ids, n, span) for (ids, n), span in zip(split, spans)]
     prompts, lengths = accuracy.pad([ids[:n] for ids, n in split])
     capacity = -(-int(lengths.max() + 1) // accuracy.CAPACITY_ROUND) * accuracy.CAPACITY_ROUND
+    todo = [todo[i] for i in decoding.prefill_order(model, [e.method for e in todo], capacity)]
     for e, (_, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
                                                      [e.method for e in todo], capacity)):
       s_max = int(lengths.max())

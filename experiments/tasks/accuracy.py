@@ -193,6 +193,9 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
       question = query_length(protocol, split)
       # Rounded up so batches of one target length share the compiled steps.
       capacity = -(-(total + max_new + 1) // CAPACITY_ROUND) * CAPACITY_ROUND
+      # Each shared prefill's methods together, so none of them runs twice.
+      todo = [todo[i] for i in decoding.prefill_order(model, [e.method for e in todo],
+                                                      capacity, mesh)]
       t0 = time.perf_counter()
       for e, (m, pre) in zip(todo, decoding.prefill_all(model, prompts, lengths,
                                                          [e.method for e in todo], capacity,

@@ -117,6 +117,36 @@ def _shared_key(m, capacity, with_compression: bool = False, mesh=None):
   return None if group is None else (group, m.block_size, cap)
 
 
+def _prefill_keys(cfg, method_list, capacity: int, mesh=None) -> list:
+  """Per method, the key of the shared prefill it takes (``_shared_key``; dense joins the
+  compression group where there is one), or None where it prefills on its own."""
+  # The shared compression prefill attends uncapped, unwindowed logits: on a soft-capped or
+  # windowed model (Gemma, Mistral) each compression method prefills on its own.
+  solo = cfg.attn_softcap is not None or cfg.sliding_window is not None
+  alone = lambda m: solo and m.prefill_group == PrefillGroup.COMPRESSION
+  compressed = {_shared_key(m, capacity, mesh=mesh) for m in method_list
+                if m.prefill_group == PrefillGroup.COMPRESSION and not alone(m)}
+  return [None if alone(m) else
+          k if (k := _shared_key(m, capacity, True, mesh)) in compressed
+          else _shared_key(m, capacity, mesh=mesh) for m in method_list]
+
+
+def prefill_order(model, method_list, capacity: int, mesh=None) -> list[int]:
+  """Indices into ``method_list`` in the order that runs each shared prefill once.
+
+  ``prefill_all`` keeps one shared prefill alive at a time, so methods of two groups taken in
+  turn (dense, quest, rocketkv, hybrid: the dense union, the compression union, the dense one
+  again) prefill their groups again at each change. This order puts the members of each
+  shared prefill next to each other, the groups in order of their first member; the methods
+  keep their order inside a group.
+  """
+  keys = _prefill_keys(model.config, method_list, capacity, mesh)
+  first = {}
+  for i, k in enumerate(keys):
+    first.setdefault(i if k is None else k, i)
+  return sorted(range(len(keys)), key=lambda i: (first[i if keys[i] is None else keys[i]], i))
+
+
 def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, capacity: int,
                 prefill_chunk: int = 512, mesh=None, question_length=None):
   """Yields ``(method, Prefilled)`` for each method, sharing one dense prefill where possible.
@@ -126,34 +156,26 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
   enhancer state. Compression methods of one (block size, capacity) share one prefill of a
   ``CompressionUnion`` and each evicts from it with its own ``end_prefill`` (on a soft-capped
   or windowed model, which the union cannot attend, each prefills on its own). Methods are
-  yielded one at a time (the caller runs one to completion before the next), so at most the
-  shared prefill and one working copy are alive. With ``mesh``, every prefill runs sharded and
-  the yielded ``Prefilled`` carries the mesh (``greedy`` / ``extend`` decode there).
-  ``question_length [B]``: each prompt ends with its question of this many tokens (FINCH's
-  window, ``models.decode.prefill``); None: not known.
+  yielded one at a time, in the order given (the caller runs one to completion before the
+  next), so at most the shared prefill and one working copy are alive; give them in
+  ``prefill_order`` so that no shared prefill runs twice. With ``mesh``, every prefill runs
+  sharded and the yielded ``Prefilled`` carries the mesh (``greedy`` / ``extend`` decode
+  there). ``question_length [B]``: each prompt ends with its question of this many tokens
+  (FINCH's window, ``models.decode.prefill``); None: not known.
   """
   cfg = model.config
-  # The shared compression prefill attends uncapped, unwindowed logits: on a soft-capped or
-  # windowed model (Gemma, Mistral) each compression method prefills on its own.
-  solo = cfg.attn_softcap is not None or cfg.sliding_window is not None
-  alone = lambda m: solo and m.prefill_group == PrefillGroup.COMPRESSION
-  compressed = {_shared_key(m, capacity, mesh=mesh) for m in method_list
-                if m.prefill_group == PrefillGroup.COMPRESSION and not alone(m)}
-  key_of = lambda m: (None if alone(m) else
-                      k if (k := _shared_key(m, capacity, True, mesh)) in compressed
-                      else _shared_key(m, capacity, mesh=mesh))
+  keys = _prefill_keys(cfg, method_list, capacity, mesh)
   groups = {}
-  for m in method_list:
-    if key_of(m) is not None:
-      groups.setdefault(key_of(m), []).append(m)
+  for m, key in zip(method_list, keys):
+    if key is not None:
+      groups.setdefault(key, []).append(m)
   unions = {key: (_prefill_union(g) if key[0] == "dense" else
                   compression_union.CompressionUnion.of(
                       [m for m in g if m.prefill_group == PrefillGroup.COMPRESSION]))
             for key, g in groups.items()}
   shared = {}
   copy = lambda t: jax.tree.map(jnp.copy, t)
-  for m in method_list:
-    key = key_of(m)
+  for m, key in zip(method_list, keys):
     if key is None or (key[0] == "dense" and not _shares_union(m, unions[key])):
       run = sharding.wrap(m, mesh)
       cap = run.round_capacity(capacity)
@@ -349,6 +371,8 @@ def lockstep(model, tokens, prefill_len, method_map: Mapping[str, object],
   by_method = {id(method_map[k]): k for k in labels}
   loops, logits = {}, {}
   prompts, methods = tokens[:, :int(lengths.max())], [method_map[k] for k in labels]
+  if prefill is None:
+    methods = [methods[i] for i in prefill_order(model, methods, n, mesh)]
   for m, pre in (prefill_all(model, prompts, lengths, methods, n, prefill_chunk, mesh)
                  if prefill is None else prefill(methods, prompts, lengths, n)):
     pinned = driver.pin_prefix(tokens, pre.capacity)

@@ -148,8 +148,10 @@ def _together(model, prompts, entries, n, progress, mesh):
   lockstep along dense's trajectory -> ``(gens, forced, probe)``."""
   lengths = np.full((len(prompts),), prompts.shape[1], np.int32)
   gens = {}
-  for e, (m, pre) in zip(entries, decoding.prefill_all(model, prompts, lengths,
-                                                       [e.method for e in entries],
+  ordered = [entries[i] for i in decoding.prefill_order(model, [e.method for e in entries],
+                                                         prompts.shape[1] + n, mesh)]
+  for e, (m, pre) in zip(ordered, decoding.prefill_all(model, prompts, lengths,
+                                                       [e.method for e in ordered],
                                                        prompts.shape[1] + n, mesh=mesh)):
     gens[e.label] = decoding.greedy(model, pre, m, n, stop_at_eos=False,
                                     hook=lambda *_, lab=e.label: progress.update(note=lab))

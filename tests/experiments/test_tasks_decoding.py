@@ -50,6 +50,34 @@ def test_shared_prefill_equals_own_prefill():
   assert decoding._shares_union(ms[4], union)
 
 
+def test_prefill_order_runs_each_shared_prefill_once(monkeypatch):
+  """Methods of the dense union and the compression union given in turn: ``prefill_order``
+  puts each group's members together (groups by first member, order kept inside a group),
+  and ``prefill_all`` in that order prefills each group once, where the order given prefills
+  at every change of group."""
+  model = modelzoo.tiny_random()
+  rng = np.random.default_rng(2)
+  lengths = np.array([40], np.int32)
+  prompts = rng.integers(10, 1000, (1, 40)).astype(np.int32)
+  ms = [methods.make("quest", budget=0.25), methods.make("snapkv", ratio=0.5),
+        methods.make("arkvale", budget=0.25), methods.make("dense"),
+        methods.make("knorm", ratio=0.5), methods.make("quest", budget=0.5)]
+  order = decoding.prefill_order(model, ms, 64)
+  # dense joins the compression group (its cache is the compression prefill's)
+  assert order == [0, 2, 5, 1, 3, 4]
+  calls = []
+  real = decode.prefill
+  monkeypatch.setattr(decode, "prefill", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+  given = dict(decoding.prefill_all(model, prompts, lengths, ms, capacity=64))
+  assert len(calls) == 5  # dense, compression, dense, compression, dense
+  calls.clear()
+  ordered = dict(decoding.prefill_all(model, prompts, lengths, [ms[i] for i in order], 64))
+  assert len(calls) == 2
+  for m in ms:
+    for a, b in zip(jax.tree.leaves(ordered[m].caches), jax.tree.leaves(given[m].caches)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=m.spec)
+
+
 def test_compression_union_shares_observations_across_ratios():
   ms = [methods.make(s) for s in COMPRESSION]
   union = compression_union.CompressionUnion.of(ms)
