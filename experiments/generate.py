@@ -151,7 +151,8 @@ def main(argv):
   print()
   right = {n: passage.is_right(t) for n, t in texts.items()} if default else None
   print(main_report.report(results, {"dense": dense, label: method}, len(ids), right=right,
-                           cache_share=sparsity.cache_share(model, len(ids))))
+                           cache_share=sparsity.cache_share(model, len(ids)),
+                           num_layers=model.config.num_layers))
   print(f"\n{main_report.verdict(label, texts, right)}")
 
 

@@ -236,6 +236,12 @@ class ShardedMethod:
     specs = state_specs((cache, state), self.mesh)
     return specs if context_parallel.usable(self.inner, specs[0], self.mesh) else None
 
+  def for_layer(self, layer: int, num_layers: int | None = None) -> "ShardedMethod":
+    """The wrapped method's method for decoder layer ``layer``, sharded like this one."""
+    for_layer = getattr(self.inner, "for_layer", None)
+    return self if for_layer is None else dataclasses.replace(
+        self, inner=for_layer(layer, num_layers))
+
   def with_sliding_window(self, window: int) -> "ShardedMethod":
     return dataclasses.replace(self, inner=self.inner.with_sliding_window(window))
 

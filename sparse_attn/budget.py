@@ -189,6 +189,17 @@ class Budget:
     f_tok, c_tok = int(tokens[forced].sum()), int(chosen_entries.sum())
     return dict(forced=f_tok, chosen=c_tok, total=f_tok + c_tok, context=context)
 
+  @staticmethod
+  def over_layers(acc: dict, num_layers: int, full_layers: int) -> dict:
+    """``acc`` (``accounting``'s, a sparse layer's) with ``layers``, ``full_layers`` (of them,
+    the layers that attend the whole ``acc["context"]``) and ``layer_mean``, the tokens a step
+    reads per head averaged over the ``num_layers`` layers."""
+    num_layers, full_layers = int(num_layers), int(full_layers)
+    if not 0 <= full_layers <= num_layers:
+      raise ValueError(f"full_layers={full_layers} must be in [0, num_layers={num_layers}]")
+    mean = (full_layers * acc["context"] + (num_layers - full_layers) * acc["total"]) / num_layers
+    return dict(acc, layers=num_layers, full_layers=full_layers, layer_mean=mean)
+
   def check(self, context: int, unit: int, name: str = "the selector"):
     """Raises ValueError when, at ``context`` tokens, nothing is chosen by score although
     some entries stay unattended (the selector would silently be StreamingLLM)."""

@@ -43,6 +43,7 @@ from sparse_attn.selectors import Selector
 from sparse_attn.spec import check_options, parse_spec, with_options
 
 COMMON_OPTIONS = ("block_size", "impl", "interpret")
+SELECTOR_METHOD_OPTIONS = ("dense_layers",)  # a selector method's own (``Method.dense_layers``)
 ENHANCER_OPTIONS = enhancer_options.OPTIONS
 
 
@@ -75,6 +76,11 @@ class Method:
     digests: the block digest kinds the cache keeps (``cache.DIGEST_KINDS``); None: the box
       (every cache's, docs/architecture.md) plus what the selector reads (``cache_digests``). A shared
       prefill keeps the union of its members'.
+    dense_layers: the first this many decoder layers decode with dense attention
+      (``for_layer``), the others with the selector. Quest's evaluation code keeps layers 0 and
+      1 dense (github mit-han-lab/Quest, ``evaluation/quest_attention.py``: ``layer_id < 2``
+      runs the flash forward), as do Twilight's runs (``skip_first_two_layers``); RESA and ReSA
+      sparsify every layer (RESA Sec. 4.1, ReSA Sec. 3.1), the library's default (0).
   """
 
   spec: str = ""
@@ -88,6 +94,7 @@ class Method:
   sliding_window: int | None = None
   digests: tuple[str, ...] | None = None
   softcap: float | None = None
+  dense_layers: int = 0
 
   # Methods of one prefill group (with the same block size and capacity) end the prompt with
   # identical caches, so experiments share one prefill among them (dense prefill: every Method).
@@ -122,6 +129,16 @@ class Method:
                        f"{self.block_size}")
     if self.selector is None and (self.resa or self.rect or self.retro):
       raise ValueError(f"enhancers need a selector, not dense attention ({self.spec!r})")
+    n = self.dense_layers
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+      raise ValueError(f"dense_layers must be an int >= 0, got {n!r}")
+    if n and self.selector is None:
+      raise ValueError(f"dense_layers needs a selector: dense attention is dense in every "
+                       f"layer ({self.spec!r})")
+    if n and (self.resa or self.retro):
+      raise ValueError(f"{self.spec!r}: dense_layers takes no RESA or retro (their per-layer "
+                       "state and window are the selector layers'); use a plain selector or "
+                       "+rect")
 
   # ---- schedule flags the decode loop obeys ----
   @property
@@ -182,11 +199,37 @@ class Method:
       raise ValueError("a token budget needs the context length for the memory-access model")
     return rect_lib.memory_access(self.block_size, p, self.rect_interval)
 
-  def attended_tokens(self, context: int) -> dict | None:
-    """Tokens attended per selection head at ``context`` tokens, split into forced and chosen
-    (``Selector.accounting``: ``Budget.accounting`` plus what the selector attends on top of
-    its budget); None for dense."""
-    return None if self.selector is None else self.selector.accounting(context)
+  def attended_tokens(self, context: int, num_layers: int | None = None) -> dict | None:
+    """Tokens attended per selection head at ``context`` tokens in a sparse layer, split into
+    forced and chosen (``Selector.accounting``: ``Budget.accounting`` plus what the selector
+    attends on top of its budget); None for dense.
+
+    With ``num_layers`` (the model's decoder layers) it adds ``layers``, ``full_layers`` (the
+    layers that attend the whole cache: ``full_layers``) and ``layer_mean``, the tokens one
+    step reads per head averaged over the layers."""
+    if self.selector is None:
+      return None
+    acc = self.selector.accounting(context)
+    if num_layers is None:
+      return acc
+    return Budget.over_layers(acc, num_layers, self.full_layers(num_layers))
+
+  def full_layers(self, num_layers: int) -> int:
+    """How many of ``num_layers`` decoder layers attend the whole cache (``dense_layers``)."""
+    return sum(self.for_layer(i, num_layers).is_dense for i in range(num_layers))
+
+  def for_layer(self, layer: int, num_layers: int | None = None) -> "Method":
+    """The method decoder layer ``layer`` runs (``models.steps.per_layer``): ``dense_twin``
+    below ``dense_layers``, else this method."""
+    del num_layers
+    return self.dense_twin() if layer < self.dense_layers else self
+
+  def dense_twin(self) -> "Method":
+    """Dense attention over this method's cache (same block size, digests, window, cap): what
+    a layer that attends everything runs, keeping the digests the selector layers read."""
+    return Method(spec="dense", block_size=self.block_size, impl=self.impl,
+                  interpret=self.interpret, sliding_window=self.sliding_window,
+                  digests=self.cache_digests, softcap=self.softcap)
 
   def check_context(self, context: int):
     """Raises ValueError when a score-based selector would choose nothing by score at
@@ -333,7 +376,8 @@ def make(spec: str = "dense", **options) -> Method:
       ``n_local`` (ReSA's dynamic rule), ``n_sink``, ``local_window``, ``forced_count``
       (``extra``/``inside``, see ``sparse_attn.budget``), ``min_tokens``, ``gqa``, ``variant``,
       ``topp`` (adaptive top-p mass threshold) or ``adakv`` (Ada-KV per-head floor) for
-      ``quest``/``arkvale``, ``block_size``, ``impl``, ``interpret``; with enhancers (``"quest+resa+rect+retro"``, each
+      ``quest``/``arkvale``, ``block_size``, ``impl``, ``interpret``, ``dense_layers`` (a
+      selector's first layers dense: ``"quest:dense_layers=2"``, Quest's own evaluation); with enhancers (``"quest+resa+rect+retro"``, each
       at most once, in any order, options inline ``"quest+resa:lam=0.5"`` or as keywords):
       ``lam`` (in [0, 1], default 1), ``lam_form`` (``renormalised``/``literal``),
       ``typical_query`` (``mean``/``last``), ``prior_update`` (``prefill_only``, the paper's
@@ -360,7 +404,8 @@ def make(spec: str = "dense", **options) -> Method:
                      f"{sorted(PRESETS)}")
   enh, enh_opts = _parse_enhancers(spec, name, rest, options)
   opts = {**inline, **{k: v for k, v in options.items() if k not in enh_opts}}
-  valid = COMMON_OPTIONS + (() if name == "dense" else selectors.options(name))
+  valid = COMMON_OPTIONS + (() if name == "dense" else (*SELECTOR_METHOD_OPTIONS,
+                                                           *selectors.options(name)))
   valid += tuple(o for e in enh for o in ENHANCER_OPTIONS[e])
   check_options(name, opts, valid)
   impl = opts.get("impl", "auto")
@@ -373,8 +418,10 @@ def make(spec: str = "dense", **options) -> Method:
   if name == "dense":
     return Method(**common)
   sel = selectors.build(name, opts, block_size)  # TidalDecode's method_class: its layers
-  return getattr(sel, "method_class", Method)(**common, selector=sel,
-                                               **enhancer_options.configs(enh, enh_opts))
+  dense_layers = opts.get("dense_layers", 0)
+  return getattr(sel, "method_class", Method)(
+      **common, selector=sel, **enhancer_options.configs(enh, enh_opts),
+      dense_layers=int(dense_layers) if isinstance(dense_layers, str) else dense_layers)
 
 
 def _parse_enhancers(spec: str, name: str, rest, options: dict):

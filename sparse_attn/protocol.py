@@ -103,8 +103,9 @@ class AttentionMethod(Protocol):
   def check_context(self, context: int) -> None:
     """Raises ValueError when the method cannot work at ``context`` prompt tokens."""
 
-  def attended_tokens(self, context: int) -> dict | None:
-    """Tokens attended per head at ``context`` tokens (``Budget.accounting``), None if n/a."""
+  def attended_tokens(self, context: int, num_layers: int | None = None) -> dict | None:
+    """Tokens attended per head at ``context`` tokens (``Budget.accounting``), None if n/a;
+    with ``num_layers``, also their mean over the layers (``Budget.over_layers``)."""
 
   def init_cache(self, batch, num_kv_heads, capacity, head_dim, dtype=...) -> Any:
     """The empty layer cache."""

@@ -55,18 +55,20 @@ class TidalMethod(Method):
     if self.resa or self.rect or self.retro:
       raise ValueError(f"{self.spec!r}: TidalDecode takes no enhancers (its selection layers "
                        "are dense; the others read their choice)")
+    if self.dense_layers:
+      raise ValueError(f"{self.spec!r}: TidalDecode's dense layers are the ones before its "
+                       "sparse_start; give sparse_start instead of dense_layers")
 
   def for_layer(self, layer: int, num_layers: int | None = None) -> Method:
     """The method decoder layer ``layer`` (of ``num_layers``) runs: one object per role, so
     one compile each."""
     del num_layers  # a re-selection layer past the last layer never runs
     role = self.selector.role(layer)
-    return self._dense() if role == "dense" else dataclasses.replace(self, role=role)
+    return self.dense_twin() if role == "dense" else dataclasses.replace(self, role=role)
 
-  def _dense(self) -> Method:
-    """Dense attention over this method's cache (the dense layers; a selection layer's)."""
-    return Method(spec="dense", block_size=self.block_size, impl=self.impl,
-                  interpret=self.interpret, softcap=self.softcap, digests=self.cache_digests)
+  def full_layers(self, num_layers: int) -> int:
+    """The dense layers and the selection layers (full attention, Sec. 3.2) of ``num_layers``."""
+    return sum(self.selector.role(i) != "reuse" for i in range(num_layers))
 
   def with_sliding_window(self, window: int):
     raise NotImplementedError(f"{self.spec}: TidalDecode's selection layers would choose "
@@ -105,7 +107,7 @@ class TidalMethod(Method):
       raise ValueError(f"{self.spec} decodes 1 query per step, got {q.shape[2]}")
     scale = reference.default_scale(q.shape[-1], scale)
     if self.role == "select":
-      out, cache, state = self._dense().decode(q, k, v, cache, state, positions, scale=scale)
+      out, cache, state = self.dense_twin().decode(q, k, v, cache, state, positions, scale=scale)
       return out, cache, state, self.selector.select(q[:, :, 0], cache, scale)
     if relay is None:
       raise ValueError(f"{self.spec}: a reuse layer ran before any selection layer")

@@ -30,7 +30,8 @@ def verdict(label: str, texts: dict, right: dict | None) -> str:
           f"{word('dense')}, {label} answers {word(label)}.")
 
 
-def report(results, built, context: int, *, right=None, cache_share=None) -> str:
+def report(results, built, context: int, *, right=None, cache_share=None,
+           num_layers: int | None = None) -> str:
   """Per method: the share of the prompt it attends, tokens/s, new tokens; then warnings.
 
   Args:
@@ -40,6 +41,7 @@ def report(results, built, context: int, *, right=None, cache_share=None) -> str
     right: ``name -> bool``, whether its answer is right (an "answer" column), or None.
     cache_share: the KV cache's share of a decode step's bytes (``sparsity.cache_share``): a
       note says it where a sparse method decodes slower than dense.
+    num_layers: the model's decoder layers (a method with dense layers: the mean over them).
   """
   width = max(len("method"), *map(len, results)) + 2  # long specs keep the columns aligned
   answer = f"{'answer':>8}" if right else ""
@@ -48,7 +50,7 @@ def report(results, built, context: int, *, right=None, cache_share=None) -> str
   notes = []
   base = results.get("dense")
   for name, g in results.items():
-    att = sparsity.attended(built[name], context)
+    att = sparsity.attended(built[name], context, num_layers)
     answer = f"{'right' if right[name] else 'wrong':>8}" if right else ""
     lines.append(f"{name:<{width}}{g.prefill_tokens_per_second:>14.1f}"
                  f"{g.decode_tokens_per_second:>14.2f}{len(g.tokens[0]):>12}{answer}  "

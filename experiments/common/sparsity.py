@@ -40,17 +40,22 @@ class Attended:
         f": {self.detail}" if self.detail else "")
 
 
-def attended(method, context: int) -> Attended:
-  """The ``Attended`` of ``method`` at a ``context``-token prompt."""
+def attended(method, context: int, num_layers: int | None = None) -> Attended:
+  """The ``Attended`` of ``method`` at a ``context``-token prompt; with the model's
+  ``num_layers``, the mean over its layers where some attend everything (``dense_layers``,
+  TidalDecode's full-attention layers)."""
   if method.is_dense:
     return Attended(context, context, "dense")
-  acc = method.attended_tokens(context)
+  acc = method.attended_tokens(context, num_layers)
   if acc is not None:
     what = "sinks, local window" + (f", {acc['outliers']} in outlier blocks"
                                     if acc.get("outliers") else "")  # ShadowKV's
-    return Attended(int(acc["total"]), context,
-                    f"{acc['forced']} forced ({what}) + {acc['chosen']} chosen",
-                    int(acc["forced"]))
+    detail = f"{acc['forced']} forced ({what}) + {acc['chosen']} chosen"
+    if acc.get("full_layers"):
+      return Attended(round(acc["layer_mean"]), context,
+                      f"{acc['full_layers']} of {acc['layers']} layers dense, the others "
+                      f"{acc['total']}: {detail}", int(acc["forced"]))
+    return Attended(int(acc["total"]), context, detail, int(acc["forced"]))
   ratio = getattr(method, "ratio", None)
   if ratio is not None:
     keep = getattr(method, "prompt_keep", None)  # ceil((1 - ratio) L), as the cache keeps

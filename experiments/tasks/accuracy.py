@@ -89,9 +89,10 @@ def query_length(protocol: str, split) -> np.ndarray | None:
   return np.array([len(ids) - n for ids, n in split], np.int32)
 
 
-def attended_tokens(method, context: int):
-  """``method.attended_tokens(context)`` (forced / chosen / total per head), or None."""
-  return method.attended_tokens(int(context))
+def attended_tokens(method, context: int, num_layers: int):
+  """``method.attended_tokens(context, num_layers)`` (forced / chosen / total per head in a
+  sparse layer, and their mean over the layers), or None."""
+  return method.attended_tokens(int(context), num_layers)
 
 
 def kv_kept(pre: decoding.Prefilled) -> list[float] | None:
@@ -226,7 +227,7 @@ def _record(config, model, protocol, e, m, s: ruler.Sample, row, context_tokens,
       task=s.task, length=s.target, num_tokens=s.num_tokens, context_tokens=context_tokens,
       depth=s.depth, seed=s.seed, score=scoring.score(pred, s.answers, s.metric),
       metric=s.metric, answers=list(s.answers), prediction=pred, new_tokens=len(row),
-      attended_tokens=attended_tokens(m, s.num_tokens), kv_kept=kept,
+      attended_tokens=attended_tokens(m, s.num_tokens, model.config.num_layers), kv_kept=kept,
       generator=ruler.GENERATOR, **extra)
   if s.metric == "each":
     rec["question_scores"] = scoring.per_question(pred, s.answers)

@@ -45,9 +45,15 @@ def _fmt(c) -> str:
   return f"{100 * c['mean']:.1f} [{100 * c['lo']:.0f}-{100 * c['hi']:.0f}] n={c['n']}"
 
 
+def read_per_head(acc: dict) -> float:
+  """Tokens a step reads per head from a record's ``attended_tokens``: the mean over the
+  layers where recorded (a method with dense layers), else a sparse layer's ``total``."""
+  return acc.get("layer_mean", acc["total"])
+
+
 def _attended(rs) -> str:
-  """Mean tokens attended per head at the first generated token (total; forced + chosen)."""
-  tot = [r["attended_tokens"]["total"] for r in rs if r.get("attended_tokens")]
+  """Mean tokens attended per head at the first generated token (``read_per_head``)."""
+  tot = [read_per_head(r["attended_tokens"]) for r in rs if r.get("attended_tokens")]
   if tot:
     return f"{np.mean(tot):.0f}"
   kept = [r["kv_kept"] for r in rs if r.get("kv_kept") is not None]
@@ -59,7 +65,7 @@ def attended_share(rs) -> float | None:
   token over the prompt (selection), or kept tokens over the context (compression); None for
   dense rows (nothing recorded). Puts rows with their own budget rule (ReSA's sparsity,
   RetroAttention's ``b``) beside the fixed-budget rows."""
-  shares = [r["attended_tokens"]["total"] / r["num_tokens"] if r.get("attended_tokens")
+  shares = [read_per_head(r["attended_tokens"]) / r["num_tokens"] if r.get("attended_tokens")
             else r["kv_kept"] / r["context_tokens"]
             for r in rs if r.get("attended_tokens") or r.get("kv_kept") is not None]
   return float(np.mean(shares)) if shares else None

@@ -218,9 +218,9 @@ class CompressionMethod(Scorer):
     """Any prompt length works (a ratio keeps at least one token per head)."""
     del context
 
-  def attended_tokens(self, context: int) -> None:
+  def attended_tokens(self, context: int, num_layers: int | None = None) -> None:
     """None: what a compressed cache holds is measured from it (``kv_kept``), not predicted."""
-    del context
+    del context, num_layers
 
   # ---- per-layer interface ----
   def init_cache(self, batch, num_kv_heads, capacity, head_dim, dtype=jnp.float32) -> KVCache:

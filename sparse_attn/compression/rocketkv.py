@@ -35,7 +35,7 @@ import math
 import jax.numpy as jnp
 
 from sparse_attn import kernels, sparse
-from sparse_attn.budget import parse_budget
+from sparse_attn.budget import Budget, parse_budget
 from sparse_attn.compression import layout
 from sparse_attn.compression.snapkv import SnapKV
 from sparse_attn.selectors.hybrid import HybridSparse
@@ -81,14 +81,15 @@ class RocketKV(SnapKV):
     """The decode selector: ``topk`` tokens per kv head at compression ratio ``c``."""
     return HybridSparse(budget=self.topk, c=self.c, block_size=self.block_size)
 
-  def attended_tokens(self, context: int) -> dict:
+  def attended_tokens(self, context: int, num_layers: int | None = None) -> dict:
     """Tokens a decode step reads per kv head at a prompt of ``context`` tokens: stage 2's
     top-k over the ``prompt_keep`` tokens stage 1 keeps (``Budget.accounting``; ``kept`` adds
     the cache size it selects from). The harness's share of the context read is then the
-    paper's token budget, not the size of the evicted cache."""
+    paper's token budget, not the size of the evicted cache. Every layer is sparse
+    (``num_layers``: ``Budget.over_layers`` with no full layer)."""
     kept = int(self.prompt_keep(int(context)))
-    acc = self.stage2.budget.accounting(kept, 1)
-    return dict(acc, context=int(context), kept=kept)
+    acc = dict(self.stage2.budget.accounting(kept, 1), context=int(context), kept=kept)
+    return acc if num_layers is None else Budget.over_layers(acc, num_layers, 0)
 
   def decode(self, q, k, v, cache, state, positions, *, scale=None):
     """Appends the new token after the kept ones and attends the stage-2 selection.
