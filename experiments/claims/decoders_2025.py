@@ -199,7 +199,8 @@ def tidaldecode_vs_dense(records):
       records, "tidaldecode", 0.025, NEEDLE_TASKS,
       paper_setting="Llama-3-8B-Instruct-Gradient-1048k, one needle in 10K / 100K tokens, "
                     "K = 128 / 256 tokens; selection layers 2 and 13 (the paper's Llama choice, "
-                    "kept for this model)",
+                    "kept for this model); layers 0-2 and 13 attend the whole context, the "
+                    "share below is the other layers'",
       others=(("the other RULER tasks", "tidaldecode", rest),) if rest else ())
 
 
