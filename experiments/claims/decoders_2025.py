@@ -144,7 +144,9 @@ def within_dense(records, method: str, budget: float, tasks=None, *, paper_setti
   read = mine_recs + [r for r in recs if r.get("method") == "dense" and sample_key(r) in keys]
   share = accuracy_report.attended_share(mine_recs)
   if share is not None:  # forced sinks / local window / outliers included
-    why += f"; {method} reads {100 * share:.1f}% of the context per head"
+    layered = all("layer_mean" in (r.get("attended_tokens") or {}) for r in mine_recs)
+    why += (f"; {method} reads {100 * share:.1f}% of the context per head"
+            + (" (mean over the layers)" if layered else ""))
   quest = scores(recs, "quest", budget)
   why += _pair_line(f"quest@{budget:g} -> {label}", paired(_sub(mine, keys), _sub(quest, keys)))
   if len(lengths) > 1:
@@ -199,8 +201,8 @@ def tidaldecode_vs_dense(records):
       records, "tidaldecode", 0.025, NEEDLE_TASKS,
       paper_setting="Llama-3-8B-Instruct-Gradient-1048k, one needle in 10K / 100K tokens, "
                     "K = 128 / 256 tokens; selection layers 2 and 13 (the paper's Llama choice, "
-                    "kept for this model); layers 0-2 and 13 attend the whole context, the "
-                    "share below is the other layers'",
+                    "kept for this model); ours: layers 0-2 and 13 attend the whole context "
+                    "(a share read below without 'mean over the layers' counts the others)",
       others=(("the other RULER tasks", "tidaldecode", rest),) if rest else ())
 
 

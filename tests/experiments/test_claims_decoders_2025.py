@@ -119,3 +119,17 @@ def test_rows_say_not_run_without_the_methods_records():
     rows = {r["claim"]: r for r in claims_report.claim_rows(records, "results")}
     for c in part.values():
       assert rows[c.claim]["verdict"] == "not run" and rows[c.claim]["ours"] == "-"
+
+
+def test_the_share_read_is_the_layer_mean_where_records_have_it():
+  """A record's ``attended_tokens`` with ``layer_mean`` (layers that attend everything counted)
+  gives the share; without it the share is a sparse layer's and says nothing of layers."""
+  def with_reads(recs, **acc):
+    return [dict(r, num_tokens=4000, attended_tokens=dict(total=100, **acc)) for r in recs]
+  sparse_only = with_reads(grid("tidaldecode", lambda *_: 1.0, tasks=d25.NEEDLE_TASKS))
+  got = d25.tidaldecode_vs_dense(dense() + sparse_only)
+  assert "tidaldecode reads 2.5% of the context per head;" in got.why
+  layered = with_reads(grid("tidaldecode", lambda *_: 1.0, tasks=d25.NEEDLE_TASKS),
+                       layers=24, full_layers=4, layer_mean=(4 * 4000 + 20 * 100) / 24)
+  got = d25.tidaldecode_vs_dense(dense() + layered)
+  assert "tidaldecode reads 18.8% of the context per head (mean over the layers)" in got.why
