@@ -43,18 +43,20 @@ def kv_bytes(method, config, *, context: int, batch: int) -> float:
   """KV-cache bytes one decode step of ``method`` reads over all layers at ``context`` tokens.
 
   ``traffic.fraction`` of dense attention's bytes, with the tokens a selection head attends
-  taken from the method's budget (``Method.attended_tokens``); ``method=None``: dense (the
-  peer's attention).
+  taken from the method's budget (``Method.attended_tokens``); layers that attend everything
+  (``dense_layers``, TidalDecode's) read dense's bytes. ``method=None``: dense (the peer's
+  attention).
   """
   item = _itemsize(config.dtype)
   dense = traffic.dense_bytes(context, config.num_kv_heads, config.head_dim, item, batch)
   if method is None or method.is_dense:
     return float(config.num_layers * dense)
-  selected = method.attended_tokens(context)["total"]
-  frac = traffic.fraction(method, context=context, selected_tokens=selected,
+  acc = method.attended_tokens(context, config.num_layers)
+  frac = traffic.fraction(method, context=context, selected_tokens=acc["total"],
                           num_q_heads=config.num_heads, num_kv_heads=config.num_kv_heads,
                           head_dim=config.head_dim, itemsize=item)
-  return float(config.num_layers * dense * frac)
+  full = acc.get("full_layers", 0)
+  return float((full + (config.num_layers - full) * frac) * dense)
 
 
 def bound(step_s: float, weights: float, kv: float, peak_gbs: float) -> dict:

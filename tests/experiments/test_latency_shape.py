@@ -42,6 +42,10 @@ def test_llama_8b_bytes_per_step():
   quest = shapes.kv_bytes(methods.make("quest:gqa=group", p=0.1), config, context=32768,
                           batch=1)
   assert math.isclose(quest / kv, 1 / 16 + 0.1, rel_tol=1e-3)
+  # two of the 32 layers dense (Quest's own evaluation) read dense's bytes
+  two = shapes.kv_bytes(methods.make("quest:gqa=group,dense_layers=2", p=0.1), config,
+                        context=32768, batch=1)
+  assert math.isclose(two / kv, (2 + 30 * quest / kv) / 32, rel_tol=1e-9)
   b = shapes.bound(5e-3, w, kv, 4800.0)
   assert math.isclose(b["bound_ms"], (w + kv) / 4.8e9) and 0 < b["bound_fraction"] <= 1
   assert b["bound_flag"] is None
