@@ -29,7 +29,11 @@ group's mean logit (one list per kv head).
 
 Measured (``results/tidaldecode_forced``, Qwen2.5-Coder-0.5B, RULER single needles at 4k, 2.5%):
 without forced tokens the answer breaks off or loops (0 of 10 right; re-selection at layer 6,
-18 or none: 1, 0, 0 of 10), with ``n_sink=4, local_window=64`` 5 of 10 (dense 10 of 10).
+18 or none: 1, 0, 0 of 10), with ``n_sink=4, local_window=64`` 5 of 10 (dense 10 of 10). The
+fused kernel's variant (``results/tidaldecode_newest``: the newest token always kept) is 0 of
+10 too, with the same answers: the number starts right and stops after a few digits
+(``811131.`` for 8111318), the digits generated just before not being among the chosen
+tokens; a local window of recent tokens is what brings answers back.
 
 The cross-layer part lives in ``sparse_attn.tidal.TidalMethod`` (what ``methods.make`` builds
 for this selector): the decode loop (``models.steps``) hands the selection layer's choice to
