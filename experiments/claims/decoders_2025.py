@@ -223,7 +223,8 @@ def twilight_vs_dense(records):
   return within_dense(
       records, "twilight", 0.1,
       paper_setting="LLaMA-3.1-8B-Instruct at 16k-96k, Quest's base budget pruned to p = 0.95, "
-                    "first two layers dense; ours: base 10%, p = 0.85, every layer")
+                    "first two layers dense; ours: base 10%, p = 0.85, every layer sparse "
+                    "(dense_layers=2 gives the paper's two dense layers)")
 
 
 def rocketkv_vs_dense(records):

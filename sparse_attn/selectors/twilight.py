@@ -51,8 +51,12 @@ What this file simulates: the INT4 keys are made on the fly inside ``select`` (q
 dequantise, then float32 dot products): the kernel's arithmetic, not its storage. The memory
 saving of a real INT4 key cache (a second, 4-bit copy of K read by the SpGEMV) is not realised,
 and there is no SpGEMV or binary-search kernel. ``topp = 1`` keeps every candidate (no pruning:
-the base Quest selection as tokens). Not taken from the source: the authors' run keeps the first
-two layers dense (``skip_first_two_layers``), a model-level choice outside a selector.
+the base Quest selection as tokens). The authors' run keeps the first two layers dense
+(``skip_first_two_layers``), a model-level choice outside a selector: the method's
+``dense_layers=2`` (``"twilight:dense_layers=2"``). Measured (``results/dense_layers``,
+Qwen2.5-Coder-0.5B, RULER niah_multikey_2 / _3 at 4k, 5 samples each): the two dense layers
+leave Quest's answers unchanged at 2.5% and 10% and Twilight's at 10% (50% against dense's
+100%), and give Twilight at 2.5% one more of 10 (0 -> 10%); the loss there is not theirs.
 
 GQA: ``gqa="head"`` selects per query head (the authors' Python reference repeats the kv heads);
 ``gqa="group"`` selects once per kv head, both the Quest pages and the estimated weights from
