@@ -204,9 +204,9 @@ class Method:
     forced and chosen (``Selector.accounting``: ``Budget.accounting`` plus what the selector
     attends on top of its budget); None for dense.
 
-    With ``num_layers`` (the model's decoder layers) it adds ``layers``, ``full_layers`` (the
-    layers that attend the whole cache: ``full_layers``) and ``layer_mean``, the tokens one
-    step reads per head averaged over the layers."""
+    With ``num_layers`` (the model's decoder layers) it adds ``layers``, ``full_layers`` (how
+    many of them attend the whole cache) and ``layer_mean``, the tokens one step reads per head
+    averaged over the layers (``Budget.over_layers``)."""
     if self.selector is None:
       return None
     acc = self.selector.accounting(context)
@@ -418,10 +418,9 @@ def make(spec: str = "dense", **options) -> Method:
   if name == "dense":
     return Method(**common)
   sel = selectors.build(name, opts, block_size)  # TidalDecode's method_class: its layers
-  dense_layers = opts.get("dense_layers", 0)
   return getattr(sel, "method_class", Method)(
       **common, selector=sel, **enhancer_options.configs(enh, enh_opts),
-      dense_layers=int(dense_layers) if isinstance(dense_layers, str) else dense_layers)
+      dense_layers=opts.get("dense_layers", 0))
 
 
 def _parse_enhancers(spec: str, name: str, rest, options: dict):

@@ -120,6 +120,8 @@ def test_spec_options_refusals_and_sharding():
     methods.make("quest+resa", budget=0.1, dense_layers=2)
   with pytest.raises(ValueError, match="sparse_start"):
     methods.make("tidaldecode", budget=0.1, dense_layers=2)
+  with pytest.raises(ValueError, match="dense_layers must be an int >= 0, got 'two'"):
+    methods.make("quest:dense_layers=two", budget=0.1)
   for bad in (-1, True, 1.5):
     with pytest.raises(ValueError, match="dense_layers must be"):
       methods.Method(selector=m.selector, dense_layers=bad)
