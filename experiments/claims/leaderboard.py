@@ -131,7 +131,7 @@ def markdown(board: list[dict]) -> str:
 
 def _dense_tasks(board: list[dict]) -> dict:
   """``(benchmark, protocol, length) -> tasks`` of dense's cells."""
-  return {(r["benchmark"], r["protocol"], r["length"]): r["tasks"] for r in board
+  return {(r["benchmark"], r["protocol"], r["length"]): r.get("tasks") for r in board
           if r["method"] == "dense"}
 
 
@@ -139,7 +139,7 @@ def _fewer(cell: dict, dense_tasks: dict) -> str:
   """``", k of N tasks"`` where a cell averages fewer tasks than dense at its length (its mean
   is not comparable to the full rows'), else ""."""
   n = dense_tasks.get((cell["benchmark"], cell["protocol"], cell["length"]))
-  if n is None or cell["tasks"] >= n:
+  if n is None or cell.get("tasks") is None or cell["tasks"] >= n:
     return ""
   return f", {cell['tasks']} of {n} tasks"
 
@@ -244,10 +244,14 @@ def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> st
   """Writes the figure of ``rows``' answer into ``workdir``; returns its path (None without
   rows). One panel per ``panels`` key (three to a row): accuracy (95% interval) against the
   share of the context read per head, a line per method through its budgets, dense the dashed
-  line of every panel; one colour and marker per method across the figure."""
+  line of every panel; one colour and marker per method across the figure. A method with a
+  budget averaging fewer tasks than dense there (a run still going, a diagnostic on a few
+  tasks: its mean is not comparable) is drawn dotted with hollow markers, its label saying
+  ``"(k of N tasks)"``."""
   grid = panels(board)
   if not grid:
     return None
+  dense_tasks = _dense_tasks(board)
   lines = {k: {base_label(r["method"]) for r in rs if family(r["method"]) != "dense"}
            for k, rs in grid.items()}
   fig, axes, beside = _layout(grid, lines)
@@ -274,8 +278,12 @@ def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> st
       at.sort(key=lambda r: r["share"])
       x = [100 * r["share"] * step ** (i - (len(by) - 1) / 2) for r in at]
       err = [[r["accuracy"] - r["lo"] for r in at], [r["hi"] - r["accuracy"] for r in at]]
-      a.errorbar(x, [r["accuracy"] for r in at], yerr=err,
-                 fmt=st.marker + "-", color=st.colour, ms=4, lw=1, capsize=2, label=_short(m))
+      fewer = min((r for r in at if _fewer(r, dense_tasks)), key=lambda r: r["tasks"],
+                  default=None)
+      label = _short(m) + (f" ({_fewer(fewer, dense_tasks)[2:]})" if fewer else "")
+      a.errorbar(x, [r["accuracy"] for r in at], yerr=err, fmt=st.marker + (":" if fewer else "-"),
+                 color=st.colour, ms=4, lw=1, capsize=2, label=label,
+                 mfc="none" if fewer else st.colour)
     a.set(xscale="log", xlabel="context read per head (%)", ylabel="accuracy (%)",
           title=f"{bench}, {proto}, {length} tokens\n{FAMILY_TITLES[fam]}", ylim=(-3, 103),
           xlim=XLIM)

@@ -125,3 +125,17 @@ def test_the_report_reads_the_leaderboard_compression_workdirs(tmp_path):
   board = leaderboard.rows(report.load(str(tmp_path))["accuracy"])
   assert {(r["protocol"], r["method"]) for r in board} == {
       (p, m) for p in ("query_agnostic", "query_aware") for m in ("dense", "snapkv@0.5")}
+
+
+def test_a_row_over_fewer_tasks_than_dense_is_dotted_and_hollow(monkeypatch, tmp_path):
+  """Its mean is over other tasks than dense's: drawn apart, its label says how many."""
+  board = [dict(_row("dense", share=None, accuracy=90.0), tasks=12),
+           dict(_row("snapkv@0.5"), tasks=12), dict(_row("snapkv@0.25", share=0.25), tasks=12),
+           dict(_row("knorm@0.5"), tasks=12), dict(_row("knorm@0.25", share=0.25), tasks=2)]
+  fig, _ = _drawn(monkeypatch, board, tmp_path)
+  drawn = {c.get_label(): c.lines[0] for c in fig.axes[0].containers}
+  assert set(drawn) == {"snapkv", "knorm (2 of 12 tasks)"}
+  assert drawn["snapkv"].get_linestyle() == "-"
+  assert drawn["snapkv"].get_markerfacecolor() != "none"
+  assert drawn["knorm (2 of 12 tasks)"].get_linestyle() == ":"
+  assert drawn["knorm (2 of 12 tasks)"].get_markerfacecolor() == "none"
