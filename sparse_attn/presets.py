@@ -15,6 +15,12 @@ PRESETS = {
                     "+resa:lam=1.0,prior_update=prefill_only,typical_query=mean",
     "resa-topk": "topk:budget=0.025,n_sink=4,local_window=64,forced_count=extra"
                  "+resa:lam=1.0,prior_update=prefill_only,typical_query=mean",
+    # Quest (Tang et al., ICML 2024) as its evaluation code runs it (github mit-han-lab/Quest,
+    # evaluation/quest_attention.py): layers 0 and 1 dense (``layer_id < 2``), no sink or local
+    # tokens forced, at least 3 chunks of 16 (``max(3, token_budget // chunk_size)``). The
+    # budget is the caller's (the library's 10% by default): the authors sweep 512-4096 tokens
+    # (scripts/longbench.sh, scripts/passkey.sh), e.g. ``methods.make("quest-paper", budget=1024)``.
+    "quest-paper": "quest:n_sink=0,local_window=0,min_tokens=48,dense_layers=2",
     # ReSA (Sun et al. 2025), Sec. 2.1 Eq. 4 and Sec. 3: group-shared block selection,
     # n = max(n_min, ceil(M p)) blocks counting the n_local forced block, no sink block,
     # b = 16, n_min = 16, p = 0.1, dense rectification every f = 32 tokens (Sec. 2.2).

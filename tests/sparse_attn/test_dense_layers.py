@@ -130,3 +130,13 @@ def test_spec_options_refusals_and_sharding():
   layer0 = steps.per_layer(wrapped, 0, 24)
   assert isinstance(layer0, sharding.ShardedMethod) and layer0.inner.is_dense
   assert steps.per_layer(wrapped, 5, 24) == wrapped
+
+
+def test_quest_paper_preset():
+  """Quest as its evaluation code runs it: two dense layers, nothing forced, >= 3 blocks."""
+  m = methods.make("quest-paper", budget=1024)
+  assert m.dense_layers == 2 and m.selector.name == "quest"
+  assert (m.budget.n_sink, m.budget.local_window, m.budget.min_tokens) == (0, 0, 48)
+  assert m.attended_tokens(100_000)["total"] == 1024
+  # a budget under 3 blocks is raised to 3 (Quest's max(3, token_budget // chunk_size))
+  assert methods.make("quest-paper", budget=0.01).attended_tokens(1000)["total"] == 48
