@@ -32,7 +32,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.tasks import compression_union
+from experiments.tasks import compression_union, prefill_groups
+# decoding.prefill_order: the order callers give prefill_all
+from experiments.tasks.prefill_groups import prefill_order  # pylint: disable=unused-import
 from models import decode, driver, sharding, steps
 from models.sampling import Sampling
 from sparse_attn import cache as cache_lib
@@ -60,102 +62,16 @@ class Prefilled:
   mesh: jax.sharding.Mesh | None = None
 
 
-def _prefill_union(group):
-  """One method whose prefill serves every method of ``group`` (same block size, capacity).
-
-  Every ``Method`` prefills densely, so their caches after the prompt are identical; only the
-  enhancer state differs, and that is a function of the prompt alone: RESA's prior depends on
-  ``typical_query``, retro's output ring on the window and the selection layout. The union
-  carries the RESA part and the retro part of the first members that have them; members whose
-  options differ get their own prefill (``_shares_union``).
-  """
-  resa = next((m for m in group if m.resa), None)
-  retro = next((m for m in group if m.window > 1), None)
-  base = retro or resa or group[0]
-  digests = tuple(k for k in cache_lib.DIGEST_KINDS if any(k in m.cache_digests for m in group))
-  return dataclasses.replace(base, resa=resa.resa if resa else None, digests=digests)
-
-
-def _shares_union(m, union) -> bool:
-  if m.prefill_group != PrefillGroup.DENSE:  # e.g. top-k reuse keeps state of its own
-    return False
-  if m.resa and m.resa.typical_query != union.resa.typical_query:
-    return False
-  return m.window == 1 or (m.window, m.selector.group_shared, m.granularity) == (
-      union.window, union.selector.group_shared, union.granularity)
-
-
-def _project(full, like):
-  """The part of the union's state ``full`` that has the structure of ``like`` (a subset of
-  its dict keys and set dataclass fields at every level: RESA without retro drops the ring's
-  RESA entries and the retro part, ...)."""
-  if like is None:
-    return None
-  if isinstance(like, dict):
-    return {k: _project(full[k], v) for k, v in like.items()}
-  if dataclasses.is_dataclass(like):  # a typed state (compose.MethodState, resa.ResaState)
-    return dataclasses.replace(like, **{f.name: _project(getattr(full, f.name),
-                                                         getattr(like, f.name))
-                                        for f in dataclasses.fields(like)})
-  if full.shape != like.shape or full.dtype != like.dtype:
-    raise AssertionError(f"union state {full.shape} {full.dtype} != {like.shape} {like.dtype}")
-  return full
-
-
-def _shared_key(m, capacity, with_compression: bool = False, mesh=None):
-  """The group of methods ``m`` shares a prefill with, or None (its own prefill).
-
-  Dense attention joins the compression methods' group when there is one
-  (``with_compression`` and a compression method of the same block size and capacity): their
-  prefill is dense and leaves the cache at slots = positions, which is exactly dense's cache,
-  and dense keeps no state.
-  """
-  group = m.prefill_group
-  if group == "dense" and with_compression and m.is_dense and not m.enhanced:
-    group = "compression"
-  cap = sharding.wrap(m, mesh).round_capacity(capacity)  # whole blocks on every seq shard
-  return None if group is None else (group, m.block_size, cap)
-
-
-def _prefill_keys(cfg, method_list, capacity: int, mesh=None) -> list:
-  """Per method, the key of the shared prefill it takes (``_shared_key``; dense joins the
-  compression group where there is one), or None where it prefills on its own."""
-  # The shared compression prefill attends uncapped, unwindowed logits: on a soft-capped or
-  # windowed model (Gemma, Mistral) each compression method prefills on its own.
-  solo = cfg.attn_softcap is not None or cfg.sliding_window is not None
-  alone = lambda m: solo and m.prefill_group == PrefillGroup.COMPRESSION
-  compressed = {_shared_key(m, capacity, mesh=mesh) for m in method_list
-                if m.prefill_group == PrefillGroup.COMPRESSION and not alone(m)}
-  return [None if alone(m) else
-          k if (k := _shared_key(m, capacity, True, mesh)) in compressed
-          else _shared_key(m, capacity, mesh=mesh) for m in method_list]
-
-
-def prefill_order(model, method_list, capacity: int, mesh=None) -> list[int]:
-  """Indices into ``method_list`` in the order that runs each shared prefill once.
-
-  ``prefill_all`` keeps one shared prefill alive at a time, so methods of two groups taken in
-  turn (dense, quest, rocketkv, hybrid: the dense union, the compression union, the dense one
-  again) prefill their groups again at each change. This order puts the members of each
-  shared prefill next to each other, the groups in order of their first member; the methods
-  keep their order inside a group.
-  """
-  keys = _prefill_keys(model.config, method_list, capacity, mesh)
-  first = {}
-  for i, k in enumerate(keys):
-    first.setdefault(i if k is None else k, i)
-  return sorted(range(len(keys)), key=lambda i: (first[i if keys[i] is None else keys[i]], i))
-
-
 def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, capacity: int,
                 prefill_chunk: int = 512, mesh=None, question_length=None):
   """Yields ``(method, Prefilled)`` for each method, sharing one dense prefill where possible.
 
   The ``Method``s of one (block size, capacity) share one prefill of their union
-  (``_prefill_union``): the dense cache is copied and each takes its part of the union's
-  enhancer state. Compression methods of one (block size, capacity) share one prefill of a
-  ``CompressionUnion`` and each evicts from it with its own ``end_prefill`` (on a soft-capped
-  or windowed model, which the union cannot attend, each prefills on its own). Methods are
+  (``prefill_groups.prefill_union``): the dense cache is copied and each takes its part of
+  the union's enhancer state. Compression methods of one (block size, capacity) share one
+  prefill of a ``CompressionUnion`` and each evicts from it with its own ``end_prefill`` (on
+  a soft-capped or windowed model, which the union cannot attend, each prefills on its own).
+  Methods are
   yielded one at a time, in the order given (the caller runs one to completion before the
   next), so at most the shared prefill and one working copy are alive; give them in
   ``prefill_order`` so that no shared prefill runs twice. With ``mesh``, every prefill runs
@@ -164,19 +80,20 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
   (FINCH's window, ``models.decode.prefill``); None: not known.
   """
   cfg = model.config
-  keys = _prefill_keys(cfg, method_list, capacity, mesh)
+  keys = prefill_groups.prefill_keys(cfg, method_list, capacity, mesh)
   groups = {}
   for m, key in zip(method_list, keys):
     if key is not None:
       groups.setdefault(key, []).append(m)
-  unions = {key: (_prefill_union(g) if key[0] == "dense" else
+  unions = {key: (prefill_groups.prefill_union(g) if key[0] == "dense" else
                   compression_union.CompressionUnion.of(
                       [m for m in g if m.prefill_group == PrefillGroup.COMPRESSION]))
             for key, g in groups.items()}
   shared = {}
   copy = lambda t: jax.tree.map(jnp.copy, t)
   for m, key in zip(method_list, keys):
-    if key is None or (key[0] == "dense" and not _shares_union(m, unions[key])):
+    own = key is None or (key[0] == "dense" and not prefill_groups.shares_union(m, unions[key]))
+    if own:
       run = sharding.wrap(m, mesh)
       cap = run.round_capacity(capacity)
       yield m, Prefilled(*decode.prefill(model, prompts, lengths, run, cap, prefill_chunk,
@@ -199,7 +116,7 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
       continue
     like = jax.eval_shape(lambda m=m, cap=key[2]: m.init_state(
         len(lengths), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cap))
-    mine = [_project(layer, like) for layer in states]  # states: per-layer list
+    mine = [prefill_groups.project(layer, like) for layer in states]  # states: per-layer list
     kept = [cache_lib.keep_digests(c, m.cache_digests) for c in caches]  # the method's kinds
     yield m, Prefilled(last, copy(history), copy(kept), copy(mine), lengths, key[2], mesh=mesh)
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from experiments.common import modelzoo
-from experiments.tasks import compression_union, decoding
+from experiments.tasks import compression_union, decoding, prefill_groups
 from models import decode
 from sparse_attn import methods
 
@@ -41,13 +41,13 @@ def test_shared_prefill_equals_own_prefill():
       for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(w)):
         np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
                                    atol=1e-5, err_msg=m.spec)
-  union = decoding._prefill_union([m for m in ms if isinstance(m, methods.Method)])
+  union = prefill_groups.prefill_union([m for m in ms if isinstance(m, methods.Method)])
   assert union.resa and union.window == 2
   assert union.cache_digests == ("box", "mean_box")  # ArkVale's kept for its copy only
   # typical_query=last and w=4 differ from the union and take their own prefill
-  assert not decoding._shares_union(ms[5], union)
-  assert not decoding._shares_union(ms[6], union)
-  assert decoding._shares_union(ms[4], union)
+  assert not prefill_groups.shares_union(ms[5], union)
+  assert not prefill_groups.shares_union(ms[6], union)
+  assert prefill_groups.shares_union(ms[4], union)
 
 
 def test_prefill_order_runs_each_shared_prefill_once(monkeypatch):
