@@ -15,7 +15,7 @@ from typing import ClassVar
 import jax.numpy as jnp
 
 from sparse_attn import placement
-from sparse_attn.methods import Method
+from sparse_attn.method import Method
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ from typing import ClassVar
 
 from pallas_kernels import check_softcap
 from sparse_attn import kernels, placement, reference, sparse
-from sparse_attn.methods import Method
+from sparse_attn.method import Method
 
 ROLES = ("dense", "select", "reuse")
 

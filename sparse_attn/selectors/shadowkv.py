@@ -125,7 +125,7 @@ class ShadowKV(BlockSelector):
   def method_class(self):
     """``ShadowKVMethod`` (it rebuilds the keys at ``end_prefill``) with a ``rank``."""
     if self.rank is None:
-      from sparse_attn.methods import Method  # pylint: disable=g-import-not-at-top
+      from sparse_attn.method import Method  # pylint: disable=g-import-not-at-top
       return Method
     from sparse_attn.shadowkv import ShadowKVMethod  # pylint: disable=g-import-not-at-top
     return ShadowKVMethod
