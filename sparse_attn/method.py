@@ -32,7 +32,7 @@ from sparse_attn.enhancers import compose
 from sparse_attn.enhancers import options as enhancer_options
 from sparse_attn.enhancers import rectify as rect_lib
 from sparse_attn.protocol import PrefillGroup
-from sparse_attn.selectors import Selector
+from sparse_attn.selectors.base import Selector
 from sparse_attn.spec import parse_spec
 
 @dataclasses.dataclass(frozen=True)
