@@ -24,7 +24,7 @@ from experiments.claims.tasks import base_label, benchmark, sample_key
 from experiments.claims.verdicts import RULER_GENERATOR
 from experiments.common import method_style, render, stats
 from experiments.tasks import accuracy_report
-from sparse_attn import methods
+from sparse_attn import compression, methods
 
 XLIM, XTICKS = (1.0, 100.0), (1, 2, 5, 10, 20, 50, 100)
 DODGE = 1.06  # sideways spread (a factor on the log axis) between the points of one panel
@@ -184,8 +184,9 @@ def missing(board: list[dict]) -> str:
 
 # the figure's panels per (benchmark, protocol, length): one per family, in this order
 FAMILY_TITLES = {"compression": "compression (eviction)",
-                 "sparse-decode": "sparse decode (selectors + enhancers)",
+                 "sparse-decode": "sparse decode (a subset read per step)",
                  "other": "other (not in the catalog)", "dense": "dense"}
+PARTIAL_TITLE = ": rows on fewer tasks than dense"
 CROWDED = 12  # a panel with more lines than this has its legend outside the axes
 LEGEND_ROWS = 28  # entries per column of such a legend (fontsize 4.5 in a PANEL's height)
 PANEL, SLOT = (4.6, 3.8), 1.5  # inches: a panel (width, height); a legend column beside one
@@ -196,15 +197,23 @@ LABEL = 40  # legend labels past this many characters are cut (a calibration fil
 @functools.cache
 def _catalog_families() -> dict[str, str]:
   """catalog name -> its family; a preset -> the family of the method it presets (the
-  ``expected-attention`` preset is compression, ``resa-quest`` sparse decode)."""
+  ``expected-attention`` preset is compression, ``resa-quest`` sparse decode). A compression
+  method whose decode reads a subset of the kept cache per step (``SPARSE_DECODE``: RocketKV)
+  is drawn with the sparse decoders, at the share it reads."""
   info = {i.name: i for i in methods.available()}
+  sparse = {name for name, build in compression.BUILDERS.items()
+            if getattr(getattr(build, "method_class", build), "SPARSE_DECODE", False)}
   out = {}
   for name, i in info.items():
     if i.family == "preset":
-      base = info.get(_spec_name(i.spec))
+      name_of_base = _spec_name(i.spec)
+      base = info.get(name_of_base)
       out[name] = base.family if base is not None and base.family != "preset" else "other"
     else:
+      name_of_base = name
       out[name] = i.family
+    if name_of_base in sparse:
+      out[name] = "sparse-decode"
   return out
 
 
@@ -221,28 +230,35 @@ def family(label) -> str:
 
 
 def panels(board: list[dict]) -> dict[tuple, list[dict]]:
-  """``(benchmark, protocol, length, family) -> rows`` of ``figure``'s panels, in drawing order:
-  each (benchmark, protocol, length) split by family (``FAMILY_TITLES``' order; families
-  without rows there have no panel), dense's rows in every panel of their group (a group of
-  dense alone: one ``"dense"`` panel)."""
+  """``(benchmark, protocol, length, family, partial) -> rows`` of ``figure``'s panels, in
+  drawing order: each (benchmark, protocol, length) split by family (``FAMILY_TITLES``' order;
+  families without rows there have no panel), dense's rows in every panel of their group (a
+  group of dense alone: one ``"dense"`` panel). A method with a budget averaging fewer tasks
+  than dense there (a run still going, a diagnostic on a few tasks) is drawn in a panel of its
+  own after its family's (``partial`` True), so that the rows compared are the comparable ones."""
+  dense_tasks = _dense_tasks(board)
   groups = collections.defaultdict(list)
   for r in board:
     groups[(r["benchmark"], r["protocol"], r["length"])].append(r)
   out = {}
   for key in sorted(groups, key=lambda k: (ORDER[k[0]], PROTOCOLS.get(k[1], len(PROTOCOLS)),
                                            k[1], _length_order(k[2]))):
+    partial = {base_label(r["method"]) for r in groups[key] if _fewer(r, dense_tasks)}
     by = collections.defaultdict(list)
     for r in groups[key]:
-      by[family(r["method"])].append(r)
-    dense = by.pop("dense", [])
-    for fam in sorted(by, key=list(FAMILY_TITLES).index) or ["dense"]:
-      out[key + (fam,)] = dense + by.get(fam, [])
+      fam = family(r["method"])
+      by[fam, fam != "dense" and base_label(r["method"]) in partial].append(r)
+    dense = by.pop(("dense", False), [])
+    for fam, part in sorted(by, key=lambda fp: (list(FAMILY_TITLES).index(fp[0]), fp[1])) or [
+        ("dense", False)]:
+      out[key + (fam, part)] = dense + by.get((fam, part), [])
   return out
 
 
 def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> str | None:
   """Writes the figure of ``rows``' answer into ``workdir``; returns its path (None without
-  rows). One panel per ``panels`` key (three to a row): accuracy (95% interval) against the
+  rows). One panel per ``panels`` key (three to a row; a family's rows on fewer tasks than
+  dense in a panel after its own): accuracy (95% interval) against the
   share of the context read per head, a line per method through its budgets, dense the dashed
   line of every panel; one colour and marker per method across the figure. A method with a
   budget averaging fewer tasks than dense there (a run still going, a diagnostic on a few
@@ -257,7 +273,7 @@ def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> st
   fig, axes, beside = _layout(grid, lines)
   # one colour and marker per method in every panel, distinct within a panel
   style = method_style.assign(lines.values())
-  for a, ((bench, proto, length, fam), rs) in zip(axes, grid.items()):
+  for a, ((bench, proto, length, fam, part), rs) in zip(axes, grid.items()):
     by = collections.defaultdict(list)
     for r in rs:
       if family(r["method"]) == "dense":
@@ -285,7 +301,8 @@ def figure(board: list[dict], workdir: str, name: str = "leaderboard.png") -> st
                  color=st.colour, ms=4, lw=1, capsize=2, label=label,
                  mfc="none" if fewer else st.colour)
     a.set(xscale="log", xlabel="context read per head (%)", ylabel="accuracy (%)",
-          title=f"{bench}, {proto}, {length} tokens\n{FAMILY_TITLES[fam]}", ylim=(-3, 103),
+          title=f"{bench}, {proto}, {length} tokens\n{FAMILY_TITLES[fam]}"
+          + (PARTIAL_TITLE if part else ""), ylim=(-3, 103),
           xlim=XLIM)
     a.set_xticks(XTICKS, [f"{t:g}" for t in XTICKS])
     a.minorticks_off()

@@ -98,6 +98,10 @@ class CompressionMethod(Scorer):
   # (the question arrives after compression) and/or "query_aware" (the question is compressed
   # with the context: the methods whose paper scores with the question in view).
   PANELS: ClassVar[tuple[str, ...]] = ("query_agnostic",)
+  # True when each decode step also reads only a subset of the kept cache (RocketKV's stage 2):
+  # its budget is a share read per step, compared beside the sparse decoders (the leaderboard
+  # figure draws it in their panel).
+  SPARSE_DECODE: ClassVar[bool] = False
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)

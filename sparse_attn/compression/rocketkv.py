@@ -68,6 +68,7 @@ class RocketKV(SnapKV):
   c: float = 1.0
 
   name = "rocketkv"
+  SPARSE_DECODE = True
 
   def __post_init__(self):
     super().__post_init__()

@@ -41,6 +41,7 @@ def _drawn(monkeypatch, board, tmp_path):
     ("quest@0.025", "sparse-decode"), ("quest+resa@0.025", "sparse-decode"),
     ("resa-quest:lam=0.25@0.025", "sparse-decode"), ("rectified:p=0.02", "sparse-decode"),
     ("retro", "sparse-decode"),
+    ("rocketkv@0.025", "sparse-decode"),  # eviction, then a subset read per step (SPARSE_DECODE)
     ("resa-quest+calibrated:fit=results/resa_calibrate_qwen/x@0.025", "sparse-decode"),
     ("mystery:x=1@0.5", "other")])
 def test_family_of_a_row_label(label, family):
@@ -55,12 +56,12 @@ def test_panels_split_each_group_by_family_with_dense_in_every_panel():
            _row("dense", share=None, length=8192)]  # a group of dense alone
   got = {k: [r["method"] for r in rs] for k, rs in leaderboard.panels(board).items()}
   assert got == {
-      (RULER, "query_agnostic", 4096, "compression"): [
+      (RULER, "query_agnostic", 4096, "compression", False): [
           "dense", "snapkv@0.5", "compactor:head_budget=adakv@0.5", "expected-attention@0.5"],
-      (RULER, "query_agnostic", 4096, "sparse-decode"): [
+      (RULER, "query_agnostic", 4096, "sparse-decode", False): [
           "dense", "quest@0.025", "resa-quest:lam=0.25@0.025", "rectified", "retro"],
-      (RULER, "query_agnostic", 4096, "other"): ["dense", "mystery@0.5"],
-      (RULER, "query_agnostic", 8192, "dense"): ["dense"]}
+      (RULER, "query_agnostic", 4096, "other", False): ["dense", "mystery@0.5"],
+      (RULER, "query_agnostic", 8192, "dense", False): ["dense"]}
   assert list(got) == sorted(got, key=lambda k: (k[2], ["compression", "sparse-decode",
                                                         "other", "dense"].index(k[3])))
 
@@ -75,7 +76,7 @@ def test_figure_titles_name_the_family_and_dense_is_in_every_panel(monkeypatch, 
   titled = [a for a in fig.axes if a.get_title()]
   assert [a.get_title().split("\n")[1] for a in titled] == [
       "compression (eviction)", "compression (eviction)",
-      "sparse decode (selectors + enhancers)", "other (not in the catalog)"]
+      "sparse decode (a subset read per step)", "other (not in the catalog)"]
   assert titled[0].get_title().startswith(f"{RULER}, query_aware, 4096 tokens")
   for a in titled:  # dense: the dashed black line of each panel
     assert [ln.get_label() for ln in a.lines if ln.get_linestyle() == "--"] == ["dense"]
@@ -127,15 +128,32 @@ def test_the_report_reads_the_leaderboard_compression_workdirs(tmp_path):
       (p, m) for p in ("query_agnostic", "query_aware") for m in ("dense", "snapkv@0.5")}
 
 
-def test_a_row_over_fewer_tasks_than_dense_is_dotted_and_hollow(monkeypatch, tmp_path):
-  """Its mean is over other tasks than dense's: drawn apart, its label says how many."""
+def test_a_row_over_fewer_tasks_than_dense_is_drawn_apart_dotted_and_hollow(monkeypatch,
+                                                                              tmp_path):
+  """Its mean is over other tasks than dense's: a panel of its own after its family's (every
+  budget of that method there), dotted and hollow, its label saying how many tasks."""
   board = [dict(_row("dense", share=None, accuracy=90.0), tasks=12),
            dict(_row("snapkv@0.5"), tasks=12), dict(_row("snapkv@0.25", share=0.25), tasks=12),
-           dict(_row("knorm@0.5"), tasks=12), dict(_row("knorm@0.25", share=0.25), tasks=2)]
+           dict(_row("knorm@0.5"), tasks=12), dict(_row("knorm@0.25", share=0.25), tasks=2),
+           dict(_row("quest@0.025", share=0.05), tasks=12)]
+  got = {k: [r["method"] for r in rs] for k, rs in leaderboard.panels(board).items()}
+  assert got == {
+      (RULER, "query_agnostic", 4096, "compression", False): [
+          "dense", "snapkv@0.5", "snapkv@0.25"],
+      (RULER, "query_agnostic", 4096, "compression", True): [
+          "dense", "knorm@0.5", "knorm@0.25"],
+      (RULER, "query_agnostic", 4096, "sparse-decode", False): ["dense", "quest@0.025"]}
   fig, _ = _drawn(monkeypatch, board, tmp_path)
-  drawn = {c.get_label(): c.lines[0] for c in fig.axes[0].containers}
-  assert set(drawn) == {"snapkv", "knorm (2 of 12 tasks)"}
+  full, partial, sparse = fig.axes
+  assert not full.get_title().endswith(leaderboard.PARTIAL_TITLE)
+  assert partial.get_title().endswith(leaderboard.PARTIAL_TITLE)
+  assert not sparse.get_title().endswith(leaderboard.PARTIAL_TITLE)
+  drawn = {c.get_label(): c.lines[0] for a in (full, partial) for c in a.containers}
+  assert [c.get_label() for c in full.containers] == ["snapkv"]
+  assert [c.get_label() for c in partial.containers] == ["knorm (2 of 12 tasks)"]
   assert drawn["snapkv"].get_linestyle() == "-"
   assert drawn["snapkv"].get_markerfacecolor() != "none"
   assert drawn["knorm (2 of 12 tasks)"].get_linestyle() == ":"
   assert drawn["knorm (2 of 12 tasks)"].get_markerfacecolor() == "none"
+  for a in fig.axes:  # dense in every panel
+    assert [ln.get_label() for ln in a.lines if ln.get_linestyle() == "--"] == ["dense"]
