@@ -118,7 +118,7 @@ def markdown(board: list[dict]) -> str:
                  tasks="/".join(sorted({str(c["tasks"]) for c in by.values()})))
       for n in lengths:
         c = by.get(n)
-        row[f"{n}"] = (f"{c['accuracy']:g} {c['interval']} ({c['n']}{_fewer(c, full)})"
+        row[f"{n}"] = (f"{c['accuracy']:.1f} {c['interval']} ({c['n']}{_fewer(c, full)})"
                        if c else "not run")
         row[f"read at {n}"] = c["attended"] if c else ""
       table.append(row)

@@ -146,8 +146,8 @@ def test_leaderboard_puts_the_lengths_side_by_side():
   (rows,) = _tables(claims_leaderboard.markdown(claims_leaderboard.rows(recs))).values()
   assert [r[0] for r in rows] == ["dense", "resa-quest@0.025", "quest@0.025", "topk@0.025"]
   quest = rows[2]
-  assert quest[2].startswith("50 [") and quest[2].endswith("(2)")
-  assert quest[3].startswith("0 [") and rows[1][2] == "not run" and rows[3][3] == "not run"
+  assert quest[2].startswith("50.0 [") and quest[2].endswith("(2)")
+  assert quest[3].startswith("0.0 [") and rows[1][2] == "not run" and rows[3][3] == "not run"
 
 
 def test_leaderboard_shows_the_share_of_the_context_each_row_reads():
