@@ -31,7 +31,8 @@ def _ruler(records, task) -> tuple[list[dict], str]:
 def lambda_retrieval_gain(records, task="niah_multikey_2", form="renormalised"):
   """Fig. 7a (left): on retrieval tasks the accuracy rises with lambda. Ours: lambda = 1 vs
   lambda = 0 (RESA off: the selector alone) on the same prompts, paired; verdict as the task
-  claims (the paired interval excludes 0 -> reproduced)."""
+  claims (the paired interval excludes 0 -> reproduced); inconclusive without headroom
+  (``_no_headroom``: dense no higher than the best lambda)."""
   records, note = _ruler(records, task)
   hi = _by_sample(records, task=task, lam=1.0, lam_form=form)
   lo = _by_sample(records, task=task, lam=0.0, lam_form=form)
@@ -40,12 +41,13 @@ def lambda_retrieval_gain(records, task="niah_multikey_2", form="renormalised"):
     return None
   m1, m0, d, a, b, n, p = got
   curve = _curve(records, task, form)
+  flat = _no_headroom(records, task, form)
   return Measured(ours=f"{100 * m0:.1f} -> {100 * m1:.1f} ({tasks.pts(d)} pts "
                        f"[{tasks.pts(a)}, {tasks.pts(b)}], McNemar p={p:.2g})",
                   n=n, setting=f"{tasks.model_of(records)}, {task}, "
                                f"{_lengths(records)} tokens, {_method(records)}",
-                  verdict=tasks.gain_verdict(d, a, b),
-                  why=f"accuracy vs lambda {curve}{note}")
+                  verdict="inconclusive" if flat else tasks.gain_verdict(d, a, b),
+                  why=f"accuracy vs lambda {curve}{flat}{note}")
 
 
 def lambda_aggregation_drop(records, task="cwe", form="renormalised"):
@@ -55,7 +57,8 @@ def lambda_aggregation_drop(records, task="cwe", form="renormalised"):
   The best lambda is picked after seeing the scores, so its gap alone decides nothing:
   reproduced when the curve rises and lambda = 1 is below both the best lambda and lambda = 0
   with intervals excluding 0; partly when it drops so but never rises (half the shape);
-  inconclusive when it is below the best lambda only (or below without excluding 0); not
+  inconclusive when it is below the best lambda only (or below without excluding 0), or when
+  dense scores no higher than the best lambda (no headroom: ``_no_headroom``); not
   reproduced when lambda = 1 is the best."""
   records, note = _ruler(records, task)
   curve = {lam: _by_sample(records, task=task, lam=lam, lam_form=form)
@@ -75,6 +78,9 @@ def lambda_aggregation_drop(records, task="cwe", form="renormalised"):
   verdict = ("not reproduced" if d >= 0 else
              ("reproduced" if rises else "partly") if drops else "inconclusive")
   shape = "" if rises else "; no rise: no lambda in (0, 1) scores above lambda = 0"
+  flat = _no_headroom(records, task, form)
+  if flat:
+    verdict, shape = "inconclusive", shape + flat
   return Measured(ours=f"lambda={best:g}: {100 * mb:.1f} -> lambda=1: {100 * m1:.1f} "
                        f"({tasks.pts(d)} pts [{tasks.pts(a)}, {tasks.pts(b)}])",
                   n=n, setting=f"{tasks.model_of(records)}, {task}, "
@@ -185,6 +191,24 @@ def _curve(records, task, form) -> str:
       pts.append(f"{lam:g}:{100 * np.mean(list(s.values())):.0f}")
   dense = _by_sample(records, task=task, lam=None)
   return " ".join(pts) + (f" (dense {100 * np.mean(list(dense.values())):.0f})" if dense else "")
+
+
+def _no_headroom(records, task, form) -> str:
+  """``"; no headroom: ..."`` when dense, on the same prompts, does not score above every
+  lambda's arm on ``task`` (the model cannot do the task, so the sparse arms have nothing to
+  lose and the curve's shape is floor noise: the claim is not measured there), else ``""``."""
+  dense = _by_sample(records, task=task, lam=None)
+  arms = [_by_sample(records, task=task, lam=lam, lam_form=form)
+          for lam in {r.get("lam") for r in records if r.get("lam") is not None}]
+  arms = [a for a in arms if a]
+  if not dense or not arms:
+    return ""
+  best = max(np.mean(list(a.values())) for a in arms)
+  ref = np.mean(list(dense.values()))
+  if ref > best:
+    return ""
+  return (f"; no headroom: dense scores {100 * ref:.1f} on these prompts, not above the best "
+          f"lambda's {100 * best:.1f} (the model does not do the task)")
 
 
 def _lengths(records) -> str:

@@ -45,6 +45,25 @@ def test_lambda_claims_pair_lambda_one_with_zero_and_with_the_best_below():
   assert "earlier RULER variant" not in claims_sweeps.lambda_aggregation_drop(aligned).why
 
 
+def test_lambda_claims_without_headroom_are_inconclusive():
+  """Where dense does not score above the lambda arms (the model cannot do the task), the
+  curve is floor noise: no verdict either way; with dense above them the rules stand."""
+  rng = np.random.default_rng(1)
+  base = (rng.random(60) < 0.4).astype(float)
+  better = np.maximum(base, rng.random(60) < 0.5)
+  falls = _lam("cwe", 0.0, better) + _lam("cwe", 0.5, base) + _lam("cwe", 1.0, base * 0)
+  for dense, verdict in ((np.ones(60), "partly"), (better, "inconclusive"),
+                         (base * 0, "inconclusive")):
+    got = claims_sweeps.lambda_aggregation_drop(falls + _lam("cwe", None, dense))
+    assert got.verdict == verdict
+    assert ("no headroom" in got.why) == (verdict == "inconclusive")
+  rises = _lam("niah_multikey_2", 0.0, base) + _lam("niah_multikey_2", 1.0, better)
+  for dense, verdict in ((np.ones(60), "reproduced"), (better, "inconclusive")):
+    got = claims_sweeps.lambda_retrieval_gain(rises + _lam("niah_multikey_2", None, dense))
+    assert got.verdict == verdict
+    assert ("no headroom" in got.why) == (verdict == "inconclusive")
+
+
 def _budget(family, knob, resa, measured, acc, n=50):
   return [dict(experiment="budget_reduction", config=dict(model="m", tolerance=0.02,
                                                           tasks=["niah"]),
