@@ -89,6 +89,12 @@ def lambda_aggregation_drop(records, task="cwe", form="renormalised"):
                   why=f"accuracy vs lambda {_curve(records, task, form)}{shape}{note}")
 
 
+def lambda_aggregation_drop_fwe(records):
+  """Fig. 7a (right) on FWE, RULER's other aggregation task (the paper names "summary or
+  comprehension tasks", CWE its example): ``lambda_aggregation_drop``'s rules on ``fwe``."""
+  return lambda_aggregation_drop(records, task="fwe")
+
+
 def _reductions(records):
   """``(config, rows, reductions)`` of the budget sweep (``budget_reduction.reductions``, only
   the families with a finite reduction), or None without rows."""

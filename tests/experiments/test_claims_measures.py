@@ -57,6 +57,11 @@ def test_lambda_claims_without_headroom_are_inconclusive():
     got = claims_sweeps.lambda_aggregation_drop(falls + _lam("cwe", None, dense))
     assert got.verdict == verdict
     assert ("no headroom" in got.why) == (verdict == "inconclusive")
+  # the FWE row reads fwe's records under the same rules, not cwe's
+  fwe = [dict(r, task="fwe") for r in falls + _lam("cwe", None, np.ones(60))]
+  assert claims_sweeps.lambda_aggregation_drop_fwe(falls) is None
+  assert claims_sweeps.lambda_aggregation_drop_fwe(fwe).verdict == "partly"
+  assert "fwe" in claims_sweeps.lambda_aggregation_drop_fwe(fwe).setting
   rises = _lam("niah_multikey_2", 0.0, base) + _lam("niah_multikey_2", 1.0, better)
   for dense, verdict in ((np.ones(60), "reproduced"), (better, "inconclusive")):
     got = claims_sweeps.lambda_retrieval_gain(rises + _lam("niah_multikey_2", None, dense))
