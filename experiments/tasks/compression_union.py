@@ -23,6 +23,7 @@ from sparse_attn import layer_inputs, reference
 from sparse_attn.cache import write
 from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.compression import HeadBudget
+from sparse_attn.compression import kvzip
 from sparse_attn.compression.base import CompressionMethod
 
 # Options only ``end_prefill`` / ``keep_mask`` read: members differing in them observe alike.
@@ -54,8 +55,10 @@ class CompressionUnion(CompressionMethod):
     observers = {}
     for m in methods:
       observers.setdefault(observation_key(m), m)
-    return cls(spec="compression-union", block_size=sizes.pop(),
-               observers=tuple(observers.values()))
+    observers = tuple(observers.values())
+    if any(hasattr(m, "replay") for m in observers):
+      cls = ReplayingUnion
+    return cls(spec="compression-union", block_size=sizes.pop(), observers=observers)
 
   def with_softcap(self, softcap: float):
     raise NotImplementedError(
@@ -101,6 +104,48 @@ class CompressionUnion(CompressionMethod):
   def decode(self, q, k, v, cache, state, positions, *, scale=None):
     del q, k, v, cache, state, positions, scale
     raise ValueError("a compression union only prefills; decode with its members (split)")
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplayingUnion(CompressionUnion):
+  """A union with members that score the prompt by replaying it (KVzip).
+
+  ``models.decode.prefill`` runs the replays (``models.kvzip_replay``) between the shared
+  prefill and ``end_prefill`` with this union as the method: the replay's attention is computed
+  once (the cache is the same dense one for every member) and each replaying member records its
+  scores of the chunk ``state["span"]`` in its own part of the state. All replaying members
+  share one ``chunk_size`` (the replay's tokens depend on it).
+  """
+
+  def __post_init__(self):
+    super().__post_init__()
+    sizes = {m.chunk_size for m in self._replaying()}
+    if len(sizes) != 1:
+      raise ValueError(f"one shared prefill replays with one chunk size, got {sorted(sizes)}: "
+                       "run KVzip rows of other chunk sizes in a run of their own")
+
+  def _replaying(self):
+    return [m for m in self.observers if hasattr(m, "replay")]
+
+  @property
+  def chunk_size(self) -> int:
+    """The replaying members' chunk size (``models.kvzip_replay``)."""
+    return self._replaying()[0].chunk_size
+
+  def init_extra(self, batch, num_q_heads, num_kv_heads, head_dim, capacity) -> dict:
+    extra = super().init_extra(batch, num_q_heads, num_kv_heads, head_dim, capacity)
+    return dict(extra, span=jnp.zeros((batch, 2), jnp.int32))
+
+  def replay(self, q, k, v, cache, state, positions, *, scale=None):
+    """One replay chunk ``q [B, N, S, D]`` (``kvzip.KVzip.replay``) for every replaying member:
+    ``(out, cache, state)``, the cache unwritten."""
+    out = kvzip.replay_attention(q, k, v, cache, positions, scale)
+    new = dict(state)
+    for i, m in enumerate(self.observers):
+      if hasattr(m, "replay"):
+        mine = dict(state[f"m{i}"], span=state["span"])
+        new[f"m{i}"] = m.record_replay(q, k, cache, mine, positions, scale=scale)
+    return out, cache, new
 
 
 def split(union: CompressionUnion, method: CompressionMethod, caches, states, config,

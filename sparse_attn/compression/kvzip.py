@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 
 from sparse_attn import merge as merge_lib
@@ -43,38 +44,71 @@ from sparse_attn.compression.base import CompressionMethod
 from sparse_attn.compression.head_budget import HeadBudget
 
 NEG = -1e30
+# Replay queries scored at once (``replay_scores``): bounds the weights' memory.
+QUERY_BLOCK = 256
 
 
-def replay_scores(q, k_ctx, pos_ctx, k_own, positions, span, n_sink: int, scale):
+def replay_scores(q, k_ctx, pos_ctx, k_own, positions, span, n_sink: int, scale,
+                  query_block: int = QUERY_BLOCK):
   """``[B, K, T]`` KVzip scores of the chunk ``span`` (module docstring), ``-inf`` elsewhere.
+
+  The replay's queries are taken ``query_block`` at a time (``lax.map``), so the weights live
+  as ``[B, K, G, query_block, T]`` at once rather than ``[B, K, G, S, T]`` (at 128k context and
+  a 2k replay chunk the whole matrix would be tens of GB).
 
   Args:
     q: ``[B, N, S, D]`` the replay's post-RoPE queries; positions: ``[B, S]`` (-1 = padding).
     k_ctx: ``[B, K, T, D]`` cached keys at token positions ``pos_ctx [B, K, T]`` (-1 = empty).
     k_own: ``[B, K, S, D]`` the replay's own keys.
-    span: ``[B, 2]`` the chunk's ``[start, end)`` positions; n_sink: static; scale: float.
+    span: ``[B, 2]`` the chunk's ``[start, end)`` positions; n_sink, query_block: static;
+      scale: float.
   """
   b, n, s, d = q.shape
   kh = k_ctx.shape[1]
-  qg = q.astype(jnp.float32).reshape(b, kh, n // kh, s, d)
+  blk = min(query_block, s)
+  nb = -(-s // blk)
+  pad = nb * blk - s
+  qg = jnp.pad(q.astype(jnp.float32), ((0, 0), (0, 0), (0, pad), (0, 0)))
+  qg = qg.reshape(b, kh, n // kh, nb, blk, d).transpose(3, 0, 1, 2, 4, 5)  # [nb,B,K,G,blk,D]
+  q_pos = jnp.pad(positions, ((0, 0), (0, pad)), constant_values=-1)
+  q_pos = q_pos.reshape(b, nb, blk).transpose(1, 0, 2)  # [nb, B, blk]
   start, end = span[:, 0, None, None], span[:, 1, None, None]  # [B, 1, 1]
   sink = jnp.minimum(n_sink, start)
   in_chunk = (pos_ctx >= start) & (pos_ctx < end)
   seen = (pos_ctx >= 0) & ((pos_ctx < sink) | in_chunk)  # [B, K, T]
-  # [B, K, G, S, T] and [B, K, G, S, S]
-  lc = jnp.einsum("bkgsd,bktd->bkgst", qg, k_ctx.astype(jnp.float32)) * scale
-  lo = jnp.einsum("bkgsd,bkud->bkgsu", qg, k_own.astype(jnp.float32)) * scale
-  ok = positions >= 0
-  causal = (positions[:, None, :] <= positions[:, :, None]) & ok[:, None, :] & ok[:, :, None]
-  lc = jnp.where(seen[:, :, None, None, :], lc, NEG)
-  lo = jnp.where(causal[:, None, None], lo, NEG)
-  mx = jnp.maximum(jnp.max(lc, -1, keepdims=True), jnp.max(lo, -1, keepdims=True))
-  den = jnp.sum(jnp.exp(lc - mx), -1, keepdims=True) + jnp.sum(jnp.exp(lo - mx), -1,
-                                                               keepdims=True)
-  w = jnp.where(seen[:, :, None, None, :], jnp.exp(lc - mx) / den, 0.0)
-  w = jnp.where(ok[:, None, None, :, None], w, 0.0)  # padding queries score nothing
-  score = jnp.max(w, axis=(2, 3))
+  k_ctx = k_ctx.astype(jnp.float32)
+  k_own = k_own.astype(jnp.float32)
+  own_ok = positions >= 0  # [B, S]
+
+  def block_max(args):  # the largest weight of each cached key over one block's queries
+    qb, pb = args  # [B, K, G, blk, D], [B, blk]
+    lc = jnp.einsum("bkgsd,bktd->bkgst", qb, k_ctx) * scale  # [B, K, G, blk, T]
+    lo = jnp.einsum("bkgsd,bkud->bkgsu", qb, k_own) * scale  # [B, K, G, blk, S]
+    ok = pb >= 0
+    causal = (positions[:, None, :] <= pb[:, :, None]) & own_ok[:, None, :] & ok[:, :, None]
+    lc = jnp.where(seen[:, :, None, None, :], lc, NEG)
+    lo = jnp.where(causal[:, None, None], lo, NEG)
+    mx = jnp.maximum(jnp.max(lc, -1, keepdims=True), jnp.max(lo, -1, keepdims=True))
+    den = (jnp.sum(jnp.exp(lc - mx), -1, keepdims=True)
+           + jnp.sum(jnp.exp(lo - mx), -1, keepdims=True))
+    w = jnp.where(seen[:, :, None, None, :], jnp.exp(lc - mx) / den, 0.0)
+    w = jnp.where(ok[:, None, None, :, None], w, 0.0)  # padding queries score nothing
+    return jnp.max(w, axis=(2, 3))
+
+  score = jnp.max(jax.lax.map(block_max, (qg, q_pos)), axis=0)
   return jnp.where(in_chunk & (pos_ctx >= 0), score, -jnp.inf)
+
+
+def replay_attention(q, k, v, cache, positions, scale=None, *, softcap=None, window=None):
+  """``[B, N, S, D]``: a replay chunk's exact attention over the cache and its own keys
+  (causal), the cache unwritten. q: ``[B, N, S, D]``; k, v: ``[B, K, S, D]``; positions
+  ``[B, S]`` (-1 = padding)."""
+  scale = reference.default_scale(q.shape[-1], scale)
+  past = dense_over_cache(q, cache, positions, scale, softcap=softcap, window=window)
+  own = reference.attention(q, k, v, None, scale, q_positions=positions,
+                            k_positions=positions, softcap=softcap, window=window)
+  out, _ = merge_lib.merge(past, own)
+  return out.astype(q.dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,16 +147,17 @@ class KVzip(CompressionMethod):
     Returns:
       ``(out [B, N, S, D], cache, state)``.
     """
+    out = replay_attention(q, k, v, cache, positions, scale, softcap=self.softcap,
+                           window=self.sliding_window)
+    return out, cache, self.record_replay(q, k, cache, state, positions, scale=scale)
+
+  def record_replay(self, q, k, cache, state, positions, *, scale=None):
+    """``state`` with the scores of the chunk ``state["span"]`` that the replay ``q [B, N, S,
+    D]`` (own keys ``k [B, K, S, D]``, ``positions [B, S]``) gives; what ``replay`` records
+    (the shared compression prefill records it for each KVzip member it serves)."""
     scale = reference.default_scale(q.shape[-1], scale)
-    past = dense_over_cache(q, cache, positions, scale, softcap=self.softcap,
-                            window=self.sliding_window)
-    own = reference.attention(q, k, v, None, scale, q_positions=positions,
-                              k_positions=positions, softcap=self.softcap,
-                              window=self.sliding_window)
-    out, _ = merge_lib.merge(past, own)
     new = replay_scores(q, cache.k, cache.pos, k, positions, state["span"], self.n_sink, scale)
-    score = jnp.where(new > -jnp.inf, new, state["score"])
-    return out.astype(q.dtype), cache, dict(state, score=score)
+    return dict(state, score=jnp.where(new > -jnp.inf, new, state["score"]))
 
   def scores(self, cache, state, scale, n):
     """``[B, K, T]``: the replays' scores (sinks forced by ``slot_scores``)."""

@@ -184,3 +184,42 @@ def test_capped_windowed_model_prefills_each_compression_method_on_its_own():
     want = decode.prefill(model, prompts, lengths, m, m.round_capacity(64), 512)
     for a, b in zip(jax.tree.leaves(got[m].caches), jax.tree.leaves(want[2])):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=m.spec)
+
+
+def _compression_specs():
+  """Every registered compression method at keep 0.5 (KVzip in two replay chunks)."""
+  names = [i.name for i in methods.available() if i.family == "compression"]
+  return [f"{n}:chunk_size=32" if n == "kvzip" else n for n in names]
+
+
+@pytest.mark.parametrize("spec", _compression_specs())
+def test_every_compression_method_gets_its_own_prefill_from_the_shared_one(spec):
+  """The shared compression prefill (``compression_union``: one dense prefill, each member's
+  observations, KVzip's replays) leaves each registered compression method the cache and
+  state its own ``models.decode.prefill`` leaves (beside dense and SnapKV, which share it)."""
+  model = modelzoo.tiny_random()
+  rng = np.random.default_rng(2)
+  lengths = np.array([70, 53], np.int32)
+  prompts = rng.integers(10, 1000, (2, 70)).astype(np.int32)
+  prompts[1, 53:] = 0
+  m = methods.make(spec, ratio=0.5)
+  ms = [methods.make("dense"), methods.make("snapkv", ratio=0.25), m]
+  got = dict(decoding.prefill_all(model, prompts, lengths, ms, capacity=96))[m]
+  want = decode.prefill(model, prompts, lengths, m, m.round_capacity(96), 512)
+  for g, w in zip((got.last, got.history, got.caches, got.states), want):
+    assert jax.tree.structure(g) == jax.tree.structure(w), spec
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(w)):
+      np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                                 atol=1e-5, err_msg=spec)
+
+
+def test_shared_prefill_replays_with_one_chunk_size():
+  """KVzip rows share one prefill's replays only at one chunk size (the replay's tokens depend
+  on it); the union says so instead of replaying one chunking for both."""
+  same = [methods.make("kvzip", ratio=r) for r in (0.25, 0.5)]
+  union = compression_union.CompressionUnion.of(same + [methods.make("snapkv", ratio=0.5)])
+  assert isinstance(union, compression_union.ReplayingUnion) and union.chunk_size == 2048
+  plain = compression_union.CompressionUnion.of([methods.make("snapkv", ratio=0.5)])
+  assert not hasattr(plain, "replay")
+  with pytest.raises(ValueError, match="one chunk size"):
+    compression_union.CompressionUnion.of(same + [methods.make("kvzip:chunk_size=512")])

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from sparse_attn import methods, reference
-from sparse_attn.compression import flat
+from sparse_attn.compression import flat, kvzip
 
 B, HQ, HKV, D, T, S = 2, 4, 2, 8, 48, 6
 G = HQ // HKV
@@ -126,3 +126,23 @@ def test_options():
   for bad in (dict(chunk_size=0), dict(phase="both")):
     with pytest.raises(ValueError):
       methods.make("kvzip", ratio=0.5, **bad)
+
+
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), block=st.integers(1, 7),
+                  pad=st.integers(0, 3))
+@hypothesis.settings(max_examples=8, deadline=None)
+def test_replay_scores_do_not_depend_on_the_query_block(seed, block, pad):
+  """Scoring the replay's queries a block at a time (padding the last block) gives the scores
+  of all queries at once, padded replay rows included."""
+  rng = np.random.default_rng(seed)
+  f = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
+  q, kown = f(B, HQ, S, D), f(B, HKV, S, D)
+  pos_ctx = np.where(np.arange(T)[None] < np.asarray(LENGTHS)[:, None], np.arange(T)[None], -1)
+  pos_ctx = jnp.asarray(np.broadcast_to(pos_ctx[:, None], (B, HKV, T)), jnp.int32)
+  pos = np.asarray(LENGTHS)[:, None] + np.arange(S)[None]
+  pos[1, S - pad:] = -1  # the shorter row's replay padding
+  args = (q, f(B, HKV, T, D), pos_ctx, kown, jnp.asarray(pos, jnp.int32),
+          jnp.asarray([(0, 20), (10, 29)], jnp.int32), SINK, D ** -0.5)
+  whole = kvzip.replay_scores(*args, query_block=S)
+  np.testing.assert_allclose(kvzip.replay_scores(*args, query_block=block), whole,
+                             rtol=1e-6, atol=1e-7)
