@@ -186,24 +186,35 @@ def test_capped_windowed_model_prefills_each_compression_method_on_its_own():
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=m.spec)
 
 
-def _compression_specs():
-  """Every registered compression method at keep 0.5 (KVzip in two replay chunks)."""
-  names = [i.name for i in methods.available() if i.family == "compression"]
-  return [f"{n}:chunk_size=32" if n == "kvzip" else n for n in names]
+def _registered():
+  """Every registered method but dense, as a run would build it: compression at keep 0.5
+  (KVzip in two replay chunks), sparse decoders at a quarter of the cache, presets as set."""
+  out = []
+  for info in methods.available():
+    if info.family == "compression":
+      spec = f"{info.name}:chunk_size=32" if info.name == "kvzip" else info.name
+      out.append(pytest.param(spec, dict(ratio=0.5), id=info.name))
+    elif info.family == "sparse-decode":
+      out.append(pytest.param(info.name, dict(budget=0.25), id=info.name))
+    elif info.family == "preset":
+      out.append(pytest.param(info.name, {}, id=info.name))
+  return out
 
 
-@pytest.mark.parametrize("spec", _compression_specs())
-def test_every_compression_method_gets_its_own_prefill_from_the_shared_one(spec):
-  """The shared compression prefill (``compression_union``: one dense prefill, each member's
-  observations, KVzip's replays) leaves each registered compression method the cache and
-  state its own ``models.decode.prefill`` leaves (beside dense and SnapKV, which share it)."""
+@pytest.mark.parametrize("spec,kwargs", _registered())
+def test_every_registered_method_gets_its_own_prefill_from_the_shared_one(spec, kwargs):
+  """The shared prefills (the compression union: one dense prefill, each member's
+  observations, KVzip's replays; the dense union: Quest's and RESA's state) leave each
+  registered method the cache and state its own ``models.decode.prefill`` leaves, beside
+  methods of both groups."""
   model = modelzoo.tiny_random()
   rng = np.random.default_rng(2)
   lengths = np.array([70, 53], np.int32)
   prompts = rng.integers(10, 1000, (2, 70)).astype(np.int32)
   prompts[1, 53:] = 0
-  m = methods.make(spec, ratio=0.5)
-  ms = [methods.make("dense"), methods.make("snapkv", ratio=0.25), m]
+  m = methods.make(spec, **kwargs)
+  ms = [methods.make("dense"), methods.make("snapkv", ratio=0.25),
+        methods.make("quest+resa", budget=0.25), m]
   got = dict(decoding.prefill_all(model, prompts, lengths, ms, capacity=96))[m]
   want = decode.prefill(model, prompts, lengths, m, m.round_capacity(96), 512)
   for g, w in zip((got.last, got.history, got.caches, got.states), want):
