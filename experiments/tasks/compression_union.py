@@ -6,7 +6,9 @@ what they record of the queries (``observe``) and in which slots ``end_prefill``
 prefill that attends once and calls every member's ``observe`` on its own part of the state
 serves them all; ``split`` then runs each member's ``end_prefill`` on the shared dense cache
 (which it does not modify: compaction builds new buffers). Members that differ only in options
-read at ``end_prefill`` (the ratio, the head budget) share one observation state.
+read at ``end_prefill`` (the ratio, the head budget) share one observation state. A member that
+scores the prompt by replaying it after the prefill (KVzip) makes the union a
+``ReplayingUnion``: the replays run once and each such member records its scores.
 
 Letters: B batch, N query heads, S chunk length, D head dim, L layers.
 """
