@@ -35,7 +35,8 @@ def write_markdown(workdir: str, name: str, title: str, sections: Sequence[str])
 def save_figure(fig, workdir: str, name: str) -> str:
   path = os.path.join(workdir, name)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
+  # "tight": a legend placed beside its axes (the leaderboard's crowded panels) is never cut
+  fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.05)
   plt.close(fig)
   return path
 
