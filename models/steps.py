@@ -29,6 +29,7 @@ import numpy as np
 from models import llama, sharding
 from models.sampling import sample
 from sparse_attn import layer_inputs
+from sparse_attn.compression import cross_layer
 from sparse_attn.protocol import AttentionMethod
 
 @functools.lru_cache(maxsize=256)
@@ -158,6 +159,7 @@ def end_prefill(caches, states, *, config, method: AttentionMethod):
   """
   scale = llama.softmax_scale(config)
   n = config.num_layers
+  states = cross_layer.apply(method, caches, states, scale)  # KVzip's model-wide ranking
   outs = [layer_method(per_layer(method, i, n), config, config.is_local(i)).end_prefill(
       c, s, scale=scale)
           for i, (c, s) in enumerate(zip(caches, states, strict=True))]

@@ -25,16 +25,22 @@ from sparse_attn import layer_inputs, reference
 from sparse_attn.cache import write
 from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.compression import HeadBudget
-from sparse_attn.compression import kvzip
+from sparse_attn.compression import cross_layer, kvzip
 from sparse_attn.compression.base import CompressionMethod
 
 # Options only ``end_prefill`` / ``keep_mask`` read: members differing in them observe alike.
 _KEEP_ONLY = dict(spec="", ratio=0.0, head_budget=HeadBudget.UNIFORM, floor=0.2, max_tokens=None)
 
 
+# The same, for options only some methods have (KVzip's ranking over all layers or per layer).
+_KEEP_ONLY_IF_PRESENT = dict(layerwise=True)
+
+
 def observation_key(method: CompressionMethod) -> CompressionMethod:
   """``method`` with its keep-only options neutralised (equal keys = equal observations)."""
-  return dataclasses.replace(method, **_KEEP_ONLY)
+  fields = {f.name for f in dataclasses.fields(method)}
+  return dataclasses.replace(method, **_KEEP_ONLY, **{
+      k: v for k, v in _KEEP_ONLY_IF_PRESENT.items() if k in fields})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,6 +172,7 @@ def split(union: CompressionUnion, method: CompressionMethod, caches, states, co
   # The member's own layer_state over the shared one: what it reads of its keep-only options
   # (DuoAttention's streaming heads follow its ratio); the run's inputs stay as the union set.
   mine = layer_inputs.apply(method, [s[key] for s in states], None)
+  mine = cross_layer.apply(method, caches, mine, scale)  # KVzip's model-wide ranking
   out = [steps.per_layer(run, i, n).end_prefill(c, s, scale=scale)
          for i, (c, s) in enumerate(zip(caches, mine))]
   return [c for c, _ in out], [s for _, s in out]

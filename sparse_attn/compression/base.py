@@ -198,6 +198,12 @@ class CompressionMethod(Scorer):
     ratio) n)``. PyramidKV's layer budgets override it."""
     return compact_lib.keep_count(n, self.ratio)
 
+  def layer_keep_bound(self, n: int) -> int:
+    """Most tokens per kv head (a layer's average) one layer may keep of an ``n``-token prompt:
+    ``prompt_keep(n)``; a budget ranked over all layers may put more in one layer (KVzip).
+    Sizes the compacted cache when the lengths are traced (``prefill.capacity``)."""
+    return self.prompt_keep(n)
+
   def for_layer(self, layer: int, num_layers: int):
     """This method on layer ``layer`` of ``num_layers`` (``models.steps.per_layer`` asks):
     itself, unless its budget depends on the layer (PyramidKV)."""

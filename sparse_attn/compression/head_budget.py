@@ -45,7 +45,7 @@ def uniform_keep(score, n):
   return (rank < n[:, None, None]) & (score > -jnp.inf)
 
 
-def adakv_keep(score, n, floor: float, ceiling: int | None = None):
+def adakv_keep(score, n, floor: float, ceiling: int | None = None, total=None):
   """Ada-KV head-adaptive selection (Feng et al. 2024, Alg. 1 with the Sec. 4.3 safeguard).
 
   Args:
@@ -53,6 +53,8 @@ def adakv_keep(score, n, floor: float, ceiling: int | None = None):
     n: ``[B]`` int32 average budget per head; the layer keeps ``K * n`` slots in all.
     floor: static fraction ``alpha``: each head first gets its top ``floor(alpha * n)``.
     ceiling: static max slots per head (None = unbounded).
+    total: ``[B]`` int32 slots the layer keeps in all, instead of ``K * n`` (a budget ranked
+      over every layer: ``cross_layer``).
 
   Returns:
     ``keep [B, K, T]`` bool.
@@ -71,7 +73,8 @@ def adakv_keep(score, n, floor: float, ceiling: int | None = None):
   flat_tier = jnp.where(allowed, tier, -1.0).reshape(b, hkv * t)
   order = jnp.lexsort((-flat_adj, -flat_tier), axis=-1)
   layer_rank = jnp.argsort(order, axis=-1).reshape(b, hkv, t)
-  return allowed & (layer_rank < (hkv * n)[:, None, None])
+  total = hkv * n if total is None else total
+  return allowed & (layer_rank < total[:, None, None])
 
 
 @dataclasses.dataclass(frozen=True)

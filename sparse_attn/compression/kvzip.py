@@ -1,7 +1,7 @@
 """KVzip: query-agnostic KV eviction by context reconstruction (arXiv 2505.23416).
 
 Kim et al., "KVzip: Query-Agnostic KV Cache Compression with Context Reconstruction", Sec. 3,
-as kvpress's ``KVzipPress`` computes it with ``layerwise=True``. Letters: B batch, K kv heads,
+as the authors' code and kvpress's ``KVzipPress`` compute it. Letters: B batch, K kv heads,
 G group, N = K G query heads, S replay tokens, T slots, D head dim.
 
 After the prompt, the model is asked to repeat it: for each chunk of ``chunk_size`` (2,048)
@@ -20,12 +20,17 @@ are never evicted. ``models.kvzip_replay`` runs the replays between the prefill 
 ``end_prefill`` (about twice the prefill's cost); ``state["span"]`` is the chunk the next
 replay reconstructs (``[start, end)`` token positions).
 
-Selection: kvpress's default (``layerwise=False``) evicts the lowest ``ratio`` of the scores of
-*all layers at once*, so each layer keeps its own share. A per-layer method cannot see the
-other layers: this is kvpress's ``layerwise=True``, every layer evicting its lowest
-``int(K L ratio)`` over all its heads (Ada-KV's layer-wide top-k without a floor: our default
-``head_budget="adakv", floor=0``, keeping ``K ceil((1 - ratio) L)``, at most ``K`` more than
-kvpress's). kvpress also leaves the chat template's prefix unscored (score 0); here every
+Selection (``layerwise``): the authors (``KVCache.prune``, ``level="pair"``: one threshold over
+the stacked scores of every layer) and kvpress (``layerwise=False``, its default) evict the
+lowest ``ratio`` of the scores of *all layers and heads at once*, so a layer whose replay needs
+more of its keys keeps more. That is the default here: before the layers are compressed, the
+model's top ``ceil((1 - ratio) L K n)`` entries are counted per layer (``across_layers``,
+``cross_layer.layer_totals``) and each layer keeps its own top that many over all its heads
+(Ada-KV's layer-wide top-k without a floor: ``head_budget="adakv", floor=0``, the only rule
+this ranking allows). A layer compressed alone, without that pass (a one-layer benchmark),
+ranks within itself. ``layerwise=True`` is kvpress's other mode: every layer evicts its lowest
+``int(K n ratio)`` over all its heads (here keeping ``K ceil((1 - ratio) n)``, at most ``K`` more
+than kvpress's). kvpress leaves the chat template's prefix unscored (score 0); here every
 prompt token is scored. Without a replay every score is 0 and the sinks and the earliest tokens
 are kept (the rank's tie order).
 """
@@ -40,8 +45,12 @@ import jax.numpy as jnp
 from sparse_attn import merge as merge_lib
 from sparse_attn import reference
 from sparse_attn.cache_attention import dense_over_cache
+from sparse_attn.compression import cross_layer
+from sparse_attn.compression import prefill as prefill_lib
 from sparse_attn.compression.base import CompressionMethod
-from sparse_attn.compression.head_budget import HeadBudget
+from sparse_attn.compression.compact import keep_count
+from sparse_attn.compression.decode_phase import token_budget
+from sparse_attn.compression.head_budget import HeadBudget, adakv_keep
 
 NEG = -1e30
 # Replay queries scored at once (``replay_scores``): bounds the weights' memory.
@@ -113,13 +122,16 @@ def replay_attention(q, k, v, cache, positions, scale=None, *, softcap=None, win
 
 @dataclasses.dataclass(frozen=True)
 class KVzip(CompressionMethod):
-  """KVzip eviction (arXiv 2505.23416; kvpress's ``KVzipPress(layerwise=True)``).
+  """KVzip eviction (arXiv 2505.23416; kvpress's ``KVzipPress``).
 
   Attributes:
     chunk_size: context tokens reconstructed per replay (2,048).
+    layerwise: False (the paper's and kvpress's default): one ranking over all layers and
+      heads; True: each layer keeps ``K ceil((1 - ratio) n)`` (module docstring).
   """
 
   chunk_size: int = 2048
+  layerwise: bool = False
 
   name = "kvzip"
   DEFAULTS = {"n_sink": 4, "head_budget": HeadBudget.ADAKV, "floor": 0.0}
@@ -131,10 +143,49 @@ class KVzip(CompressionMethod):
       raise ValueError(f"chunk_size must be an int >= 1, got {c!r}")
     if self.compresses_decode:
       raise ValueError("kvzip scores the prompt by replaying it (phase='prefill'), as kvpress")
+    if not isinstance(self.layerwise, bool):
+      raise ValueError(f"layerwise must be a bool, got {self.layerwise!r}")
+    if not self.layerwise and (self.head_budget is not HeadBudget.ADAKV or self.floor != 0):
+      raise ValueError(
+          "kvzip ranks all layers and heads at once (layerwise=False), so a layer's heads share "
+          "its count with no floor (head_budget='adakv', floor=0); got head_budget="
+          f"{self.head_budget!s}, floor={self.floor}: pass layerwise=True for a per-layer budget")
 
   def init_extra(self, batch, num_q_heads, num_kv_heads, head_dim, capacity):
     return {"score": jnp.zeros((batch, num_kv_heads, capacity), jnp.float32),
-            "span": jnp.zeros((batch, 2), jnp.int32)}
+            "span": jnp.zeros((batch, 2), jnp.int32),
+            # entries this layer keeps under the model-wide ranking (-1: rank within the layer)
+            "layer_keep": jnp.full((batch,), -1, jnp.int32)}
+
+  def layer_keep_bound(self, n: int) -> int:
+    """A model-wide ranking may keep every token of one layer (``base``)."""
+    return self.prompt_keep(n) if self.layerwise else n
+
+  def across_layers(self, caches, states, scale=None):
+    """Per-layer ``states`` with ``layer_keep [B]``: how many of the model's top ``ceil((1 -
+    ratio) L K n)`` scores each layer holds (``cross_layer``); unchanged when ``layerwise``.
+    caches, states: per-layer lists after the replays."""
+    if self.layerwise or not self.compresses_prefill:
+      return states
+    n = prefill_lib.prompt_tokens(caches[0])
+    scores = [self.slot_scores(c, s, scale, self.prompt_keep(n))
+              for c, s in zip(caches, states, strict=True)]
+    entries = sum(c.num_kv_heads for c in caches) * n
+    totals = cross_layer.layer_totals(scores, keep_count(entries, self.ratio))
+    return [dict(s, layer_keep=t) for s, t in zip(states, totals, strict=True)]
+
+  def prefill_keep(self, cache, state, scale=None):
+    """``(keep [B, K, T], budget [B])``: the layer's top ``state["layer_keep"]`` entries over
+    all its heads (the model-wide ranking's share), or its own budget (``layerwise``, or no
+    ``across_layers`` pass)."""
+    if self.layerwise:
+      return super().prefill_keep(cache, state, scale)
+    n = prefill_lib.prompt_tokens(cache)
+    kept = self.prompt_keep(n)
+    own = cache.num_kv_heads * kept
+    total = jnp.where(state["layer_keep"] >= 0, state["layer_keep"], own)
+    keep = adakv_keep(self.slot_scores(cache, state, scale, kept), kept, 0.0, total=total)
+    return keep & cache.valid, token_budget(n, kept, self.max_tokens)
 
   def replay(self, q, k, v, cache, state, positions, *, scale=None):
     """A replay chunk (module docstring): attends the cache and its own keys causally, records

@@ -49,6 +49,7 @@ class Press(Protocol):
 
   def round_capacity(self, n: int) -> int: ...
   def prompt_keep(self, n): ...
+  def layer_keep_bound(self, n: int) -> int: ...
   def keep_mask(self, cache, state, scale, kept): ...
   def compact_state(self, state, idx): ...
   def prefill_keep(self, cache, state, scale): ...
@@ -73,13 +74,17 @@ def keep(method: Press, cache: KVCache, state, scale=None):
   Returns:
     ``(keep [B, K, T] bool, budget [B] int32 tokens per head)``.
   """
-  # [B] prompt tokens per head
-  n = jnp.max(jnp.sum(cache.valid, axis=-1, dtype=jnp.int32), axis=-1)
+  n = prompt_tokens(cache)
   kept = method.prompt_keep(n)
   budget = decode_phase.token_budget(n, kept, method.max_tokens)
   if method.compresses_prefill:
     return method.keep_mask(cache, state, scale, kept), budget
   return cache.valid, budget
+
+
+def prompt_tokens(cache: KVCache):
+  """``[B]`` int32 prompt tokens per kv head of the prompt's cache (its fullest head)."""
+  return jnp.max(jnp.sum(cache.valid, axis=-1, dtype=jnp.int32), axis=-1)
 
 
 def capacity(method: Press, cache: KVCache, kept_slots, budget) -> int:
@@ -105,8 +110,10 @@ def capacity(method: Press, cache: KVCache, kept_slots, budget) -> int:
     headroom = method.decode_slots
     n_static = max(cache.capacity - headroom, 0)
     k_static = method.prompt_keep(n_static)
-    # uniform: k_static per head; Ada-KV: K * k_static in all (its layer-wide total)
-    max_kept = (k_static if method.compresses_prefill else n_static) * heads
+    # uniform: k_static per head; Ada-KV: K * k_static in all (its layer-wide total); a budget
+    # ranked over all layers: what one layer may hold (``layer_keep_bound``)
+    bound = method.layer_keep_bound(n_static)
+    max_kept = (bound if method.compresses_prefill else n_static) * heads
     max_budget = phase.static_budget(k_static) if phase is not None else None
   if phase is not None:
     need = phase.slots(max_kept, max_budget, heads)

@@ -68,6 +68,10 @@ class ThinKComposed(CompressionMethod):
     if down:
       object.__setattr__(self, "think", dataclasses.replace(think, **down))
     super().__post_init__()
+    if hasattr(press, "replay") or hasattr(press, "across_layers"):
+      raise ValueError(f"{self.spec}: {press.name} scores the prompt after the prefill (its "
+                       "replay, a ranking over all layers), which ThinK's composition does not "
+                       "run; use it alone")
     own = [f for f in _OWN_ATTENTION
            if getattr(type(press), f) is not getattr(CompressionMethod, f)]
     if getattr(press, "positions", "original") == "original" and own == ["_attend"]:

@@ -108,7 +108,7 @@ def test_ratio_keeps_ceil_in_smaller_buffer(name):
   if name in OWN_COUNTS:
     pytest.skip(OWN_COUNTS[name])
   ratio, n_sink = 0.5, 2
-  opts = dict(window_size=8) if name == "snapkv" else {}
+  opts = dict(snapkv=dict(window_size=8), kvzip=dict(layerwise=True)).get(name, {})
   m = methods.make(name, ratio=ratio, n_sink=n_sink, head_budget="uniform", **opts)
   outs, full, cache = run(m, problem(1), steps=0)
   kept = [expected_kept(n, ratio) for n in LENGTHS]

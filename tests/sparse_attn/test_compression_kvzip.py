@@ -1,10 +1,11 @@
-"""KVzip (arXiv 2505.23416, kvpress's ``KVzipPress(layerwise=True)``) against numpy.
+"""KVzip (arXiv 2505.23416, kvpress's ``KVzipPress``) against numpy.
 
 The numpy side, per row, kv head and replay: the softmax of each replay query over the sinks
 ``< min(n_sink, start)``, the chunk and the replay's own earlier keys; a chunk key's score is
-its largest weight over the group and the queries; the layer then keeps its top ``K n`` over
-all heads (sinks first). The replay writes nothing and its output is exact attention over the
-cache and itself.
+its largest weight over the group and the queries; a layer then keeps its top ``K n`` over
+all heads (sinks first), or, ranked over all layers, the count of the model's top entries it
+holds (``cross_layer.layer_totals``; end to end: ``tests/models/test_kvzip_replay_model.py``).
+The replay writes nothing and its output is exact attention over the cache and itself.
 """
 
 import hypothesis
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from sparse_attn import methods, reference
-from sparse_attn.compression import flat, kvzip
+from sparse_attn.compression import cross_layer, flat, kvzip, prefill
 
 B, HQ, HKV, D, T, S = 2, 4, 2, 8, 48, 6
 G = HQ // HKV
@@ -94,6 +95,16 @@ def test_replay_scores_and_kept_set_match_numpy(seed, split):
   new, _ = m.end_prefill(cache, state)
   assert isinstance(new, flat.FlatKVCache)
   assert int(new.length[0]) == HKV * 20
+  # the model-wide ranking's share of this layer (``across_layers``): its top that many
+  share = jnp.asarray([7, 50], jnp.int32)
+  keep, _ = m.prefill_keep(cache, dict(state, layer_keep=share))
+  keep = np.asarray(keep)[..., :T]
+  for b, n in enumerate(LENGTHS):
+    score = np.where(np.arange(T) < SINK, np.inf, total[b])[:, :n]
+    order = np.argsort(-score.reshape(-1), kind="stable")[:int(share[b])]
+    want = np.zeros((HKV, n), bool)
+    want.reshape(-1)[order] = True
+    np.testing.assert_array_equal(keep[b, :, :n], want)
 
 
 def test_jit_vmap_and_bf16():
@@ -122,10 +133,51 @@ def test_jit_vmap_and_bf16():
 
 def test_options():
   m = methods.make("kvzip", ratio=0.5)
-  assert (m.n_sink, m.chunk_size, m.floor, m.head_budget.value) == (4, 2048, 0.0, "adakv")
-  for bad in (dict(chunk_size=0), dict(phase="both")):
+  assert (m.n_sink, m.chunk_size, m.floor, m.head_budget.value, m.layerwise) == (
+      4, 2048, 0.0, "adakv", False)
+  for bad in (dict(chunk_size=0), dict(phase="both"), dict(head_budget="uniform"),
+              dict(floor=0.2), dict(layerwise="no")):
     with pytest.raises(ValueError):
       methods.make("kvzip", ratio=0.5, **bad)
+  assert methods.make("kvzip:layerwise=true,head_budget=uniform", ratio=0.5).layerwise
+  with pytest.raises(ValueError, match="replay"):  # ThinK's composition would never replay
+    methods.make("kvzip:layerwise=true,head_budget=uniform+think", ratio=0.5)
+
+
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), layers=st.integers(1, 4),
+                  total=st.integers(0, 200))
+@hypothesis.settings(max_examples=25, deadline=None)
+def test_layer_totals_count_one_ranking_over_all_layers(seed, layers, total):
+  """Counts per layer of the model's top ``total`` (forced first, ties to the earlier layer,
+  head and slot; empty slots never), layers of different sizes, against numpy."""
+  rng = np.random.default_rng(seed)
+  scores = []
+  for _ in range(layers):
+    s = rng.integers(0, 6, size=(B, int(rng.integers(1, 3)), int(rng.integers(1, 20))))
+    s = np.where(rng.random(s.shape) < 0.1, np.inf, s.astype(np.float32))
+    scores.append(np.where(rng.random(s.shape) < 0.2, -np.inf, s).astype(np.float32))
+  totals = np.asarray([total, total // 3])
+  got = np.stack(cross_layer.layer_totals([jnp.asarray(s) for s in scores], totals))
+  for b in range(B):
+    flat_scores = np.concatenate([s[b].reshape(-1) for s in scores])
+    order = np.argsort(-flat_scores, kind="stable")[:totals[b]]
+    order = order[flat_scores[order] > -np.inf]
+    which = np.repeat(np.arange(layers), [s[b].size for s in scores])[order]
+    np.testing.assert_array_equal(got[:, b], np.bincount(which, minlength=layers))
+
+
+def test_traced_capacity_holds_a_layer_that_keeps_everything():
+  """Under jit (the static ``decode_slots``) a model-wide ranking may put a whole prompt in one
+  layer: the compacted buffer is sized for it; a per-layer budget for its own share."""
+  one = methods.make("kvzip", ratio=0.5, decode_slots=0, block_size=8)
+  own = methods.make("kvzip:layerwise=true", ratio=0.5, decode_slots=0, block_size=8)
+  cache = one.init_cache(B, HKV, T, D)
+  keep = jnp.zeros((B, HKV, T), bool)
+  budget = jnp.ones((B,), jnp.int32)
+  assert jax.jit(lambda c: jnp.zeros(prefill.capacity(one, c, keep, budget)))(cache).shape == (
+      HKV * T,)
+  assert jax.jit(lambda c: jnp.zeros(prefill.capacity(own, c, keep, budget)))(cache).shape == (
+      HKV * T // 2,)
 
 
 @hypothesis.given(seed=st.integers(0, 2**31 - 1), block=st.integers(1, 7),
