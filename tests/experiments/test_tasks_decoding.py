@@ -234,3 +234,22 @@ def test_shared_prefill_replays_with_one_chunk_size():
   assert not hasattr(plain, "replay")
   with pytest.raises(ValueError, match="one chunk size"):
     compression_union.CompressionUnion.of(same + [methods.make("kvzip:chunk_size=512")])
+
+
+def test_both_kvzip_selections_share_one_replay():
+  """KVzip ranked over all layers and per layer observe alike (one replay, one state slot) and
+  each still gets its own prefill's cache from the shared one."""
+  model = modelzoo.tiny_random()
+  rng = np.random.default_rng(3)
+  lengths = np.array([70, 53], np.int32)
+  prompts = rng.integers(10, 1000, (2, 70)).astype(np.int32)
+  prompts[1, 53:] = 0
+  ms = [methods.make("kvzip:chunk_size=32", ratio=0.5),
+        methods.make("kvzip:chunk_size=32,layerwise=true", ratio=0.25)]
+  assert len(compression_union.CompressionUnion.of(ms).observers) == 1
+  got = dict(decoding.prefill_all(model, prompts, lengths, [methods.make("dense")] + ms,
+                                  capacity=96))
+  for m in ms:
+    want = decode.prefill(model, prompts, lengths, m, m.round_capacity(96), 512)
+    for a, b in zip(jax.tree.leaves(got[m].caches), jax.tree.leaves(want[2])):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=m.spec)
