@@ -25,6 +25,14 @@ tie across partitions, k / lag_size in each, and the cut falls inside such a tie
 tied tokens stay is the top-k's tie order, torch's against ours: 2 of 1,024 kept tokens), random
 0.50 (two generators: independent draws, as they should be).
 
+StreamingLLM, TOVA (``kvpress_parity_window``: the last query's softmax) and Expected Attention
+(2026-11-29, same text and ratio; ours ``head_budget=uniform, eps=0``, kvpress's defaults, where
+the paper's Ada-KV and ``eps = 0.01`` are ours; kvpress's RoPE tables from the stand-in module's
+``rotary_emb``): 1 / 1, every cell identical. kvpress's ``ObservedAttentionPress`` ("related to
+H2O") is not ours: it divides each key's summed attention by the number of queries that see it
+and keeps no recent window, where H2O (the paper, ours) sums and reserves half the budget for
+the most recent tokens.
+
 Compactor (2026-11-28, same text and ratio): compactor_exact (sketch R = D = 64 on both sides)
 0.9880 / 0.9053, compactor (R = 48) 0.9296 / 0.8701, adakv_compactor 0.9315 / 0.8546; no cell
 identical. The sketch is a random draw on each side (torch's global generator, JAX's key) and,
@@ -55,6 +63,9 @@ PRESSES = {
     "cur": ("CURPress", {}),
     "lagkv": ("LagKVPress", {}),
     "random": ("RandomPress", {"seed": 0}),  # different generators: ~(1 - ratio) by design
+    "streaming_llm": ("StreamingLLMPress", {}),
+    # kvpress's defaults: uniform heads, epsilon 0 (ours: the paper's Ada-KV and eps 0.01)
+    "expected_attention": ("ExpectedAttentionPress", {}),
     # Compactor reads the prompt's queries and pre-RoPE keys (a stand-in attention module
     # below); its sketch is a random draw on each side (torch's, JAX's): at the default
     # R = 48 < D = 64 the leverages differ by design, at R = D both are exact
@@ -64,9 +75,10 @@ PRESSES = {
 }
 OURS = {"compactor": ("compactor", {"head_budget": "uniform"}),
         "compactor_exact": ("compactor", {"head_budget": "uniform", "sketch_dimension": 64}),
-        "adakv_compactor": ("compactor", {})}
+        "adakv_compactor": ("compactor", {}),
+        "expected_attention": ("expected_attention", {"head_budget": "uniform", "eps": 0.0})}
 ADAKV = {"adakv_compactor"}  # kvpress's AdaKVPress around the press (alpha_safeguard 0.2)
-READS_QUERIES = {"compactor", "compactor_exact", "adakv_compactor"}
+READS_QUERIES = {"compactor", "compactor_exact", "adakv_compactor", "expected_attention"}
 
 
 def ours_kept(m, k, v, ratio, q=None):
@@ -127,9 +139,15 @@ def attention_stand_in(q, k, inv_freq):
     def k_proj(self, h):
       return h[..., cut:]
 
-  angles = torch.arange(s, dtype=torch.float32)[:, None] * torch.tensor(inv_freq)[None]
-  emb = torch.cat([angles, angles], dim=-1)[None]
-  return StandIn(), hidden, {"position_embeddings": (emb.cos(), emb.sin())}
+    def rotary_emb(self, x, position_ids):  # transformers' ``(cos, sin) [1, P, D]``
+      return tables(position_ids[0].to(torch.float32))
+
+  def tables(positions):
+    angles = positions[:, None] * torch.tensor(inv_freq, dtype=torch.float32)[None]
+    emb = torch.cat([angles, angles], dim=-1)[None]
+    return emb.cos(), emb.sin()
+
+  return StandIn(), hidden, {"position_embeddings": tables(torch.arange(s, dtype=torch.float32))}
 
 
 def main(argv):

@@ -15,7 +15,7 @@ Measured 2026-11-28 (2,048 tokens of the essays, ratio 0.5, question 48; min / m
 PyramidKV at this length and ratio is SnapKV in every layer: ``k_min = 51`` is below the window
 of 64, kvpress's fallback); criticalkv 0.9990 / 1.0000 (one cell, one token: a float near-tie);
 criticaladakv 0.9896 / 0.9999 (two cells: the layer-wide allocation moved a token between heads
-at a near-tie).
+at a near-tie). TOVA (2026-11-29; kvpress's score on the last query's softmax, window 1): 1 / 1.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from sparse_attn.compression import criticalkv, finch
 # ours -> kvpress's class (its leaderboard's configuration: defaults, SnapKV inside)
 PRESSES = {"snapkv": "SnapKVPress", "pyramidkv": "PyramidKVPress", "chunkkv": "ChunkKVPress",
            "finch": "FinchPress", "criticalkv": "CriticalKVPress(SnapKVPress)",
-           "criticaladakv": "CriticalAdaKVPress(SnapKVPress)"}
+           "criticaladakv": "CriticalAdaKVPress(SnapKVPress)", "tova": "TOVAPress"}
 WINDOW = 64  # SnapKV's, kvpress's default
 
 
@@ -66,7 +66,7 @@ def theirs(name, kvpress, cap, layer, wo, ratio, question):
   k, v = (torch.from_numpy(np.array(x[layer], np.float32))[None] for x in (cap.k, cap.v))
   s = k.shape[2]
   module, hidden = stand_in(cap, layer, wo), torch.zeros(1, s, 1)
-  w = question if name == "finch" else WINDOW
+  w = {"finch": question, "tova": 1}.get(name, WINDOW)  # TOVA: the last query's attention
   attn = window_attention(np.asarray(cap.q[layer], np.float32), np.asarray(cap.k[layer]), w)
   kept = np.zeros((k.shape[1], s), bool)
   snap = kvpress.SnapKVPress(compression_ratio=ratio)
@@ -89,7 +89,8 @@ def theirs(name, kvpress, cap, layer, wo, ratio, question):
     press.window_size = question
   else:
     press = {"snapkv": snap, "pyramidkv": kvpress.PyramidKVPress(compression_ratio=ratio),
-             "criticalkv": kvpress.CriticalKVPress(snap)}[name]
+             "criticalkv": kvpress.CriticalKVPress(snap),
+             "tova": kvpress.TOVAPress(compression_ratio=ratio)}[name]
   if name == "pyramidkv":
     n = press.get_layer_budget(module, s)
   scores = press.score(module, hidden, k, v, attn, {})
