@@ -15,7 +15,9 @@ Measured 2026-11-28 (2,048 tokens of the essays, ratio 0.5, question 48; min / m
 PyramidKV at this length and ratio is SnapKV in every layer: ``k_min = 51`` is below the window
 of 64, kvpress's fallback); criticalkv 0.9990 / 1.0000 (one cell, one token: a float near-tie);
 criticaladakv 0.9896 / 0.9999 (two cells: the layer-wide allocation moved a token between heads
-at a near-tie). TOVA (2026-11-29; kvpress's score on the last query's softmax, window 1): 1 / 1.
+at a near-tie). TOVA (2026-11-29; kvpress's score on the last query's softmax, window 1) and Ada-KV SnapKV
+(``snapkv:head_budget=adakv`` against ``AdaKVPress(SnapKVPress)``, the query-aware board's
+``adakv_snapkv``; 2026-11-29): 1 / 1, every cell identical.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from sparse_attn.compression import criticalkv, finch
 # ours -> kvpress's class (its leaderboard's configuration: defaults, SnapKV inside)
 PRESSES = {"snapkv": "SnapKVPress", "pyramidkv": "PyramidKVPress", "chunkkv": "ChunkKVPress",
            "finch": "FinchPress", "criticalkv": "CriticalKVPress(SnapKVPress)",
-           "criticaladakv": "CriticalAdaKVPress(SnapKVPress)", "tova": "TOVAPress"}
+           "criticaladakv": "CriticalAdaKVPress(SnapKVPress)", "tova": "TOVAPress",
+           "adakv_snapkv": "AdaKVPress(SnapKVPress)"}
+OURS = {"adakv_snapkv": "snapkv:head_budget=adakv"}  # a name here -> our spec, if they differ
 WINDOW = 64  # SnapKV's, kvpress's default
 
 
@@ -77,8 +81,9 @@ def theirs(name, kvpress, cap, layer, wo, ratio, question):
     out, _ = kvpress.ChunkKVPress(press=snap).compress(module, hidden, index, v, None, {})
     kept[:, out[0, :, :, 0].long().numpy()[0]] = True
     return kept
-  if name == "criticaladakv":
-    press = kvpress.CriticalAdaKVPress(press=snap)
+  if name in ("criticaladakv", "adakv_snapkv"):
+    press = (kvpress.CriticalAdaKVPress if name == "criticaladakv" else kvpress.AdaKVPress)(
+        press=snap)
     press.compress(module, hidden, k, v, attn, {})
     _, heads, seq = module.masked_key_indices
     kept[:] = True
@@ -119,7 +124,7 @@ def overlaps(name, kvpress, model, cap, ratio, question):
   wo_all = np.asarray(model.params["layers"]["o_proj"]["kernel"], np.float32)  # [L, N D, E]
   n, d = cap.q.shape[1], cap.q.shape[3]
   opts = dict(window_size=max(question, 1)) if name == "finch" else {}
-  m = methods.make(name, ratio=ratio, **opts)
+  m = methods.make(OURS.get(name, name), ratio=ratio, **opts)
 
   def kept_pair(layer):
     wo = wo_all[layer].reshape(n, d, -1)
