@@ -17,7 +17,7 @@ import os
 
 import numpy as np
 
-from experiments.common import render, stats
+from experiments.common import method_style, render, stats
 from experiments.tasks import ruler, scoring
 
 PROTOCOL_TITLES = {"query_aware": "question in view while prefilling",
@@ -185,6 +185,15 @@ def paired_section(records) -> str | None:
 # ---------------------------------------------------------------- figures
 
 
+LEGEND_INSIDE, LEGEND_ROWS = 12, 28  # a legend of more rows goes beside the axes, in columns
+LEGEND_WIDTH = 1.7  # inches a panel widens per legend column beside it
+
+
+def _legend_columns(n: int) -> int:
+  """Legend columns beside a panel of ``n`` lines (0: the legend fits inside)."""
+  return 0 if n <= LEGEND_INSIDE else -(-n // LEGEND_ROWS)
+
+
 def figure(records, workdir: str, name: str = "accuracy_vs_length.png"):
   """Average accuracy vs context length per method (one panel per model and protocol; every
   task cut to the same count, ``balanced``)."""
@@ -195,15 +204,23 @@ def figure(records, workdir: str, name: str = "accuracy_vs_length.png"):
         for k, cells in by.items()}
   if not by:
     return None
-  fig, axes = render.new_figure(ncols=len(by))
+  beside = max(_legend_columns(len({k[0] for k in cells})) for cells in by.values())
+  fig, axes = render.new_figure(ncols=len(by), size=(5.0 + LEGEND_WIDTH * beside, 3.6))
+  style = method_style.assign([{k[0] for k in cells} for cells in by.values()])
   for ax, ((model, protocol), cells) in zip(axes[0], sorted(by.items())):
-    for label in _order([k[0] for k in cells]):
+    labels = _order([k[0] for k in cells])
+    for label in labels:
       pts = sorted((ln, np.mean(v)) for (lab, ln), v in cells.items() if lab == label)
-      ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker="o", label=label)
+      ax.plot([p[0] for p in pts], [100 * p[1] for p in pts], marker=style[label].marker,
+              color=style[label].colour, label=label)
     ax.set_xscale("log", base=2)
     ax.set(xlabel="context (tokens)", ylabel="accuracy (%)")
     ax.set_title(f"{model} ({protocol})", fontsize=9)
-    ax.legend(fontsize=5)
+    if len(labels) > LEGEND_INSIDE:  # beside the axes, in columns (a board's 50 rows)
+      ax.legend(fontsize=5, loc="upper left", bbox_to_anchor=(1.02, 1), borderaxespad=0,
+                ncol=_legend_columns(len(labels)))
+    else:
+      ax.legend(fontsize=5)
   return render.save_figure(fig, workdir, name)
 
 
