@@ -42,7 +42,7 @@ import time
 
 import numpy as np
 
-from experiments.common import checks, cli, config_check, modelzoo, results, specs
+from experiments.common import checks, cli, config_check, executables, modelzoo, results, specs
 from experiments.tasks import accuracy_report, batch_plan, decoding, planned, ruler, scoring
 from sparse_attn.protocol import PrefillGroup
 
@@ -211,6 +211,7 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
           rec.update(fields(e) if fields else {})
           writer.write(rec, key=key(e, s))
         progress.update(len(batch), e.label)
+        executables.release_if_crowded()
         t0 = time.perf_counter()
   records = writer.records()
   if write:
@@ -284,6 +285,7 @@ def _run_planned(config, model, prompter, entries, samples, writer, protocol, ex
           rec.update(fields(e) if fields else {})
           writer.write(rec, key=key(e, s))
         progress.update(len(ran.rows), e.label)
+        executables.release_if_crowded()
 
 
 def _planned_batch(model, protocol, m, e, run, split, plan, capacity, chunk, max_new, fused):

@@ -20,7 +20,7 @@ import os
 
 import numpy as np
 
-from experiments.common import cli, modelzoo, render, results, specs
+from experiments.common import cli, executables, modelzoo, render, results, specs
 from experiments.tasks import batch_plan, decoding, planned, scoring
 from experiments.tasks.perplexity import IGNORED, documents
 from models import steps
@@ -96,6 +96,7 @@ def run(config, workdir: str, mesh=None) -> list[dict]:
                                e for e in entries if e.label != "dense"]
   for length in config.get("prompt_lengths", ()) or (config.prompt_length,):
     _run_length(config, model, writer, entries, length, mesh)
+    executables.release_if_crowded()
   records = writer.records()
   write_outputs(records, workdir)
   return records

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from experiments.common import cli, data, modelzoo, render, results, specs
+from experiments.common import cli, data, executables, modelzoo, render, results, specs
 from experiments.tasks import batch_plan, decoding, planned
 
 EXPERIMENT = "perplexity"
@@ -138,6 +138,7 @@ def _run_lockstep(config, model, writer, jobs, mesh) -> None:
         writer.write(_record(config, view, x, length, label, e, sweeps, out[label], c,
                              int(batch.shape[0]), seconds), key=key(label, c))
       progress.update(1, f"{view} x={x} docs {c}..{c + len(batch) - 1}")
+      executables.release_if_crowded()
 
 
 def _record(config, view, x, length, label, e, sweeps, st, first_doc, num_docs, seconds,
@@ -188,6 +189,7 @@ def _run_planned(config, model, writer, jobs, mesh) -> None:
                 oom_retries=ran.retries, **ran.plan.record()),
                 key=key(view, x, length, k, i))
         progress.update(len(ran.rows) * len(methods), f"{view} x={x} L={length}")
+        executables.release_if_crowded()
 
 
 def _statistics(st, view, config) -> dict:
