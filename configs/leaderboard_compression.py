@@ -14,8 +14,9 @@ fraction kept). Rows per panel, as kvpress runs them:
 * query-agnostic: the methods of ``results/ruler_compression`` are there at 0.75 / 0.5 /
   0.25 / 0.1 (EA Table 1's grid), so this run adds their 0.125 cell and every method new to
   the library at all four fractions: random, CUR, LagKV, Compactor with Ada-KV head budgets
-  (kvpress's ``adakv_compactor``), Q-Filters, PyramidKV, DuoAttention on the fly, KVzip, and
-  CriticalKV / CriticalAdaKV (not on kvpress's board; ours beside them). kvpress's
+  (kvpress's ``adakv_compactor``), Q-Filters, PyramidKV, DuoAttention on the fly, KVzip,
+  kvpress's observed attention (H2O's sums as a mean, no recent window), and CriticalKV /
+  CriticalAdaKV (not on kvpress's board; ours beside them). kvpress's
   ``duo_attention`` (trained patterns) and ``kvzap`` (a trained scorer) are out of scope.
 * query-aware: SnapKV, Ada-KV SnapKV, FINCH and ChunkKV with the question in the window.
 
@@ -31,7 +32,7 @@ from configs import accuracy_compression
 KEPT = (0.75, 0.5, 0.25, 0.125)  # kvpress's ratios 0.25 / 0.5 / 0.75 / 0.875
 NEW_QUERY_AGNOSTIC = ("random", "cur", "lagkv", "compactor:head_budget=adakv", "qfilters",
                       "pyramidkv", "duo_attention_on_the_fly", "kvzip", "criticalkv",
-                      "criticaladakv")
+                      "criticaladakv", "observed_attention")
 QUERY_AWARE = ("snapkv", "snapkv:head_budget=adakv", "finch", "chunkkv")
 
 

@@ -29,9 +29,9 @@ StreamingLLM, TOVA (``kvpress_parity_window``: the last query's softmax) and Exp
 (2026-11-29, same text and ratio; ours ``head_budget=uniform, eps=0``, kvpress's defaults, where
 the paper's Ada-KV and ``eps = 0.01`` are ours; kvpress's RoPE tables from the stand-in module's
 ``rotary_emb``): 1 / 1, every cell identical. kvpress's ``ObservedAttentionPress`` ("related to
-H2O") is not ours: it divides each key's summed attention by the number of queries that see it
-and keeps no recent window, where H2O (the paper, ours) sums and reserves half the budget for
-the most recent tokens.
+H2O") is not our ``h2o``: it divides each key's summed attention by the number of queries that
+see it and keeps no recent window, where H2O (the paper) sums and reserves half the budget for
+the most recent tokens; it is our ``observed_attention`` (``kvpress_parity_window``).
 
 Compactor (2026-11-28, same text and ratio): compactor_exact (sketch R = D = 64 on both sides)
 0.9880 / 0.9053, compactor (R = 48) 0.9296 / 0.8701, adakv_compactor 0.9315 / 0.8546; no cell

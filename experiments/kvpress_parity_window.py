@@ -17,7 +17,9 @@ of 64, kvpress's fallback); criticalkv 0.9990 / 1.0000 (one cell, one token: a f
 criticaladakv 0.9896 / 0.9999 (two cells: the layer-wide allocation moved a token between heads
 at a near-tie). TOVA (2026-11-29; kvpress's score on the last query's softmax, window 1) and Ada-KV SnapKV
 (``snapkv:head_budget=adakv`` against ``AdaKVPress(SnapKVPress)``, the query-aware board's
-``adakv_snapkv``; 2026-11-29): 1 / 1, every cell identical.
+``adakv_snapkv``; 2026-11-29): 1 / 1, every cell identical. Observed attention (2026-11-29;
+kvpress's score on every query's causal softmax, the whole ``S x S`` matrix): 1 / 1, every cell
+identical.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from sparse_attn.compression import criticalkv, finch
 PRESSES = {"snapkv": "SnapKVPress", "pyramidkv": "PyramidKVPress", "chunkkv": "ChunkKVPress",
            "finch": "FinchPress", "criticalkv": "CriticalKVPress(SnapKVPress)",
            "criticaladakv": "CriticalAdaKVPress(SnapKVPress)", "tova": "TOVAPress",
-           "adakv_snapkv": "AdaKVPress(SnapKVPress)"}
+           "adakv_snapkv": "AdaKVPress(SnapKVPress)",
+           "observed_attention": "ObservedAttentionPress"}
 OURS = {"adakv_snapkv": "snapkv:head_budget=adakv"}  # a name here -> our spec, if they differ
 WINDOW = 64  # SnapKV's, kvpress's default
 
@@ -70,7 +73,8 @@ def theirs(name, kvpress, cap, layer, wo, ratio, question):
   k, v = (torch.from_numpy(np.array(x[layer], np.float32))[None] for x in (cap.k, cap.v))
   s = k.shape[2]
   module, hidden = stand_in(cap, layer, wo), torch.zeros(1, s, 1)
-  w = {"finch": question, "tova": 1}.get(name, WINDOW)  # TOVA: the last query's attention
+  # TOVA: the last query's attention; observed attention: every query's (the whole matrix)
+  w = {"finch": question, "tova": 1, "observed_attention": s}.get(name, WINDOW)
   attn = window_attention(np.asarray(cap.q[layer], np.float32), np.asarray(cap.k[layer]), w)
   kept = np.zeros((k.shape[1], s), bool)
   snap = kvpress.SnapKVPress(compression_ratio=ratio)
@@ -95,7 +99,8 @@ def theirs(name, kvpress, cap, layer, wo, ratio, question):
   else:
     press = {"snapkv": snap, "pyramidkv": kvpress.PyramidKVPress(compression_ratio=ratio),
              "criticalkv": kvpress.CriticalKVPress(snap),
-             "tova": kvpress.TOVAPress(compression_ratio=ratio)}[name]
+             "tova": kvpress.TOVAPress(compression_ratio=ratio),
+             "observed_attention": kvpress.ObservedAttentionPress(compression_ratio=ratio)}[name]
   if name == "pyramidkv":
     n = press.get_layer_budget(module, s)
   scores = press.score(module, hidden, k, v, attn, {})

@@ -38,7 +38,8 @@ import dataclasses
 
 from sparse_attn import budget as budget_lib
 from sparse_attn.compression import (cur, expected_attention, h2o, keydiff, knorm, lagkv,
-                                     random_press, snapkv, streaming_llm, tova)
+                                     observed_attention, random_press, snapkv, streaming_llm,
+                                     tova)
 from sparse_attn.compression import compactor, qfilters
 from sparse_attn.compression import chunkkv, criticalkv, finch, pyramidkv
 from sparse_attn.compression.base import CompressionMethod
@@ -110,8 +111,8 @@ def builder(cls):
 # name -> build(spec, parts, options): validates every option (``builder``)
 BUILDERS: dict = {cls.name: builder(cls) for cls in (
     expected_attention.ExpectedAttention, snapkv.SnapKV, tova.TOVA, keydiff.KeyDiff,
-    knorm.KNorm, streaming_llm.StreamingLLM, h2o.H2O, random_press.RandomPress, cur.CUR,
-    lagkv.LagKV, compactor.Compactor,
+    knorm.KNorm, streaming_llm.StreamingLLM, h2o.H2O, observed_attention.ObservedAttention,
+    random_press.RandomPress, cur.CUR, lagkv.LagKV, compactor.Compactor,
     qfilters.QFilters)}
 BUILDERS.update({cls.name: builder(cls) for cls in (
     pyramidkv.PyramidKV, chunkkv.ChunkKV, finch.FINCH, criticalkv.CriticalKV,

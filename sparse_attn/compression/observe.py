@@ -10,7 +10,8 @@ attention keep what they need in their state and recompute only that part:
   * ``window_probs``: the softmax of those few queries over the cache (``W x T``, never ``T x T``);
   * ``column_sums``: H2O's accumulated attention of a prefill chunk, computed over query blocks
     and the key tiles each block can see, against the chunk's ``lse``, so only
-    ``block x key_tile`` scores exist at a time.
+    ``block x key_tile`` scores exist at a time; ``column_counts``: how many of those queries
+    see each key (kvpress's observed attention divides by it).
 
 On a soft-capped model (Gemma 2, ``softcap``) both recompute the capped logits
 (``pallas_kernels.soft_cap``), the ones the attention's softmax and ``lse`` saw, and on a
@@ -164,4 +165,28 @@ def column_sums(q, positions, lse, k, kpos, kvalid, scale, block: int = 256,
   return acc
 
 
-__all__ = ["init_ring", "ring_push", "ring_filled", "window_probs", "column_sums", "group_mean"]
+def column_counts(positions, kpos, kvalid, window=None):
+  """How many of a chunk's queries see each cache slot (the causal mask's column sums).
+
+  Args:
+    positions: ``[B, S]`` the queries' token positions (-1 = padding).
+    kpos: ``[B, K, T]`` key token positions; kvalid ``[B, K, T]`` bool.
+    window: sliding window (None = unlimited): a query sees keys ``> position - window``.
+
+  Returns:
+    ``[B, K, T]`` float32: the number of valid queries at or after each key's position (and
+    within their window); 0 for empty slots.
+  """
+  s = positions.shape[1]
+  # padding as -1 sorts first and is below every key position, so it never counts
+  srt = jnp.sort(jnp.where(positions >= 0, positions, -1).astype(jnp.int32), axis=-1)
+  at_or_after = lambda p: s - jax.vmap(
+      lambda r, x: jnp.searchsorted(r, x.ravel(), side="left").reshape(x.shape))(srt, p)
+  seen = at_or_after(kpos.astype(jnp.int32))
+  if window is not None:
+    seen -= at_or_after(kpos.astype(jnp.int32) + window)
+  return jnp.where(kvalid, seen, 0).astype(jnp.float32)
+
+
+__all__ = ["init_ring", "ring_push", "ring_filled", "window_probs", "column_sums",
+           "column_counts"]

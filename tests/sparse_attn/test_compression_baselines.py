@@ -75,6 +75,8 @@ def numpy_scores(name, p, b, n, budget):
   if name == "h2o":  # Zhang et al. 2023: accumulated attention + recent half
     acc = group_mean(probs.sum(1))
     return np.where(posn >= n - budget // 2, np.inf, acc)
+  if name == "observed_attention":  # kvpress: the mean over the queries that see the key
+    return group_mean(probs.sum(1) / (n - posn))
   if name == "snapkv":  # Li et al. 2024: pooled window votes + the window
     votes = group_mean(probs[:, n - WINDOW:].sum(1))
     votes[:, n - WINDOW:] = 0.0
@@ -131,8 +133,8 @@ def check_kept(keep, score, budget, total=None):
   np.testing.assert_allclose(flat[wrong], cut, rtol=1e-4, atol=1e-7)
 
 
-BASELINES = ["knorm", "keydiff", "streaming_llm", "tova", "tova_group", "h2o", "snapkv", "cur",
-             "lagkv", "lagkv_short", "random"]
+BASELINES = ["knorm", "keydiff", "streaming_llm", "tova", "tova_group", "h2o",
+             "observed_attention", "snapkv", "cur", "lagkv", "lagkv_short", "random"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -253,6 +255,56 @@ def test_column_sums_match_brute_force(seed, start, block, key_tile):
                             f32(k), jnp.asarray(kpos, jnp.int32), jnp.asarray(kvalid), SCALE,
                             block, key_tile)
   np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=1e-6)
+
+
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), start=st.integers(0, 30),
+                  window=st.sampled_from([None, 1, 4, 9]))
+@hypothesis.settings(max_examples=12, deadline=None)
+def test_column_counts_match_brute_force(seed, start, window):
+  """The queries of one chunk (some padded, out of order) that see each slot of a shuffled
+  cache with empty slots: causal, and inside the query's sliding window when there is one."""
+  from sparse_attn.compression import observe  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(seed)
+  s = 10
+  pos = np.stack([rng.permutation(np.arange(start, start + s)) for _ in range(B)])
+  pos[1, rng.permutation(s)[:3]] = -1
+  kpos = np.full((B, HKV, T), -1)
+  for b in range(B):
+    for h in range(HKV):
+      kpos[b, h, rng.permutation(T)[:start + s]] = np.arange(start + s)
+  kvalid = kpos >= 0
+  q, k = pos[:, None, :, None], kpos[:, :, None, :]
+  see = (q >= 0) & (k <= q) & kvalid[:, :, None, :]
+  if window is not None:
+    see &= k > q - window
+  got = observe.column_counts(jnp.asarray(pos, jnp.int32), jnp.asarray(kpos, jnp.int32),
+                              jnp.asarray(kvalid), window)
+  np.testing.assert_array_equal(np.asarray(got), see.sum(2))
+
+
+def test_observed_attention_counts_across_chunks():
+  """A prompt prefilled in chunks scores as in one: the sums and the counts both accumulate
+  (the first chunk's keys are seen again by the later chunks' queries)."""
+  m = method("observed_attention")
+  p = make_problem(11)
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+
+  def scores(chunks):
+    cache, state = m.init_cache(B, HKV, T, D), m.init_state(B, HQ, HKV, D, T)
+    for a, b in chunks:
+      _, cache, state = m.prefill(f32(p["q"][:, :, a:b]), f32(p["k"][:, :, a:b]),
+                                  f32(p["v"][:, :, a:b]), cache, state,
+                                  jnp.asarray(p["pos"][:, a:b]))
+    return np.asarray(m.scores(cache, state, SCALE, jnp.asarray(LENGTHS))), state
+
+  whole, _ = scores([(0, L)])
+  split, state = scores([(0, 13), (13, 31), (31, L)])
+  np.testing.assert_allclose(split, whole, rtol=2e-5, atol=1e-7)
+  for b, n in enumerate(LENGTHS):  # a causal prompt: key j is seen by n - j queries
+    np.testing.assert_array_equal(np.asarray(state["seen"])[b, :, :n],
+                                  np.tile(n - np.arange(n), (HKV, 1)))
+    np.testing.assert_allclose(whole[b, :, :n], numpy_scores("observed_attention", p, b, n, 0),
+                               rtol=2e-4, atol=1e-7)
 
 
 @pytest.mark.parametrize("name", ["cur", "lagkv"])
