@@ -106,7 +106,8 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
                                    key[2], prefill_chunk, question_length=question_length)
     last, history, caches, states = shared[key]
     if key[0] == PrefillGroup.COMPRESSION and m.prefill_group == PrefillGroup.COMPRESSION:
-      mine_caches, mine = compression_union.split(unions[key], m, caches, states, cfg, mesh)
+      mine_caches, mine = unshared(
+          compression_union.split(unions[key], m, caches, states, cfg, mesh), (caches, states))
       yield m, Prefilled(last, copy(history), mine_caches, mine, lengths, key[2], mesh=mesh)
       continue
     if key[0] == PrefillGroup.COMPRESSION:  # dense: the union's cache as it is, no state
@@ -119,6 +120,16 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
     mine = [prefill_groups.project(layer, like) for layer in states]  # states: per-layer list
     kept = [cache_lib.keep_digests(c, m.cache_digests) for c in caches]  # the method's kinds
     yield m, Prefilled(last, copy(history), copy(kept), copy(mine), lengths, key[2], mesh=mesh)
+
+
+def unshared(tree, shared):
+  """``tree`` with every leaf that is also a leaf of ``shared`` copied.
+
+  A member's ``end_prefill`` may pass a buffer of the shared prefill through unchanged (ThinK's
+  slices that cover a whole axis, an empty digest); its decode donates its buffers, which would
+  delete them under the members that follow."""
+  ids = {id(x) for x in jax.tree.leaves(shared)}
+  return jax.tree.map(lambda x: jnp.copy(x) if id(x) in ids else x, tree)
 
 
 # Chunk widths of ``extend`` are rounded up to this, so questions of similar lengths share
@@ -139,7 +150,10 @@ def extend(model, pre: Prefilled, method, suffix: np.ndarray,
   """
   suffix, suffix_lengths, total = _check_suffix(pre, method, suffix, suffix_lengths)
   b = len(pre.lengths)
-  width = -(-int(suffix_lengths.max()) // EXTEND_ROUND) * EXTEND_ROUND
+  # rounded (fewer compiled shapes), but never wider than the most room a row has: a chunk is
+  # written whole, so a buffer holding only the rows' room (ThinK's decode keys) must fit it
+  width = min(-(-int(suffix_lengths.max()) // EXTEND_ROUND) * EXTEND_ROUND,
+              pre.capacity - int(pre.lengths.min()))
   cols = np.arange(width)[None]
   ok = cols < suffix_lengths[:, None]
   tokens = np.zeros((b, width), np.int32)

@@ -5,11 +5,11 @@ Letters: B batch, K kv heads, T slots of the prompt cache, C slots after compact
 ``end_prefill`` keeps ``ceil((1 - ratio) L)`` tokens per kv head (``L`` the prompt length of
 the row; sinks first; PyramidKV's layer budgets: its own ``prompt_keep``) by the method's
 head-budget rule (``keep``), and compacts them into a smaller buffer (``compact``) of
-``capacity`` slots: ``round_up(max kept per head + headroom)`` where ``headroom`` is the decode
-room the caller allocated (``capacity - max(length)``). With a decode phase the headroom is
-``interval`` instead (the cache never grows past ``budget + interval``,
-``decode_phase.DecodePhase.slots``). With Ada-KV's flat layout the
-counts are the layer's: ``round_up(K * (kept per head) + K * headroom)`` slots in all, so the
+``capacity`` slots: ``round_up(max over rows of (kept per head + headroom))`` where
+``headroom`` is the decode room the caller allocated the row (``capacity - length``: a row with
+a shorter prompt keeps its larger room). With a decode phase the headroom is ``interval``
+instead (the cache never grows past ``budget + interval``, ``decode_phase.DecodePhase.slots``).
+With Ada-KV's flat layout the counts are the layer's: ``round_up(K * (kept per head) + K * headroom)`` slots in all, so the
 buffer's bytes are the kept tokens' (less than one block of padding per layer) and every layer
 has the same shape.
 
@@ -97,11 +97,15 @@ def capacity(method: Press, cache: KVCache, kept_slots, budget) -> int:
   lay = method.head_rule.layout
   heads = lay.heads(cache.num_kv_heads)
   phase = method.decode_phase
+  # each row keeps the decode room the caller gave it (``capacity - length``): a row with a
+  # shorter prompt has more, which a compacted cache sized for the longest row's would cut
+  count = lay.count(kept_slots)
+  row_kept = jnp.max(count.reshape(count.shape[0], -1), axis=-1)  # [B]
   concrete = None if method.decode_slots is not None else _concrete_ints(
-      jnp.max(cache.length), jnp.max(lay.count(kept_slots)), jnp.max(budget))
+      jnp.max(row_kept), jnp.max(budget),
+      jnp.max(row_kept + heads * (cache.capacity - cache.length)))
   if concrete is not None:
-    max_len, max_kept, max_budget = concrete
-    headroom = cache.capacity - max_len
+    max_kept, max_budget, row_need = concrete
   else:
     if method.decode_slots is None:
       raise ValueError(
@@ -117,6 +121,8 @@ def capacity(method: Press, cache: KVCache, kept_slots, budget) -> int:
     max_budget = phase.static_budget(k_static) if phase is not None else None
   if phase is not None:
     need = phase.slots(max_kept, max_budget, heads)
+  elif concrete is not None:
+    need = row_need
   else:
     need = max_kept + heads * headroom
   return method.round_capacity(need)

@@ -127,18 +127,19 @@ def pruned_cache(cache: KVCache, channels, static_slots: int | None) -> ThinKCac
   """``cache`` with its keys cut to ``channels [B, K, D']`` -> ``ThinKCache``.
 
   The prompt part holds the longest row's ``n`` slots (with traced lengths: ``static_slots``,
-  the caller's static bound; None raises), the decode part the rest of the capacity (the room
-  the caller allocated). Exact slot counts (block size 1): neither part reads block digests.
+  the caller's static bound; None raises), the decode part the room the caller allocated each
+  row (``capacity - length``: the shortest row's, which is the most). Exact slot counts (block
+  size 1): neither part reads block digests.
   """
   try:
-    n = int(jnp.max(cache.length))
+    n, shortest = int(jnp.max(cache.length)), int(jnp.min(cache.length))
   except (jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError):
     if static_slots is None:
       raise ValueError("end_prefill needs concrete lengths to size the pruned cache; call "
                        "it outside jit/vmap or set the static option decode_slots") from None
-    n = static_slots
+    n = shortest = static_slots
   t, d = cache.capacity, cache.head_dim
-  tp, tr = max(n, 1), max(t - n, 1)
+  tp, tr = max(n, 1), max(t - shortest, 1)
   k = jnp.take_along_axis(cache.k[:, :, :tp], channels[:, :, None, :], axis=-1)
   prompt = keep_digests(dataclasses.replace(
       cache, k=k, v=cache.v[:, :, :tp], pos=cache.pos[:, :, :tp],
@@ -214,7 +215,7 @@ class ThinK(CompressionMethod):
     """Prunes the prompt keys to their kept channels -> ``(ThinKCache, state)``.
 
     The prompt part holds the longest row's ``n`` slots (with traced lengths: ``capacity -
-    decode_slots``), the decode part the rest of the capacity (``pruned_cache``).
+    decode_slots``), the decode part each row's room (``pruned_cache``).
     """
     del scale
     if self.ratio == 0:

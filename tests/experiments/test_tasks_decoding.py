@@ -253,3 +253,38 @@ def test_both_kvzip_selections_share_one_replay():
     want = decode.prefill(model, prompts, lengths, m, m.round_capacity(96), 512)
     for a, b in zip(jax.tree.leaves(got[m].caches), jax.tree.leaves(want[2])):
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=m.spec)
+
+
+def test_members_of_one_shared_prefill_decode_in_turn_with_little_room():
+  """Each member of the compression union reads its question and decodes (donating its
+  buffers) before the next is split off: no member may hold a buffer of the shared prefill
+  (ThinK's slices over a whole axis did). The rows' questions fill almost all of the room
+  the cache has after the longest prompt, so ``extend``'s rounded chunk must not outgrow it
+  (ThinK's decode keys hold only the rows' room). Each answer equals the method's own."""
+  model = modelzoo.tiny_random()
+  rng = np.random.default_rng(4)
+  lengths = np.array([60, 41], np.int32)
+  prompts = rng.integers(10, 1000, (2, 60)).astype(np.int32)
+  suffix = rng.integers(10, 1000, (2, 9)).astype(np.int32)
+  suffix_lengths = np.array([9, 7], np.int32)
+  cap, new = 80, 6  # 20 slots after the longest prompt: 9 question tokens + 6 new + 1
+  # snapkv+think with SnapKV evicting nothing reads the shared cache's buffers as they are
+  ms = [methods.make(s) for s in ("think:ratio=0.5", "observed_attention:ratio=0.5",
+                                  "snapkv+think:ratio=0.5", "snapkv:ratio=0.5+think:ratio=0.5",
+                                  "knorm:ratio=0.75")]
+  got = {}
+  for m, pre in decoding.prefill_all(model, prompts, lengths, ms, cap):
+    pre = decoding.extend(model, pre, m, suffix, suffix_lengths)
+    got[m] = decoding.greedy(model, pre, m, new, stop_at_eos=False)
+  for m in ms:
+    own = decode.prefill(model, prompts, lengths, m, m.round_capacity(cap), 512)
+    pre = decoding.Prefilled(*own, lengths, m.round_capacity(cap))
+    pre = decoding.extend(model, pre, m, suffix, suffix_lengths)
+    assert got[m] == decoding.greedy(model, pre, m, new, stop_at_eos=False), m.spec
+
+
+def test_unshared_copies_only_the_shared_leaves():
+  a, b, c = jnp.ones(3), jnp.zeros(2), jnp.ones(4)
+  out = decoding.unshared({"x": a, "y": c}, [a, b])
+  assert out["x"] is not a and np.array_equal(out["x"], a)
+  assert out["y"] is c

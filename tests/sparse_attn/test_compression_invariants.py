@@ -120,8 +120,8 @@ def test_ratio_keeps_ceil_in_smaller_buffer(name):
       assert len(prompt) == kept[b], (b, h)
       assert set(range(n_sink)) <= set(prompt.tolist())  # sinks always kept
       assert len(set(prompt.tolist())) == len(prompt)
-  # decode room = the caller's headroom (T - max L), compaction to the largest head
-  assert cache.capacity == m.round_capacity(max(kept) + T - max(LENGTHS))
+  # each row keeps the decode room the caller gave it (T - L), beside its largest head
+  assert cache.capacity == m.round_capacity(max(k + T - n for k, n in zip(kept, LENGTHS)))
   assert cache.capacity < T
   assert cache.nbytes() < full.nbytes()
   # every per-slot buffer shrinks with the capacity (only `length [B]` does not)
@@ -246,8 +246,8 @@ def test_adakv_cache_bytes_equal_kept_tokens(name):
     new = [pos[b, h][valid[b, h] & (pos[b, h] >= LENGTHS[b])] for h in range(HKV)]
     for x in new:  # every decoded token in every head
       assert sorted(x.tolist()) == list(range(LENGTHS[b], LENGTHS[b] + STEPS))
-  room = HKV * (T - max(LENGTHS))  # the caller's decode room, for every head
-  need = max(HKV * k for k in kept) + room
+  # each row: its kept tokens and the decode room the caller gave it (T - L), for every head
+  need = max(HKV * (k + T - n) for k, n in zip(kept, LENGTHS))
   slot_bytes = 2 * D * 4 + 4 + 1  # f32 key and value, int32 position, int8 head id
   assert cache.capacity == -(-need // bs) * bs
   assert cache.nbytes() == B * cache.capacity * slot_bytes + B * 4  # + length [B] int32
@@ -290,8 +290,8 @@ def test_adakv_flat_cache_against_numpy(seed, skew):
     np.testing.assert_array_equal(cv[b, :got], v[b, want_head, want_pos])
     assert np.all(cpos[b, got:] == -1)
   # the capacity is fixed by the layer total, whatever the per-head split
-  assert cache.capacity == m.round_capacity(HKV * expected_kept(max(LENGTHS), ratio)
-                                            + HKV * (T - max(LENGTHS)))
+  assert cache.capacity == m.round_capacity(max(HKV * (expected_kept(n, ratio) + T - n)
+                                                for n in LENGTHS))
 
 
 def test_adakv_flat_cache_masked_row_and_jit():

@@ -122,11 +122,14 @@ def test_key_buffer_really_has_the_kept_channels():
   assert dk == 4 and new.prompt.k.shape == (B, HKV, max(LENGTHS), dk)
   assert new.prompt.k.nbytes == B * HKV * max(LENGTHS) * dk * 4  # the pruned keys' bytes
   assert new.prompt.v.shape == (B, HKV, max(LENGTHS), D)
-  assert new.recent.k.shape == (B, HKV, T - max(LENGTHS), D)  # the caller's decode room
+  room = T - min(LENGTHS)  # the most decode room the caller gave a row (the shortest's)
+  assert new.recent.k.shape == (B, HKV, room, D)
   kv = lambda c: c.k.nbytes + c.v.nbytes
-  assert kv(new.prompt) + kv(new.recent) == B * HKV * (max(LENGTHS) * (dk + D) + (T - L) * 2 * D) * 4
+  assert kv(new.prompt) + kv(new.recent) == B * HKV * (max(LENGTHS) * (dk + D) + room * 2 * D) * 4
   assert new.nbytes() < dense_bytes and new.channels.shape == (B, HKV, dk)
-  np.testing.assert_array_equal(new.valid, np.asarray(cache.valid)[..., :new.capacity])
+  want_valid = np.asarray(cache.valid)[..., :max(LENGTHS)]
+  np.testing.assert_array_equal(new.valid, np.concatenate(
+      [want_valid, np.zeros((B, HKV, room), bool)], axis=-1))
   assert m.memory_access() == 1 - 0.75 / 2
 
 
