@@ -16,7 +16,9 @@ fraction kept). Rows per panel, as kvpress runs them:
   the library at all four fractions: random, CUR, LagKV, Compactor with Ada-KV head budgets
   (kvpress's ``adakv_compactor``), Q-Filters, PyramidKV, DuoAttention on the fly, KVzip,
   kvpress's observed attention (H2O's sums as a mean, no recent window), and CriticalKV /
-  CriticalAdaKV (not on kvpress's board; ours beside them). kvpress's
+  CriticalAdaKV and ThinK (not on kvpress's board; ours beside them). ThinK evicts no token:
+  its kept fraction is of the key channels (kvpress's ``key_channel_compression_ratio`` =
+  ``1 - kept``), so its cache holds ``(1 + kept) / 2`` of the dense bytes. kvpress's
   ``duo_attention`` (trained patterns) and ``kvzap`` (a trained scorer) are out of scope.
 * query-aware: SnapKV, Ada-KV SnapKV, FINCH and ChunkKV with the question in the window.
 
@@ -32,7 +34,7 @@ from configs import accuracy_compression
 KEPT = (0.75, 0.5, 0.25, 0.125)  # kvpress's ratios 0.25 / 0.5 / 0.75 / 0.875
 NEW_QUERY_AGNOSTIC = ("random", "cur", "lagkv", "compactor:head_budget=adakv", "qfilters",
                       "pyramidkv", "duo_attention_on_the_fly", "kvzip", "criticalkv",
-                      "criticaladakv", "observed_attention")
+                      "criticaladakv", "observed_attention", "think")
 QUERY_AWARE = ("snapkv", "snapkv:head_budget=adakv", "finch", "chunkkv")
 
 
