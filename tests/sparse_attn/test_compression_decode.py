@@ -84,7 +84,8 @@ def _pipeline(m):
   return run
 
 
-@pytest.mark.parametrize("name", ["expected_attention"])  # the most stateful; others alike
+# the most stateful (observed attention: per-slot sums and counts); the others alike
+@pytest.mark.parametrize("name", ["expected_attention", "observed_attention"])
 def test_jit_and_vmap_equal_plain(name):
   m = methods.make(name, ratio=0.5, phase="both", interval=2, decode_slots=T - L,
                    head_budget="adakv", **(dict(window_size=8) if name == "snapkv" else {}))
