@@ -5,7 +5,9 @@ r"""The sparse-decode methods of 2025 on the RULER leaderboard beside Quest, on 
 
 Rows: TidalDecode, ShadowKV's selection, Twilight (Quest's candidates pruned to top-p mass
 with low-bit keys), RocketKV (SnapKV++ eviction, then its hybrid top-k) and its stage-2
-selector ``hybrid`` alone, each at 2.5 / 5 / 10% of the context, with Quest at the same
+selector ``hybrid`` alone, each at 2.5 / 5 / 10% of the context (ShadowKV twice: with the
+authors' 48 outlier blocks, which at 4K are 19% of the context on top of the budget, and with
+the paper's 0.3% of the blocks, ``outlier_share=0.003``: 1 block at 4K), with Quest at the same
 fractions as every row's pair (run here again so that pairs are within one run; its cells
 equal ``results/ruler_accuracy``'s on the same samples). Protocol, task mix, samples and
 generator as ``configs/accuracy.py`` (RESA's: the question prefilled with the context, 12
@@ -14,7 +16,8 @@ RULER tasks x 5 samples at 4k and 8k, greedy answers, string match).
 
 from configs import accuracy
 
-NEW_SPARSE_DECODE = ("tidaldecode", "shadowkv", "twilight", "rocketkv", "hybrid")
+NEW_SPARSE_DECODE = ("tidaldecode", "shadowkv", "shadowkv:outlier_share=0.003", "twilight",
+                     "rocketkv", "hybrid")
 
 
 def get_config(quick: bool = False):

@@ -87,12 +87,18 @@ class ShadowKV(BlockSelector):
   Attributes (besides ``budget``, ``block_size``):
     gqa: ``"head"`` (ShadowKV: each query head's softmax, max over the group) or ``"group"``
       (the group's mean query scores). Either way one list per kv head.
-    outliers: outlier blocks per kv head, always attended on top of the budget (48).
+    outliers: outlier blocks per kv head, always attended on top of the budget (48: the
+      authors' count for 128K prompts).
+    outlier_share: None, or the outliers as a share of the context's blocks, which replaces
+      ``outliers``: ``ceil(share * blocks)`` per kv head (float32 arithmetic). The paper's
+      0.3% ("outliers account for ~0.3% of chunks"; 48 of the 16,384 8-token chunks of 128K)
+      is ``0.003``: at 4K that is 1 block where 48 would be 19% of the context.
     rank: None to attend exact keys, or the rank of the paper's low-rank pre-RoPE keys
       (``K * D`` or more: exact).
   """
 
   outliers: int = 48
+  outlier_share: float | None = None
   rank: int | None = None
 
   name: ClassVar[str] = "shadowkv"
@@ -108,6 +114,19 @@ class ShadowKV(BlockSelector):
       val = getattr(self, field)
       if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < low):
         raise ValueError(f"{field} must be an int >= {low}, got {val!r}")
+    share = self.outlier_share
+    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                              or not 0.0 < share <= 1.0):
+      raise ValueError(f"outlier_share must be a number in (0, 1], got {share!r}")
+
+  def outlier_blocks(self, n_blocks):
+    """Outlier blocks per kv head of a context of ``n_blocks`` blocks (a host int, or an int
+    array): ``outliers``, or ``ceil(outlier_share * n_blocks)``; at most ``n_blocks``."""
+    xp = np if isinstance(n_blocks, (int, np.integer)) else jnp
+    if self.outlier_share is None:
+      return xp.minimum(self.outliers, n_blocks)
+    n = xp.ceil(xp.float32(self.outlier_share) * xp.asarray(n_blocks, xp.float32))
+    return xp.minimum(n.astype(xp.int32), n_blocks)
 
   @property
   def digests(self) -> tuple[str, ...]:
@@ -139,21 +158,23 @@ class ShadowKV(BlockSelector):
     free = jnp.broadcast_to((valid & ~forced)[:, None], cache.kcos.shape)
     if windowed:  # blocks with no visible key are neither outliers nor candidates
       free &= jnp.isfinite(sliding_window.mask_block_scores(jnp.zeros(free.shape), cache))
-    n_out = min(self.outliers, nb)
+    n_out = int(self.outlier_blocks(nb))  # the most any row has (static)
     low, ids = jax.lax.top_k(jnp.where(free, -cache.kcos, -jnp.inf), n_out)
     outlier = jnp.zeros(free.shape, bool)
     if n_out:
+      want = self.outlier_blocks(jnp.sum(valid, axis=-1, dtype=jnp.int32))  # [B]
+      take = jnp.isfinite(low) & (jnp.arange(n_out) < want[:, None, None])
       b, k = jnp.indices(ids.shape[:2])
-      outlier = outlier.at[b[..., None], k[..., None], ids].max(jnp.isfinite(low))
+      outlier = outlier.at[b[..., None], k[..., None], ids].max(take)
     return valid, forced, outlier, free & ~outlier
 
   def accounting(self, context: int) -> dict:
     """Tokens one decode step attends per kv head at ``context`` tokens (host ints), as
     ``select`` counts them: the budget's forced blocks (sinks, local window), then
-    ``min(outliers, free blocks)`` outlier blocks out of the rest, then the budget's blocks by
-    landmark score out of what is left, at most every block. ``forced`` holds the sinks, local
-    window and outliers (attended whatever the query; ``outliers`` is their outlier part),
-    ``chosen`` the landmark choice, ``total = forced + chosen``; blocks are disjoint, and a
+    ``min(outlier_blocks(blocks), free blocks)`` outlier blocks out of the rest, then the
+    budget's blocks by landmark score out of what is left, at most every block. ``forced``
+    holds the sinks, local window and outliers (attended whatever the query; ``outliers`` is
+    their outlier part), ``chosen`` the landmark choice, ``total = forced + chosen``; blocks are disjoint, and a
     partial last block that is not forced counts as the largest (an upper bound)."""
     context, bs = int(context), self.block_size
     if context <= 0:
@@ -164,7 +185,7 @@ class ShadowKV(BlockSelector):
     tokens = np.minimum(bs, context - np.arange(m) * bs)  # tokens per block
     n_forced = int(forced.sum())
     free = np.sort(tokens[~forced])[::-1]
-    n_out = min(self.outliers, free.size)
+    n_out = min(int(self.outlier_blocks(m)), free.size)
     total = min(m, int(np.asarray(self.budget.total(ln, np.array([n_forced]), bs))[0]) + n_out)
     out_tok = int(free[:n_out].sum())
     f_tok = int(tokens[forced].sum()) + out_tok
@@ -192,7 +213,7 @@ class ShadowKV(BlockSelector):
     bs, nb = cache.block_size, cache.num_blocks
     n_out = jnp.sum(outlier, axis=-1).max(axis=-1)  # [B] (equal over heads but when windowed)
     count = self.budget.total(cache.length, jnp.sum(forced, -1).astype(jnp.int32), bs) + n_out
-    n_max = min(nb, self.budget.max_count(cache.capacity, bs) + min(self.outliers, nb))
+    n_max = min(nb, self.budget.max_count(cache.capacity, bs) + int(self.outlier_blocks(nb)))
     return selection.top_entries(rank, valid, forced, count.astype(jnp.int32), n_max, bs)
 
   def low_rank_keys(self, cache, inv_freq):

@@ -42,20 +42,23 @@ def _np_blocks(q, k, n, count, n_out, local):
 
 @hypothesis.settings(deadline=None, max_examples=5, derandomize=True)
 @hypothesis.given(seed=st.integers(0, 2 ** 16), count=st.integers(1, 4),
-                  n_out=st.sampled_from([0, 2]), group=st.sampled_from([1, 3]))
+                  n_out=st.sampled_from([0, 2, 0.15, 0.3]), group=st.sampled_from([1, 3]))
 def test_the_selection_matches_a_brute_force_reference(seed, count, n_out, group):
+  """``n_out``: outlier blocks (an int), or their share of the row's blocks (a float)."""
   rng = np.random.default_rng(seed)
   lengths = [int(rng.integers(1, CAP)), int(rng.integers(1, CAP))]
   cache = helpers.filled_cache(rng, 2, 2, CAP, D, lengths, BS)
   q = helpers.normal(rng, (2, 2 * group, D))
-  sel = ShadowKV(budget=count * BS, block_size=BS, outliers=n_out)  # local_window=32: 8 blocks
+  by = dict(outliers=n_out) if isinstance(n_out, int) else dict(outlier_share=n_out)
+  sel = ShadowKV(budget=count * BS, block_size=BS, **by)  # local_window=32: 8 blocks
   got = sel.select(q, cache)
   idx, n_valid = np.asarray(got.idx), np.asarray(got.n_valid)
   k, qn = np.asarray(cache.k, np.float64), np.asarray(q, np.float64)
   for b in range(2):
     for h in range(2):
+      row_out = n_out if isinstance(n_out, int) else int(np.ceil(n_out * -(-lengths[b] // BS)))
       always, score, chosen = _np_blocks(qn[b, h * group:(h + 1) * group], k[b, h, :lengths[b]],
-                                         lengths[b], count, n_out, 32)
+                                         lengths[b], count, row_out, 32)
       assert n_valid[b, h] == len(always) + len(chosen)
       mine = set(idx[b, h, :n_valid[b, h]].tolist())
       assert always <= mine
@@ -146,6 +149,7 @@ def test_the_spec_digests_and_refusals():
   with pytest.raises(ValueError, match="with_rope"):
     mr = methods.make("shadowkv", budget=0.05, rank=8)
     mr.end_prefill(mr.init_cache(1, 1, 32, 4), mr.init_state(1, 1, 1, 4, 32))
-  for bad in (dict(topp=0.9), dict(outliers=-1), dict(rank=0)):
+  for bad in (dict(topp=0.9), dict(outliers=-1), dict(rank=0), dict(outlier_share=0.0),
+              dict(outlier_share=1.5), dict(outlier_share=True)):
     with pytest.raises(ValueError):
       methods.make("shadowkv", budget=0.05, **bad)

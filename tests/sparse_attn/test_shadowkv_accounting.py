@@ -28,6 +28,8 @@ def _np_count(context, n_sink, local, n_out, count, inside=False):
     dict(outliers=5, budget=BS, n_sink=BS, local_window=2 * BS),
     dict(outliers=2, budget=6 * BS, forced_count="inside"),
     dict(outliers=48, budget=2 * BS),  # more outliers than blocks: every block
+    dict(outlier_share=0.1, budget=2 * BS),  # ceil(0.1 x blocks): 3 / 2 / 1 at 96 / 64 / 40
+    dict(outlier_share=1.0, budget=BS),  # every block an outlier
 ])
 def test_attended_tokens_equal_the_tokens_the_selection_reads(opts):
   m = methods.make("shadowkv", block_size=BS, impl="xla", **opts)
@@ -45,7 +47,9 @@ def test_attended_tokens_equal_the_tokens_the_selection_reads(opts):
       assert len(set(picked.tolist())) == len(picked)  # disjoint: no block twice
       assert int(mask[row, h, :ctx].sum()) == acc["total"], (opts, ctx)
       assert not mask[row, h, ctx:].any()
-    total, forced, out = _np_count(ctx, b.n_sink, b.local_window, opts["outliers"],
+    share = opts.get("outlier_share")
+    n_out = opts["outliers"] if share is None else int(np.ceil(share * -(-ctx // BS)))
+    total, forced, out = _np_count(ctx, b.n_sink, b.local_window, n_out,
                                    -(-b.budget // BS), b.forced_count == "inside")
     assert (acc["total"], acc["forced"], acc["outliers"]) == (total, forced, out), (opts, ctx)
     assert acc["forced"] + acc["chosen"] == acc["total"] and acc["context"] == ctx
