@@ -16,6 +16,8 @@ def add(c, *, lockstep: bool = False, quick: bool = False):
     c.lockstep_methods = 0  # methods beside dense in one lockstep group (0: as many as fit)
   c.decode_step = "auto"  # auto (one program on a GPU) | program | per_layer
   c.prefill_chunk = 2048
+  if "bucket_capacity" in c:
+    c.bucket_capacity = False  # the memory plan sizes exact caches; one shape per batch anyway
   if quick:
     c.model = "tiny-random"
     c.dtype = "float32"

@@ -75,6 +75,10 @@ def get_config(quick: bool = False):
   c.chat = True
   c.batch_size = 5
   c.max_new_tokens = 0  # 0: the task's own (ruler.MAX_NEW_TOKENS)
+  # Compacted caches sized to 2 significant bits (at most 25% more slots): layers and batches
+  # that keep nearby counts (PyramidKV, KVzip's model-wide ranking) share compiled programs
+  # (CompressionMethod.capacity_bits); False: exact sizes.
+  c.bucket_capacity = True
   c.heatmap = False
   if quick:
     c.model = "tiny-random"

@@ -66,14 +66,24 @@ def layer_method(method: AttentionMethod, config, local: bool) -> AttentionMetho
   return method
 
 
-def per_layer(method: AttentionMethod, index: int, num_layers: int) -> AttentionMethod:
-  """The method decoder layer ``index`` of ``num_layers`` runs: ``method.for_layer(index,
-  num_layers)`` where the method's layers differ (TidalDecode: dense, selection and reuse
-  layers, ``sparse_attn.tidal``; PyramidKV's layer budgets), else ``method``. Its decode
-  step may take the step's *relay* (``decode_relay``): a value one
-  layer hands to the next (``_layer_body``); None for every other method."""
+# Phases after the prompt's end, where a method whose layers differ only in the prompt's cut
+# (``layer_free_decode``: PyramidKV's layer budgets) runs as one method on every layer.
+AFTER_PROMPT = ("decode", "extend")
+
+
+def per_layer(method: AttentionMethod, index: int, num_layers: int,
+              phase: str | None = None) -> AttentionMethod:
+  """The method decoder layer ``index`` of ``num_layers`` runs in ``phase``:
+  ``method.for_layer(index, num_layers)`` where the method's layers differ (TidalDecode: dense,
+  selection and reuse layers, ``sparse_attn.tidal``; PyramidKV's layer budgets), else
+  ``method``; in ``AFTER_PROMPT`` phases ``method`` itself when its ``layer_free_decode`` says
+  the layers decode alike (one compiled step serves them all). Its decode step may take the
+  step's *relay* (``decode_relay``): a value one layer hands to the next (``_layer_body``);
+  None for every other method."""
   for_layer = getattr(method, "for_layer", None)
-  return method if for_layer is None else for_layer(index, num_layers)
+  if for_layer is None or (phase in AFTER_PROMPT and getattr(method, "layer_free_decode", False)):
+    return method
+  return for_layer(index, num_layers)
 
 
 def check_layer_methods(method: AttentionMethod, config):
@@ -236,7 +246,7 @@ def _layers(params, x, positions, caches, states, *, config, method: AttentionMe
   for i, (p, c, s) in enumerate(zip(llama.split_layers(params)["layers"], caches, states,
                                     strict=True)):
     x, c, s, relay = _layer(p, x, positions, c, s, relay, config=config,
-                            method=per_layer(method, i, config.num_layers), phase=phase,
+                            method=per_layer(method, i, config.num_layers, phase), phase=phase,
                             local=config.is_local(i))
     new_caches.append(c)
     new_states.append(s)
@@ -272,7 +282,8 @@ def _decode_program(params, history, positions, caches, states, key, *, config,
   for i, (p, c, s) in enumerate(zip(llama.split_layers(params)["layers"], caches, states,
                                     strict=True)):
     x, c, s, relay = _layer_body(p, x, positions, c, s, relay, config=config,
-                                 method=per_layer(method, i, config.num_layers), phase="decode",
+                                 method=per_layer(method, i, config.num_layers, "decode"),
+                                 phase="decode",
                                  local=config.is_local(i))
     new_caches.append(c)
     new_states.append(s)

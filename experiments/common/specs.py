@@ -205,6 +205,16 @@ def sized_for_question(entries, longest: Callable[[], int]) -> list[Entry]:
   return [dataclasses.replace(e, method=layer_inputs.sized_for(e.method, n)) for e in entries]
 
 
+def bucketed(entries, bits: int | None) -> list[Entry]:
+  """``entries`` with every compression method's compacted caches bucketed to ``bits``
+  significant bits (``CompressionMethod.capacity_bits``; None: exact sizes); the rows keep
+  their labels (the bits change how a cache is laid out, not what it holds)."""
+  if bits is None:
+    return list(entries)
+  return [dataclasses.replace(e, method=e.method.with_capacity_bits(bits))
+          if hasattr(e.method, "with_capacity_bits") else e for e in entries]
+
+
 def has_own_budget(spec) -> bool:
   """Whether ``spec`` (a string or a ``ParsedSpec``) keeps its own budget (not crossed)."""
   return _parsed(spec).own_budget

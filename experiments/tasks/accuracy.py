@@ -53,11 +53,15 @@ KEYED = ("model", "protocol", "methods", "budgets", "tasks", "lengths")
 # extends a workdir with the new seeds instead of refusing it as another config.
 # The planned run's fields (batching, decode step, prefill chunk, sample cache) change how a
 # prediction is computed, not what it is.
+# So does ``bucket_capacity`` (compacted caches of ``BUCKET_BITS`` significant bits:
+# ``specs.bucketed``; exact in per-head caches, to float rounding in Ada-KV's flat one).
 IGNORED = ("pairs", "heatmap", "num_samples", "batch_plan", "prefill_batch", "memory_margin",
-           "decode_step", "prefill_chunk", "batch_across_tasks", "sample_cache")
+           "decode_step", "prefill_chunk", "batch_across_tasks", "sample_cache",
+           "bucket_capacity")
 DECODE_STEPS = planned.DECODE_STEPS  # -> decoding.greedy's fused
 PROTOCOLS = config_check.PROTOCOLS  # checked there before anything loads
 CAPACITY_ROUND = 256
+BUCKET_BITS = 2  # 4 sizes per doubling: at most 25% more slots
 
 
 def _key(model_name, protocol, label, s: ruler.Sample) -> str:
@@ -150,6 +154,8 @@ def run(config, workdir: str, *, experiment: str = EXPERIMENT, entries=None,
                          flag="--allow_long_context")
   prompter = ruler.Prompter(model.tokenizer, chat=config.chat)
   entries = entries(model) if callable(entries) else entries_of(config, model)
+  if config.get("bucket_capacity", False):
+    entries = specs.bucketed(entries, BUCKET_BITS)
   protocol = config.get("protocol", "query_aware")
   if protocol not in PROTOCOLS:
     raise ValueError(f"protocol must be one of {PROTOCOLS}, got {protocol!r}")

@@ -72,6 +72,13 @@ class CompressionMethod(Scorer):
       attention weights (SnapKV, TOVA, H2O) see capped logits.
     sliding_window: the layer's attention window (Mistral, Gemma's local layers; None =
       unlimited), set by ``with_sliding_window``: see there.
+    capacity_bits: None (the compacted cache holds the block multiple it needs), or the
+      significant bits of its size (``compact.bucket``: ``2 ** bits`` sizes per doubling), so
+      that layers and batches that keep nearby counts (PyramidKV's layer budgets, KVzip's
+      model-wide ranking, ragged batches) share compiled shapes, for at most ``2 ** -bits``
+      more slots. The extra slots are empty: per-head caches attend bit for bit as exact
+      sizes, Ada-KV's flat buffer to float rounding (its softmax sums the whole buffer)
+      (``tests/experiments/test_compression_buckets.py``).
   """
 
   spec: str = ""
@@ -86,6 +93,7 @@ class CompressionMethod(Scorer):
   block_size: int = 16
   softcap: float | None = None
   sliding_window: int | None = None
+  capacity_bits: int | None = None
 
   name: ClassVar[str] = ""
   prefill_group: ClassVar[PrefillGroup | None] = PrefillGroup.COMPRESSION
@@ -120,7 +128,7 @@ class CompressionMethod(Scorer):
       val = getattr(self, field)
       if isinstance(val, bool) or not isinstance(val, int) or val < lo:
         raise ValueError(f"{field} must be an int >= {lo}, got {val!r}")
-    for field, lo in (("max_tokens", 1), ("decode_slots", 0)):
+    for field, lo in (("max_tokens", 1), ("decode_slots", 0), ("capacity_bits", 0)):
       val = getattr(self, field)
       if val is not None and (isinstance(val, bool) or not isinstance(val, int) or val < lo):
         raise ValueError(f"{field} must be None or an int >= {lo}, got {val!r}")
@@ -191,7 +199,21 @@ class CompressionMethod(Scorer):
     return dataclasses.replace(self, softcap=cap)
 
   def round_capacity(self, n: int) -> int:
-    return compact_lib.round_up(n, self.block_size)
+    """Slots of a buffer holding ``n``: a block multiple, bucketed by ``capacity_bits``."""
+    if self.capacity_bits is None:
+      return compact_lib.round_up(n, self.block_size)
+    return compact_lib.bucket(n, self.capacity_bits, self.block_size)
+
+  def with_capacity_bits(self, bits: int | None):
+    """This method with its compacted caches bucketed to ``bits`` significant bits."""
+    return dataclasses.replace(self, capacity_bits=bits)
+
+  @property
+  def layer_free_decode(self) -> bool:
+    """Whether ``decode`` / ``extend`` are the same on every layer (``for_layer`` changes only
+    the prompt's cut), so the decode loop runs one method on every layer: true unless it
+    compresses while decoding (by a layer's own budget)."""
+    return not self.compresses_decode
 
   def prompt_keep(self, n):
     """Tokens per kv head kept of an ``n``-token prompt (int or int array): ``ceil((1 -

@@ -45,6 +45,17 @@ def round_up(n: int, block_size: int) -> int:
   return max(1, -(-int(n) // block_size)) * block_size
 
 
+def bucket(n: int, bits: int, block_size: int) -> int:
+  """``n`` slots rounded up to a size with ``bits`` significant binary digits after the
+  leading one (``2 ** bits`` sizes per doubling, at most ``2 ** -bits`` more slots than
+  ``round_up``'s), a multiple of ``block_size``: caches of nearby sizes share one shape.
+
+  E.g. ``bits=2``: 600 -> 640, 700 -> 768, 4100 -> 5120 (block 16)."""
+  n = round_up(n, block_size)
+  step = 1 << max(n.bit_length() - 1 - bits, 0)
+  return round_up(round_up(n, step), block_size)
+
+
 def rank_desc(score, axis=-1):
   """Rank of each entry in descending order (0 = largest); ties broken by lower index."""
   order = jnp.argsort(-score, axis=axis, stable=True)
