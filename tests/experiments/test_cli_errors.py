@@ -70,7 +70,7 @@ def test_user_errors_are_one_line_without_traceback(tmp_path):
 # refuses to import is first on the path), so before any model or data loads.
 CONFIG_CASES = [
     (["--config.nosuchkey=3"], "--config.nosuchkey: configs/accuracy.py has no field "
-     "'nosuchkey'; its fields: batch_size, block_size, budgets,"),
+     "'nosuchkey'; its fields: batch_size, block_size, bucket_capacity, budgets,"),
     (["--config=configs/accuracy.py", "--config.lenghts=5"],
      "--config.lenghts: configs/accuracy.py has no field 'lenghts' (did you mean lengths?)"),
     (["--config.lengths=(abc,)"],
