@@ -199,9 +199,14 @@ class CompressionMethod(Scorer):
     return dataclasses.replace(self, softcap=cap)
 
   def round_capacity(self, n: int) -> int:
-    """Slots of a buffer holding ``n``: a block multiple, bucketed by ``capacity_bits``."""
+    return compact_lib.round_up(n, self.block_size)
+
+  def compacted_capacity(self, n: int) -> int:
+    """Slots of the compacted cache holding ``n`` (``prefill.capacity``): a block multiple,
+    bucketed by ``capacity_bits``. The prompt's cache keeps the caller's capacity, so dense
+    and every compression method still share one prefill."""
     if self.capacity_bits is None:
-      return compact_lib.round_up(n, self.block_size)
+      return self.round_capacity(n)
     return compact_lib.bucket(n, self.capacity_bits, self.block_size)
 
   def with_capacity_bits(self, bits: int | None):

@@ -48,6 +48,7 @@ class Press(Protocol):
   compresses_decode: bool
 
   def round_capacity(self, n: int) -> int: ...
+  def compacted_capacity(self, n: int) -> int: ...
   def prompt_keep(self, n): ...
   def layer_keep_bound(self, n: int) -> int: ...
   def keep_mask(self, cache, state, scale, kept): ...
@@ -125,7 +126,7 @@ def capacity(method: Press, cache: KVCache, kept_slots, budget) -> int:
     need = row_need
   else:
     need = max_kept + heads * headroom
-  return method.round_capacity(need)
+  return method.compacted_capacity(need)
 
 
 def compact(method: Press, cache: KVCache, state, kept_slots, budget, slots: int):

@@ -84,6 +84,20 @@ def test_a_bucketed_run_gives_the_same_answers(spec):
     assert len(set(capacities[None])) == 2 and len(set(capacities[0])) == 1
 
 
+def test_bucketing_leaves_the_prompt_cache_and_the_shared_prefill_alone():
+  """Only the compacted cache is bucketed: the prompt's cache keeps the caller's capacity, so
+  dense still joins the compression methods' shared prefill at any capacity."""
+  from experiments.tasks import prefill_groups  # pylint: disable=import-outside-toplevel
+  cfg = modelzoo.tiny_random().config
+  ms = [methods.make("dense"), methods.make("snapkv:ratio=0.5").with_capacity_bits(2),
+        methods.make("pyramidkv:ratio=0.5").with_capacity_bits(0)]
+  for capacity in (4352, 4096, 1000):
+    assert [m.round_capacity(capacity) for m in ms[1:]] == [-(-capacity // 16) * 16] * 2
+    keys = prefill_groups.prefill_keys(cfg, ms, capacity)
+    assert len(set(keys)) == 1 and keys[0][0] == "compression", (capacity, keys)
+  assert ms[1].compacted_capacity(4352) == 5120 and ms[2].compacted_capacity(4352) == 8192
+
+
 def test_pyramid_layers_decode_with_one_method():
   """PyramidKV's layers differ only in the prompt's cut: after it, one method (one compiled
   step per cache shape) serves every layer; TidalDecode's layers still differ."""
