@@ -174,8 +174,9 @@ class ShadowKV(BlockSelector):
     ``min(outlier_blocks(blocks), free blocks)`` outlier blocks out of the rest, then the
     budget's blocks by landmark score out of what is left, at most every block. ``forced``
     holds the sinks, local window and outliers (attended whatever the query; ``outliers`` is
-    their outlier part), ``chosen`` the landmark choice, ``total = forced + chosen``; blocks are disjoint, and a
-    partial last block that is not forced counts as the largest (an upper bound)."""
+    their outlier part), ``chosen`` the landmark choice, ``total = forced + chosen``; blocks
+    are disjoint, and a partial last block that is not forced counts as the largest (an upper
+    bound)."""
     context, bs = int(context), self.block_size
     if context <= 0:
       return dict(forced=0, chosen=0, total=0, context=context, outliers=0)
