@@ -168,6 +168,22 @@ def keep_digests(cache: KVCache, digests) -> KVCache:
       kcos=cache.kcos if "cosine" in digests or cache.kcos is None else empty(cache.kcos))
 
 
+def with_digests(cache: KVCache, digests) -> KVCache:
+  """``cache`` keeping exactly the ``digests`` kinds: the ones it lacks computed from its keys
+  (``block_digests``, ``block_cosines``), the ones not asked for dropped. A dense prefill's
+  cache (the compression methods' shared one) becomes a selector's as its own prefill left it."""
+  _check_digests(digests)
+  missing = [kind for kind in digests if not cache.has_digests(kind)]
+  if missing:
+    kmin, kmax, kcen, krad, kdev = block_digests(cache.k, cache.valid, cache.block_size)
+    new = dict(box=dict(kmin=kmin, kmax=kmax), sphere=dict(kcen=kcen, krad=krad),
+               mean_box=dict(kdev=kdev))
+    if "cosine" in missing:
+      new["cosine"] = dict(kcos=block_cosines(cache.k, cache.valid, cache.block_size))
+    cache = dataclasses.replace(cache, **{f: x for kind in missing for f, x in new[kind].items()})
+  return keep_digests(cache, digests)
+
+
 def block_digests(k, valid, block_size):
   """Digests of whole blocks from their valid keys.
 

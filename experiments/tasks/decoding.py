@@ -70,9 +70,10 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
   (``prefill_groups.prefill_union``): the dense cache is copied and each takes its part of
   the union's enhancer state. Compression methods of one (block size, capacity) share one
   prefill of a ``CompressionUnion`` and each evicts from it with its own ``end_prefill`` (on
-  a soft-capped or windowed model, which the union cannot attend, each prefills on its own).
-  Methods are
-  yielded one at a time, in the order given (the caller runs one to completion before the
+  a soft-capped or windowed model, which the union cannot attend, each prefills on its own);
+  where there is one, a ``Method`` without an enhancer state (dense, a plain selector:
+  ``prefill_groups.joins_compression``) takes that prefill too, its block digests computed
+  from the keys. Methods are yielded one at a time, in the order given (the caller runs one to completion before the
   next), so at most the shared prefill and one working copy are alive; give them in
   ``prefill_order`` so that no shared prefill runs twice. With ``mesh``, every prefill runs
   sharded and the yielded ``Prefilled`` carries the mesh (``greedy`` / ``extend`` decode
@@ -110,16 +111,20 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
           compression_union.split(unions[key], m, caches, states, cfg, mesh), (caches, states))
       yield m, Prefilled(last, copy(history), mine_caches, mine, lengths, key[2], mesh=mesh)
       continue
-    if key[0] == PrefillGroup.COMPRESSION:  # dense: the union's cache as it is, no state
+    if key[0] == PrefillGroup.COMPRESSION:  # a Method: the union's cache with its digests
       empty = m.init_state(len(lengths), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, key[2])
-      yield m, Prefilled(last, copy(history), copy(caches), [empty for _ in caches], lengths,
-                         key[2], mesh=mesh)
+      mine_caches = [_with_digests(c, m.cache_digests) for c in caches]
+      yield m, Prefilled(last, copy(history), unshared(mine_caches, caches),
+                         [empty for _ in caches], lengths, key[2], mesh=mesh)
       continue
     like = jax.eval_shape(lambda m=m, cap=key[2]: m.init_state(
         len(lengths), cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cap))
     mine = [prefill_groups.project(layer, like) for layer in states]  # states: per-layer list
     kept = [cache_lib.keep_digests(c, m.cache_digests) for c in caches]  # the method's kinds
     yield m, Prefilled(last, copy(history), copy(kept), copy(mine), lengths, key[2], mesh=mesh)
+
+
+_with_digests = jax.jit(cache_lib.with_digests, static_argnums=1)
 
 
 def unshared(tree, shared):

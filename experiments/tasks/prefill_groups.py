@@ -2,7 +2,8 @@
 
 Every ``Method`` prefills densely and ends the prompt with dense's cache, its enhancer state a
 function of the prompt; every compression method of one (block size, capacity) evicts from the
-same dense prefill. ``shared_key`` names the prefill a method can take, ``prefill_union`` the
+same dense prefill, which a ``Method`` without an enhancer state takes too (its digests
+computed from the keys). ``shared_key`` names the prefill a method can take, ``prefill_union`` the
 one method whose prefill serves a dense group, ``project`` each member's part of its state, and
 ``prefill_order`` the order that runs each shared prefill once
 (``experiments.tasks.decoding.prefill_all`` does the prefilling).
@@ -64,16 +65,27 @@ def project(full, like):
 def shared_key(m, capacity, with_compression: bool = False, mesh=None):
   """The group of methods ``m`` shares a prefill with, or None (its own prefill).
 
-  Dense attention joins the compression methods' group when there is one
-  (``with_compression`` and a compression method of the same block size and capacity): their
-  prefill is dense and leaves the cache at slots = positions, which is exactly dense's cache,
-  and dense keeps no state.
+  A ``Method`` whose prefill leaves its state as ``init_state`` made it (``joins_compression``:
+  dense, or a selector without RESA or retro) joins the compression methods' group when there
+  is one (``with_compression`` and a compression method of the same block size and capacity):
+  their prefill is dense and leaves the cache at slots = positions, which is exactly such a
+  method's cache once the block digests it reads are computed from the keys
+  (``cache.with_digests``).
   """
   group = m.prefill_group
-  if group == "dense" and with_compression and m.is_dense and not m.enhanced:
+  if group == "dense" and with_compression and joins_compression(m, mesh):
     group = "compression"
   cap = sharding.wrap(m, mesh).round_capacity(capacity)  # whole blocks on every seq shard
   return None if group is None else (group, m.block_size, cap)
+
+
+def joins_compression(m, mesh=None) -> bool:
+  """Whether ``m`` can take the compression methods' shared prefill (``shared_key``): dense
+  always; a selector's ``Method`` without an enhancer state (no RESA, no retro window) off a
+  mesh (on one, its digests stay where its own sharded prefill places them)."""
+  if m.prefill_group != PrefillGroup.DENSE or m.enhanced:
+    return False
+  return m.is_dense or mesh is None
 
 
 def prefill_keys(cfg, method_list, capacity: int, mesh=None) -> list:

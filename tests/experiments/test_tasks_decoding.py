@@ -32,6 +32,11 @@ def test_shared_prefill_equals_own_prefill():
         for s in SPECS]
   shared = dict(decoding.prefill_all(model, prompts, lengths, ms, capacity=96))
   assert set(shared) == set(ms)
+  keys = dict(zip(SPECS, prefill_groups.prefill_keys(model.config, ms, 96)))
+  # Methods without an enhancer state take the compression prefill (their digests computed
+  # from its keys: ArkVale's mean box); RESA and retro keep the dense union's.
+  assert {s for s, k in keys.items() if k[0] == "compression"} == {
+      "dense", "quest", "quest+rect:f=4", "streaming", "arkvale", *COMPRESSION}
   for m in ms:
     got = shared[m]
     want = decode.prefill(model, prompts, lengths, m, m.round_capacity(96), 512)
@@ -59,17 +64,18 @@ def test_prefill_order_runs_each_shared_prefill_once(monkeypatch):
   rng = np.random.default_rng(2)
   lengths = np.array([40], np.int32)
   prompts = rng.integers(10, 1000, (1, 40)).astype(np.int32)
-  ms = [methods.make("quest", budget=0.25), methods.make("snapkv", ratio=0.5),
-        methods.make("arkvale", budget=0.25), methods.make("dense"),
-        methods.make("knorm", ratio=0.5), methods.make("quest", budget=0.5)]
+  ms = [methods.make("quest+resa", budget=0.25), methods.make("snapkv", ratio=0.5),
+        methods.make("arkvale+resa", budget=0.25), methods.make("dense"),
+        methods.make("knorm", ratio=0.5), methods.make("quest+resa", budget=0.5),
+        methods.make("quest", budget=0.25)]
   order = decoding.prefill_order(model, ms, 64)
-  # dense joins the compression group (its cache is the compression prefill's)
-  assert order == [0, 2, 5, 1, 3, 4]
+  # dense and plain quest join the compression group (their cache is its prefill's)
+  assert order == [0, 2, 5, 1, 3, 4, 6]
   calls = []
   real = decode.prefill
   monkeypatch.setattr(decode, "prefill", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
   given = dict(decoding.prefill_all(model, prompts, lengths, ms, capacity=64))
-  assert len(calls) == 5  # dense, compression, dense, compression, dense
+  assert len(calls) == 6  # dense, compression, dense, compression, dense, compression
   calls.clear()
   ordered = dict(decoding.prefill_all(model, prompts, lengths, [ms[i] for i in order], 64))
   assert len(calls) == 2

@@ -142,6 +142,41 @@ def test_a_cache_keeps_only_the_digest_kinds_asked_for(digests):
     cache_lib.init_cache(b, hkv, t, d, bs, digests=("ball",))
 
 
+_KIND_FIELDS = (("box", ("kmin", "kmax")), ("sphere", ("kcen", "krad")), ("mean_box", ("kdev",)),
+                ("cosine", ("kcos",)))
+
+
+@given(seed=st.integers(0, 2**31 - 1), have=st.sets(st.sampled_from(cache_lib.DIGEST_KINDS)),
+       want=st.sets(st.sampled_from(cache_lib.DIGEST_KINDS)), n=st.integers(2, 60))
+def test_with_digests_equals_the_digests_writes_keep(seed, have, want, n):
+  """A cache written with some kinds, given others by ``with_digests`` (the compression
+  prefill's cache handed to a selector), equals one written with those kinds: min / max bit
+  for bit, the averaged kinds to float rounding; kinds not asked for have zero blocks."""
+  rng = np.random.default_rng(seed)
+  b, hkv, t, d, bs = 2, 2, 64, 8, 8
+  k, v = (helpers.normal(rng, (b, hkv, n, d), jnp.float32, 1.0) for _ in range(2))
+  pos = jnp.broadcast_to(jnp.arange(n)[None], (b, n)).astype(jnp.int32)
+  pos = pos.at[1, n // 2:].set(-1)  # a shorter row: padding writes nothing
+  write = lambda c: cache_lib.write(cache_lib.write(c, k[:, :, :-1], v[:, :, :-1], pos[:, :-1]),
+                                    k[:, :, -1:], v[:, :, -1:], pos[:, -1:])
+  wanted = tuple(sorted(want))
+  ref = write(cache_lib.init_cache(b, hkv, t, d, bs, digests=wanted))
+  got = jax.jit(cache_lib.with_digests, static_argnums=1)(
+      write(cache_lib.init_cache(b, hkv, t, d, bs, digests=tuple(sorted(have)))), wanted)
+  for kind, names in _KIND_FIELDS:
+    assert got.has_digests(kind) == (kind in want), kind
+    for name in names:
+      a, e = np.asarray(getattr(got, name)), np.asarray(getattr(ref, name))
+      assert a.shape == e.shape, name
+      if name == "kcos" and a.shape[2]:  # a block with no key: 0 written, 1 computed
+        filled = np.asarray(ref.valid).reshape(b, hkv, t // bs, bs).any(-1)
+        a, e = a[filled], e[filled]
+      if name in ("kmin", "kmax"):
+        np.testing.assert_array_equal(a, e)
+      else:
+        np.testing.assert_allclose(a, e, rtol=1e-6, atol=1e-6, err_msg=name)
+
+
 def test_methods_keep_the_digests_their_selector_reads():
   from sparse_attn import methods  # pylint: disable=g-import-not-at-top
   kinds = lambda m: tuple(k for k in cache_lib.DIGEST_KINDS
