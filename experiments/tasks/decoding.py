@@ -73,8 +73,9 @@ def prefill_all(model, prompts: np.ndarray, lengths: np.ndarray, method_list, ca
   a soft-capped or windowed model, which the union cannot attend, each prefills on its own);
   where there is one, a ``Method`` without an enhancer state (dense, a plain selector:
   ``prefill_groups.joins_compression``) takes that prefill too, its block digests computed
-  from the keys. Methods are yielded one at a time, in the order given (the caller runs one to completion before the
-  next), so at most the shared prefill and one working copy are alive; give them in
+  from the keys. Methods are yielded one at a time, in the order given (the caller runs one
+  to completion before the next), so at most the shared prefill and one working copy are
+  alive; give them in
   ``prefill_order`` so that no shared prefill runs twice. With ``mesh``, every prefill runs
   sharded and the yielded ``Prefilled`` carries the mesh (``greedy`` / ``extend`` decode
   there). ``question_length [B]``: each prompt ends with its question of this many tokens
