@@ -58,20 +58,54 @@ QUERY_BLOCK = 256
 
 
 def replay_scores(q, k_ctx, pos_ctx, k_own, positions, span, n_sink: int, scale,
-                  query_block: int = QUERY_BLOCK):
+                  query_block: int = QUERY_BLOCK, chunk: int | None = None):
   """``[B, K, T]`` KVzip scores of the chunk ``span`` (module docstring), ``-inf`` elsewhere.
 
   The replay's queries are taken ``query_block`` at a time (``lax.map``), so the weights live
-  as ``[B, K, G, query_block, T]`` at once rather than ``[B, K, G, S, T]`` (at 128k context and
-  a 2k replay chunk the whole matrix would be tens of GB).
+  as ``[B, K, G, query_block, W]`` at once rather than ``[B, K, G, S, W]`` (at 128k context and
+  a 2k replay chunk the whole matrix would be tens of GB). With ``chunk`` (the replay's chunk
+  size: no span is wider), only the keys the softmax reads are gathered, ``W = n_sink +
+  chunk`` slots (the sinks' and the chunk's, a prompt's cache holding position ``p`` at slot
+  ``p``, as a compression prefill writes it), instead of every slot (``W = T``): the cost of a
+  replay's scores no longer grows with the context (1/4 at 8K, 1/64 at 128K with 2K chunks).
 
   Args:
     q: ``[B, N, S, D]`` the replay's post-RoPE queries; positions: ``[B, S]`` (-1 = padding).
     k_ctx: ``[B, K, T, D]`` cached keys at token positions ``pos_ctx [B, K, T]`` (-1 = empty).
     k_own: ``[B, K, S, D]`` the replay's own keys.
-    span: ``[B, 2]`` the chunk's ``[start, end)`` positions; n_sink, query_block: static;
-      scale: float.
+    span: ``[B, 2]`` the chunk's ``[start, end)`` positions; n_sink, query_block, chunk:
+      static; scale: float.
   """
+  b, n, s, d = q.shape
+  kh, t = k_ctx.shape[1], k_ctx.shape[2]
+  start, end = span[:, 0, None, None], span[:, 1, None, None]  # [B, 1, 1]
+  sink = jnp.minimum(n_sink, start)
+  in_chunk = lambda pos: (pos >= start) & (pos < end)
+  if chunk is None or n_sink + chunk >= t:
+    seen = (pos_ctx >= 0) & ((pos_ctx < sink) | in_chunk(pos_ctx))  # [B, K, T]
+    score = _replay_weights(q, k_ctx, seen, k_own, positions, scale, query_block)
+    return jnp.where(in_chunk(pos_ctx) & (pos_ctx >= 0), score, -jnp.inf)
+  # [B, W]: the sink slots, then the chunk's
+  slots = jnp.concatenate([jnp.broadcast_to(jnp.arange(n_sink), (b, n_sink)),
+                           span[:, :1] + jnp.arange(chunk)], axis=1)
+  inside = slots < t
+  slots = jnp.minimum(slots, t - 1)[:, None]  # [B, 1, W]
+  k_sel = jnp.take_along_axis(k_ctx, slots[..., None], axis=2)  # [B, K, W, D]
+  pos = jnp.where(inside[:, None], jnp.take_along_axis(pos_ctx, slots, axis=2), -1)
+  is_sink = jnp.arange(n_sink + chunk) < n_sink  # sink slots count only as sinks: no key twice
+  seen = (pos >= 0) & jnp.where(is_sink, pos < sink, in_chunk(pos))  # [B, K, W]
+  score = _replay_weights(q, k_sel, seen, k_own, positions, scale, query_block)
+  score = jnp.where(seen & ~is_sink, score, -jnp.inf)[..., n_sink:]  # [B, K, chunk]
+  bi, ki = jnp.indices((b, kh))
+  out = jnp.full((b, kh, t + 1), -jnp.inf, score.dtype)  # slot t: past the cache, dropped
+  dest = jnp.where(inside[:, None, n_sink:], slots[..., n_sink:], t)
+  return out.at[bi[..., None], ki[..., None], dest].set(score)[..., :t]
+
+
+def _replay_weights(q, k_ctx, seen, k_own, positions, scale, query_block: int):
+  """``[B, K, W]``: each context key's largest softmax weight over the group and the replay's
+  queries, the softmax over the ``seen [B, K, W]`` keys ``k_ctx [B, K, W, D]`` and the replay's
+  own causal keys (``replay_scores``; 0 where not seen)."""
   b, n, s, d = q.shape
   kh = k_ctx.shape[1]
   blk = min(query_block, s)
@@ -81,17 +115,13 @@ def replay_scores(q, k_ctx, pos_ctx, k_own, positions, span, n_sink: int, scale,
   qg = qg.reshape(b, kh, n // kh, nb, blk, d).transpose(3, 0, 1, 2, 4, 5)  # [nb,B,K,G,blk,D]
   q_pos = jnp.pad(positions, ((0, 0), (0, pad)), constant_values=-1)
   q_pos = q_pos.reshape(b, nb, blk).transpose(1, 0, 2)  # [nb, B, blk]
-  start, end = span[:, 0, None, None], span[:, 1, None, None]  # [B, 1, 1]
-  sink = jnp.minimum(n_sink, start)
-  in_chunk = (pos_ctx >= start) & (pos_ctx < end)
-  seen = (pos_ctx >= 0) & ((pos_ctx < sink) | in_chunk)  # [B, K, T]
   k_ctx = k_ctx.astype(jnp.float32)
   k_own = k_own.astype(jnp.float32)
   own_ok = positions >= 0  # [B, S]
 
-  def block_max(args):  # the largest weight of each cached key over one block's queries
+  def block_max(args):  # the largest weight of each context key over one block's queries
     qb, pb = args  # [B, K, G, blk, D], [B, blk]
-    lc = jnp.einsum("bkgsd,bktd->bkgst", qb, k_ctx) * scale  # [B, K, G, blk, T]
+    lc = jnp.einsum("bkgsd,bktd->bkgst", qb, k_ctx) * scale  # [B, K, G, blk, W]
     lo = jnp.einsum("bkgsd,bkud->bkgsu", qb, k_own) * scale  # [B, K, G, blk, S]
     ok = pb >= 0
     causal = (positions[:, None, :] <= pb[:, :, None]) & own_ok[:, None, :] & ok[:, :, None]
@@ -104,8 +134,7 @@ def replay_scores(q, k_ctx, pos_ctx, k_own, positions, span, n_sink: int, scale,
     w = jnp.where(ok[:, None, None, :, None], w, 0.0)  # padding queries score nothing
     return jnp.max(w, axis=(2, 3))
 
-  score = jnp.max(jax.lax.map(block_max, (qg, q_pos)), axis=0)
-  return jnp.where(in_chunk & (pos_ctx >= 0), score, -jnp.inf)
+  return jnp.max(jax.lax.map(block_max, (qg, q_pos)), axis=0)
 
 
 def replay_attention(q, k, v, cache, positions, scale=None, *, softcap=None, window=None):
@@ -207,7 +236,8 @@ class KVzip(CompressionMethod):
     D]`` (own keys ``k [B, K, S, D]``, ``positions [B, S]``) gives; what ``replay`` records
     (the shared compression prefill records it for each KVzip member it serves)."""
     scale = reference.default_scale(q.shape[-1], scale)
-    new = replay_scores(q, cache.k, cache.pos, k, positions, state["span"], self.n_sink, scale)
+    new = replay_scores(q, cache.k, cache.pos, k, positions, state["span"], self.n_sink, scale,
+                        chunk=self.chunk_size)
     return dict(state, score=jnp.where(new > -jnp.inf, new, state["score"]))
 
   def scores(self, cache, state, scale, n):

@@ -53,11 +53,13 @@ def prefilled(m, rng):
   return cache, state, np.asarray(k)
 
 
-@hypothesis.given(seed=st.integers(0, 2**31 - 1), split=st.integers(1, 28))
-@hypothesis.settings(max_examples=6, deadline=None)
-def test_replay_scores_and_kept_set_match_numpy(seed, split):
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), split=st.integers(1, 28),
+                  chunk=st.sampled_from([40, 2048]))
+@hypothesis.settings(max_examples=8, deadline=None)
+def test_replay_scores_and_kept_set_match_numpy(seed, split, chunk):
+  """(A chunk of 40 gathers the sinks' and the chunk's keys; 2,048 reads every slot.)"""
   rng = np.random.default_rng(seed)
-  m = methods.make("kvzip", ratio=0.5, block_size=8)
+  m = methods.make("kvzip", ratio=0.5, block_size=8, chunk_size=chunk)
   cache, state, k = prefilled(m, rng)
   total = np.full((B, HKV, T), -np.inf)
   step = jax.jit(m.replay)
@@ -198,3 +200,27 @@ def test_replay_scores_do_not_depend_on_the_query_block(seed, block, pad):
   whole = kvzip.replay_scores(*args, query_block=S)
   np.testing.assert_allclose(kvzip.replay_scores(*args, query_block=block), whole,
                              rtol=1e-6, atol=1e-7)
+
+
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), chunk=st.integers(1, 30),
+                  starts=st.lists(st.integers(0, 40), min_size=B, max_size=B),
+                  block=st.integers(1, S))
+@hypothesis.settings(max_examples=20, deadline=None)
+def test_replay_scores_of_the_gathered_keys_equal_every_slot(seed, chunk, starts, block):
+  """``chunk`` gathers only the sinks' and the chunk's keys: the scores equal those read over
+  every slot for any span no wider than ``chunk`` (a start inside the sinks, a row without a
+  chunk, a chunk running past the row's last token or the cache's end)."""
+  rng = np.random.default_rng(seed)
+  f = lambda *s: jnp.asarray(rng.normal(size=s), jnp.float32)
+  q, kown, k_ctx = f(B, HQ, S, D), f(B, HKV, S, D), f(B, HKV, T, D)
+  pos_ctx = np.where(np.arange(T)[None] < np.asarray(LENGTHS)[:, None], np.arange(T)[None], -1)
+  pos_ctx = jnp.asarray(np.broadcast_to(pos_ctx[:, None], (B, HKV, T)), jnp.int32)
+  pos = jnp.asarray(np.asarray(LENGTHS)[:, None] + np.arange(S)[None], jnp.int32)
+  span = np.asarray([(a, min(a + chunk, n)) for a, n in zip(starts, LENGTHS)], np.int32)
+  span[1] = (0, 0) if seed % 3 == 0 else span[1]  # a row with no chunk left
+  args = (q, k_ctx, pos_ctx, kown, pos, jnp.asarray(span), SINK, D ** -0.5, block)
+  whole = kvzip.replay_scores(*args)
+  got = jax.jit(kvzip.replay_scores, static_argnums=(6, 8, 9))(*args, chunk)
+  np.testing.assert_array_equal(np.isfinite(got), np.isfinite(whole))
+  np.testing.assert_allclose(got, whole, rtol=1e-6, atol=1e-7)
+  assert np.isfinite(whole).sum() == sum(max(e - a, 0) for a, e in span) * HKV
