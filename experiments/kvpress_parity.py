@@ -8,8 +8,8 @@ of a real text are captured once (a dense prefill, ``experiments.common.capture`
 press, per layer and kv head, the tokens our method keeps after ``end_prefill``'s scoring
 (``keep_mask`` at ``ceil((1 - ratio) L)`` per head) are compared with the top-``n_kept`` of
 kvpress's ``press.score`` on the same tensors (``compute_n_kept``), and the overlap
-``|ours & theirs| / n_kept`` printed: its minimum, mean and the share of (layer, head) cells that
-are identical. The presses that score from keys and values get zero queries; those that read the
+``|ours & theirs| / max(|ours|, |theirs|)`` printed (``kept_overlap.overlap``: 1 only for equal
+sets): its minimum, mean and the share of (layer, head) cells that are identical. The presses that score from keys and values get zero queries; those that read the
 observation window's attention (SnapKV and its wrappers: ``kvpress_parity_window``) get the captured
 post-RoPE queries on our side and, on kvpress's, the same window's causal softmax through the
 ``attentions`` argument of ``score`` (what its eager-attention path passes), a stand-in module

@@ -12,9 +12,10 @@ kvpress's press reads ``AutoTokenizer.from_pretrained(name_or_path)``: stood in 
 tokenizer of the GGUF file. Per layer and kv head, the kept tokens are compared (ours: the
 cache's positions after ``end_prefill``; kvpress: the complement of the ``masked_key_indices``
 that ``compress_post`` leaves on each attention module) and the overlap ``|ours & theirs| /
-|theirs|`` printed, min / mean over layers x kv heads; also the replay token ids of both sides
-(checked equal) and the largest difference of the raw scores (ours ``state["score"]`` before
-``end_prefill``, kvpress's ``score_val``, the sinks aside).
+max(|ours|, |theirs|)`` printed (``kept_overlap.overlap``), min / mean over layers x kv heads;
+also the replay token ids of both sides (checked equal) and the largest difference of the raw
+scores (ours ``state["score"]`` before ``end_prefill``, kvpress's ``score_val``, the sinks
+aside).
 
 ``--layerwise`` picks the selection on both sides: kvpress's default (``layerwise=False``, ours
 too) ranks the scores of all layers and heads at once (ours: ``across_layers`` counts each
@@ -66,7 +67,7 @@ import numpy as np
 
 from experiments import kvpress_parity
 from experiments import kvpress_parity_model
-from experiments.common import capture, modelzoo, peer_kvpress
+from experiments.common import capture, kept_overlap, modelzoo, peer_kvpress
 from models import decode, kvzip_replay
 from sparse_attn import methods
 
@@ -156,8 +157,8 @@ def main(argv):
         f"{a.sum((1, 2)).max()}, kvpress {b.sum((1, 2)).min()}..{b.sum((1, 2)).max()} "
         f"(K ceil((1 - r) S) = {a.shape[1] * math.ceil((1 - FLAGS.ratio) * a.shape[2])}); "
         f"in all ours {a.sum()}, kvpress {b.sum()}")
-  o = ((a & b).sum(-1) / b.sum(-1)).reshape(-1)
-  print("| ours | kvpress | min overlap | mean overlap | identical cells |\n|---|---|---|---|---|")
+  o = kept_overlap.overlap(a, b).reshape(-1)
+  print(kept_overlap.TABLE_HEAD)
   print(f"RESULT | kvzip:layerwise={FLAGS.layerwise} | {press} | {o.min():.4f} | {o.mean():.4f} | "
         f"{np.mean((a == b).all(-1)):.1%} of {o.size} |")
   diff = np.argwhere(a != b)

@@ -125,7 +125,7 @@ def ours(m, cap, layer, wo, question):
 
 
 def overlaps(name, kvpress, model, cap, ratio, question):
-  """``[layers * K]`` ``|ours & theirs| / |theirs|`` per (layer, kv head)."""
+  """``[layers * K]`` ``kept_overlap.overlap`` per (layer, kv head)."""
   wo_all = np.asarray(model.params["layers"]["o_proj"]["kernel"], np.float32)  # [L, N D, E]
   n, d = cap.q.shape[1], cap.q.shape[3]
   opts = dict(window_size=max(question, 1)) if name == "finch" else {}

@@ -1,6 +1,7 @@
 """The overlap of two methods' kept tokens (or channels), per layer and kv head, as the kvpress
-parity scripts print it: ``|ours & theirs| / |theirs|``, its minimum, mean and the share of
-identical cells."""
+parity scripts print it: ``|ours & theirs| / max(|ours|, |theirs|)``, its minimum, mean and the
+share of identical cells. The larger set in the denominator makes 1 mean the same set: a side
+that kept more tokens than the other (a superset) scores below 1."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ TABLE_HEAD = ("| ours | kvpress | min overlap | mean overlap | identical cells |
               "|---|---|---|---|---|")
 
 
+def overlap(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """``|a & b| / max(|a|, |b|)`` over the last axis of boolean kept masks ``a, b [..., S]``:
+  1 exactly where the two kept sets are equal (two empty sets count as equal)."""
+  both = (a & b).sum(-1)
+  larger = np.maximum(a.sum(-1), b.sum(-1))
+  return np.where(larger > 0, both / np.maximum(larger, 1), 1.0)
+
+
 def per_layer(num_layers: int, kept_pair) -> np.ndarray:
-  """``[layers * K]`` ``|ours & theirs| / |theirs|`` per (layer, kv head), where
-  ``kept_pair(layer)`` gives both sides' ``[K, S]`` boolean kept masks of one layer."""
-  out = []
-  for layer in range(num_layers):
-    a, b = kept_pair(layer)
-    out.append((a & b).sum(-1) / b.sum(-1))
-  return np.concatenate(out)
+  """``[layers * K]`` ``overlap`` per (layer, kv head), where ``kept_pair(layer)`` gives both
+  sides' ``[K, S]`` boolean kept masks of one layer."""
+  return np.concatenate([overlap(*kept_pair(layer)) for layer in range(num_layers)])
 
 
 def table_row(ours: str, theirs: str, o: np.ndarray) -> str:
