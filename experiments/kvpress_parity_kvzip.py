@@ -45,6 +45,8 @@ entries in all and 1,183..5,526 per layer (a per-layer budget: 3,072 each), min 
 0.9992 / 1.0000, 88 of 90 (layer, kv head) cells identical: in layers 11 and 15 one token each
 sits at the model-wide cut (kvpress's 2.9066678e-3) in a float near-tie (ours 2.9067697e-3 /
 2.9066729e-3, kvpress 2.9063837e-3 / 2.9066678e-3), so one kept entry moved between layers.
+Both modes measured again on 2026-11-29 with the overlap over the larger set
+(``kept_overlap.overlap``): the same numbers.
 
 Measured 2026-11-28 with ``--layerwise`` (then the only mode ours had; 2,048 tokens of the
 essays, ratio 0.5, 30 layers x 3 kv heads; CPU, ~3.5 min): chunk 2,048 (one replay of 2,062 tokens, both sides' default): replay ids equal, scores

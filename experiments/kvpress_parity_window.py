@@ -10,10 +10,14 @@ the model's sizes, the layer index and the layer's ``o_proj`` weight (CriticalKV
 and the kept positions are read back from keys that carry their own index. FINCH's question
 is the text's last ``question`` tokens, its window (kvpress finds them after a delimiter).
 
-Measured 2026-11-28 (2,048 tokens of the essays, ratio 0.5, question 48; min / mean overlap over
-30 layers x 3 kv heads): snapkv, pyramidkv, chunkkv, finch 1 / 1 (every cell identical;
-PyramidKV at this length and ratio is SnapKV in every layer: ``k_min = 51`` is below the window
-of 64, kvpress's fallback); criticalkv 0.9990 / 1.0000 (one cell, one token: a float near-tie);
+Measured 2026-11-28 and again 2026-11-29 with the overlap over the larger set
+(``kept_overlap.overlap``; 2,048 tokens of the essays, ratio 0.5, question 48; min / mean over
+30 layers x 3 kv heads): snapkv, pyramidkv, finch 1 / 1 (every cell identical; PyramidKV's
+pyramid is in force at this length: ``k_max`` clamps to ``L - w = 1984`` and ``k_min`` to 64,
+budgets 1,984 down to 64; at 4,096 tokens, 3,994 down to 102, also every cell identical);
+chunkkv 0.9844 / 0.9844, no cell identical, by design: kvpress keeps whole chunks (51 of 20
+tokens, one of them the last 8: 1,008 tokens), ours ``ceil((1 - r) L) = 1024``, the same chunks
+and 16 tokens of the next (the old overlap over kvpress's set read 1 / 1); criticalkv 0.9990 / 1.0000 (one cell, one token: a float near-tie);
 criticaladakv 0.9896 / 0.9999 (two cells: the layer-wide allocation moved a token between heads
 at a near-tie). TOVA (2026-11-29; kvpress's score on the last query's softmax, window 1) and Ada-KV SnapKV
 (``snapkv:head_budget=adakv`` against ``AdaKVPress(SnapKVPress)``, the query-aware board's
