@@ -1,5 +1,8 @@
 """CurDKV: keep the tokens with the largest key and value leverage (arXiv 2509.15038).
 
+Sengupta, Chaudhary and Chakraborty, "Value-Guided KV Compression for LLMs via Approximated CUR
+Decomposition" (NeurIPS 2025).
+
 CurDKV rates a token by the leverage of its row in a head's key and value matrices (the rows a
 CUR decomposition would keep). As kvpress's ``CURPress`` computes it (the defaults here are
 its): the leverage is approximated by the squared row norms ``||k_t||^2`` and ``||v_t||^2``,

@@ -1,5 +1,9 @@
 """LagKV: score a token against the tokens that follow it (arXiv 2504.04704).
 
+Liang, Zhang, Li and Li, "LagKV: Lag-Relative Information of the KV Cache Tells Which Tokens Are
+Important" (2025), its lag-relative score (below) in kvpress's form; no equation numbers are
+cited, as none could be read from the paper's text available to us.
+
 After the ``n_sink`` sinks, the sequence is cut into partitions of ``lag_size`` tokens; each
 partition is scored against the next one (its "lag" reference): every key channel is min-max
 normalised by the reference partition's range, and a token's score is the standard deviation of
