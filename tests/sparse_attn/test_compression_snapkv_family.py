@@ -19,10 +19,10 @@ import pytest
 
 from sparse_attn import methods
 from sparse_attn.compression import criticalkv, finch, pyramidkv
-from tests.sparse_attn.test_compression_baselines import (B, D, G, HKV, HQ, LENGTHS, N_SINK, T,
-                                                          WINDOW, causal_probs, check_kept,
-                                                          group_mean, keep_fn, make_problem,
-                                                          numpy_scores)
+from tests.sparse_attn.test_compression_baselines import (B, D, G, HKV, HQ, LENGTHS, N_SINK,
+                                                          SCALE, T, WINDOW, causal_probs,
+                                                          check_kept, group_mean, keep_fn,
+                                                          make_problem, numpy_scores)
 
 f32 = lambda x: jnp.asarray(x, jnp.float32)
 
@@ -181,6 +181,29 @@ def test_finch_matches_brute_force(seed, frac, question, chunk):
                 budgets[b])
 
 
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), question=st.integers(1, WINDOW))
+@hypothesis.settings(max_examples=8, deadline=None)
+def test_finch_votes_weight_each_question_query_by_its_position(seed, question):
+  """FINCH's votes themselves, not only the kept set: each question query's attention times
+  its position (kvpress's ``non_zero_counts``), to float32 rounding (a weight off by one
+  position moves them by a few percent, which a kept set forgives at near-ties)."""
+  p = make_problem(seed)
+  m = methods.make("finch", ratio=0.5, n_sink=N_SINK, window_size=WINDOW)
+
+  @jax.jit
+  def votes(q, k, v, pos, length):
+    cache = m.init_cache(B, HKV, T, D)
+    state = m.init_state(B, HQ, HKV, D, T)
+    _, cache, state = m.prefill(q, k, v, cache, state, pos)
+    return m.scores(cache, finch.set_question_length(state, length), SCALE, None)
+
+  got = np.asarray(votes(f32(p["q"]), f32(p["k"]), f32(p["v"]), jnp.asarray(p["pos"]),
+                         jnp.int32(question)))
+  for b, n in enumerate(LENGTHS):
+    want, _ = numpy_finch(p, b, n, question, None, 0.5)
+    np.testing.assert_allclose(got[b, :, :n], want, rtol=2e-5, atol=1e-9)
+
+
 # ---- CriticalKV / CriticalAdaKV ----
 def numpy_norm(p, b, n, wo):
   """``[HKV, n]``: ``||v W^O_h||_1`` averaged over each group (identity ``wo``: ``||v||_1``)."""
@@ -188,8 +211,8 @@ def numpy_norm(p, b, n, wo):
   return group_mean(np.abs(np.einsum("htd,hde->hte", v, wo)).sum(-1))
 
 
-def numpy_two_stage(raw, norm, first):
-  score = (raw + 1e-4) * norm
+def numpy_two_stage(raw, norm, first, epsilon=1e-4):
+  score = (raw + epsilon) * norm
   for h in range(raw.shape[0]):
     score[h, np.argsort(-raw[h], kind="stable")[:first[h]]] = np.inf
   return np.where(np.isinf(raw), np.inf, score)
@@ -202,20 +225,23 @@ def out_proj(seed):
 
 
 @pytest.mark.parametrize("projection", ["identity", "model"])
+@pytest.mark.parametrize("epsilon", [1e-4, 0.05])  # 0.05: of the votes' own scale
 @hypothesis.given(seed=st.integers(0, 2**31 - 1), frac=st.floats(0.2, 0.9),
                   first=st.sampled_from([0.0, 0.5, 1.0]))
 @hypothesis.settings(max_examples=8, deadline=None)
-def test_criticalkv_matches_brute_force(projection, seed, frac, first):
+def test_criticalkv_matches_brute_force(projection, epsilon, seed, frac, first):
+  """Two stages over SnapKV's votes as a mean over the window (kvpress's scale, which
+  ``epsilon`` is added to: at 0.05 the scale decides the order)."""
   p, budgets = make_problem(seed), budgets_of(frac)
   wo = np.tile(np.eye(D), (HQ, 1, 1)) if projection == "identity" else out_proj(seed % 7)
   m = methods.make("criticalkv", ratio=0.5, n_sink=N_SINK, window_size=WINDOW,
-                   first_stage_ratio=first)
+                   first_stage_ratio=first, epsilon=epsilon)
   keep = (run_keep(m, p, budgets) if projection == "identity" else
           run_keep(m, p, budgets, criticalkv.set_out_proj, f32(wo)))
   for b, n in enumerate(LENGTHS):
     raw = np.where(np.arange(n) < N_SINK, np.inf, numpy_scores("snapkv", p, b, n, 0) / WINDOW)
     first_n = np.full(HKV, int(budgets[b] * first))
-    check_kept(keep[b, :, :n], numpy_two_stage(raw, numpy_norm(p, b, n, wo), first_n),
+    check_kept(keep[b, :, :n], numpy_two_stage(raw, numpy_norm(p, b, n, wo), first_n, epsilon),
                budgets[b])
 
 
@@ -255,3 +281,16 @@ def test_options_are_checked():
     methods.make("criticalkv", ratio=0.5, first_stage_ratio=1.5)
   assert methods.make("criticaladakv", ratio=0.5).head_budget == "adakv"
   assert methods.make("pyramidkv", budget=0.25) == methods.make("pyramidkv", ratio=0.75)
+
+
+def test_defaults_are_kvpress_leaderboard_presses():
+  """The defaults kvpress 0.5.5's leaderboard runs (each module docstring): the reference
+  tests above pass their options explicitly, so a changed default would go unseen there."""
+  snap = dict(window_size=64, kernel=5, n_sink=0)
+  want = {"snapkv": snap, "chunkkv": dict(snap, chunk_length=20),
+          "pyramidkv": dict(snap, beta=20),
+          "criticalkv": dict(snap, epsilon=1e-4, first_stage_ratio=0.5),
+          "finch": dict(window_size=64, chunk_length=None, normalize_scores=True, n_sink=0)}
+  for name, opts in want.items():
+    m = methods.make(name, ratio=0.5)
+    assert {k: getattr(m, k) for k in opts} == opts, name
