@@ -99,7 +99,12 @@ def adakv(scores, cache: KVCache, budget: Budget, scale=None, floor: float = 0.2
   total = jnp.minimum(h * n_u, jnp.sum(ok, axis=(1, 2)))  # [B]
   srt = -jnp.sort(-key, axis=-1)
   thresh = jnp.take_along_axis(srt, jnp.maximum(total - 1, 0)[:, None], axis=-1)  # [B, 1]
-  take = (key >= thresh) & (key >= 0.0) & (total[:, None] > 0)
+  # exactly ``total`` entries: all above the threshold, then the tied ones in entry order
+  above = key > thresh
+  tied = key == thresh
+  room = total[:, None] - jnp.sum(above, axis=-1, keepdims=True)
+  take = (above | (tied & (jnp.cumsum(tied, axis=-1) <= room))) & (key >= 0.0)
+  take &= total[:, None] > 0
   n = jnp.sum(take.reshape(b, h, -1), axis=-1)
   n = jnp.minimum(jnp.maximum(n, jnp.minimum(guaranteed, jnp.sum(ok, -1))), jnp.sum(ok, -1))
   return Selection(idx=idx, n_valid=n.astype(jnp.int32), granularity=bs)

@@ -74,6 +74,23 @@ def test_adakv_spends_layer_budget_on_largest_masses(seed, frac, floor):
     assert lo >= hi - 1e-6
 
 
+@pytest.mark.parametrize("floor", [0.2, 0.5, 1.0])
+def test_adakv_floor_keeps_a_starved_head(floor):
+  """One flat head against three whose masses sit on 6 blocks each (18 blocks wanted of the
+  layer's 4 x 4): the layer-wide ranking alone gives the flat head nothing; Ada-KV's floor
+  (Feng et al. 2024, Sec. 4.3) gives it exactly ``ceil(floor * n)`` blocks."""
+  rng = np.random.default_rng(0)
+  c = helpers.filled_cache(rng, 1, 2, 256, 8, [256], block_size=8)
+  scores = np.zeros((1, 4, 32), np.float32)
+  scores[0, 1:, :6] = 40.0
+  sel = adaptive.adakv(jax.numpy.asarray(scores), c, Budget(budget=0.1, n_sink=0, local_window=0),
+                       floor=floor)
+  n_u = int(np.ceil(0.1 * 256 / 8))  # 4 blocks per head, 16 in the layer
+  counts = np.asarray(sel.n_valid[0])
+  assert counts.sum() == 4 * n_u
+  assert counts[0] == int(np.ceil(floor * n_u))
+
+
 def test_adaptive_jit_and_bad_options():
   c, scores = _problem(0)
   bud = Budget(budget=0.25)

@@ -64,6 +64,25 @@ def test_padding_row_of_a_decode_step_returns_zero(spec):
   assert int(new_cache.length[1]) == int(cache.length[1])  # nothing written for the padding row
 
 
+@pytest.mark.parametrize("spec", SPECS)
+def test_a_padding_row_leaves_its_cache_and_state_as_they_were(spec):
+  """A decode step whose row 1 is all padding (a finished or idle sequence) changes nothing of
+  that row: every cache and state leaf with a batch axis keeps its row 1, so the row decodes on
+  later as if the step had not been (RetroAttention's output ring once relabelled its slots)."""
+  m = _make(spec)
+  rng = np.random.default_rng(0)
+  cache, state = _prefilled(m, rng)
+  q, k, v, live = _step_inputs(m, rng)
+  padded = jnp.stack([live, jnp.full_like(live, -1)])
+  _, new_cache, new_state = jax.jit(m.decode)(q, k, v, cache, state, padded)
+  before = jax.tree_util.tree_leaves_with_path((cache, state))
+  after = jax.tree_util.tree_leaves((new_cache, new_state))
+  for (path, x), y in zip(before, after):
+    if np.ndim(x) and np.shape(x)[0] == B:
+      np.testing.assert_array_equal(np.asarray(y[1]), np.asarray(x[1]),
+                                    err_msg=jax.tree_util.keystr(path))
+
+
 @pytest.mark.parametrize("spec", ["dense", "quest", "quest:gqa=group", "arkvale", "topk",
                                   "streaming"])
 def test_attend_of_a_padding_row_is_empty(spec):

@@ -176,6 +176,35 @@ def test_topk_oracle_picks_highest_true_logits():
     assert got == set(np.argsort(-lg)[:10].tolist())
 
 
+@given(seed=st.integers(0, 2**31 - 1), n_sink=st.sampled_from([0, 4]),
+       local=st.sampled_from([0, 8]), gqa=st.sampled_from(["head", "group"]),
+       count=st.integers(1, 24))
+def test_topk_matches_brute_force_with_forced_tokens_and_group_pooling(seed, n_sink, local, gqa,
+                                                                       count):
+  """The oracle's kept tokens: the sinks and the local window, then the top ``count`` of the
+  rest by the true logit (``gqa="group"``: the mean over the group's query heads), per row."""
+  rng = np.random.default_rng(seed)
+  lengths = [int(rng.integers(1, 96)), 96]
+  c = helpers.filled_cache(rng, 2, 2, 96, 8, lengths, block_size=16)
+  q = helpers.normal(rng, (2, 6, 8))  # 3 query heads per kv head
+  bud = budget_lib.Budget(budget=count, n_sink=n_sink, local_window=local)
+  sel = selection.topk(q, c, bud, gqa)
+  k, qn = np.asarray(c.k, np.float64), np.asarray(q, np.float64)
+  lists = 2 if gqa == "group" else 6  # one per kv head, or one per query head
+  for b, n in enumerate(lengths):
+    forced = {t for t in range(n) if t < n_sink or t >= n - local}
+    for h in range(lists):
+      heads = range(3 * h, 3 * h + 3) if gqa == "group" else [h]
+      lg = k[b, heads[0] // 3, :n] @ qn[b, list(heads)].T / math.sqrt(8)  # [n, heads]
+      score = lg.mean(-1)
+      got = set(int(x) for x in sel.idx[b, h, :int(sel.n_valid[b, h])])
+      assert forced <= got
+      chosen = got - forced
+      assert len(chosen) == min(count, n - len(forced))
+      rest = sorted((t for t in range(n) if t not in forced), key=lambda t: -score[t])
+      assert chosen == set(rest[:len(chosen)])
+
+
 def test_streaming_keeps_sinks_and_recent_window():
   rng = np.random.default_rng(2)
   c = helpers.filled_cache(rng, 2, 1, 128, 4, [100, 10], block_size=16)
