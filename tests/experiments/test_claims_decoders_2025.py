@@ -29,7 +29,12 @@ def dense():
 
 @pytest.mark.parametrize("lo,hi,want", [(-0.02, 0.01, "reproduced"), (0.0, 0.05, "reproduced"),
                                         (-0.06, 0.0, "inconclusive"),
-                                        (-0.2, -0.04, "not reproduced")])
+                                        (-0.2, -0.04, "not reproduced"),
+                                        # the 3-point tolerance itself, on both sides
+                                        (-0.03, 0.0, "reproduced"),
+                                        (-0.0301, 0.0, "inconclusive"),
+                                        (-0.1, -0.0301, "not reproduced"),
+                                        (-0.1, -0.0299, "inconclusive")])
 def test_comparable_verdict(lo, hi, want):
   assert verdicts.comparable_verdict(lo, hi) == want
 

@@ -27,6 +27,10 @@ def _acc(method, scores, task, length=8192, budget=0.025, **extra):
     (0.0, -0.064, 0.079, "inconclusive"),   # holds both 0 and the paper's +4.2
     (0.0, -0.03, 0.03, "not reproduced"),   # the paper's gain lies outside the interval
     (-0.05, -0.09, -0.01, "not reproduced"),
+    # the boundary: at least half the paper's effect (0.021 of 0.042)
+    (0.021, 0.001, 0.041, "reproduced"),
+    (0.0209, 0.001, 0.041, "not reproduced"),
+    (0.0209, -0.02, 0.042, "inconclusive"),
 ])
 def test_effect_verdict(d, lo, hi, want):
   assert claims_verdicts.effect_verdict(d, lo, hi, 0.042) == want

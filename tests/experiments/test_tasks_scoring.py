@@ -130,5 +130,9 @@ def test_per_question_scores_each_answer_in_its_own_segment():
   # an answer under the wrong label does not count for another question
   assert scoring.per_question(" x\nAnswer 3: Santa Clara", refs) == [0.0, 0.0, 0.0]
   assert scoring.per_question("", refs) == [0.0, 0.0, 0.0]
+  # a repeated label keeps its first answer (a second try does not overwrite it)
+  again = " x\nAnswer 2: Santa Clara\nAnswer 2: nowhere\nAnswer 1: Denver Broncos"
+  assert scoring.answer_segments(again, 3) == [" x\n", " Santa Clara\n", ""]
+  assert scoring.per_question(again, refs) == [0.0, 1.0, 0.0]
   with pytest.raises(ValueError, match="unknown metric"):
     scoring.score("x", ["x"], "some")

@@ -52,9 +52,11 @@ def test_matches_reference_and_cache_write(shape, data, seed):
   t = nb * bs
   filled = data.draw(st.integers(0, t - 1))
   holes = data.draw(st.lists(st.integers(0, max(filled - 1, 0)), max_size=3)) if filled else []
-  c = _cache(rng, b, h, t, d, bs, dtype, filled, holes)
+  stale = data.draw(st.integers(0, min(filled, 3)))  # rows past the length with a position
+  c = _cache(rng, b, h, t, d, bs, dtype, filled, holes, stale)
+  n = filled - stale
   # append at the length, overwrite below it, or a padding row (-1, or past the capacity)
-  slot = jnp.asarray(data.draw(st.lists(st.sampled_from((-1, t, filled, filled // 2)),
+  slot = jnp.asarray(data.draw(st.lists(st.sampled_from((-1, t, n, n // 2)),
                                         min_size=b, max_size=b)), jnp.int32)
   k_new, v_new = (jnp.asarray(rng.standard_normal((b, h, 1, d)), dtype) for _ in range(2))
   # cache.write takes -1 for "no write" and stores the slot as the token position

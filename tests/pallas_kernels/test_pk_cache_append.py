@@ -18,7 +18,7 @@ from pallas_kernels.shapes import BF16, I32, S
 from sparse_attn import cache as cache_lib
 
 
-def _cache(rng, b, h, t, d, bs, dtype, filled, holes):
+def _cache(rng, b, h, t, d, bs, dtype, filled, holes, stale=0):
   c = cache_lib.init_cache(b, h, t, d, bs, dtype, ("box",))
   if filled:
     k, v = (jnp.asarray(rng.standard_normal((b, h, filled, d)), dtype) for _ in range(2))
@@ -27,6 +27,8 @@ def _cache(rng, b, h, t, d, bs, dtype, filled, holes):
   if holes:  # compaction leaves empty slots below the length (its digests follow)
     c = cache_lib.replace_storage(c, c.k, c.v, c.pos.at[:, :, np.asarray(holes)].set(-1),
                                   c.length)
+  if stale:  # rows past the length that still hold a position: not part of any digest
+    c = cache_lib.replace_storage(c, c.k, c.v, c.pos, c.length - stale)
   return c
 
 
@@ -40,10 +42,11 @@ def test_interpret_equals_the_reference_and_the_cache_write(b, h, nb, bs, d, dty
   t = nb * bs
   filled = data.draw(st.integers(0, t - 1))
   holes = data.draw(st.lists(st.integers(0, max(filled - 1, 0)), max_size=3)) if filled else []
-  c = _cache(rng, b, h, t, d, bs, dtype, filled, holes)
+  stale = data.draw(st.integers(0, min(filled, 3)))
+  c = _cache(rng, b, h, t, d, bs, dtype, filled, holes, stale)
   # append at the length, overwrite below it, or a padding row (-1)
-  slot = jnp.asarray(data.draw(st.lists(st.integers(-1, filled), min_size=b, max_size=b)),
-                     jnp.int32)
+  slot = jnp.asarray(data.draw(st.lists(st.integers(-1, filled - stale), min_size=b,
+                                        max_size=b)), jnp.int32)
   k_new, v_new = (jnp.asarray(rng.standard_normal((b, h, 1, d)), dtype) for _ in range(2))
   want = cache_lib.write(c, k_new, v_new, slot[:, None])
   got_write = cache_lib.write(c, k_new, v_new, slot[:, None], impl="pallas", interpret=True)
