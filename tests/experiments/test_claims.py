@@ -238,6 +238,10 @@ def test_report_shows_the_needle_diagnosis_when_its_records_exist():
   assert "## Diagnosis" in text and "| keydiff@0.5 | 80 | 90 | 70 |" in text
   assert text.index("keydiff") < text.index("expected-attention@0.5 | 60 | 40 | 80 |")
   assert claims.needle_diagnosis([]) == ""
+  assert "modified tree" not in text  # records without a revision are not flagged
+  recs[1]["git"], recs[2]["git"] = "abc1234+dirty", "abc1234+unverified"
+  flagged = claims.needle_diagnosis(recs)
+  assert "⚠ 1 of its 4 records are from a modified tree" in flagged
 
 
 def test_leaderboard_names_the_rows_a_length_has_not_run():
