@@ -11,7 +11,10 @@ the paper's 0.3% of the blocks, ``outlier_share=0.003``: 1 block at 4K), with Qu
 fractions as every row's pair (run here again so that pairs are within one run; its cells
 equal ``results/ruler_accuracy``'s on the same samples). Protocol, task mix, samples and
 generator as ``configs/accuracy.py`` (RESA's: the question prefilled with the context, 12
-RULER tasks x 5 samples at 4k and 8k, greedy answers, string match).
+RULER tasks x 5 samples at 4k and 8k, greedy answers, string match). Those are also the
+query-aware compression panel's (``configs/leaderboard_compression_qa.py``), so both can run
+in one process, one dense prefill per batch serving every row (at 8k they did: add its rows
+as ``"snapkv@0.75"``, ... to ``--config.methods`` and split the records by method).
 """
 
 from configs import accuracy
