@@ -7,16 +7,16 @@ Not part of CI (kvpress is not a dependency). The embedded SmolLM2's post-RoPE k
 of a real text are captured once (a dense prefill, ``experiments.common.capture``); then per
 press, per layer and kv head, the tokens our method keeps after ``end_prefill``'s scoring
 (``keep_mask`` at ``ceil((1 - ratio) L)`` per head) are compared with the top-``n_kept`` of
-kvpress's ``press.score`` on the same tensors (``compute_n_kept``), and the overlap
-``|ours & theirs| / max(|ours|, |theirs|)`` printed (``kept_overlap.overlap``: 1 only for equal
-sets): its minimum, mean and the share of (layer, head) cells that are identical. The presses that score from keys and values get zero queries; those that read the
-observation window's attention (SnapKV and its wrappers: ``kvpress_parity_window``) get the captured
-post-RoPE queries on our side and, on kvpress's, the same window's causal softmax through the
-``attentions`` argument of ``score`` (what its eager-attention path passes), a stand-in module
-with the model's sizes, layer index and ``o_proj`` weight. FINCH's question is the text's last
-``--question`` tokens (kvpress: the tokens after its delimiter). kvpress 0.5.5 imports
-``datasets`` and ``fire`` at package import for presses this script does not use; they are
-stubbed when missing.
+kvpress's ``press.score`` on the same tensors (``compute_n_kept``), and the overlap ``|ours &
+theirs| / max(|ours|, |theirs|)`` printed (``kept_overlap.overlap``: 1 only for equal sets): its
+minimum, mean and the share of (layer, head) cells that are identical. The presses that score
+from keys and values get zero queries; those that read the observation window's attention
+(SnapKV and its wrappers: ``kvpress_parity_window``) get the captured post-RoPE queries on our
+side and, on kvpress's, the same window's causal softmax through the ``attentions`` argument of
+``score`` (what its eager-attention path passes), a stand-in module with the model's sizes,
+layer index and ``o_proj`` weight. FINCH's question is the text's last ``--question`` tokens
+(kvpress: the tokens after its delimiter). kvpress 0.5.5 imports ``datasets`` and ``fire`` at
+package import for presses this script does not use; they are stubbed when missing.
 
 Measured 2026-11-27 (2,048 tokens of the essays, ratio 0.5, kvpress 0.5.5; mean / min overlap
 over 30 layers x 3 kv heads): knorm 1.0000 / 0.9990 (one cell differs by one token at a float
@@ -35,11 +35,12 @@ the most recent tokens; it is our ``observed_attention`` (``kvpress_parity_windo
 
 Compactor (2026-11-29, same text and ratio, the overlap over the larger set): compactor_exact
 (sketch R = D = 64 on both sides) 0.9883 / 0.9014, compactor (R = 48) 0.9292 / 0.8604,
-adakv_compactor 0.9260 / 0.8727; no cell identical (torch's sketch is unseeded: each run
-differs a little). The other rows above gave the same numbers again on 2026-11-29. The sketch is a random draw on each side (torch's global generator, JAX's key) and,
-with kvpress's jitter ``1e-2`` on the sketched Gram matrix, even R = D leaves the leverage
-dependent on the draw; kvpress also lets the last chunk's zero padding (2,036 middle tokens =
-7 x 256 + 244) into its softmax and sums, ours does not.
+adakv_compactor 0.9260 / 0.8727; no cell identical (torch's sketch is unseeded: each run differs
+a little). The other rows above gave the same numbers again on 2026-11-29. The sketch is a
+random draw on each side (torch's global generator, JAX's key) and, with kvpress's jitter
+``1e-2`` on the sketched Gram matrix, even R = D leaves the leverage dependent on the draw;
+kvpress also lets the last chunk's zero padding (2,036 middle tokens = 7 x 256 + 244) into its
+softmax and sums, ours does not.
 """
 
 from __future__ import annotations

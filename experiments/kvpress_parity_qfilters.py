@@ -16,7 +16,8 @@ The post-RoPE keys of the essays are captured once (a dense prefill, as
 the layer's row from ``layer_state``, as the model's ``init_caches`` gives it; then
 ``kvpress_parity.ours_kept``) and kvpress's ``press.score`` (a stand-in module carrying
 ``layer_idx``, its top ``compute_n_kept`` per head) on the same keys. Printed: min / mean
-overlap ``|ours & theirs| / max(|ours|, |theirs|)`` over layers x kv heads and the share of identical cells.
+overlap ``|ours & theirs| / max(|ours|, |theirs|)`` over layers x kv heads and the share of
+identical cells.
 
 Scoring details against kvpress and the authors: both score ``-<f, k>`` on post-RoPE keys and
 keep the highest; the filter of a kv head is the mean over its query-head group (consecutive

@@ -17,13 +17,13 @@ pyramid is in force at this length: ``k_max`` clamps to ``L - w = 1984`` and ``k
 budgets 1,984 down to 64; at 4,096 tokens, 3,994 down to 102, also every cell identical);
 chunkkv 0.9844 / 0.9844, no cell identical, by design: kvpress keeps whole chunks (51 of 20
 tokens, one of them the last 8: 1,008 tokens), ours ``ceil((1 - r) L) = 1024``, the same chunks
-and 16 tokens of the next (the old overlap over kvpress's set read 1 / 1); criticalkv 0.9990 / 1.0000 (one cell, one token: a float near-tie);
-criticaladakv 0.9896 / 0.9999 (two cells: the layer-wide allocation moved a token between heads
-at a near-tie). TOVA (2026-11-29; kvpress's score on the last query's softmax, window 1) and Ada-KV SnapKV
-(``snapkv:head_budget=adakv`` against ``AdaKVPress(SnapKVPress)``, the query-aware board's
-``adakv_snapkv``; 2026-11-29): 1 / 1, every cell identical. Observed attention (2026-11-29;
-kvpress's score on every query's causal softmax, the whole ``S x S`` matrix): 1 / 1, every cell
-identical.
+and 16 tokens of the next (the old overlap over kvpress's set read 1 / 1); criticalkv 0.9990 /
+1.0000 (one cell, one token: a float near-tie); criticaladakv 0.9896 / 0.9999 (two cells: the
+layer-wide allocation moved a token between heads at a near-tie). TOVA (2026-11-29; kvpress's
+score on the last query's softmax, window 1) and Ada-KV SnapKV (``snapkv:head_budget=adakv``
+against ``AdaKVPress(SnapKVPress)``, the query-aware board's ``adakv_snapkv``; 2026-11-29): 1 /
+1, every cell identical. Observed attention (2026-11-29; kvpress's score on every query's causal
+softmax, the whole ``S x S`` matrix): 1 / 1, every cell identical.
 """
 
 from __future__ import annotations
