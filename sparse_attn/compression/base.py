@@ -237,6 +237,19 @@ class CompressionMethod(Scorer):
     del layer, num_layers
     return self
 
+  def keep_program(self):
+    """``(program, operand)``: the method ``end_prefill``'s jitted keep and compact steps
+    compile for, and a traced operand that ``program.with_keep_operand`` turns back into this
+    method's cut. ``(self, None)`` here; PyramidKV hands its layer as the operand, so its
+    layers share one program instead of compiling one each. ``program`` compacts as this
+    method does (they differ only in ``prompt_keep``)."""
+    return self, None
+
+  def with_keep_operand(self, operand):
+    """The method ``keep_program``'s operand stands for (inside the keep step): itself."""
+    del operand
+    return self
+
   def with_rope(self, inv_freq):
     """Methods that model RoPE take the model's frequencies (``rope.RopeOptions``)."""
     del inv_freq

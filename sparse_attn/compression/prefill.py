@@ -54,6 +54,8 @@ class Press(Protocol):
   def keep_mask(self, cache, state, scale, kept): ...
   def compact_state(self, state, idx): ...
   def prefill_keep(self, cache, state, scale): ...
+  def keep_program(self): ...
+  def with_keep_operand(self, operand): ...
 
 
 def decode_capacity(method: Press, context: int, decode_room: int) -> int:
@@ -144,13 +146,16 @@ def end_prefill(method: Press, cache: KVCache, state, scale=None):
   """Prefill compression and re-allocation of the buffer -> ``(cache, state)``."""
   if not (method.compresses_prefill or method.compresses_decode):
     return cache, state
-  kept_slots, budget = _keep(method, cache, state, scale)
+  # one compiled keep / compact for every layer of a method whose layers differ in a number
+  program, operand = method.keep_program()
+  kept_slots, budget = _keep(program, cache, state, scale, operand)
   slots = capacity(method, cache, kept_slots, budget)
-  return _compact(method, cache, state, kept_slots, budget, slots)
+  return _compact(program, cache, state, kept_slots, budget, slots)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 3))
-def _keep(method, cache, state, scale):
+def _keep(program, cache, state, scale, operand):
+  method = program.with_keep_operand(operand)
   return method.prefill_keep(cache, state, scale)  # ``keep``, or a method's own
 
 

@@ -19,11 +19,11 @@ or ``k_min`` below the window) every layer keeps SnapKV's ``max(1, round(L (1 - 
 Defaults: ``beta = 20``, window 64, kernel 5 (kvpress's and the paper's). kvpress always
 compresses; the authors' code keeps a short prompt whole (not followed).
 
-The layer is static: ``for_layer(l, N)`` gives the layer's method (``models.steps.per_layer``
-asks it for every layer). Without a layer (a method used outside a model) it keeps
-``ceil((1 - r) L)``, the pyramid's mean. Each layer's compacted buffer holds its own budget
-(the cache of a lower layer is larger), so the per-layer steps compile once per layer (one
-program on a GPU).
+``for_layer(l, N)`` gives the layer's method (``models.steps.per_layer`` asks it for every
+layer). Without a layer (a method used outside a model) it keeps ``ceil((1 - r) L)``, the
+pyramid's mean. The layers share one compiled keep step (the layer is its traced operand,
+``keep_program``); each layer's compacted buffer holds its own budget (the cache of a lower
+layer is larger), so the compaction compiles once per distinct buffer size.
 """
 
 from __future__ import annotations
@@ -78,11 +78,22 @@ class PyramidKV(SnapKV):
     if (self.layer is None) != (self.num_layers is None):
       raise ValueError("layer and num_layers are given together (for_layer), got "
                        f"layer={self.layer!r}, num_layers={self.num_layers!r}")
-    if self.layer is not None and not 0 <= self.layer < self.num_layers:
+    # (a traced layer, ``with_keep_operand``'s, was checked as an int by ``for_layer``)
+    if isinstance(self.layer, int) and not 0 <= self.layer < self.num_layers:
       raise ValueError(f"layer must be in [0, {self.num_layers}), got {self.layer}")
 
   def for_layer(self, layer: int, num_layers: int):
     return dataclasses.replace(self, layer=int(layer), num_layers=int(num_layers))
+
+  def keep_program(self):
+    """Layer 0's method with the layer as a traced operand: one keep program serves every
+    layer (the layer enters only ``prompt_keep``'s arithmetic)."""
+    if self.layer is None:
+      return self, None
+    return dataclasses.replace(self, layer=0), jnp.int32(self.layer)
+
+  def with_keep_operand(self, operand):
+    return self if operand is None else dataclasses.replace(self, layer=operand)
 
   def prompt_keep(self, n):
     """The layer's pyramid budget (``layer_budget``), never more than the ``n`` tokens;

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from sparse_attn import methods
-from sparse_attn.compression import criticalkv, finch, pyramidkv
+from sparse_attn.compression import criticalkv, finch, prefill, pyramidkv
 from tests.sparse_attn.test_compression_baselines import (B, D, G, HKV, HQ, LENGTHS, N_SINK,
                                                           SCALE, T, WINDOW, causal_probs,
                                                           check_kept, group_mean, keep_fn,
@@ -98,6 +98,7 @@ def test_pyramid_keeps_its_layer_budget_in_a_buffer_of_that_size():
   layers, ratio = 4, 0.5
   base = methods.make("pyramidkv", ratio=ratio, n_sink=N_SINK, window_size=WINDOW, beta=2)
   kept, caps = [], []
+  compiled = prefill._keep._cache_size()  # pylint: disable=protected-access
   for layer in range(layers):
     m = base.for_layer(layer, layers)
     cache = m.init_cache(B, HKV, T, D)
@@ -112,8 +113,12 @@ def test_pyramid_keeps_its_layer_budget_in_a_buffer_of_that_size():
       check_kept(keep[b, :, :n], numpy_scores("snapkv", p, b, n, want[b]), want[b])
     small, _ = m.end_prefill(cache, state)
     assert small.capacity == m.round_capacity(max(w + T - n for w, n in zip(want, LENGTHS)))
+    np.testing.assert_array_equal(np.asarray(small.valid).sum(-1),
+                                  np.broadcast_to(np.asarray(want)[:, None], (B, HKV)))
     kept.append(want)
     caps.append(small.capacity)
+  # the layers share one keep program (the layer is its traced operand, not a static option)
+  assert prefill._keep._cache_size() - compiled <= 1  # pylint: disable=protected-access
   assert kept[0][0] > kept[-1][0] and caps[0] > caps[-1]
   assert abs(np.mean(kept, axis=0)[0] - (1 - ratio) * LENGTHS[0]) <= 1
   assert base.prompt_keep(LENGTHS[0]) == math.ceil((1 - ratio) * LENGTHS[0])  # no layer: mean
