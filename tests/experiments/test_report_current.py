@@ -50,3 +50,21 @@ def test_every_committed_workdir_markdown_regenerates_byte_identical(tmp_path):
         != (out / md).read_text(encoding="utf-8")):
       stale.append(os.path.relpath(committed, REPO))
   assert not stale, f"stale rendered pages (re-render them from their records): {stale}"
+
+
+def test_leaderboard_quest_and_dense_rows_repeat_ruler_accuracy():
+  """configs/leaderboard_sparse.py says its dense and Quest cells equal results/ruler_accuracy's
+  on the same samples (the same model, protocol and generator, rerun so that pairs are within
+  one run): every sample both workdirs hold has the same prediction (older records keep only
+  the first 300 characters, so a cut prediction is compared as a prefix)."""
+  from experiments.common import results  # pylint: disable=g-import-not-at-top
+  read = lambda name: {r["key"]: r for r in results.read_records(
+      os.path.join(REPO, "results", name, "results.jsonl"))}
+  board, earlier = read("leaderboard_sparse"), read("ruler_accuracy")
+  shared = sorted(set(board) & set(earlier))
+  lengths = {board[k]["length"] for k in shared}
+  assert len(shared) >= 100 and lengths == {4096, 8192}, (len(shared), lengths)
+  for k in shared:
+    a, b = earlier[k]["prediction"], board[k]["prediction"]
+    short = min(len(a), len(b))
+    assert a[:short] == b[:short] and (a == b or short >= 300), k
