@@ -26,7 +26,9 @@ Same task mix, samples and generator as ``configs/accuracy_compression.py`` (12 
 5 samples = 60 per cell, NVIDIA/RULER's generator, greedy answers, string match); one shared
 prefill per batch serves every row (``experiments.tasks.compression_union``); dense reads the
 same cache. Pairs: each new method against SnapKV, the board's reference row (run here at
-all four fractions so that every pair is within one run).
+all four fractions). Pairs are by sample: a method rerun after a fix pairs with SnapKV's cells
+of an earlier run on the same samples; SnapKV's and dense's predictions repeat exactly across
+runs and revisions (results/ruler_compression's shared cells; a test over the records).
 """
 
 from configs import accuracy_compression
