@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -79,7 +80,8 @@ class PyramidKV(SnapKV):
       raise ValueError("layer and num_layers are given together (for_layer), got "
                        f"layer={self.layer!r}, num_layers={self.num_layers!r}")
     # (a traced layer, ``with_keep_operand``'s, was checked as an int by ``for_layer``)
-    if isinstance(self.layer, int) and not 0 <= self.layer < self.num_layers:
+    traced = isinstance(self.layer, jax.Array)
+    if self.layer is not None and not traced and not 0 <= self.layer < self.num_layers:
       raise ValueError(f"layer must be in [0, {self.num_layers}), got {self.layer}")
 
   def for_layer(self, layer: int, num_layers: int):
