@@ -166,6 +166,10 @@ def main(argv):
     if name in window.PRESSES:  # SnapKV and its wrappers: experiments/kvpress_parity_window.py
       o = window.overlaps(name, kvpress, model, cap, FLAGS.ratio, FLAGS.question)
       print(kept_overlap.table_row(name, window.PRESSES[name], o))
+      if name == "finch":
+        gap, same = window.finch_key_gap(kvpress, cap, FLAGS.ratio, FLAGS.question, inv_freq)
+        print(f"finch re-rotated keys vs kvpress's (shifted by L - n): max |diff| {gap:.3g}; "
+              f"values {'equal' if same else 'differ'}")
       continue
     cls, opts = PRESSES[name]
     spec, ours_opts = OURS.get(name, (name, {}))

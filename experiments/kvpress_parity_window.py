@@ -24,6 +24,11 @@ score on the last query's softmax, window 1) and Ada-KV SnapKV (``snapkv:head_bu
 against ``AdaKVPress(SnapKVPress)``, the query-aware board's ``adakv_snapkv``; 2026-11-29): 1 /
 1, every cell identical. Observed attention (2026-11-29; kvpress's score on every query's causal
 softmax, the whole ``S x S`` matrix): 1 / 1, every cell identical.
+
+FINCH's re-rotated keys (``finch_key_gap``, 2026-11-29, same text, ratio and question): ours,
+rotated back by the shift ``L - n``, against kvpress's ``FinchPress.compress`` output keys over
+all 30 layers: max ``|diff|`` 1.8e-4 (float32 rotations of keys up to ~20 in size; 17.8 with
+``rerotate_keys=False``), kept values equal.
 """
 
 from __future__ import annotations
@@ -36,7 +41,7 @@ import numpy as np
 
 from experiments.common import kept_overlap
 from sparse_attn import methods
-from sparse_attn.compression import criticalkv, finch
+from sparse_attn.compression import criticalkv, finch, rope
 
 # ours -> kvpress's class (its leaderboard's configuration: defaults, SnapKV inside)
 PRESSES = {"snapkv": "SnapKVPress", "pyramidkv": "PyramidKVPress", "chunkkv": "ChunkKVPress",
@@ -140,3 +145,35 @@ def overlaps(name, kvpress, model, cap, ratio, question):
     return (ours(m, cap, layer, wo, question),
             theirs(name, kvpress, cap, layer, wo, ratio, question))
   return kept_overlap.per_layer(cap.num_layers, kept_pair)
+
+
+def finch_key_gap(kvpress, cap, ratio, question, inv_freq):
+  """The largest ``|ours - kvpress|`` over every layer's re-rotated kept keys, and whether the
+  kept values are equal: kvpress's ``FinchPress.compress`` (``rerotate_keys=True``, its default:
+  keys at ``0 .. n-1``) on the window's attention, against our ``end_prefill`` (keys ending at
+  ``L - 1``) rotated back by the common shift ``L - n``."""
+  import torch  # pylint: disable=g-import-not-at-top
+  m = methods.make("finch", ratio=ratio, window_size=max(question, 1)).with_rope(inv_freq)
+  gap, same_values = 0.0, True
+  for layer in range(cap.num_layers):
+    q, k, v = (jnp.asarray(x[layer], jnp.float32)[None] for x in (cap.q, cap.k, cap.v))
+    _, nq, s, d = q.shape
+    cache = m.init_cache(1, k.shape[1], m.round_capacity(s), d)
+    state = finch.set_question_length(m.init_state(1, nq, k.shape[1], d, cache.capacity),
+                                      question)
+    _, cache, state = m.prefill(q, k, v, cache, state, jnp.arange(s, dtype=jnp.int32)[None])
+    cache, _ = m.end_prefill(cache, state)
+    n = int(np.asarray(cache.valid)[0, 0].sum())
+    module = stand_in(cap, layer, np.zeros((nq, d, 1), np.float32))
+    module.rotary_emb = types.SimpleNamespace(inv_freq=torch.tensor(np.asarray(inv_freq)))
+    press = kvpress.FinchPress(compression_ratio=ratio)
+    press.window_size = question
+    attn = window_attention(np.asarray(cap.q[layer], np.float32), np.asarray(cap.k[layer]),
+                            question)
+    tk, tv = press.compress(module, torch.zeros(1, s, 1), torch.from_numpy(np.array(k)),
+                            torch.from_numpy(np.array(v)), attn, {})
+    moved = rope.rotate_by(jnp.asarray(tk.numpy()), jnp.int32(s - n),
+                           np.asarray(inv_freq, np.float32))
+    gap = max(gap, float(np.max(np.abs(np.asarray(cache.k)[0, :, :n] - np.asarray(moved)))))
+    same_values &= bool(np.array_equal(np.asarray(cache.v)[0, :, :n], tv.numpy()[0]))
+  return gap, same_values

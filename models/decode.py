@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models import kvzip_replay, llama, sharding
+from models import kvzip_replay, llama, rope, sharding
 from models.sampling import Sampling
 from models.driver import Decoder, pin_prefix
 from models.steps import (check_layer_methods, end_prefill, init_caches, prefill_step,
@@ -92,6 +92,13 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMe
   if isinstance(method, sharding.ShardedMethod):  # rows as the decode steps return them
     history = method.place_rows(history)
   return last, history, caches, states
+
+
+def with_model_rope(method: AttentionMethod, config) -> AttentionMethod:
+  """``method`` given the model's ``[D/2]`` RoPE frequencies (``with_rope``: the methods that
+  model RoPE, unless they set their own), as ``experiments.common.specs.for_model`` does."""
+  give = getattr(method, "with_rope", None)
+  return method if give is None else give(rope.model_inv_freq(config))
 
 
 def with_model_window(method: AttentionMethod, config, capacity: int):
@@ -166,7 +173,8 @@ def generate(model, prompt_tokens, max_new_tokens: int, method: AttentionMethod,
     model: a loaded model (``.config``, ``.params``, optional ``.tokenizer`` for EOS ids).
     prompt_tokens: one list of ids, or a list of lists (right-padded internally).
     max_new_tokens: tokens to emit per row.
-    method: any ``AttentionMethod`` (its ``window`` and ``rect_interval`` are obeyed).
+    method: any ``AttentionMethod`` (its ``window`` and ``rect_interval`` are obeyed; given
+      the model's RoPE, ``with_model_rope``).
     sampling: greedy / temperature / top-p with a seed.
     prefill_chunk: prompt chunk length.
     capacity: cache capacity (default: longest prompt + max_new_tokens, rounded up).
@@ -178,7 +186,7 @@ def generate(model, prompt_tokens, max_new_tokens: int, method: AttentionMethod,
     question_length: int or ``[B]``: each prompt ends with a question of this many tokens
       (``prefill``; None: not known).
   """
-  model, method = sharding.prepare(model, method, mesh)
+  model, method = sharding.prepare(model, with_model_rope(method, model.config), mesh)
   config = model.config
   prompts, lengths = _as_batch(prompt_tokens)
   need = int(lengths.max()) + max_new_tokens
@@ -249,7 +257,7 @@ def teacher_forced(model, tokens, prefill_len: int, method: AttentionMethod, *,
     ``prefill_len - 1 + i`` (so ``[:, :-1]`` predicts ``tokens[:, prefill_len:]``); with the
     dense method this equals ``llama.forward(tokens)[:, prefill_len - 1:]``.
   """
-  model, method = sharding.prepare(model, method, mesh)
+  model, method = sharding.prepare(model, with_model_rope(method, model.config), mesh)
   config = model.config
   tokens = np.asarray(tokens, np.int32)
   b, n = tokens.shape

@@ -31,6 +31,12 @@ from models.config import RopeConfig
 from sparse_attn.compression import rope as rotation
 
 
+def model_inv_freq(config) -> tuple:
+  """A model's ``[D/2]`` RoPE inverse frequencies (scaling applied; global layers) as a tuple of
+  floats, the form a method's ``rope_inv_freq`` option takes."""
+  return tuple(float(f) for f in inverse_frequencies(config.rope, config.head_dim))
+
+
 def inverse_frequencies(rope: RopeConfig, head_dim: int, long: bool = False) -> np.ndarray:
   """``[D/2]`` float32 inverse frequencies after scaling (``long``: LongRoPE's long factors)."""
   exponents = np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)

@@ -98,5 +98,4 @@ def rope_inv_freq(model) -> tuple:
   """The model's ``[D/2]`` RoPE inverse frequencies (scaling applied), for methods that model
   RoPE (``experiments.common.specs.build``)."""
   from models import rope  # pylint: disable=g-import-not-at-top
-  return tuple(float(f) for f in rope.inverse_frequencies(model.config.rope,
-                                                           model.config.head_dim))
+  return rope.model_inv_freq(model.config)

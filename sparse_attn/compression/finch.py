@@ -29,10 +29,16 @@ never cut to its last ``window_size`` tokens. RULER's questions with Qwen2.5's c
 run 34-104 tokens at 4k and 8k (``niah_multikey_3``'s UUID keys 88-104, ``niah_multiquery``
 63-79, the other ten tasks at most 61), so the harness's ring is 128 there.
 
-Not implemented: kvpress's re-rotation of the kept keys to consecutive positions
-(``rerotate_keys``): here the kept tokens keep their positions, as with every other method,
-so the decode positions continue from the prompt's length (the paper reads each chunk with the
-positions it had).
+Key re-rotation (``rerotate_keys``, on by default, as kvpress's ``FinchPress``; the authors'
+implementation is kvpress's, and kvpress's ``KeyRerotationPress`` cites FINCH for it): after the
+prompt is compacted, each kv head's kept keys are re-rotated to consecutive positions, so the
+model reads the compressed prompt as a contiguous text. kvpress puts the kept keys at ``0 ..
+n-1`` and continues at ``n``; here they end just before the next token's position
+(``rope.rerotate_kept``), which gives every query the same distances, so the attention is the
+same while positions and decode steps stay the library's. It needs the model's RoPE frequencies
+(``with_rope``, ``rope_theta``): every model run gives them (``models.decode``,
+``experiments.common.specs``); on bare arrays without them the keys keep their positions.
+``rerotate_keys=False`` keeps the original positions, as every other method does.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sparse_attn.compression import chunks, observe, order
+from sparse_attn.compression import chunks, observe, order, rope
 from sparse_attn.compression.base import CompressionMethod
 
 
@@ -73,7 +79,7 @@ def set_question_length(states, n):
 
 
 @dataclasses.dataclass(frozen=True)
-class FINCH(CompressionMethod):
+class FINCH(rope.RopeOptions, CompressionMethod):
   """FINCH eviction (Corallo & Papotti 2024), as kvpress's ``FinchPress``.
 
   Attributes:
@@ -81,11 +87,15 @@ class FINCH(CompressionMethod):
       run does not give one; ``with_question_room`` raises it to a run's longest question).
     chunk_length: tokens per selection chunk (None: the whole prompt is one chunk).
     normalize_scores: weight each question query by its position (Eq. 2's normalisation).
+    rerotate_keys: re-rotate the kept keys to consecutive positions after the compaction
+      (module docstring; needs the model's RoPE).
+    rope_theta, rope_inv_freq: the model's RoPE (``with_rope`` sets the frequencies).
   """
 
   window_size: int = 64
   chunk_length: int | None = None
   normalize_scores: bool = True
+  rerotate_keys: bool = True
 
   name = "finch"
   PANELS = ("query_aware",)  # kvpress runs it with the question compressed (catalog)
@@ -98,8 +108,14 @@ class FINCH(CompressionMethod):
     c = self.chunk_length
     if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 1):
       raise ValueError(f"chunk_length must be None or an int >= 1, got {c!r}")
-    if not isinstance(self.normalize_scores, bool):
-      raise ValueError(f"normalize_scores must be a bool, got {self.normalize_scores!r}")
+    for f in ("normalize_scores", "rerotate_keys"):
+      if not isinstance(getattr(self, f), bool):
+        raise ValueError(f"{f} must be a bool, got {getattr(self, f)!r}")
+    if self.rerotate_keys and self.phase.at_decode:
+      raise ValueError(f"finch re-rotates the kept keys once, after the prompt's compaction; "
+                       f"phase={self.phase!s} compresses while decoding too: give "
+                       "rerotate_keys=False")
+    self._check_rope()
 
   def init_extra(self, batch, num_q_heads, num_kv_heads, head_dim, capacity):
     return {"obs": observe.init_ring(batch, num_q_heads, self.window_size, head_dim),
@@ -117,6 +133,15 @@ class FINCH(CompressionMethod):
     if inputs is None or inputs.question_length is None:
       return state
     return set_question_length(state, inputs.question_length)
+
+  def end_prefill(self, cache, state, *, scale=None):
+    """Compacts the prompt (``CompressionMethod.end_prefill``), then re-rotates each head's kept
+    keys to consecutive positions (``rerotate_keys`` with the model's RoPE known)."""
+    cache, state = super().end_prefill(cache, state, scale=scale)
+    inv = self.inv_freq(cache.head_dim)
+    if not (self.rerotate_keys and self.compresses_prefill) or inv is None:
+      return cache, state
+    return rope.rerotate_kept(cache, state["next_pos"], inv), state
 
   def observe(self, q, cache, state, positions, lse, scale):
     return dict(state, obs=observe.ring_push(state["obs"], q, positions, positions >= 0))

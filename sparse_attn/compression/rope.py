@@ -1,8 +1,8 @@
 """RoPE for the compression methods that model it: frequencies, rotation and the config mixin.
 
-Expected Attention (pre-RoPE query statistics, Devoto et al. 2025, Eq. 5) and StreamingLLM's
-rolling positions (Xiao et al. 2024, Sec. 3.2) need the model's RoPE; the half-split convention
-of ``models.rope`` is used throughout.
+Expected Attention (pre-RoPE query statistics, Devoto et al. 2025, Eq. 5), StreamingLLM's
+rolling positions (Xiao et al. 2024, Sec. 3.2) and FINCH's key re-rotation (``rerotate_kept``)
+need the model's RoPE; the half-split convention of ``models.rope`` is used throughout.
 """
 
 from __future__ import annotations
@@ -11,6 +11,9 @@ import dataclasses
 
 import jax.numpy as jnp
 import numpy as np
+
+from sparse_attn import cache as cache_lib
+from sparse_attn.compression import flat
 
 
 def inverse_frequencies(head_dim: int, theta: float) -> np.ndarray:
@@ -41,6 +44,40 @@ def rotate_by(x, offsets, inv_freq):
   Computed in float32, returned in ``x``'s dtype.
   """
   return rotate_with(x, *cos_sin(offsets, inv_freq))
+
+
+def contiguous_offsets(pos, valid, next_pos):
+  """``[..., T]`` rotation offsets that move each row's valid keys to consecutive positions.
+
+  The ``j``-th valid slot (slot order) of a row holding ``n`` goes to ``next_pos - n + j``: the
+  row's keys end just before the next token, so a later query at its own position ``next_pos +
+  i`` sees the ``j``-th key at distance ``n + i - j``, as with keys at ``0 .. n-1`` and the query
+  at ``n + i`` (RoPE logits depend only on the distance). Valid slots must be in position order.
+
+  Args:
+    pos: ``[..., T]`` token positions; valid: ``[..., T]`` bool.
+    next_pos: the row's next token position, broadcastable to ``pos[..., :1]``.
+  """
+  index = jnp.cumsum(valid, axis=-1, dtype=jnp.int32) - 1
+  n = jnp.sum(valid, axis=-1, keepdims=True, dtype=jnp.int32)
+  return jnp.where(valid, next_pos - n + index - pos, 0)
+
+
+def rerotate_kept(cache, next_pos, inv_freq):
+  """``cache`` with every kv head's keys re-rotated to consecutive positions
+  (``contiguous_offsets``; ``next_pos [B]``), positions and values unchanged.
+
+  A per-head ``KVCache`` gets its digests recomputed; an Ada-KV ``FlatKVCache`` (one buffer per
+  layer, each head's slots in token order) is re-rotated head by head.
+  """
+  if isinstance(cache, flat.FlatKVCache):
+    view = flat.heads_view(cache)  # pos [B, K, Tf], -1 outside each row's head
+    off = contiguous_offsets(view.pos, view.valid, next_pos[:, None, None])
+    k = rotate_with(cache.k, *cos_sin(jnp.sum(off, axis=1), inv_freq))  # one head per slot
+    return dataclasses.replace(cache, k=k)
+  off = contiguous_offsets(cache.pos, cache.valid, next_pos[:, None, None])
+  return cache_lib.replace_storage(cache, rotate_by(cache.k, off, inv_freq), cache.v, cache.pos,
+                                   cache.length)
 
 
 def rotate(x, positions, inv_freq):

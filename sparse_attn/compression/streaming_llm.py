@@ -28,7 +28,7 @@ import numpy as np
 
 from sparse_attn.compression.base import CompressionMethod
 from sparse_attn.compression.head_budget import HeadBudget
-from sparse_attn.compression.rope import RopeOptions, rotate_by
+from sparse_attn.compression.rope import RopeOptions, contiguous_offsets, rotate_by
 
 POSITION_MODES = ("original", "rolling")
 
@@ -74,8 +74,9 @@ class StreamingLLM(RopeOptions, CompressionMethod):
       return super()._attend(q, cache, state, positions, scale)
     inv = self.inv_freq(cache.head_dim)
     valid = cache.valid  # [B, K, T]
-    index = jnp.cumsum(valid, axis=-1) - 1  # cache index of each valid slot
-    k = rotate_by(cache.k, jnp.where(valid, index - cache.pos, 0), inv)
+    # each valid key at its cache index: consecutive, the last at (valid count) - 1
+    k = rotate_by(cache.k, contiguous_offsets(cache.pos, valid, jnp.sum(
+        valid, axis=-1, keepdims=True, dtype=jnp.int32)), inv)
     # [B, K, S]: the query's cache index = valid keys before its position
     q_index = jnp.sum(valid[:, :, None, :]
                       & (cache.pos[:, :, None, :] < positions[:, None, :, None]), axis=-1)
