@@ -20,7 +20,8 @@ package import for presses this script does not use; they are stubbed when missi
 
 Measured 2026-11-27 (2,048 tokens of the essays, ratio 0.5, kvpress 0.5.5; mean / min overlap
 over 30 layers x 3 kv heads): knorm 1.0000 / 0.9990 (one cell differs by one token at a float
-near-tie), keydiff, cur 1 / 1 (every cell identical), lagkv 0.9983 / 0.9980 (LagKV's rank scores
+near-tie), keydiff, cur 1 / 1 (every cell identical; 2026-11-29 also cur_random, kvpress's
+``use_random_leverage`` with its ``torch.randn`` given our draw), lagkv 0.9983 / 0.9980 (LagKV's rank scores
 tie across partitions, k / lag_size in each, and the cut falls inside such a tie: which of the
 tied tokens stay is the top-k's tie order, torch's against ours: 2 of 1,024 kept tokens), random
 0.50 (two generators: independent draws, as they should be).
@@ -63,6 +64,8 @@ PRESSES = {
     "knorm": ("KnormPress", {}),
     "keydiff": ("KeyDiffPress", {}),
     "cur": ("CURPress", {}),
+    # kvpress's random-projection leverage, its torch.randn given our draw (same G both sides)
+    "cur_random": ("CURPress", {"use_random_leverage": True}),
     "lagkv": ("LagKVPress", {}),
     "random": ("RandomPress", {"seed": 0}),  # different generators: ~(1 - ratio) by design
     "streaming_llm": ("StreamingLLMPress", {}),
@@ -75,7 +78,8 @@ PRESSES = {
     "compactor_exact": ("CompactorPress", {"sketch_dimension": 64}),
     "adakv_compactor": ("CompactorPress", {}),
 }
-OURS = {"compactor": ("compactor", {"head_budget": "uniform"}),
+OURS = {"cur_random": ("cur", {"random_leverage": True}),
+        "compactor": ("compactor", {"head_budget": "uniform"}),
         "compactor_exact": ("compactor", {"head_budget": "uniform", "sketch_dimension": 64}),
         "adakv_compactor": ("compactor", {}),
         "expected_attention": ("expected_attention", {"head_budget": "uniform", "eps": 0.0})}
@@ -98,11 +102,19 @@ def ours_kept(m, k, v, ratio, q=None):
   return np.asarray(m.keep_mask(cache, state, None, n))[0, :, :s]
 
 
-def theirs_kept(press, kvpress, k, v, ratio, q=None, inv_freq=None, adakv=False):
+def theirs_kept(press, kvpress, k, v, ratio, q=None, inv_freq=None, adakv=False, draw=None):
+  """``[K, S]`` bool: what kvpress's ``press`` keeps; ``draw``: the array its ``torch.randn``
+  returns (our method's random projection, so both sides project alike)."""
   import torch  # pylint: disable=g-import-not-at-top
   kt, vt = (torch.from_numpy(np.array(x, np.float32))[None] for x in (k, v))
   module, hidden, kwargs = (None, None, {}) if q is None else attention_stand_in(q, k, inv_freq)
-  scores = press.score(module, hidden, kt, vt, None, kwargs)
+  randn = torch.randn
+  if draw is not None:
+    torch.randn = lambda *a, **kw: torch.from_numpy(np.array(draw, np.float32))
+  try:
+    scores = press.score(module, hidden, kt, vt, None, kwargs)
+  finally:
+    torch.randn = randn
   n = kvpress.utils.compute_n_kept(k.shape[1], ratio)
   kept = np.zeros(k.shape[:2], bool)
   if adakv:  # AdaKVPress.compress: each head's top int(0.2 n) first, then one layer-wide cut
@@ -176,11 +188,15 @@ def main(argv):
     m = methods.make(spec, ratio=FLAGS.ratio, **ours_opts).with_rope(inv_freq)
     press = getattr(kvpress, cls)(compression_ratio=FLAGS.ratio, **opts)
 
-    def kept_pair(layer, name=name, m=m, press=press):
+    # CUR's projection: kvpress's G = randn / sqrt(r) gets our G's unscaled draw
+    draw = (np.asarray(m.projection(cap.k.shape[-1])) * math.sqrt(m.rank)
+            if getattr(m, "random_leverage", False) else None)
+
+    def kept_pair(layer, name=name, m=m, press=press, draw=draw):
       q = cap.q[layer] if name in READS_QUERIES else None
       return (ours_kept(m, cap.k[layer], cap.v[layer], FLAGS.ratio, q),
               theirs_kept(press, kvpress, cap.k[layer], cap.v[layer], FLAGS.ratio, q, inv_freq,
-                          adakv=name in ADAKV))
+                          adakv=name in ADAKV, draw=draw))
     print(kept_overlap.table_row(name, cls, kept_overlap.per_layer(cap.num_layers, kept_pair)))
 
 

@@ -63,8 +63,12 @@ def numpy_scores(name, p, b, n, budget):
     return np.asarray(jax.random.uniform(jax.random.key(0), (B, HKV, T)))[b, :, :n]
   if name.startswith("lagkv"):  # arXiv 2504.04704, as kvpress's LagKVPress
     return numpy_lagkv(k, p["v"][b, :, :n], LAG[name])
-  if name == "cur":  # arXiv 2509.15038, as kvpress's CURPress: windowed k2 * v2
-    lev = [numpy_windowed((x ** 2).sum(-1), 16) for x in (k, p["v"][b, :, :n])]
+  if name.startswith("cur"):  # arXiv 2509.15038, as kvpress's CURPress: windowed k2 * v2
+    rows = [k, p["v"][b, :, :n]]
+    if name == "cur_random":  # use_random_leverage: both projected on one Gaussian [D, 20]
+      g = np.asarray(jax.random.normal(jax.random.key(0), (D, 20))) / np.sqrt(20)
+      rows = [x @ g for x in rows]
+    lev = [numpy_windowed((x ** 2).sum(-1), 16) for x in rows]
     score = lev[0] * lev[1]
     return score / score.sum(-1, keepdims=True)
   probs = causal_probs(p, b, n)
@@ -134,7 +138,8 @@ def check_kept(keep, score, budget, total=None):
 
 
 BASELINES = ["knorm", "keydiff", "streaming_llm", "tova", "tova_group", "h2o",
-             "observed_attention", "snapkv", "cur", "lagkv", "lagkv_short", "random"]
+             "observed_attention", "snapkv", "cur", "cur_random", "lagkv", "lagkv_short",
+             "random"]
 
 
 @functools.lru_cache(maxsize=None)
@@ -154,6 +159,8 @@ def method(name, **kw):
     name, kw = "tova", dict(kw, scope="group")
   if name in LAG:
     name, kw = "lagkv", dict(kw, lag_size=LAG[name])
+  if name == "cur_random":
+    name, kw = "cur", dict(kw, random_leverage=True)
   return methods.make(name, ratio=0.5, n_sink=N_SINK,
                       **(dict(window_size=WINDOW) if name == "snapkv" else {}), **kw)
 
