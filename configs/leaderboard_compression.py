@@ -21,6 +21,9 @@ fraction kept). Rows per panel, as kvpress runs them:
   ``1 - kept``), so its cache holds ``(1 + kept) / 2`` of the dense bytes. kvpress's
   ``duo_attention`` (trained patterns) and ``kvzap`` (a trained scorer) are out of scope.
 * query-aware: SnapKV, Ada-KV SnapKV, FINCH and ChunkKV with the question in the window.
+  FINCH runs as kvpress's ``FinchPress`` (kept keys re-rotated to consecutive positions, its
+  default) and with ``rerotate_keys=false`` (positions kept, as every other row), paired: what
+  the re-rotation does.
 
 Same task mix, samples and generator as ``configs/accuracy_compression.py`` (12 RULER tasks x
 5 samples = 60 per cell, NVIDIA/RULER's generator, greedy answers, string match); one shared
@@ -37,7 +40,8 @@ KEPT = (0.75, 0.5, 0.25, 0.125)  # kvpress's ratios 0.25 / 0.5 / 0.75 / 0.875
 NEW_QUERY_AGNOSTIC = ("random", "cur", "lagkv", "compactor:head_budget=adakv", "qfilters",
                       "pyramidkv", "duo_attention_on_the_fly", "kvzip", "criticalkv",
                       "criticaladakv", "observed_attention", "think")
-QUERY_AWARE = ("snapkv", "snapkv:head_budget=adakv", "finch", "chunkkv")
+QUERY_AWARE = ("snapkv", "snapkv:head_budget=adakv", "finch", "chunkkv",
+               "finch:rerotate_keys=false")
 
 
 def get_config(quick: bool = False, panel: str = "query_agnostic"):
@@ -54,7 +58,8 @@ def get_config(quick: bool = False, panel: str = "query_agnostic"):
     c.pairs = tuple((m, "snapkv") for m in NEW_QUERY_AGNOSTIC)
   else:
     c.methods = ("dense",) + QUERY_AWARE
-    c.pairs = tuple((m, "snapkv") for m in QUERY_AWARE[1:])
+    c.pairs = tuple((m, "snapkv") for m in QUERY_AWARE[1:]) + (
+        ("finch", "finch:rerotate_keys=false"),)
   if quick:
     c.budgets = (0.5,)
     c.methods = tuple(m for m in c.methods if "@" not in m)
