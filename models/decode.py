@@ -95,8 +95,10 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMe
 
 
 def with_model_rope(method: AttentionMethod, config) -> AttentionMethod:
-  """``method`` given the model's ``[D/2]`` RoPE frequencies (``with_rope``: the methods that
-  model RoPE, unless they set their own), as ``experiments.common.specs.for_model`` does."""
+  """``method`` given the ``[D/2]`` RoPE frequencies of ``config`` (a run's:
+  ``ModelConfig.for_context``, so LongRoPE's factor set is the run's) through ``with_rope``: the
+  methods that model RoPE, unless they set their own, as ``experiments.common.specs.for_model``
+  does."""
   give = getattr(method, "with_rope", None)
   return method if give is None else give(rope.model_inv_freq(config))
 
@@ -186,14 +188,15 @@ def generate(model, prompt_tokens, max_new_tokens: int, method: AttentionMethod,
     question_length: int or ``[B]``: each prompt ends with a question of this many tokens
       (``prefill``; None: not known).
   """
-  model, method = sharding.prepare(model, with_model_rope(method, model.config), mesh)
+  model, method = sharding.prepare(model, method, mesh)
   config = model.config
   prompts, lengths = _as_batch(prompt_tokens)
   need = int(lengths.max()) + max_new_tokens
   capacity = method.round_capacity(capacity or need)
   if capacity < need:
     raise ValueError(f"capacity {capacity} < prompt + max_new_tokens = {need}")
-  method = with_model_window(method, config, capacity)
+  method = with_model_window(with_model_rope(method, config.for_context(capacity)), config,
+                             capacity)
   key = jax.random.key(sampling.seed)
   t0 = time.perf_counter()
   question = None if question_length is None else np.broadcast_to(question_length, lengths.shape)
@@ -257,14 +260,15 @@ def teacher_forced(model, tokens, prefill_len: int, method: AttentionMethod, *,
     ``prefill_len - 1 + i`` (so ``[:, :-1]`` predicts ``tokens[:, prefill_len:]``); with the
     dense method this equals ``llama.forward(tokens)[:, prefill_len - 1:]``.
   """
-  model, method = sharding.prepare(model, with_model_rope(method, model.config), mesh)
+  model, method = sharding.prepare(model, method, mesh)
   config = model.config
   tokens = np.asarray(tokens, np.int32)
   b, n = tokens.shape
   if not 1 <= prefill_len <= n:
     raise ValueError(f"prefill_len={prefill_len} must be in [1, {n}]")
   capacity = method.round_capacity(capacity or n)
-  method = with_model_window(method, config, capacity)
+  method = with_model_window(with_model_rope(method, config.for_context(capacity)), config,
+                             capacity)
   lengths = np.full((b,), prefill_len, np.int32)
   last, history, caches, states = prefill(model, tokens[:, :prefill_len], lengths, method,
                                           capacity, prefill_chunk)

@@ -32,9 +32,11 @@ from sparse_attn.compression import rope as rotation
 
 
 def model_inv_freq(config) -> tuple:
-  """A model's ``[D/2]`` RoPE inverse frequencies (scaling applied; global layers) as a tuple of
-  floats, the form a method's ``rope_inv_freq`` option takes."""
-  return tuple(float(f) for f in inverse_frequencies(config.rope, config.head_dim))
+  """A model's ``[D/2]`` RoPE inverse frequencies (scaling applied; global layers; LongRoPE's
+  long set where the config fixed it, ``ModelConfig.for_context``) as a tuple of floats, the
+  form a method's ``rope_inv_freq`` option takes."""
+  return tuple(float(f) for f in inverse_frequencies(config.rope, config.head_dim,
+                                                     bool(config.rope.longrope_long)))
 
 
 def inverse_frequencies(rope: RopeConfig, head_dim: int, long: bool = False) -> np.ndarray:

@@ -248,6 +248,10 @@ class ShardedMethod:
   def with_softcap(self, softcap: float) -> "ShardedMethod":
     return dataclasses.replace(self, inner=self.inner.with_softcap(softcap))
 
+  def with_rope(self, inv_freq) -> "ShardedMethod":
+    give = getattr(self.inner, "with_rope", None)  # a custom method may model no RoPE
+    return self if give is None else dataclasses.replace(self, inner=give(inv_freq))
+
   def round_capacity(self, n: int) -> int:
     """The inner rounding, then a multiple of ``seq * block_size`` (whole blocks per shard)."""
     cap = self.inner.round_capacity(n)
