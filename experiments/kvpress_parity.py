@@ -21,10 +21,10 @@ package import for presses this script does not use; they are stubbed when missi
 Measured 2026-11-27 (2,048 tokens of the essays, ratio 0.5, kvpress 0.5.5; mean / min overlap
 over 30 layers x 3 kv heads): knorm 1.0000 / 0.9990 (one cell differs by one token at a float
 near-tie), keydiff, cur 1 / 1 (every cell identical; 2026-11-29 also cur_random, kvpress's
-``use_random_leverage`` with its ``torch.randn`` given our draw), lagkv 0.9983 / 0.9980 (LagKV's rank scores
-tie across partitions, k / lag_size in each, and the cut falls inside such a tie: which of the
-tied tokens stay is the top-k's tie order, torch's against ours: 2 of 1,024 kept tokens), random
-0.50 (two generators: independent draws, as they should be).
+``use_random_leverage`` with its ``torch.randn`` given our draw), lagkv 0.9983 / 0.9980
+(LagKV's rank scores tie across partitions, k / lag_size in each, and the cut falls inside such
+a tie: which of the tied tokens stay is the top-k's tie order, torch's against ours: 2 of 1,024
+kept tokens), random 0.50 (two generators: independent draws, as they should be).
 
 StreamingLLM, TOVA (``kvpress_parity_window``: the last query's softmax) and Expected Attention
 (2026-11-29, same text and ratio; ours ``head_budget=uniform, eps=0``, kvpress's defaults, where

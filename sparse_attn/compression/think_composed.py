@@ -34,7 +34,9 @@ from sparse_attn.spec import check_options
 # The options both the composition and its press hold (the press's are the truth).
 SHARED = tuple(f.name for f in dataclasses.fields(CompressionMethod) if f.name != "spec")
 THINK_OPTIONS = ("ratio", "window_size")
-_OWN_ATTENTION = ("decode", "extend", "_attend", "_append_and_attend", "end_prefill")
+# (an own ``end_prefill`` may post-process the press's per-head cache; ``end_prefill`` below
+# refuses any other layout)
+_OWN_ATTENTION = ("decode", "extend", "_attend", "_append_and_attend")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +74,10 @@ class ThinKComposed(CompressionMethod):
       raise ValueError(f"{self.spec}: {press.name} scores the prompt after the prefill (its "
                        "replay, a ranking over all layers), which ThinK's composition does not "
                        "run; use it alone")
+    if getattr(press, "rerotate_keys", False):
+      raise ValueError(f"{self.spec}: FINCH's re-rotated keys end at the prompt's last position "
+                       "(kvpress's start at 0), which moves ThinK's channel scores away from "
+                       "kvpress's composition; use finch:rerotate_keys=false")
     own = [f for f in _OWN_ATTENTION
            if getattr(type(press), f) is not getattr(CompressionMethod, f)]
     if getattr(press, "positions", "original") == "original" and own == ["_attend"]:

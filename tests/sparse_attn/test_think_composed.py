@@ -18,7 +18,8 @@ from tests.sparse_attn.test_compression_think import (B, D, HKV, HQ, LENGTHS, ST
                                                       prefill, problem, run)
 
 G = HQ // HKV
-PRESSES = ["snapkv:window_size=8", "h2o", "knorm", "criticalkv:window_size=8"]
+PRESSES = ["snapkv:window_size=8", "h2o", "knorm", "criticalkv:window_size=8",
+           "finch:window_size=8,rerotate_keys=false"]
 
 
 def _kept(cache):
@@ -126,7 +127,8 @@ def test_the_spec_options_and_refusals():
                      ("snapkv+think:ratio=0.5,kernel=3", "unknown option"),
                      ("think+think:ratio=0.5", "no enhancers"),
                      ("streaming_llm:positions=rolling,rope_theta=1e4+think:ratio=0.5",
-                      "own _attend")):
+                      "own _attend"),
+                     ("finch+think:ratio=0.5", "rerotate_keys=false")):
     with pytest.raises(ValueError, match=match):
       methods.make(bad, ratio=0.5)
   prefill(methods.make("streaming_llm+think:ratio=0.5", ratio=0.5), problem(13))
