@@ -295,7 +295,8 @@ def test_defaults_are_kvpress_leaderboard_presses():
   want = {"snapkv": snap, "chunkkv": dict(snap, chunk_length=20),
           "pyramidkv": dict(snap, beta=20),
           "criticalkv": dict(snap, epsilon=1e-4, first_stage_ratio=0.5),
-          "finch": dict(window_size=64, chunk_length=None, normalize_scores=True, n_sink=0)}
+          "finch": dict(window_size=64, chunk_length=None, normalize_scores=True, n_sink=0,
+                        rerotate_keys=True)}
   for name, opts in want.items():
     m = methods.make(name, ratio=0.5)
     assert {k: getattr(m, k) for k in opts} == opts, name
