@@ -32,8 +32,9 @@ from sparse_attn.compression.base import CompressionMethod
 _KEEP_ONLY = dict(spec="", ratio=0.0, head_budget=HeadBudget.UNIFORM, floor=0.2, max_tokens=None)
 
 
-# The same, for options only some methods have (KVzip's ranking over all layers or per layer).
-_KEEP_ONLY_IF_PRESENT = dict(layerwise=True)
+# The same, for options only some methods have (KVzip's ranking over all layers or per layer,
+# FINCH's key re-rotation after the compaction).
+_KEEP_ONLY_IF_PRESENT = dict(layerwise=True, rerotate_keys=True)
 
 
 def observation_key(method: CompressionMethod) -> CompressionMethod:

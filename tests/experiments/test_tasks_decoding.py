@@ -93,6 +93,8 @@ def test_compression_union_shares_observations_across_ratios():
   assert union.slot(ms[2]) != union.slot(ms[3])
   with pytest.raises(ValueError, match="not observed"):
     union.slot(methods.make("h2o:ratio=0.5,recent_frac=0.1"))
+  both = [methods.make("finch", ratio=0.5), methods.make("finch:rerotate_keys=false", ratio=0.25)]
+  assert len(compression_union.CompressionUnion.of(both).observers) == 1  # re-rotation: at the end
 
 
 def _generate(model, prompts, lengths, m, new, suffix=None, suffix_lengths=None):
@@ -218,7 +220,8 @@ def test_every_registered_method_gets_its_own_prefill_from_the_shared_one(spec, 
   lengths = np.array([70, 53], np.int32)
   prompts = rng.integers(10, 1000, (2, 70)).astype(np.int32)
   prompts[1, 53:] = 0
-  m = methods.make(spec, **kwargs)
+  # with the model's RoPE, as a run gives it: FINCH re-rotates its kept keys after the split
+  m = decode.with_model_rope(methods.make(spec, **kwargs), model.config)
   ms = [methods.make("dense"), methods.make("snapkv", ratio=0.25),
         methods.make("quest+resa", budget=0.25), m]
   got = dict(decoding.prefill_all(model, prompts, lengths, ms, capacity=96))[m]
