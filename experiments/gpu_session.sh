@@ -11,6 +11,9 @@
 #      compiled (tests/sparse_attn/test_scoring_precision.py; its GPU-only case);
 #   2. per_layer: one Llama-3.1-8B attention layer at 8k/32k/128k, dense (split-K Pallas and
 #      XLA), Quest p = 0.1, +RESA (and fused=false: its XLA-op path), rectified, next to SDPA;
+#   2b. per_layer_mosaic: the same layer at 8k/32k/128k, dense and quest:gqa=group through the
+#      Mosaic GPU kernels (impl=mosaic) beside their Triton twins and torch SDPA, one run
+#      (issue 54 item 5; its own part, so a Mosaic failure leaves per_layer's records whole);
 #   3. shape_32k: a random-weight Llama-3.1-8B end to end at batch 1 and 32k (dense prefill;
 #      decode dense, Quest, +RESA), next to transformers, each row with its fraction of the
 #      bandwidth bound;
@@ -61,6 +64,8 @@ SELECT=(--select_entries=2048,8192 --select_rows=8 --select_bits=1 --select_warp
 PROFILE=(--steps=32 --calls=2)
 PROFILE_E2E=(--shape=llama-3.1-8b --context=32768 --steps=8 --calls=2 --top=30)
 CTX_SMALL=(131072 32768)
+MOSAIC=dense,dense:impl=mosaic,quest:gqa=group,quest:gqa=group,impl=mosaic
+MOSAIC_EXTRA=()
 if [ "$QUICK" = 1 ]; then
   CTX32=()
   CTX128=(--config.shape_transformers=False)
@@ -70,9 +75,12 @@ if [ "$QUICK" = 1 ]; then
   PROFILE=(--steps=2 --calls=1 --interpret)
   PROFILE_E2E=(--shape=tiny --dtype=float32 --context=128 --steps=2 --calls=1 --interpret)
   CTX_SMALL=(256 256)
+  MOSAIC=dense,dense:impl=mosaic,interpret=true,quest:gqa=group,quest:gqa=group,impl=mosaic,interpret=true
+  MOSAIC_EXTRA=(--config.head_dim=32)  # the Mosaic kernels' smallest float32 head
   DEADLINE=$(( $(date +%s) + 3600 ))
   EXTRA=(--config.quick=True)
 fi
+MOSAIC_METHODS=${MOSAIC_METHODS:-$MOSAIC}
 LATENCY=(python3 -m experiments.latency --config=configs/latency_gpu.py
          --workdir="$OUT/latency_gpu")
 
@@ -99,6 +107,10 @@ for name in $PARTS; do
     per_layer) part per_layer 170 "${LATENCY[@]}" --config.sections=per_layer,torch_peer \
         "--config.methods=${PER_LAYER_METHODS:-dense,dense:impl=xla,quest:gqa=group,quest:gqa=group+resa,quest:gqa=group+resa:fused=false,rectified}" \
         ${PER_LAYER_CONTEXTS:+"--config.contexts=$PER_LAYER_CONTEXTS"} "${EXTRA[@]}" ;;
+    per_layer_mosaic) part per_layer_mosaic 150 "${LATENCY[@]}" \
+        --config.sections=per_layer,torch_peer "--config.methods=${MOSAIC_METHODS}" \
+        ${PER_LAYER_CONTEXTS:+"--config.contexts=$PER_LAYER_CONTEXTS"} "${EXTRA[@]}" \
+        "${MOSAIC_EXTRA[@]}" ;;
     shape_32k) part shape_32k 220 "${LATENCY[@]}" --config.sections=shape_e2e \
         --config.shape_batches=1 \
         "--config.shape_methods=dense,quest:gqa=group,quest:gqa=group+resa" \
