@@ -13,7 +13,8 @@
 #      XLA), Quest p = 0.1, +RESA (and fused=false: its XLA-op path), rectified, next to SDPA;
 #   2b. per_layer_mosaic: the same layer at 8k/32k/128k, dense and quest:gqa=group through the
 #      Mosaic GPU kernels (impl=mosaic) beside their Triton twins and torch SDPA, one run
-#      (issue 54 item 5; its own part, so a Mosaic failure leaves per_layer's records whole);
+#      (issue 54 item 5; its own part and workdir, so a Mosaic failure leaves per_layer's
+#      records whole and its Triton rows are written, not skipped as per_layer's keys);
 #   3. shape_32k: a random-weight Llama-3.1-8B end to end at batch 1 and 32k (dense prefill;
 #      decode dense, Quest, +RESA), next to transformers, each row with its fraction of the
 #      bandwidth bound;
@@ -37,8 +38,10 @@
 #   run(command=f"EXPERIMENT_REVISION={sha} bash experiments/gpu_session.sh", ...)
 # (experiments/common/results.py:git_revision).
 # Records go under $OUT (the device tool's output folder; /tmp/gpu_session elsewhere; the part logs
-# together in parts.log, since the tool brings back 8 files at most); commit
-# them under results/latency_gpu with `python -m experiments.merge`. The image lacks
+# together in parts.log, since the tool brings back 8 files at most); commit each call's
+# workdir in a folder of its own (e.g. results/gpu_h200/lease) with `python -m experiments.merge`:
+# a record's key names (section, dtype, context, method), so a second call's rows of the same
+# keys would be skipped as duplicates and its ratios lose their in-run partners. The image lacks
 # ml_collections: carry its wheel in .whl/ (see the README's GPU notes); it is installed into
 # /tmp/site when missing.
 set -u
@@ -107,7 +110,8 @@ for name in $PARTS; do
     per_layer) part per_layer 170 "${LATENCY[@]}" --config.sections=per_layer,torch_peer \
         "--config.methods=${PER_LAYER_METHODS:-dense,dense:impl=xla,quest:gqa=group,quest:gqa=group+resa,quest:gqa=group+resa:fused=false,rectified}" \
         ${PER_LAYER_CONTEXTS:+"--config.contexts=$PER_LAYER_CONTEXTS"} "${EXTRA[@]}" ;;
-    per_layer_mosaic) part per_layer_mosaic 150 "${LATENCY[@]}" \
+    per_layer_mosaic) part per_layer_mosaic 150 python3 -m experiments.latency \
+        --config=configs/latency_gpu.py --workdir="$OUT/latency_mosaic" \
         --config.sections=per_layer,torch_peer "--config.methods=${MOSAIC_METHODS}" \
         ${PER_LAYER_CONTEXTS:+"--config.contexts=$PER_LAYER_CONTEXTS"} "${EXTRA[@]}" \
         "${MOSAIC_EXTRA[@]}" ;;
@@ -141,4 +145,4 @@ for name in $PARTS; do
     *) echo "unknown part: $name"; exit 2 ;;
   esac
 done
-rm -f "$OUT/latency_gpu/latency.png"  # re-rendered here; the device tool brings back 8 files
+rm -f "$OUT"/latency_*/latency.png  # re-rendered here; the device tool brings back 8 files
