@@ -46,9 +46,17 @@ MOSAIC_OPS: frozenset[str] = frozenset({"sparse_decode", "block_score", "cache_a
 MOSAIC_MIN_CAPABILITY = 9.0
 
 # Per op: (least compute capability, the backend measured faster there, the committed record
-# that shows it), first match wins. Empty: no Mosaic kernel has been timed on a GPU yet, so
-# "auto" keeps the Triton kernels, whose H100 numbers are in results/gpu_decode.
-MEASURED_FASTER: dict[str, tuple[tuple[float, str, str], ...]] = {}
+# that shows it), first match wins; a row whose backend this JAX lacks is passed over. The
+# Mosaic kernels' first GPU timing (H200, sm_90, one Llama-3.1-8B attention layer, bf16,
+# batch 1, 8k / 32k / 128k, beside the Triton twins in the same lease) found Triton faster:
+# dense (sparse_decode over every block) 4.6x / 5.2x / 6.7x, Quest's step (Mosaic block_score
+# + sparse_decode) 2.5x / 2.8x / 3.0x. Ops without a row (cache_append, sparse_decode_resa,
+# the multi-query decode: not timed) fall to the rule below, also Triton.
+_H200_RUN = "results/gpu_h200/lease/results.jsonl"
+MEASURED_FASTER: dict[str, tuple[tuple[float, str, str], ...]] = {
+    "sparse_decode": ((9.0, "pallas", _H200_RUN),),
+    "block_score": ((9.0, "pallas", _H200_RUN),),
+}
 
 _TRITON_MODULE = "jax.experimental.pallas.triton"
 _JAX_TRITON_WARNING = "The Pallas Triton backend is deprecated"
@@ -120,11 +128,15 @@ def _notice_triton():
                   stacklevel=3)
 
 
+def _available(backend: str) -> bool:
+  return {"pallas": triton_available, "mosaic": mosaic_available}.get(backend, lambda: True)()
+
+
 def _auto(op: str | None, capability: float | None) -> Resolved:
   if capability is None:
     return "xla"
   for least, backend, _record in MEASURED_FASTER.get(op, ()):
-    if capability >= least:
+    if capability >= least and _available(backend):
       return backend
   if triton_available():
     return "pallas"

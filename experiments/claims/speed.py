@@ -28,35 +28,46 @@ def _on(records, where: str):
   return [r for r in records if backend(r) == where]
 
 
-def _run_rounds(records, dtype, context, methods) -> dict | None:
-  """``method -> rounds`` of one run that timed every one of ``methods`` at ``(dtype,
-  context)``: the latest such run, so a ratio pairs rounds that ran under the same load (two
-  runs, days apart on different trees, never pair). None when no run timed them all."""
+def _latest_run(records, dtype, context, methods) -> dict | None:
+  """``method -> record`` of the latest run that timed every one of ``methods`` at ``(dtype,
+  context)`` per layer, so a ratio pairs rounds that ran under the same load (two runs, days
+  apart on different trees or devices, never pair). None when no run timed them all."""
   runs: dict = {}
   for r in records:
     if (r.get("section"), r.get("dtype"), r.get("context")) == ("per_layer", dtype, context) and (
         r.get("method") in methods):
-      run = runs.setdefault(r.get("run"), {})
-      run.setdefault(r["method"], (r.get("time", ""), np.asarray(r["times_ms"], np.float64)))
+      runs.setdefault(r.get("run"), {}).setdefault(r["method"], r)
   full = [run for run in runs.values() if all(m in run for m in methods)]
   if not full:
     return None
-  latest = max(full, key=lambda run: max(t for t, _ in run.values()))
-  return {m: rounds for m, (_, rounds) in latest.items()}
+  return max(full, key=lambda run: max(r.get("time", "") for r in run.values()))
+
+
+def _run_rounds(records, dtype, context, methods) -> dict | None:
+  """``method -> rounds`` (``times_ms``) of ``_latest_run``'s records."""
+  run = _latest_run(records, dtype, context, methods)
+  if run is None:
+    return None
+  return {m: np.asarray(r["times_ms"], np.float64) for m, r in run.items()}
+
+
+def _devices(read: list[dict]) -> str:
+  """The devices of the records a row read, in order of first appearance."""
+  return ", ".join(dict.fromkeys(r.get("device", "GPU") for r in read))
 
 
 def _overheads(records, method, base=QUEST, dtype="float32"):
-  """Per context: (context, mean overhead, lo, hi, rounds) of ``method`` over ``base``, the
-  rounds of one run (``_run_rounds``)."""
+  """Per context: (context, mean overhead, lo, hi, rounds, records read) of ``method`` over
+  ``base``, the rounds of one run (``_latest_run``)."""
   out = []
   for ctx in sorted({r["context"] for r in records if r.get("section") == "per_layer"}):
-    got = _run_rounds(records, dtype, ctx, (method, base))
-    if got is None:
+    run = _latest_run(records, dtype, ctx, (method, base))
+    if run is None:
       continue
-    a, b = got[method], got[base]
+    a, b = (np.asarray(run[m]["times_ms"], np.float64) for m in (method, base))
     n = min(len(a), len(b))
     m, lo, hi = stats.paired_bootstrap(a[:n] / b[:n] - 1.0, np.zeros(n))
-    out.append((ctx, m, lo, hi, n))
+    out.append((ctx, m, lo, hi, n, list(run.values())))
   return out
 
 
@@ -67,23 +78,25 @@ def _overhead_claim(records, method, paper_max, label, *, base=QUEST, where="cpu
     return None
   worst = max(rows, key=lambda r: r[1])
   ours = "; ".join(f"{c // 1024}k {100 * m:+.1f}% [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-                   for c, m, lo, hi, _ in rows)
+                   for c, m, lo, hi, _, _ in rows)
+  read = [r for row in rows for r in row[5]]
   rounds = min(r[4] for r in rows)  # each interval is over one context's rounds
   verdict = overhead_verdict(rows, paper_max)
   if where == "cpu":
     noise = ("CPU rounds at 32k+ vary by tens of percent, so a ratio below 1 there is noise")
     device = "CPU"
   else:
-    noise = "device-looped steps (dispatch excluded); profile in latency_gpu/PROFILE.md"
-    device = next((r.get("device", "GPU") for r in _on(records, where)
-                   if r.get("section") == "per_layer"), "GPU") + ", Pallas kernels"
+    noise = ("device-looped steps (dispatch excluded); per-op profile: PROFILE.md beside the "
+             "records")
+    device = _devices(read) + ", Pallas kernels"
   return Measured(
       ours=ours, n=rounds,
       setting=f"one Llama-3.1-8B attention layer (32 q / 8 kv heads, d=128), {dtype}, "
               f"batch 1, {base} vs {method}, {device}",
       verdict=verdict,
       why=f"{label}; worst {100 * worst[1]:+.1f}% at {worst[0] // 1024}k; per context, "
-          f"a 95% interval over its >= {rounds} paired rounds (interleaved); {noise}")
+          f"a 95% interval over its >= {rounds} paired rounds (interleaved); {noise}",
+      read=read)
 
 
 def resa_decode_overhead(records):

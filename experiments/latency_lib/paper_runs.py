@@ -137,15 +137,20 @@ def session_of(r: dict) -> str:
   return r.get("session") or r.get("run") or ""
 
 
-def complete(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
-  """``(item, session) -> records`` of every plan item a session finished whole (every part's
-  record, ok or skipped; the last of each part)."""
+def by_session(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
+  """``(item, session) -> records``: the final record (ok or skipped) of each part a session
+  ran of a plan item, the last of each part."""
   groups: dict[tuple[str, str], dict[str, dict]] = {}
   for r in records:
     if r.get("item") and r.get("status") in _FINAL and "part" in r:
       groups.setdefault((r["item"], session_of(r)), {})[r["part"]] = r
-  return {k: list(v.values()) for k, v in groups.items()
-          if len(v) == next(iter(v.values())).get("item_parts", 0)}
+  return {k: list(v.values()) for k, v in groups.items()}
+
+
+def complete(records: list[dict]) -> dict[tuple[str, str], list[dict]]:
+  """``by_session``'s groups of the plan items a session finished whole (every part)."""
+  return {k: v for k, v in by_session(records).items()
+          if len(v) == v[0].get("item_parts", 0)}
 
 
 def seed(src: str, dst: str) -> int:

@@ -103,3 +103,35 @@ def test_claim_rows_from_synthetic_records():
           ((65536, 0.008), (262144, 0.3))]
   row = speed_e2e.resa_fig6(kern)
   assert row.verdict == "not reproduced" and "rect 16.7%" in row.ours, row
+
+
+def test_retro_row_takes_a_cut_short_session_and_names_what_it_lacks():
+  """A lease that ran out of time mid-item: its finished windows are a row (paired within the
+  session), the windows it did not reach are named; a complete later session wins."""
+  q = "quest:budget=0.15,min_tokens=256,n_sink=0,local_window=1,forced_count=inside"
+  cut = [_e2e("retro@32768x8", q, [10, 10], parts=4),
+         _e2e("retro@32768x8", q + "+retro:w=8", [12.5, 12.5], parts=4),
+         _e2e("retro@32768x8", q + "+retro:w=2", [99, 99], parts=4, status="timeout")]
+  row = speed.retro_throughput_loss_gpu(cut)
+  assert "32k b8: w8 +20.0%" in row.ours and "not finished: w2, w4" in row.ours, row
+  assert row.verdict == "not reproduced" and len(row.read) == 2  # the timeout is no part
+  whole = [_e2e("retro@32768x8", q, [10, 10], parts=2, session="s9", time="u"),
+           _e2e("retro@32768x8", q + "+retro:w=8", [10.2, 10.2], parts=2, session="s9",
+                time="u")]
+  row = speed.retro_throughput_loss_gpu(cut + whole)
+  assert "w8 +2.0%" in row.ours and "not finished: w2, w4" in row.ours, row
+
+
+def test_gpu_overhead_row_names_the_device_of_the_run_it_read():
+  """Per-layer GPU rows pair rounds within the latest run and name that run's device, not the
+  first GPU record's (an H100 run followed by an H200 one)."""
+  def rec(run, device, method, ms, time):
+    return dict(section="per_layer", dtype="bfloat16", context=8192, method=method, run=run,
+                device=device, time=time, times_ms=[ms] * 4, machine={"backend": "gpu"})
+  base, resa = "quest:gqa=group,budget=500", "quest:gqa=group,budget=500+resa"
+  recs = [rec("a", "H100", base, 1.0, "1"), rec("a", "H100", resa, 2.0, "1"),
+          rec("b", "H200", base, 1.0, "2"), rec("b", "H200", resa, 1.5, "2"),
+          rec("c", "H100", base, 1.0, "3")]  # a later run without the pair: not read
+  row = speed.resa_decode_overhead_gpu(recs)
+  assert "8k +50.0%" in row.ours and "H200, Pallas" in row.setting, row
+  assert "H100" not in row.setting and {r["run"] for r in row.read} == {"b"}

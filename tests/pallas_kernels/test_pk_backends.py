@@ -32,9 +32,14 @@ def test_auto_per_device_and_measured_table(monkeypatch):
   resolve = backends.resolve_impl
   monkeypatch.setattr(backends, "_noticed", True)  # no notice from these simulated GPUs
   assert resolve("auto", "sparse_decode", capability=None) == "xla"
-  # Nothing measured yet: Triton wherever JAX has it, Hopper included.
+  # Triton wherever JAX has it, Hopper included (measured faster there: MEASURED_FASTER).
   for cap in (8.0, 8.9, 9.0):
     assert resolve("auto", "sparse_decode", capability=cap) == "pallas"
+  # A measured row whose backend this JAX lacks is passed over (Triton gone: Mosaic).
+  monkeypatch.setattr(backends, "triton_available", lambda: False)
+  assert resolve("auto", "sparse_decode", capability=9.0) == (
+      "mosaic" if backends.mosaic_available() else "xla")
+  monkeypatch.setattr(backends, "triton_available", lambda: True)
   monkeypatch.setattr(backends, "MOSAIC_OPS", frozenset({"sparse_decode"}))
   monkeypatch.setattr(backends, "MEASURED_FASTER",
                       {"sparse_decode": ((9.0, "mosaic", "results/x.jsonl"),)})
@@ -107,3 +112,26 @@ def test_mosaic_impl_runs_the_mosaic_kernels_in_a_decode_step(monkeypatch):
   got = _quest_decode("mosaic", True)
   assert sorted(set(calls)) == ["block_score", "cache_append", "sparse_decode"]
   np.testing.assert_allclose(got, _quest_decode("xla", False), atol=2e-5, rtol=2e-5)
+
+
+def test_measured_table_cites_records_that_show_it():
+  """Every MEASURED_FASTER row names a committed record file in which, at that capability's
+  device, the named backend's step is faster than the other Pallas backend's in one run."""
+  import json  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  # which per-layer rows time an op on each backend: (Triton row, Mosaic row)
+  rows = {"sparse_decode": ("dense", "dense:impl=mosaic"),
+          "block_score": ("quest:gqa=group", "quest:gqa=group,impl=mosaic")}
+  assert backends.MEASURED_FASTER
+  for op, entries in backends.MEASURED_FASTER.items():
+    assert op in backends.MOSAIC_OPS
+    for _least, backend, record in entries:
+      recs = [json.loads(line) for line in open(os.path.join(root, record))]
+      triton, mosaic = rows[op]
+      for ctx in (8192, 32768, 131072):
+        got = {r["method"]: r for r in recs if r.get("section") == "per_layer"
+               and r.get("context") == ctx and r["method"] in (triton, mosaic)}
+        assert set(got) == {triton, mosaic} and got[mosaic]["git_verified"], (op, ctx)
+        faster = "pallas" if got[triton]["ms"] < got[mosaic]["ms"] else "mosaic"
+        assert faster == backend, (op, ctx, got[triton]["ms"], got[mosaic]["ms"])
