@@ -41,6 +41,18 @@ def load(root: str, files: dict[str, list[dict]] | None = None) -> dict[str, lis
   return out
 
 
+def gpu_folders(files: dict[str, list[dict]], root: str) -> dict[str, list[str]]:
+  """GPU name -> the folders under ``root`` holding records measured on it (in path order)."""
+  out: dict[str, list[str]] = {}
+  for path, recs in sorted(files.items()):
+    folder = os.path.relpath(os.path.dirname(path), root)
+    for dev in dict.fromkeys(r["device"] for r in recs if r.get("device")
+                             and r.get("machine", {}).get("backend") == "gpu"):
+      if folder not in out.setdefault(dev, []):
+        out[dev].append(folder)
+  return out
+
+
 def folders_of(files: dict[str, list[dict]], root: str) -> dict[int, str]:
   """``id(record)`` -> the folder under ``root`` whose ``results.jsonl`` holds it."""
   return {id(r): os.path.relpath(os.path.dirname(path), root)
@@ -250,9 +262,13 @@ def build(root: str, readme: str | None = None, experiments=registry.EXPERIMENTS
   t = timings(root, files)
   if t:
     total = sum(r["minutes"] for r in t if r["minutes"] != "-")
+    gpus = gpu_folders(files if files is not None else read_files(root), root)
+    on_gpu = "; ".join(f"{', '.join(f'`{f}`' for f in where)}: one {dev}"
+                       for dev, where in gpus.items())
     sections.append(
-        f"## Wall time: {total:.0f} min in all\n\nOn this machine (2 CPU cores; `latency_gpu`: "
-        "one H100). `minutes`: from the first to the last record of each run of the part (runs "
+        f"## Wall time: {total:.0f} min in all\n\nOn this machine (2 CPU cores"
+        + (f"; {on_gpu}" if on_gpu else "") + "). "
+        "`minutes`: from the first to the last record of each run of the part (runs "
         "split at gaps over 30 min), plus the first batch's time where the records hold it (`-`: "
         "one record, no span); "
         "parts that ran in parallel processes count once. `reproduce_log`: the minutes "

@@ -135,3 +135,12 @@ def test_gpu_overhead_row_names_the_device_of_the_run_it_read():
   row = speed.resa_decode_overhead_gpu(recs)
   assert "8k +50.0%" in row.ours and "H200, Pallas" in row.setting, row
   assert "H100" not in row.setting and {r["run"] for r in row.read} == {"b"}
+
+
+def test_report_names_the_gpu_of_each_folder():
+  from experiments.claims import report  # pylint: disable=g-import-not-at-top
+  gpu = lambda dev: dict(device=dev, machine={"backend": "gpu"})
+  files = {"/r/a/results.jsonl": [gpu("H100"), dict(machine={"backend": "gpu"})],
+           "/r/b/c/results.jsonl": [gpu("H200"), gpu("H100")],
+           "/r/d/results.jsonl": [dict(device="cpu", machine={"backend": "cpu"})]}
+  assert report.gpu_folders(files, "/r") == {"H100": ["a", "b/c"], "H200": ["b/c"]}
