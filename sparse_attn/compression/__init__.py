@@ -86,7 +86,8 @@ def budget_as_ratio(spec: str, parts, options: dict):
 def builder(cls):
   """``build(spec, parts, options)`` for ``compression.BUILDERS``: validates every option."""
   common = tuple(f.name for f in dataclasses.fields(CompressionMethod) if f.name != "spec")
-  own = tuple(f.name for f in dataclasses.fields(cls) if f.name not in common + ("spec",))
+  own = tuple(f.name for f in dataclasses.fields(cls)
+              if f.name not in common + ("spec",) and f.repr)  # repr=False: set by the library
 
   def build(spec, parts, options):
     spec, parts, options = budget_as_ratio(spec, parts, options)

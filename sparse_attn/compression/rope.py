@@ -92,10 +92,16 @@ class RopeOptions:
   Attributes:
     rope_theta: RoPE base of the model.
     rope_inv_freq: ``D/2`` inverse frequencies (a tuple; for scaled RoPE), instead of theta.
+    rope_from_model: ``rope_inv_freq`` came from ``with_rope`` (the model's), not the caller,
+      so a later ``with_rope`` replaces it: a LongRoPE model's frequencies depend on the run's
+      length (``ModelConfig.for_context``), which the experiments learn after building the
+      method (``specs.for_model`` gives the short set; the run's ``decode.with_model_rope``
+      the run's). Frequencies the caller set are never replaced.
   """
 
   rope_theta: float | None = None
   rope_inv_freq: tuple | None = None
+  rope_from_model: bool = dataclasses.field(default=False, repr=False)
 
   def _check_rope(self):
     if self.rope_theta is not None and self.rope_inv_freq is not None:
@@ -117,7 +123,13 @@ class RopeOptions:
     return None
 
   def with_rope(self, inv_freq):
-    """This method with the model's RoPE frequencies ``[D/2]``, unless it sets its own."""
-    if self.rope_theta is not None or self.rope_inv_freq is not None:
+    """This method with the model's RoPE frequencies ``[D/2]`` (replacing a model's given
+    before), unless the caller set its own."""
+    own = self.rope_theta is not None or (self.rope_inv_freq is not None
+                                          and not self.rope_from_model)
+    if own:
       return self
-    return dataclasses.replace(self, rope_inv_freq=tuple(float(f) for f in inv_freq))
+    freq = tuple(float(f) for f in inv_freq)
+    if freq == self.rope_inv_freq:
+      return self
+    return dataclasses.replace(self, rope_inv_freq=freq, rope_from_model=True)

@@ -173,3 +173,22 @@ def test_the_runs_rope_reaches_a_sharded_method_with_longropes_factor_set():
   wrapped = sharding.wrap(methods.make("finch", ratio=0.5), sharding.make_mesh())
   given = decode.with_model_rope(wrapped, config.for_context(128))
   assert isinstance(given, sharding.ShardedMethod) and given.inner.rope_inv_freq == long
+
+
+@pytest.mark.parametrize("spec", ["finch", "expected_attention", "streaming_llm:positions=rolling"])
+def test_the_runs_longrope_set_replaces_the_one_given_before_the_run(spec):
+  """``specs.for_model`` gives a method the model's frequencies before the run's length is
+  known (LongRoPE's short set); the run's ``with_model_rope`` then gives the long set past the
+  original context, while frequencies the caller set stay."""
+  from models.rope_config import RopeConfig  # pylint: disable=g-import-not-at-top
+  half = 4
+  rope = RopeConfig(theta=1e4, rope_type="longrope", original_max_position_embeddings=64,
+                    short_factor=(1.0,) * half, long_factor=(4.0,) * half)
+  config = ModelConfig(vocab_size=32, hidden_size=32, num_layers=1, num_heads=4,
+                       num_kv_heads=2, head_dim=2 * half, intermediate_size=64, rope=rope)
+  short, long = (model_rope.model_inv_freq(config.for_context(c)) for c in (64, 128))
+  built = methods.make(spec, ratio=0.5).with_rope(short)  # as specs.for_model
+  assert decode.with_model_rope(built, config.for_context(128)).rope_inv_freq == long
+  assert decode.with_model_rope(built, config.for_context(64)).rope_inv_freq == short
+  own = methods.make(spec, ratio=0.5, rope_inv_freq=short)
+  assert decode.with_model_rope(own, config.for_context(128)) is own
