@@ -10,7 +10,9 @@
 #   1. precision: Pallas vs XLA selections and outputs of quest:gqa=group at 8k, 32/8 heads,
 #      compiled (tests/sparse_attn/test_scoring_precision.py; its GPU-only case);
 #   2. per_layer: one Llama-3.1-8B attention layer at 8k/32k/128k, dense (split-K Pallas and
-#      XLA), Quest p = 0.1, +RESA (and fused=false: its XLA-op path), rectified, next to SDPA;
+#      XLA), Quest p = 0.1 (and fused=true: score_select), +RESA (and fused=false: its XLA-op
+#      path) also at RESA's budget of 500, +rect:f=32 and rectified, next to SDPA; and RESA's
+#      last prefill chunk with and without the prior (section resa);
 #   2b. per_layer_mosaic: the same layer at 8k/32k/128k, dense and quest:gqa=group through the
 #      Mosaic GPU kernels (impl=mosaic) beside their Triton twins and torch SDPA, one run
 #      (issue 54 item 5; its own part and workdir, so a Mosaic failure leaves per_layer's
@@ -69,6 +71,12 @@ PROFILE_E2E=(--shape=llama-3.1-8b --context=32768 --steps=8 --calls=2 --top=30)
 CTX_SMALL=(131072 32768)
 MOSAIC=dense,dense:impl=mosaic,quest:gqa=group,quest:gqa=group,impl=mosaic
 MOSAIC_EXTRA=()
+# The GPU claim rows' methods (RESA Table 4 at budget 500, ReSA's memory access, Retro's layer)
+# and what issue 51 compares (score_select fused, RESA's XLA-op path); 8k + 32k took ~105 s on
+# an H200, 128k ~65 s more.
+PER_LAYER=dense,dense:impl=xla,quest:gqa=group,quest:gqa=group,fused=true,quest:gqa=group+resa
+PER_LAYER+=,quest:gqa=group+resa:fused=false,quest:gqa=group,budget=500
+PER_LAYER+=,quest:gqa=group,budget=500+resa,quest:gqa=group+rect:f=32,rectified
 if [ "$QUICK" = 1 ]; then
   CTX32=()
   CTX128=(--config.shape_transformers=False)
@@ -107,8 +115,8 @@ for name in $PARTS; do
   case $name in
     precision) part precision 90 python3 -m pytest -q -p no:cacheprovider \
         tests/sparse_attn/test_scoring_precision.py ;;
-    per_layer) part per_layer 170 "${LATENCY[@]}" --config.sections=per_layer,torch_peer \
-        "--config.methods=${PER_LAYER_METHODS:-dense,dense:impl=xla,quest:gqa=group,quest:gqa=group+resa,quest:gqa=group+resa:fused=false,rectified}" \
+    per_layer) part per_layer 260 "${LATENCY[@]}" --config.sections=per_layer,torch_peer,resa \
+        "--config.methods=${PER_LAYER_METHODS:-$PER_LAYER}" \
         ${PER_LAYER_CONTEXTS:+"--config.contexts=$PER_LAYER_CONTEXTS"} "${EXTRA[@]}" ;;
     per_layer_mosaic) part per_layer_mosaic 150 python3 -m experiments.latency \
         --config=configs/latency_gpu.py --workdir="$OUT/latency_mosaic" \
