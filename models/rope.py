@@ -31,11 +31,12 @@ from models.config import RopeConfig
 from sparse_attn.compression import rope as rotation
 
 
-def model_inv_freq(config) -> tuple:
-  """A model's ``[D/2]`` RoPE inverse frequencies (scaling applied; global layers; LongRoPE's
-  long set where the config fixed it, ``ModelConfig.for_context``) as a tuple of floats, the
-  form a method's ``rope_inv_freq`` option takes."""
-  return tuple(float(f) for f in inverse_frequencies(config.rope, config.head_dim,
+def model_inv_freq(config, local: bool = False) -> tuple:
+  """A model's ``[D/2]`` RoPE inverse frequencies (scaling applied; its global layers', or with
+  ``local`` its local layers' (Gemma 3's ``local_rope``); LongRoPE's long set where the config
+  fixed it, ``ModelConfig.for_context``) as a tuple of floats, the form a method's
+  ``rope_inv_freq`` option takes."""
+  return tuple(float(f) for f in inverse_frequencies(config.rope_of(local), config.head_dim,
                                                      bool(config.rope.longrope_long)))
 
 

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from models import llama, sharding
+from models import rope as model_rope
 from models.sampling import sample
 from sparse_attn import layer_inputs
 from sparse_attn.compression import cross_layer
@@ -36,8 +37,10 @@ from sparse_attn.protocol import AttentionMethod
 def layer_method(method: AttentionMethod, config, local: bool) -> AttentionMethod:
   """The method a layer of ``config`` runs: ``method`` with the layer's window where the
   model's layers have windows of their own (``config.per_layer_windows``: Gemma's local
-  layers; a Mistral-style window on every layer is the caller's, ``decode.with_model_window``)
-  and the model's attention-logit soft-cap (``config.attn_softcap``, Gemma 2).
+  layers; a Mistral-style window on every layer is the caller's, ``decode.with_model_window``),
+  the layer's RoPE where local layers have their own (``config.local_rope``, Gemma 3: through
+  ``with_rope``, so a method that models RoPE gets it unless the caller set its own) and the
+  model's attention-logit soft-cap (``config.attn_softcap``, Gemma 2).
 
   ``config`` is the run's (``ModelConfig.for_context``: no window a cache of its capacity never
   outgrows). Cached: the same (method, config, kind) gives the same object, so the jitted layer
@@ -56,6 +59,8 @@ def layer_method(method: AttentionMethod, config, local: bool) -> AttentionMetho
                          "this model's layers have windows of their own (local / global): "
                          "pass the method without one")
       method = method.with_sliding_window(want)
+  if config.local_rope is not None:
+    method = method.with_rope(model_rope.model_inv_freq(config, local))
   cap = config.attn_softcap
   if cap is not None and getattr(method, "softcap", None) != cap:
     with_cap = getattr(method, "with_softcap", None)

@@ -192,3 +192,24 @@ def test_the_runs_longrope_set_replaces_the_one_given_before_the_run(spec):
   assert decode.with_model_rope(built, config.for_context(64)).rope_inv_freq == short
   own = methods.make(spec, ratio=0.5, rope_inv_freq=short)
   assert decode.with_model_rope(own, config.for_context(128)) is own
+
+
+def test_gemma3_local_layers_give_a_rope_method_their_own_frequencies():
+  """A model whose local layers have their own RoPE (Gemma 3's ``rope_local_base_freq``): each
+  layer's method models the layer's RoPE (FINCH re-rotates local keys with the local base);
+  frequencies the caller set stay; selectors are unchanged."""
+  from models import steps  # pylint: disable=g-import-not-at-top
+  from models.rope_config import RopeConfig  # pylint: disable=g-import-not-at-top
+  config = ModelConfig(vocab_size=32, hidden_size=32, num_layers=2, num_heads=4,
+                       num_kv_heads=2, head_dim=8, intermediate_size=64,
+                       rope=RopeConfig(theta=1e6), local_rope=RopeConfig(theta=1e4),
+                       sliding_window=16, sliding_layers=(True, False))
+  glob, loc = (model_rope.model_inv_freq(config, local) for local in (False, True))
+  assert glob != loc
+  m = decode.with_model_rope(methods.make("finch", ratio=0.5), config)
+  assert steps.layer_method(m, config, True).rope_inv_freq == loc
+  assert steps.layer_method(m, config, False).rope_inv_freq == glob
+  own = methods.make("finch", ratio=0.5, rope_theta=THETA)
+  assert steps.layer_method(own, config, True).rope_theta == THETA
+  quest = methods.make("quest", budget=0.5)
+  assert steps.layer_method(quest, config, True).spec == quest.with_sliding_window(16).spec
