@@ -133,7 +133,7 @@ def test_gpu_overhead_row_names_the_device_of_the_run_it_read():
           rec("b", "H200", base, 1.0, "2"), rec("b", "H200", resa, 1.5, "2"),
           rec("c", "H100", base, 1.0, "3")]  # a later run without the pair: not read
   row = speed.resa_decode_overhead_gpu(recs)
-  assert "8k +50.0%" in row.ours and "H200, Pallas" in row.setting, row
+  assert "8k +50.0% [+50.0, +50.0] (+500 us)" in row.ours and "H200, Pallas" in row.setting, row
   assert "H100" not in row.setting and {r["run"] for r in row.read} == {"b"}
 
 
