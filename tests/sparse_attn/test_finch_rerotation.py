@@ -158,16 +158,21 @@ def test_a_model_run_gives_the_method_the_models_rope():
   assert decode.with_model_rope(quest, config) is quest
 
 
-def test_the_runs_rope_reaches_a_sharded_method_with_longropes_factor_set():
-  """The frequencies are the run's (LongRoPE's long set past the original context, as the
-  run's RoPE tables) and a mesh-wrapped method keeps its wrapper."""
-  from models import sharding  # pylint: disable=g-import-not-at-top
+def _longrope_config() -> ModelConfig:
+  """A tiny LongRoPE model (Phi-3's scaling): the long factors (4x) past 64 positions."""
   from models.rope_config import RopeConfig  # pylint: disable=g-import-not-at-top
   half = 4
   rope = RopeConfig(theta=1e4, rope_type="longrope", original_max_position_embeddings=64,
                     short_factor=(1.0,) * half, long_factor=(4.0,) * half)
-  config = ModelConfig(vocab_size=32, hidden_size=32, num_layers=1, num_heads=4,
-                       num_kv_heads=2, head_dim=2 * half, intermediate_size=64, rope=rope)
+  return ModelConfig(vocab_size=32, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2,
+                     head_dim=2 * half, intermediate_size=64, rope=rope)
+
+
+def test_the_runs_rope_reaches_a_sharded_method_with_longropes_factor_set():
+  """The frequencies are the run's (LongRoPE's long set past the original context, as the
+  run's RoPE tables) and a mesh-wrapped method keeps its wrapper."""
+  from models import sharding  # pylint: disable=g-import-not-at-top
+  config = _longrope_config()
   short, long = (model_rope.model_inv_freq(config.for_context(c)) for c in (64, 128))
   np.testing.assert_allclose(np.asarray(long) * 4.0, short, rtol=1e-6)
   wrapped = sharding.wrap(methods.make("finch", ratio=0.5), sharding.make_mesh())
@@ -180,12 +185,7 @@ def test_the_runs_longrope_set_replaces_the_one_given_before_the_run(spec):
   """``specs.for_model`` gives a method the model's frequencies before the run's length is
   known (LongRoPE's short set); the run's ``with_model_rope`` then gives the long set past the
   original context, while frequencies the caller set stay."""
-  from models.rope_config import RopeConfig  # pylint: disable=g-import-not-at-top
-  half = 4
-  rope = RopeConfig(theta=1e4, rope_type="longrope", original_max_position_embeddings=64,
-                    short_factor=(1.0,) * half, long_factor=(4.0,) * half)
-  config = ModelConfig(vocab_size=32, hidden_size=32, num_layers=1, num_heads=4,
-                       num_kv_heads=2, head_dim=2 * half, intermediate_size=64, rope=rope)
+  config = _longrope_config()
   short, long = (model_rope.model_inv_freq(config.for_context(c)) for c in (64, 128))
   built = methods.make(spec, ratio=0.5).with_rope(short)  # as specs.for_model
   assert decode.with_model_rope(built, config.for_context(128)).rope_inv_freq == long
