@@ -86,7 +86,8 @@ if [ "$QUICK" = 1 ]; then
   PROFILE=(--steps=2 --calls=1 --interpret)
   PROFILE_E2E=(--shape=tiny --dtype=float32 --context=128 --steps=2 --calls=1 --interpret)
   CTX_SMALL=(256 256)
-  MOSAIC=dense,dense:impl=mosaic,interpret=true,quest:gqa=group,quest:gqa=group,impl=mosaic,interpret=true
+  MOSAIC=dense,dense:impl=mosaic,interpret=true,quest:gqa=group
+  MOSAIC+=,quest:gqa=group,impl=mosaic,interpret=true
   MOSAIC_EXTRA=(--config.head_dim=32)  # the Mosaic kernels' smallest float32 head
   DEADLINE=$(( $(date +%s) + 3600 ))
   EXTRA=(--config.quick=True)
