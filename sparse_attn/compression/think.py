@@ -27,8 +27,11 @@ decode part ``q . k``, combined by ``merge`` (one softmax over both).
 ``key_channel_compression_ratio``); the cache shrinks by ``ratio / 2`` (keys and values),
 kvpress's ``compression_ratio``. ``ratio=0`` keeps the ordinary cache (dense attention).
 
-Differences: the authors keep the last 32 prompt keys unpruned (``recent_size``); kvpress and
-this port prune every prompt key. Composition with a token-eviction press (kvpress's
+``recent_size`` (default 0, kvpress's: every prompt key pruned) keeps the last ``recent_size``
+prompt keys of each row whole, as the authors' code does (``key_pruner_query_driven``, its
+LongBench runs' default 32): the channels are still scored over every prompt key, the last
+``recent_size`` prompt tokens go to the front of the full-width part, and the pruned part holds
+the others. Composition with a token-eviction press (kvpress's
 ``ComposedPress([SnapKVPress, ThinKPress])``): the spec ``"snapkv:ratio=0.5+think:ratio=0.5"``
 (``think_composed``).
 """
@@ -123,13 +126,16 @@ def query_channels(q, channels):
   return jnp.take_along_axis(q, ch, axis=-1)
 
 
-def pruned_cache(cache: KVCache, channels, static_slots: int | None) -> ThinKCache:
+def pruned_cache(cache: KVCache, channels, static_slots: int | None,
+                 recent_size: int = 0) -> ThinKCache:
   """``cache`` with its keys cut to ``channels [B, K, D']`` -> ``ThinKCache``.
 
   The prompt part holds the longest row's ``n`` slots (with traced lengths: ``static_slots``,
   the caller's static bound; None raises), the decode part the room the caller allocated each
   row (``capacity - length``: the shortest row's, which is the most). Exact slot counts (block
-  size 1): neither part reads block digests.
+  size 1): neither part reads block digests. ``recent_size`` (``r``): each row's last
+  ``min(r, length)`` prompt slots move, whole, to the front of the decode part (``r`` more
+  slots), and the prompt part holds ``n - r`` slots.
   """
   try:
     n, shortest = int(jnp.max(cache.length)), int(jnp.min(cache.length))
@@ -139,13 +145,31 @@ def pruned_cache(cache: KVCache, channels, static_slots: int | None) -> ThinKCac
                        "it outside jit/vmap or set the static option decode_slots") from None
     n = shortest = static_slots
   t, d = cache.capacity, cache.head_dim
-  tp, tr = max(n, 1), max(t - shortest, 1)
+  tp, tr = max(n - recent_size, 1), max(t - shortest, 1) + recent_size
+  whole = jnp.minimum(cache.length, recent_size)  # [B] prompt slots each row keeps whole
   k = jnp.take_along_axis(cache.k[:, :, :tp], channels[:, :, None, :], axis=-1)
   prompt = keep_digests(dataclasses.replace(
       cache, k=k, v=cache.v[:, :, :tp], pos=cache.pos[:, :, :tp],
-      length=jnp.minimum(cache.length, tp), block_size=1), ())
+      length=jnp.minimum(cache.length - whole, tp), block_size=1), ())
   recent = init_cache(cache.batch, cache.num_kv_heads, tr, d, 1, cache.v.dtype, ())
+  if recent_size:
+    recent = _with_last_prompt_slots(recent, cache, whole, recent_size)
   return ThinKCache(prompt=prompt, recent=recent, channels=channels)
+
+
+def _with_last_prompt_slots(recent: KVCache, cache: KVCache, whole, r: int) -> KVCache:
+  """``recent`` (empty) holding ``cache``'s slots ``length - whole .. length - 1`` of each row
+  at ``0 .. whole - 1``, whole width; its other slots stay empty."""
+  j = jnp.arange(r)
+  src = jnp.clip(cache.length[:, None] - whole[:, None] + j, 0, cache.capacity - 1)  # [B, r]
+  filled = j < whole[:, None]  # [B, r]
+  take = lambda x: jnp.take_along_axis(x, src[:, None, :, None], axis=2)
+  put = lambda buf, x, empty: buf.at[:, :, :r].set(
+      jnp.where(filled[:, None, :, None], x, empty).astype(buf.dtype))
+  pos = jnp.where(filled[:, None], jnp.take_along_axis(cache.pos, src[:, None], axis=2), -1)
+  return dataclasses.replace(
+      recent, k=put(recent.k, take(cache.k), 0), v=put(recent.v, take(cache.v), 0),
+      pos=recent.pos.at[:, :, :r].set(pos), length=whole.astype(recent.length.dtype))
 
 
 def attend_part(q, cache: KVCache, positions, scale, softcap=None, window=None):
@@ -168,9 +192,12 @@ class ThinK(CompressionMethod):
 
   Attributes:
     window_size: observation window: the last prompt queries that score the channels (32).
+    recent_size: the last prompt keys of each row kept whole (0, kvpress's; the authors' code
+      keeps 32).
   """
 
   window_size: int = 32
+  recent_size: int = 0
 
   name = "think"
 
@@ -179,6 +206,9 @@ class ThinK(CompressionMethod):
     if isinstance(self.window_size, bool) or not isinstance(self.window_size, int) \
         or self.window_size < 1:
       raise ValueError(f"window_size must be an int >= 1, got {self.window_size!r}")
+    if isinstance(self.recent_size, bool) or not isinstance(self.recent_size, int) \
+        or self.recent_size < 0:
+      raise ValueError(f"recent_size must be an int >= 0, got {self.recent_size!r}")
     if self.phase != "prefill" or self.head_budget != "uniform" or self.max_tokens is not None:
       raise ValueError(f"{self.spec or self.name}: ThinK prunes key channels once after the "
                        "prompt (phase='prefill', head_budget='uniform', no max_tokens)")
@@ -196,9 +226,10 @@ class ThinK(CompressionMethod):
     return self.round_capacity(context)
 
   def memory_access(self, context: int | None = None) -> float:
-    """Cache read per decode step relative to dense: keys ``1 - ratio``, values whole."""
-    del context
-    return 1.0 - self.ratio / 2
+    """Cache read per decode step relative to dense: keys ``1 - ratio``, values whole (the
+    ``recent_size`` last prompt keys whole too, where ``context`` is given)."""
+    pruned = 1.0 if not context else max(context - self.recent_size, 0) / context
+    return 1.0 - self.ratio / 2 * pruned
 
   def init_extra(self, batch, num_q_heads, num_kv_heads, head_dim, capacity):
     return {"obs": observe.init_ring(batch, num_q_heads, self.window_size, head_dim)}
@@ -221,7 +252,7 @@ class ThinK(CompressionMethod):
     if self.ratio == 0:
       return cache, state
     static = None if self.decode_slots is None else max(cache.capacity - self.decode_slots, 0)
-    return pruned_cache(cache, self.channels(cache, state), static), state
+    return pruned_cache(cache, self.channels(cache, state), static, self.recent_size), state
 
   def channels(self, cache: KVCache, state):
     """``[B, K, D']`` kept channels from the window queries in ``state["obs"]`` and the keys

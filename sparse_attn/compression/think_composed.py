@@ -33,7 +33,7 @@ from sparse_attn.spec import check_options
 
 # The options both the composition and its press hold (the press's are the truth).
 SHARED = tuple(f.name for f in dataclasses.fields(CompressionMethod) if f.name != "spec")
-THINK_OPTIONS = ("ratio", "window_size")
+THINK_OPTIONS = ("ratio", "window_size", "recent_size")
 # (an own ``end_prefill`` may post-process the press's per-head cache; ``end_prefill`` below
 # refuses any other layout)
 _OWN_ATTENTION = ("decode", "extend", "_attend", "_append_and_attend")
@@ -176,7 +176,7 @@ class ThinKComposed(CompressionMethod):
       n = max(capacity - self.decode_slots, 0)
       static = int(self.press.prompt_keep(n)) if self.press.compresses_prefill else n
     channels = self.think.channels(cache, {"obs": state["think_obs"]})
-    return pruned_cache(cache, channels, static), state
+    return pruned_cache(cache, channels, static, self.think.recent_size), state
 
   # ---- after the prompt: ThinK's attention over the pruned cache ----
   def _attend(self, q, cache, state, positions, scale):
@@ -191,7 +191,8 @@ class ThinKComposed(CompressionMethod):
 
 
 def compose(spec: str, press: CompressionMethod, think_options: dict) -> ThinKComposed:
-  """``press`` then ThinK with ``think_options`` (inline: ``ratio``, ``window_size``)."""
+  """``press`` then ThinK with ``think_options`` (inline: ``ratio``, ``window_size``,
+  ``recent_size``)."""
   check_options("think", think_options, THINK_OPTIONS)
   think = ThinK(spec="think", **think_options)
   return ThinKComposed(spec=spec, press=press, think=think,

@@ -62,16 +62,19 @@ def numpy_channels(p, ratio):
   return out
 
 
-def numpy_reference(p, channels, chunk=1):
+def numpy_reference(p, channels, chunk=1, recent=0):
   """Softmax attention of each decode query over the prompt keys with the pruned channels
-  zeroed (the masked computation) and the generated keys whole, at scale 1/sqrt(D)."""
+  zeroed (the masked computation; the last ``recent`` prompt keys and the generated keys
+  whole), at scale 1/sqrt(D)."""
   f = lambda x: np.asarray(x, np.float64)
   outs = []
   for b, n in enumerate(LENGTHS):
-    mask = np.zeros((HKV, D))
+    mask = np.ones((HKV, n, D))
     for h in range(HKV):
-      mask[h, channels[b, h]] = 1
-    keys = [f(p["k"])[b, :, :n] * mask[:, None]]
+      cut = np.zeros(D)
+      cut[channels[b, h]] = 1
+      mask[h, :max(n - recent, 0)] = cut
+    keys = [f(p["k"])[b, :, :n] * mask]
     vals = [f(p["v"])[b, :, :n]]
     row = []
     for i in range(STEPS):
@@ -102,6 +105,27 @@ def test_channel_scores_and_pruned_attention_against_numpy(ratio):
   np.testing.assert_array_equal(cache.channels, want)
   for got, ref in zip(outs, numpy_reference(p, want)):
     np.testing.assert_allclose(got, ref, atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("recent", [5, 33])  # 33: every key of the 29-token row whole
+def test_recent_prompt_keys_stay_whole_as_the_authors_code(recent):
+  """``recent_size``: the channels are scored over every prompt key (unchanged); each row's
+  last ``recent`` prompt keys stay whole, the rest pruned (the authors' key_pruner)."""
+  m = methods.make("think", ratio=0.5, window_size=W, recent_size=recent)
+  p = problem(7)
+  want = numpy_channels(p, 0.5)
+  for chunk in (1, 2):
+    outs, cache = run(m, p, chunk=chunk)
+    np.testing.assert_array_equal(cache.channels, want)
+    for got, ref in zip(outs, numpy_reference(p, want, chunk=chunk, recent=recent)):
+      np.testing.assert_allclose(got, ref, atol=2e-5, rtol=2e-5)
+  assert cache.prompt.k.shape[2] == max(LENGTHS) - recent  # no slot for the whole keys
+  np.testing.assert_array_equal(cache.prompt.length, np.maximum(np.asarray(LENGTHS) - recent, 0))
+  assert m.memory_access(40) == pytest.approx(1 - 0.25 * (40 - recent) / 40)
+  jitted, _ = run(dataclasses.replace(m, decode_slots=T - L), p,
+                  end=jax.jit(dataclasses.replace(m, decode_slots=T - L).end_prefill))
+  for a, b in zip(jitted, run(m, p)[0]):  # other buffer sizes: another summation order
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_extend_chunk_equals_masked_dense():
@@ -175,7 +199,8 @@ def test_spec_options_and_catalog():
   m = methods.make("think:ratio=0.25,window_size=16")
   assert (m.ratio, m.window_size) == (0.25, 16) and methods.make("think", budget=0.5).ratio == 0.5
   assert "think" in {i.name for i in catalog.available("compression")}
-  for bad in (dict(head_budget="adakv"), dict(phase="both"), dict(window_size=0)):
+  for bad in (dict(head_budget="adakv"), dict(phase="both"), dict(window_size=0),
+              dict(recent_size=-1)):
     with pytest.raises(ValueError):
       methods.make("think", ratio=0.5, **bad)
   assert dataclasses.replace(m, ratio=0.5).kept_dim(64) == 32

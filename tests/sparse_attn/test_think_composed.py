@@ -41,16 +41,18 @@ def _np_channels(p, kept, ratio):
   return out
 
 
-def _np_decode(p, kept, channels):
+def _np_decode(p, kept, channels, recent=0):
   """float64 decode outputs: each step's query over the kept prompt tokens (pruned channels
-  zeroed, scale 1/sqrt(D)) and the generated tokens so far."""
+  zeroed but in the last ``recent``, scale 1/sqrt(D)) and the generated tokens so far."""
   f = lambda x: np.asarray(x, np.float64)
   outs = np.zeros((STEPS, B, HQ, 1, D))
   for b in range(B):
     for hq in range(HQ):
       h = hq // G
-      mask = np.zeros(D)
-      mask[channels[b, h]] = 1
+      n = len(kept[b][h])
+      mask = np.zeros((n, D))
+      mask[:, channels[b, h]] = 1
+      mask[max(n - recent, 0):] = 1
       keys, vals = [f(p["k"])[b, h, kept[b][h]] * mask], [f(p["v"])[b, h, kept[b][h]]]
       for i in range(STEPS):
         keys.append(f(p["dk"][i])[b, h, :1])
@@ -91,6 +93,27 @@ def test_tokens_are_the_press_channels_are_thinks_output_is_dense_over_them(pres
   assert cache.prompt.k.shape == (B, HKV, -(-max(LENGTHS) // 2), D // 2)
   assert cache.prompt.v.shape[-1] == D and cache.recent.k.shape[-1] == D
   for got, ref in zip(outs, _np_decode(p, kept, channels)):
+    np.testing.assert_allclose(got, ref, atol=2e-5, rtol=2e-5)
+
+
+def test_recent_size_keeps_the_press_last_kept_keys_whole():
+  """``+think:recent_size=r``: the press's last ``r`` kept tokens of each row stay whole (the
+  authors prune the keys SnapKV kept but their last ``recent_size``)."""
+  r = 4
+  m = methods.make(f"snapkv:window_size=8+think:ratio=0.5,window_size={W},recent_size={r}",
+                   ratio=0.5)
+  p = problem(12)
+  _, solo = run(methods.make("snapkv:window_size=8", ratio=0.5), p)
+  outs, cache = run(m, p)
+  kept = [[k[k < n] for k in row] for row, n in zip(_kept(solo), LENGTHS)]
+  channels = _np_channels(p, kept, 0.5)
+  np.testing.assert_array_equal(cache.channels, channels)
+  pruned, whole = np.asarray(cache.prompt.pos), np.asarray(cache.recent.pos)[..., :r]
+  for b in range(B):
+    for h in range(HKV):
+      np.testing.assert_array_equal(pruned[b, h][:cache.prompt.length[b]], kept[b][h][:-r])
+      np.testing.assert_array_equal(whole[b, h], kept[b][h][-r:])
+  for got, ref in zip(outs, _np_decode(p, kept, channels, recent=r)):
     np.testing.assert_allclose(got, ref, atol=2e-5, rtol=2e-5)
 
 
