@@ -185,7 +185,7 @@ def test_resa_overheads_give_an_interval_per_context_over_its_rounds():
   recs += [_layer("quest:gqa=group+resa", c, base * f) for c, f in ((8192, 1.02), (32768, 1.2))]
   got = claims_speed.resa_decode_overhead(recs)
   assert got.n == 7 and got.verdict == "not reproduced"  # rounds of one context
-  assert "8k +2.0% [+2.0, +2.0]; 32k +20.0% [+20.0, +20.0]" == got.ours
+  assert "8k +2.0% [+2.0, +2.0] (+200 us); 32k +20.0% [+20.0, +20.0] (+2000 us)" == got.ours
   pre = [dict(section="resa", context=c, chunk=512, dtype="float32", selector="quest:gqa=group",
               overhead_pct=100 * (f - 1), selector_times_ms=list(base),
               resa_times_ms=list(base * f)) for c, f in ((8192, 1.05), (32768, 1.1))]

@@ -1,6 +1,6 @@
 """Bucketed compacted caches (``CompressionMethod.capacity_bits``, ``compact.bucket``): the sizes
-it picks; the same layer outputs as exact sizes (bit for bit in per-head caches, to float
-rounding in Ada-KV's flat buffer, whose softmax sums the whole buffer) and the same answers;
+it picks; the same layer outputs as exact sizes (to float rounding: the softmax sums a longer
+buffer of masked slots) and the same answers;
 no more distinct cache shapes over layers; PyramidKV's layers decode with one method
 (``models.steps.per_layer``); the harness applies the config's bits without renaming a row."""
 
@@ -39,8 +39,9 @@ def test_bucket_has_two_to_the_bits_sizes_per_doubling():
                                   "pyramidkv:ratio=0.5", "kvzip:ratio=0.5",
                                   "rocketkv:budget=0.3"])
 def test_a_bucketed_cache_gives_the_same_layer_outputs(spec):
-  """Prefill, compaction and decode steps on a ragged batch: each output equal (bit for bit
-  but in Ada-KV's flat buffer)."""
+  """Prefill, compaction and decode steps on a ragged batch: each output equal to float
+  rounding (bit for bit on some CPUs; XLA's CPU reductions may tile a longer buffer of masked
+  slots differently, seen on an AMD EPYC host: ~1e-7)."""
   outs = {}
   for bits in (None, 0):
     m = methods.make(spec, block_size=4).with_capacity_bits(bits)
@@ -51,11 +52,8 @@ def test_a_bucketed_cache_gives_the_same_layer_outputs(spec):
     else:
       exact_capacity = prompt_cache.capacity
   for a, b in zip(outs[None], outs[0], strict=True):
-    if "adakv" in spec or "kvzip" in spec:  # flat buffers
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6,
-                                 err_msg=spec)
-    else:
-      np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=spec)
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6,
+                               err_msg=spec)
 
 
 @pytest.mark.parametrize("spec", ["pyramidkv:ratio=0.5", "kvzip:ratio=0.5",
