@@ -28,6 +28,8 @@
 #   7. select_sweep: the block select (warps, early exit) next to lax.top_k at 2048 / 8192 entries;
 #   8. profile_128k, profile_32k: per-op device microseconds of one decode step of Quest, +RESA
 #      and dense (experiments/profile_step.py);
+#   8b. profile_mosaic: the same at 128k for dense and Quest through the Mosaic GPU kernels
+#      (issue 54: where their 4.6-6.7x over Triton on the H200 goes);
 #   9. profile_e2e: the same for whole-model steps of the random Llama-3.1-8B at 32k (what the
 #      end-to-end ms per token is made of, next to the untraced wall clock), with the optimized
 #      HLO of those programs ($OUT/hlo_e2e.tgz) to read the profile's fusion names in.
@@ -71,6 +73,7 @@ PROFILE_E2E=(--shape=llama-3.1-8b --context=32768 --steps=8 --calls=2 --top=30)
 CTX_SMALL=(131072 32768)
 MOSAIC=dense,dense:impl=mosaic,quest:gqa=group,quest:gqa=group,impl=mosaic
 MOSAIC_EXTRA=()
+MOSAIC_PROFILE=()
 # The GPU claim rows' methods (RESA Table 4 at budget 500, ReSA's memory access, Retro's layer)
 # and what issue 51 compares (score_select fused, RESA's XLA-op path); 8k + 32k took ~105 s on
 # an H200, 128k ~65 s more.
@@ -89,6 +92,7 @@ if [ "$QUICK" = 1 ]; then
   MOSAIC=dense,dense:impl=mosaic,interpret=true,quest:gqa=group
   MOSAIC+=,quest:gqa=group,impl=mosaic,interpret=true
   MOSAIC_EXTRA=(--config.head_dim=32)  # the Mosaic kernels' smallest float32 head
+  MOSAIC_PROFILE=(--num_heads=4 --num_kv_heads=2 --head_dim=32 --dtype=float32)
   DEADLINE=$(( $(date +%s) + 3600 ))
   EXTRA=(--config.quick=True)
 fi
@@ -141,6 +145,9 @@ for name in $PARTS; do
     profile_128k) part profile_128k 80 python3 -m experiments.profile_step \
         --context="${CTX_SMALL[0]}" --impl=pallas "${PROFILE[@]}" \
         --methods=quest:gqa=group,quest:gqa=group+resa,quest:gqa=group+resa:fused=false,dense ;;
+    profile_mosaic) part profile_mosaic 80 python3 -m experiments.profile_step \
+        --context="${CTX_SMALL[0]}" --impl=mosaic "${PROFILE[@]}" --methods=dense,quest:gqa=group \
+        "${MOSAIC_PROFILE[@]}" ;;
     profile_32k) part profile_32k 60 python3 -m experiments.profile_step \
         --context="${CTX_SMALL[1]}" --impl=pallas "${PROFILE[@]}" \
         --methods=quest:gqa=group,dense ;;

@@ -41,7 +41,7 @@ def define_flags():
   flags.DEFINE_integer("context", 32768, "Tokens in the cache.")
   flags.DEFINE_string("dtype", "bfloat16", "Cache dtype.")
   flags.DEFINE_string("methods", "quest:gqa=group,quest:gqa=group+resa", "Method specs.")
-  flags.DEFINE_string("impl", "auto", "auto | xla | pallas.")
+  flags.DEFINE_string("impl", "auto", "auto | xla | pallas | mosaic.")
   flags.DEFINE_bool("interpret", False, "Pallas interpret mode (CPU).")
   flags.DEFINE_integer("steps", 32, "Decode steps per call, looped on the device.")
   flags.DEFINE_integer("calls", 3, "Traced calls per method.")
