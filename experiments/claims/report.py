@@ -262,7 +262,7 @@ def build(root: str, readme: str | None = None, experiments=registry.EXPERIMENTS
   t = timings(root, files)
   if t:
     total = sum(r["minutes"] for r in t if r["minutes"] != "-")
-    gpus = gpu_folders(files if files is not None else read_files(root), root)
+    gpus = gpu_folders(files, root)  # already read above
     on_gpu = "; ".join(f"{', '.join(f'`{f}`' for f in where)}: one {dev}"
                        for dev, where in gpus.items())
     sections.append(

@@ -43,12 +43,15 @@ def _latest_run(records, dtype, context, methods) -> dict | None:
   return max(full, key=lambda run: max(r.get("time", "") for r in run.values()))
 
 
-def _run_rounds(records, dtype, context, methods) -> dict | None:
-  """``method -> rounds`` (``times_ms``) of ``_latest_run``'s records."""
-  run = _latest_run(records, dtype, context, methods)
-  if run is None:
-    return None
+def _rounds_of(run: dict) -> dict:
+  """``method -> rounds`` (``times_ms``) of a run's ``method -> record``."""
   return {m: np.asarray(r["times_ms"], np.float64) for m, r in run.items()}
+
+
+def _run_rounds(records, dtype, context, methods) -> dict | None:
+  """``method -> rounds`` of ``_latest_run``'s records."""
+  run = _latest_run(records, dtype, context, methods)
+  return None if run is None else _rounds_of(run)
 
 
 def _devices(read: list[dict]) -> str:
@@ -64,7 +67,8 @@ def _overheads(records, method, base=QUEST, dtype="float32"):
     run = _latest_run(records, dtype, ctx, (method, base))
     if run is None:
       continue
-    a, b = (np.asarray(run[m]["times_ms"], np.float64) for m in (method, base))
+    rounds = _rounds_of(run)
+    a, b = rounds[method], rounds[base]
     n = min(len(a), len(b))
     m, lo, hi = stats.paired_bootstrap(a[:n] / b[:n] - 1.0, np.zeros(n))
     added_us = 1e3 * float(np.median(a[:n] - b[:n]))
