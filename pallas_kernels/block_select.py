@@ -123,15 +123,21 @@ def destinations(keys, live, t, need, count):
   ``> t``, then ties ``== t`` lowest id first, ``need`` in all; none when ``count == 0``) at
   ``0..count-1`` in id order, every other lane after them in id order. A permutation of the
   lanes, so masked lanes never share a target with a written one (interpret mode would let
-  them overwrite it)."""
+  them overwrite it).
+
+  One prefix sum: the running counts of keys above ``t`` and of ties are packed in one int32
+  (16 bits each; rows of at most ``MAX_ENTRIES``), and the first ``need - above`` ties are the
+  chosen ones, so the chosen lanes up to a lane number ``above + min(ties, need - above)``."""
+  ids = jnp.arange(keys.shape[0], dtype=jnp.int32)
   above = keys > t
   tied = (keys == t) & live
-  chosen = above | (tied & (jnp.cumsum(tied.astype(jnp.int32)) <= need - jnp.sum(
-      above.astype(jnp.int32))))
-  chosen = chosen & (count > 0)
-  first = jnp.cumsum(chosen.astype(jnp.int32)) - 1
-  rest = count + jnp.cumsum((~chosen).astype(jnp.int32)) - 1
-  return jnp.where(chosen, first, rest)
+  allowed = need - jnp.sum(above.astype(jnp.int32))  # ties to choose; t is the need-th key
+  running = jnp.cumsum(above.astype(jnp.int32) | (tied.astype(jnp.int32) << 16))
+  running_tied = running >> 16
+  some = count > 0
+  chosen = (above | (tied & (running_tied <= allowed))) & some
+  chosen_upto = jnp.where(some, (running & 0xFFFF) + jnp.minimum(running_tied, allowed), 0)
+  return jnp.where(chosen, chosen_upto - 1, count + ids - chosen_upto)
 
 
 def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: int, n: int,
