@@ -143,6 +143,12 @@ class CompressionMethod(Scorer):
     return self.phase.at_decode and (self.ratio > 0 or self.max_tokens is not None)
 
   @property
+  def crosses_layers(self) -> bool:
+    """Whether ``end_prefill`` needs the ``across_layers`` pass over every layer's prompt cache
+    first (``cross_layer``): KVzip's model-wide ranking, ChunkKV's index reuse."""
+    return hasattr(self, "across_layers")
+
+  @property
   def head_rule(self) -> head_budget_lib.Uniform | head_budget_lib.AdaKV:
     """Which slots a budget keeps: ``head_budget``'s rule around this scorer."""
     return head_budget_lib.rule(self.head_budget, self, self.floor)

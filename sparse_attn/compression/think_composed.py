@@ -70,10 +70,10 @@ class ThinKComposed(CompressionMethod):
     if down:
       object.__setattr__(self, "think", dataclasses.replace(think, **down))
     super().__post_init__()
-    if hasattr(press, "replay") or hasattr(press, "across_layers"):
+    if hasattr(press, "replay") or press.crosses_layers:
       raise ValueError(f"{self.spec}: {press.name} scores the prompt after the prefill (its "
-                       "replay, a ranking over all layers), which ThinK's composition does not "
-                       "run; use it alone")
+                       "replay, a ranking over all layers, chunks handed between layers), which "
+                       "ThinK's composition does not run; use it alone")
     if getattr(press, "rerotate_keys", False):
       raise ValueError(f"{self.spec}: FINCH's re-rotated keys end at the prompt's last position "
                        "(kvpress's start at 0), which moves ThinK's channel scores away from "
