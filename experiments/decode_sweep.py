@@ -21,12 +21,14 @@ from __future__ import annotations
 import itertools
 import json
 import statistics
+import types
 
 from absl import app, flags
 import jax
 import jax.numpy as jnp
 
 from configs import latency as latency_config
+from experiments import profile_step
 from experiments.common import results
 from experiments.latency_lib import per_layer, settings, timing
 import pallas_kernels
@@ -101,6 +103,26 @@ def median_step_us(fn, steps: int, repeats: int) -> tuple[float, float]:
   return first, statistics.median(times) / steps * 1e6
 
 
+def device_us(fn, steps: int, kernel: str) -> tuple[float | None, float | None]:
+  """``(kernel us, all ops us)`` per step of ``fn`` from a profiler trace of two calls: the
+  device time of the ops named ``kernel`` (None when no op has that name) and of every op.
+
+  A step's wall time (``median_step_us``) also holds the loop's own cost. On an H100 the
+  select's wall time stayed at 22-30 us from 2048 to 8192 entries and from 1 to 4 bits a pass
+  (results/gpu_decode/decode_sweep.jsonl), while the H200 profile put the kernel alone at 31 us
+  at 8192 entries (results/gpu_h200/lease/PROFILE.md): the trace says which part a variant
+  changes. ``(None, None)`` off a GPU (a CPU trace of this loop may have no op lines)."""
+  if jax.default_backend() != "gpu":
+    return None, None
+  ops = profile_step.profile(types.SimpleNamespace(fn=fn), 2, steps)
+  mine = [us for name, (us, _) in ops.items() if kernel in name]
+  return (sum(mine) if mine else None), sum(us for us, _ in ops.values())
+
+
+def _us(x) -> str:
+  return "-" if x is None else f"{x:.1f} us"
+
+
 def select_step(rows: int, entries: int, keep: float, steps: int, interpret: bool, **kw):
   """``steps`` selections of ``keep * entries`` of ``[rows, entries]`` random scores, one call
   (each step's scores shifted by the previous list's first id, so no step is loop-invariant)."""
@@ -130,11 +152,14 @@ def select_sweep(out, steps: int):
                        "pallas", impl=impl, bits_per_pass=bits, num_warps=warps or None,
                        early_exit=bool(early))
       first, us = median_step_us(fn, steps, FLAGS.repeats)
+      kernel, device = device_us(fn, steps, "block_select")
       row = dict(_provenance(), section="block_select", entries=entries, rows=rows,
                  keep=FLAGS.select_keep, impl=impl, bits_per_pass=bits, num_warps=warps or None,
-                 early_exit=bool(early), us_per_step=us, first_s=first)
+                 early_exit=bool(early), us_per_step=us, first_s=first, kernel_us=kernel,
+                 device_us=device)
       print(f"select {rows}x{entries} {impl} bits={bits} warps={warps or 'default'} "
-            f"early_exit={bool(early)}: {us:.1f} us/step", flush=True)
+            f"early_exit={bool(early)}: {us:.1f} us/step, kernel {_us(kernel)}, device ops "
+            f"{_us(device)}", flush=True)
       if out:
         out.write(json.dumps(row) + "\n")
         out.flush()
