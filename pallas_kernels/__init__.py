@@ -12,7 +12,7 @@ from pallas_kernels._common import (IMPLS, Impl, TileConfig, choose_num_splits, 
                                     listed_slots_ok, resolve_impl)
 from pallas_kernels.block_score import (block_score, block_score_pooled,
                                         block_score_pooled_reference, block_score_reference)
-from pallas_kernels.block_select import block_select, block_select_reference
+from pallas_kernels.block_select import block_select, block_select_ranked, block_select_reference
 from pallas_kernels.cache_append import cache_append, cache_append_reference
 from pallas_kernels.chunk_attention import chunk_attention, chunk_attention_reference
 from pallas_kernels.score_select import score_select, score_select_reference
@@ -20,8 +20,8 @@ from pallas_kernels.score_select import supported as score_select_supported
 from pallas_kernels.softmax import (check_softcap, default_scale, grouped_attention,
                                     lse_combine, scaled_logits, soft_cap, softmax_sum)
 from pallas_kernels.split_combine import split_combine, split_combine_pairs
-from pallas_kernels.sparse_decode import (gather_listed, gather_prior, sparse_decode,
-                                          sparse_decode_reference)
+from pallas_kernels.sparse_decode import (dense_decode, gather_listed, gather_prior,
+                                          sparse_decode, sparse_decode_reference)
 from pallas_kernels.sparse_decode_multiquery import (sparse_decode_multiquery,
                                                      sparse_decode_multiquery_reference,
                                                      window_slots_ok)
@@ -34,10 +34,10 @@ __all__ = [
     "check_softcap", "default_scale", "grouped_attention", "lse_combine", "scaled_logits",
     "soft_cap", "softmax_sum",
     "block_score", "block_score_pooled", "block_score_reference", "block_score_pooled_reference",
-    "block_select", "block_select_reference", "cache_append", "cache_append_reference",
+    "block_select", "block_select_ranked", "block_select_reference", "cache_append", "cache_append_reference",
     "chunk_attention", "chunk_attention_reference", "score_select", "score_select_reference",
     "score_select_supported", "split_combine", "split_combine_pairs",
-    "sparse_decode", "sparse_decode_reference",
+    "dense_decode", "sparse_decode", "sparse_decode_reference",
     "sparse_decode_resa", "sparse_decode_resa_reference",
     "resa_prior_update", "resa_prior_update_reference",
     "sparse_decode_multiquery", "sparse_decode_multiquery_reference",

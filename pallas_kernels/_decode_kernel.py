@@ -97,10 +97,14 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
                    blocks_per_iter: int, max_splits: int, num_blocks: int, list_len: int,
                    bit_words: int, bits_per_word: int, with_prior: bool, with_bits: bool,
                    with_limit: bool, with_pos: bool, rows_per_prior: int = 1,
-                   softcap: float | None = None):
-  """Kernel body; refs are one program's views (see ``decode_partials`` for the layout)."""
+                   softcap: float | None = None, with_idx: bool = True):
+  """Kernel body; refs are one program's views (see ``decode_partials`` for the layout).
+  Without ``with_idx`` the list is the identity (entry ``i`` is block ``i``) and its length
+  ``ceil(length / block_size)``: no list is read."""
   it = iter(refs)
-  q_ref, k_ref, v_ref, idx_ref, nvalid_ref, length_ref = (next(it) for _ in range(6))
+  q_ref, k_ref, v_ref = (next(it) for _ in range(3))
+  idx_ref, nvalid_ref = (next(it), next(it)) if with_idx else (None, None)
+  length_ref = next(it)
   pos_ref = next(it) if with_pos else None
   prior_ref = next(it) if with_prior else None
   bits_ref = next(it) if with_bits else None
@@ -126,9 +130,10 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
     # [Rp]
     limit = plgpu.load(lim_ref.at[rows_at], mask=row_ok, other=-1)
 
-  lo, hi = split_bounds(nvalid_ref[()], pl.program_id(2), list_len=list_len,
-                        max_splits=max_splits, blocks_per_iter=blocks_per_iter)
   length = length_ref[()]
+  n_valid = nvalid_ref[()] if with_idx else (length + block_size - 1) // block_size
+  lo, hi = split_bounds(n_valid, pl.program_id(2), list_len=list_len,
+                        max_splits=max_splits, blocks_per_iter=blocks_per_iter)
   # [W]: token t of a tile is offset t % bs of the tile's (t // bs)-th listed block.
   tok = jnp.arange(width)
   tile_entry, in_block = tok // block_size, tok % block_size
@@ -141,7 +146,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
     entry = first + tile_entry
     live = entry < hi
     at = jnp.minimum(entry, list_len - 1)
-    blk = plgpu.load(idx_ref.at[at], mask=live, other=0)
+    blk = plgpu.load(idx_ref.at[at], mask=live, other=0) if with_idx else at
     if not with_bits:
       return blk, live, None
     if bit_words == 1:  # [W]
@@ -225,7 +230,9 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
     q: ``[B, P, R, D]`` query rows of each program head.
     k, v: ``[B, K, T, D]`` cache; ``P`` is a multiple of ``K`` (program head p reads kv head
       ``p // (P // K)``).
-    block_idx: ``[B, P, n]`` int32 block lists; ``n_valid [B, P]``; ``length [B]``.
+    block_idx: ``[B, P, n]`` int32 block lists; ``n_valid [B, P]``; ``length [B]``. Both
+      None: every block in order, ``ceil(length / block_size)`` of them (dense decode; no list
+      in memory).
     prior: optional ``[B, P, R // rows_per_prior, T]`` float32 RESA prior logits (row ``r``
       reads prior row ``r // rows_per_prior``).
     row_bits: optional ``[B, P, n, A]`` int32 per-(entry, row) bits (see the module doc).
@@ -244,7 +251,10 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
   """
   b, p, r, d = q.shape
   kh, t = k.shape[1], k.shape[2]
-  n = block_idx.shape[-1]
+  with_idx = block_idx is not None
+  if with_idx != (n_valid is not None):
+    raise ValueError("block_idx and n_valid go together (both None: the identity list)")
+  n = block_idx.shape[-1] if with_idx else t // block_size
   ratio = p // kh
   with_prior, with_bits, with_limit, with_pos = (prior is not None, row_bits is not None,
                                                  row_limit is not None, pos is not None)
@@ -260,17 +270,17 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       blocks_per_iter=per_iter, max_splits=splits, num_blocks=t // block_size, list_len=n,
       bit_words=bit_words, bits_per_word=bits_per_word, with_prior=with_prior,
       with_bits=with_bits, with_limit=with_limit, with_pos=with_pos,
-      rows_per_prior=rows_per_prior, softcap=softcap)
+      rows_per_prior=rows_per_prior, softcap=softcap, with_idx=with_idx)
   head = lambda bi, pi, si: (bi, pi, 0, 0)
   kv = pl.BlockSpec((None, None, t, d), lambda bi, pi, si: (bi, pi // ratio, 0, 0))
-  in_specs = [
-      pl.BlockSpec((None, None, r, d), head), kv, kv,
-      pl.BlockSpec((None, None, n), lambda bi, pi, si: (bi, pi, 0)),
-      pl.BlockSpec((None, None), lambda bi, pi, si: (bi, pi)),
-      pl.BlockSpec((None,), lambda bi, pi, si: (bi,)),
-  ]
-  args = [q, k, v, block_idx.astype(jnp.int32), n_valid.astype(jnp.int32),
-          length.astype(jnp.int32)]
+  in_specs = [pl.BlockSpec((None, None, r, d), head), kv, kv]
+  args = [q, k, v]
+  if with_idx:
+    in_specs += [pl.BlockSpec((None, None, n), lambda bi, pi, si: (bi, pi, 0)),
+                 pl.BlockSpec((None, None), lambda bi, pi, si: (bi, pi))]
+    args += [block_idx.astype(jnp.int32), n_valid.astype(jnp.int32)]
+  in_specs.append(pl.BlockSpec((None,), lambda bi, pi, si: (bi,)))
+  args.append(length.astype(jnp.int32))
   if with_pos:
     in_specs.append(pl.BlockSpec((None, None, t), lambda bi, pi, si: (bi, pi // ratio, 0)))
     args.append(pos.astype(jnp.int32))

@@ -140,12 +140,19 @@ def destinations(keys, live, t, need, count):
   return jnp.where(chosen, chosen_upto - 1, count + ids - chosen_upto)
 
 
-def _select_kernel(scores_ref, count_ref, out_ref, *, num_entries: int, padded: int, n: int,
-                   bits_per_pass: int, early_exit: bool):
+def _select_kernel(*refs, num_entries: int, padded: int, n: int, bits_per_pass: int,
+                   early_exit: bool, block_size: int | None, n_sink_blocks: int):
+  """One row's select; with ``block_size`` the scores are raw and ranked here (``refs``: the
+  row lengths and local starts before the output: ``block_select_ranked``)."""
   row = pl.program_id(0)
   ids = jnp.arange(padded, dtype=jnp.int32)
   live = ids < num_entries
+  scores_ref, count_ref, out_ref = refs[0], refs[1], refs[-1]
   x = plgpu.load(scores_ref.at[row, pl.ds(0, padded)], mask=live, other=0.0)
+  if block_size is not None:  # the forced and valid blocks from two numbers, not masks in HBM
+    length, start = refs[2][row], refs[3][row]
+    forced = (ids < n_sink_blocks) | (ids >= start)
+    x = rank_scores(x, ids * block_size < length, forced)
   keys = jnp.where(live, order_keys(x), jnp.uint32(0))  # padding below every real key
   count = count_ref[row]
   need = jnp.maximum(count, 1)
@@ -184,6 +191,58 @@ def block_select(scores, count, *, n: int, impl: _common.Impl = "auto",
     ``[R, n]`` int32, the first ``count`` the chosen ids: the kernel lists them in ascending
     order, then the other ids ascending; the reference lists the ``n`` best, best first.
   """
+  return _launch(scores, count, (), n=n, impl=impl, interpret=interpret, num_warps=num_warps,
+                 bits_per_pass=bits_per_pass, early_exit=early_exit, block_size=None,
+                 n_sink_blocks=0)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "block_size", "n_sink_blocks", "impl",
+                                             "interpret", "num_warps", "bits_per_pass",
+                                             "early_exit"))
+def block_select_ranked(scores, count, length, local_start, *, n: int, block_size: int,
+                        n_sink_blocks: int, impl: _common.Impl = "auto",
+                        interpret: bool = False, num_warps: int | None = None,
+                        bits_per_pass: int = BITS_PER_PASS, early_exit: bool = EARLY_EXIT):
+  """``block_select`` of block scores as a decode step has them, ranked inside the kernel.
+
+  The ranking (``rank_scores``) is built from two numbers per row instead of ``[R, NB]`` masks:
+  a block is inside the context when ``id * block_size < length`` and forced when ``id <
+  n_sink_blocks`` or ``id >= local_start`` (``Budget.forced_span``). So the XLA fusion that
+  ranks the scores between ``block_score`` and ``block_select`` is gone, and the list is
+  ``block_select(rank_scores(scores, valid, forced), count, n=n)``'s.
+
+  Args:
+    scores: ``[R, NB]`` float32 raw block scores (any value; NaN ranks last of the context).
+    count: ``[R]`` int32 entries to choose (``selection.block_count``).
+    length: ``[R]`` int32 tokens in the row's context.
+    local_start: ``[R]`` int32 first forced local block.
+    n, impl, interpret, num_warps, bits_per_pass, early_exit: as ``block_select``.
+    block_size: static tokens per block; n_sink_blocks: static forced leading blocks.
+
+  Returns:
+    ``[R, n]`` int32, as ``block_select``.
+  """
+  if block_size < 1 or n_sink_blocks < 0:
+    raise ValueError(f"block_size must be >= 1 and n_sink_blocks >= 0, got {block_size}, "
+                     f"{n_sink_blocks}")
+  return _launch(scores, count, (length.astype(jnp.int32), local_start.astype(jnp.int32)),
+                 n=n, impl=impl, interpret=interpret, num_warps=num_warps,
+                 bits_per_pass=bits_per_pass, early_exit=early_exit, block_size=block_size,
+                 n_sink_blocks=n_sink_blocks)
+
+
+def block_valid_forced(num_entries: int, length, local_start, block_size: int,
+                       n_sink_blocks: int):
+  """``(valid, forced)`` ``[R, NB]`` bool of ``block_select_ranked``'s rows (its reference)."""
+  ids = jnp.arange(num_entries, dtype=jnp.int32)[None, :]
+  valid = ids * block_size < length[:, None]
+  return valid, (ids < n_sink_blocks) | (ids >= local_start[:, None])
+
+
+def _launch(scores, count, row_args, *, n, impl, interpret, num_warps, bits_per_pass,
+            early_exit, block_size, n_sink_blocks):
+  """The select's checks and launch (or its reference); ``row_args``: ``(length, local_start)``
+  ``[R]`` when ``block_size`` is set (the ranked variant), else empty."""
   r, nb = scores.shape
   if not 0 < n <= nb:
     raise ValueError(f"list length n={n} must be in [1, {nb}]")
@@ -193,9 +252,13 @@ def block_select(scores, count, *, n: int, impl: _common.Impl = "auto",
     raise ValueError(f"early_exit counts one bit a pass, got bits_per_pass={bits_per_pass}")
   padded = max(16, pl.next_power_of_2(nb))
   if _common.resolve_impl(impl, "block_select") == "xla" or padded > MAX_ENTRIES:
+    if block_size is not None:
+      valid, forced = block_valid_forced(nb, *row_args, block_size, n_sink_blocks)
+      scores = rank_scores(scores, valid, forced)
     return block_select_reference(scores, count, n=n)
   kernel = functools.partial(_select_kernel, num_entries=nb, padded=padded, n=n,
-                             bits_per_pass=bits_per_pass, early_exit=early_exit)
+                             bits_per_pass=bits_per_pass, early_exit=early_exit,
+                             block_size=block_size, n_sink_blocks=n_sink_blocks)
   return pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((r, n), jnp.int32),
@@ -204,4 +267,4 @@ def block_select(scores, count, *, n: int, impl: _common.Impl = "auto",
       compiler_params=plgpu.CompilerParams(num_warps=num_warps or default_warps(padded),
                                            num_stages=1),
       name="block_select",
-  )(scores.astype(jnp.float32), count.astype(jnp.int32))
+  )(scores.astype(jnp.float32), count.astype(jnp.int32), *row_args)

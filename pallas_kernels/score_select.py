@@ -1,9 +1,10 @@
 """Quest's group-shared block selection in one kernel: ``score_select`` and its reference.
 
 Today's group-shared Quest step (``quest:gqa=group``) scores every block for the pooled query
-(``block_score``, which writes ``[B, K, NB]`` float32 to HBM), ranks the scores (an XLA fusion
-with the forced and valid masks) and selects (``block_select``, which reads them back): three
-launches and a round trip. ``score_select`` does all of it in one program per (batch, kv head):
+(``block_score``, which writes ``[B, K, NB]`` float32 to HBM), then ranks and selects
+(``block_select_ranked``, which reads them back): two launches and a round trip (before the
+ranking moved into the select, three). ``score_select`` does all of it in one program per
+(batch, kv head):
 
   1. a loop over tiles of ``block_nb`` blocks scores each tile from ``kmin`` / ``kmax``
      (``block_score.tile_scores``: the same dots, so the same bits), ranks it

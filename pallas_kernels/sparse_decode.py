@@ -227,3 +227,53 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
       softcap=softcap)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)
+
+
+def identity_lists(b: int, hkv: int, num_blocks: int, length, block_size: int):
+  """Every block in order, as lists: ``idx [B, K, NB]``, ``n_valid [B, K]`` (``ceil(length /
+  block_size)``): the list ``dense_decode``'s kernel walks without reading one."""
+  idx = jnp.broadcast_to(jnp.arange(num_blocks, dtype=jnp.int32), (b, hkv, num_blocks))
+  blocks = -(-length.astype(jnp.int32) // block_size)
+  return idx, jnp.broadcast_to(blocks[:, None], (b, hkv)).astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
+                                             "interpret", "num_warps", "num_stages",
+                                             "blocks_per_iter", "softcap"))
+def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None,
+                 num_splits: int | None = None, impl: _common.Impl = "auto",
+                 interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
+                 blocks_per_iter: int | None = None, pos=None, softcap: float | None = None):
+  """``sparse_decode`` over every block of the context: exact attention of one query per head.
+
+  The split-K kernel in its identity mode: list entry ``i`` is block ``i`` and the list holds
+  ``ceil(length / block_size)`` entries, so no list is built or read (the XLA ops that
+  broadcast one and the kernel's id loads are gone). Equal to ``sparse_decode`` with
+  ``identity_lists`` (its reference, and its path on the Mosaic and XLA backends).
+
+  Args:
+    q: ``[B, N, D]``; k, v: ``[B, K, T, D]``; length: ``[B]`` int32 (0: the row attends
+      nothing); pos and the launch options: as ``sparse_decode``.
+
+  Returns:
+    ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32.
+  """
+  kw = dict(block_size=block_size, scale=scale, pos=pos, softcap=softcap)
+  if _common.resolve_impl(impl, "sparse_decode") != "pallas":
+    idx, nv = identity_lists(q.shape[0], k.shape[1], k.shape[2] // block_size, length,
+                             block_size)
+    return sparse_decode(q, k, v, idx, nv, length, num_splits=num_splits, impl=impl,
+                         interpret=interpret, num_warps=num_warps, num_stages=num_stages,
+                         blocks_per_iter=blocks_per_iter, **kw)
+  softcap = check_softcap(softcap)
+  _common.check_block_size(block_size, k.shape[2])
+  b, hq, d = q.shape
+  hkv = k.shape[1]
+  selection_rows(hq, hkv, hkv)
+  tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
+                             blocks_per_iter=blocks_per_iter)
+  out, lse = decode_partials(
+      q.reshape(b, hkv, hq // hkv, d), k, v, None, None, length, pos=pos,
+      block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
+      softcap=softcap)
+  return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)

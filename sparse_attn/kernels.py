@@ -25,12 +25,14 @@ Letters: B batch, K kv heads, N query heads, H selection heads, R = N // H, S qu
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax.numpy as jnp
 
 import pallas_kernels
 from pallas_kernels import Impl, resolve_impl  # pylint: disable=unused-import (re-exported)
 from sparse_attn.cache import KVCache
+from sparse_attn import selection
 from sparse_attn.selection import Selection, block_count
 
 
@@ -57,7 +59,7 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
   token: every valid slot is at or before it; negative = an inactive row) over the cache ->
   ``(out [B, N, D], lse [B, N])``: dense decode.
 
-  ``"pallas"``: split-K flash decoding, ``pallas_kernels.sparse_decode`` over every block (one
+  ``"pallas"``: split-K flash decoding, ``pallas_kernels.dense_decode`` over every block (one
   program per batch x kv head x split, the G query heads of a group together, splits sized to
   fill the GPU), where a query-tiled kernel would run only B x N programs; otherwise
   ``dense_attention``'s reference. Inactive rows come back empty either way. ``num_stages`` and
@@ -68,15 +70,11 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
     out, lse = dense_attention(q[:, :, None], cache, positions[:, None], scale, impl="xla",
                                softcap=softcap)
     return out[:, :, 0], lse[:, :, 0]
-  b, k = q.shape[0], cache.num_kv_heads
-  nb = cache.capacity // cache.block_size
-  idx = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (b, k, nb))
-  blocks = jnp.where(positions >= 0, -(-cache.length // cache.block_size), 0)
-  n_valid = jnp.broadcast_to(blocks[:, None], (b, k)).astype(jnp.int32)
-  return pallas_kernels.sparse_decode(q, cache.k, cache.v, idx, n_valid, cache.length,
-                                      block_size=cache.block_size, scale=scale, pos=cache.pos,
-                                      impl=impl, interpret=interpret,
-                                      num_stages=num_stages, softcap=softcap, **launch)
+  length = jnp.where(positions >= 0, cache.length, 0)  # an inactive row attends nothing
+  return pallas_kernels.dense_decode(q, cache.k, cache.v, length, block_size=cache.block_size,
+                                     scale=scale, pos=cache.pos, impl=impl,
+                                     interpret=interpret, num_stages=num_stages,
+                                     softcap=softcap, **launch)
 
 
 def quest_scores(qs, cache: KVCache, *, impl: Impl = "xla", interpret: bool = False):
@@ -98,6 +96,29 @@ def top_ids(ranked, count, n_max: int, *, impl: Impl = "xla", interpret: bool = 
   ids = pallas_kernels.block_select(ranked.reshape(b * h, nb), rows, n=n_max, impl=impl,
                                     interpret=interpret)
   return ids.reshape(b, h, n_max)
+
+
+def select_blocks(scores, cache: KVCache, budget, *, impl: Impl = "xla",
+                  interpret: bool = False) -> Selection:
+  """``selection.select_blocks`` of ``scores [B, H, NB]`` under ``budget`` with ``top_ids``'s
+  select: the same selection. On the Pallas path the ranking happens inside the select
+  (``pallas_kernels.block_select_ranked``, from each row's length and local start) and the
+  count is closed-form ``[B]`` arithmetic (``selection.block_count``), so no ``[B, NB]`` mask,
+  ranking or reduction runs between the score and select kernels."""
+  if resolve_impl(impl, "block_select") != "pallas":
+    pick = functools.partial(top_ids, impl=impl, interpret=interpret)
+    return selection.select_blocks(scores, cache, budget, pick)
+  b, h, nb = scores.shape
+  bs = cache.block_size
+  n_max = min(budget.max_count(cache.capacity, bs), nb)
+  sink, start = budget.forced_span(cache.length, bs)
+  count = block_count(cache.length, budget, nb, bs, n_max)
+  rows = lambda x: jnp.broadcast_to(x[:, None], (b, h)).reshape(b * h)
+  ids = pallas_kernels.block_select_ranked(
+      scores.reshape(b * h, nb), rows(count), rows(cache.length), rows(start), n=n_max,
+      block_size=bs, n_sink_blocks=sink, impl=impl, interpret=interpret)
+  n_valid = jnp.broadcast_to(count[:, None], (b, h)).astype(jnp.int32)
+  return Selection(idx=ids.reshape(b, h, n_max), n_valid=n_valid, granularity=bs)
 
 
 def quest_select(qs, cache: KVCache, budget, *, impl: Impl = "xla",

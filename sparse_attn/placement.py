@@ -18,7 +18,6 @@ cache's slots are split over a mesh axis are the methods of a placement:
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 from sparse_attn import kernels, selection
 from sparse_attn.cache import write
@@ -46,8 +45,7 @@ class OneDevice:
     return new
 
   def select_blocks(self, scores, cache, budget, *, impl, interpret) -> selection.Selection:
-    pick = functools.partial(kernels.top_ids, impl=impl, interpret=interpret)
-    return selection.select_blocks(scores, cache, budget, pick)
+    return kernels.select_blocks(scores, cache, budget, impl=impl, interpret=interpret)
 
   def merge(self, out, lse):
     return out, lse

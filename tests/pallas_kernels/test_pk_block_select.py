@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pallas_kernels import block_select, block_select_reference
-from pallas_kernels.block_select import MAX_ENTRIES, order_keys
+from pallas_kernels import block_select, block_select_ranked, block_select_reference
+from pallas_kernels.block_select import (MAX_ENTRIES, block_valid_forced, order_keys,
+                                         rank_scores)
 from pallas_kernels.shapes import F32, I32, S
 
 FORCED = 3.0e38
@@ -99,14 +100,60 @@ def test_lowers_for_cuda(rows, nb, n, early):
   assert "sort" not in exported.mlir_module()  # no XLA sort anywhere in the selection
 
 
-@pytest.mark.parametrize("nb,early", [(2048, False), (8192, False), (MAX_ENTRIES, False),
-                                      (8192, True)])
-def test_compiles_for_sm90_without_spills(nb, early, tmp_path):
+@pytest.mark.parametrize("nb,early,ranked", [(2048, False, False), (8192, False, False),
+                                             (MAX_ENTRIES, False, False), (8192, True, False),
+                                             (8192, False, True), (MAX_ENTRIES, False, True)])
+def test_compiles_for_sm90_without_spills(nb, early, ranked, tmp_path):
   pytest.importorskip("triton")
   from pallas_kernels import ptx  # pylint: disable=g-import-not-at-top
-  fn = functools.partial(block_select, n=nb // 20, impl="pallas", early_exit=early)
-  [mod] = ptx.triton_modules(fn, S((32, nb), F32), S((32,), I32))
+  if ranked:
+    fn = functools.partial(block_select_ranked, n=nb // 20, block_size=16, n_sink_blocks=1,
+                           impl="pallas")
+    rows = (S((32,), I32),) * 2
+  else:
+    fn, rows = functools.partial(block_select, n=nb // 20, impl="pallas", early_exit=early), ()
+  [mod] = ptx.triton_modules(fn, S((32, nb), F32), S((32,), I32), *rows)
   kernel = ptx.compile_sm90(mod, str(tmp_path))
   assert 0 < kernel.metadata.shared <= ptx.H100_SMEM_PER_BLOCK
   usage = ptx.register_usage(kernel, str(tmp_path))
   assert usage["spill_bytes"] == 0 and usage["registers"] <= 255, usage
+
+
+@settings(deadline=None, max_examples=12)
+@given(rows=st.integers(1, 4), nb=st.integers(1, 300), bs=st.sampled_from((1, 16)),
+       n_sink=st.integers(0, 3), local=st.integers(0, 4), nan=st.booleans(),
+       data=st.data(), seed=st.integers(0, 2**16))
+def test_ranked_lists_what_the_ranking_then_select_list(rows, nb, bs, n_sink, local, nan, data,
+                                                        seed):
+  """``block_select_ranked`` (raw scores; the valid and forced blocks from each row's length and
+  local start) == ``rank_scores`` then ``block_select``, and its XLA path == the reference."""
+  rng = np.random.default_rng(seed)
+  n = data.draw(st.integers(1, nb))
+  s = rng.standard_normal((rows, nb)).astype(np.float32)
+  if nan:
+    s[rng.random((rows, nb)) < 0.1] = np.nan
+  length = rng.integers(0, nb * bs + 1, rows).astype(np.int32)
+  start = np.maximum(-(-length // bs) - local, 0).astype(np.int32)
+  count = rng.integers(0, n + 1, rows).astype(np.int32)
+  args = tuple(jnp.asarray(x) for x in (s, count, length, start))
+  kw = dict(n=n, block_size=bs, n_sink_blocks=n_sink)
+  got = np.asarray(block_select_ranked(*args, impl="pallas", interpret=True, **kw))
+  valid, forced = block_valid_forced(nb, args[2], args[3], bs, n_sink)
+  ranked = rank_scores(args[0], valid, forced)
+  want = np.asarray(block_select(ranked, args[1], n=n, impl="pallas", interpret=True))
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(block_select_ranked(*args, impl="xla", **kw),
+                                block_select_reference(ranked, args[1], n=n))
+
+
+def test_ranked_lowers_for_cuda_without_masks_around_it():
+  """At 128k's 8192 blocks the only ops over the blocks are the Triton call's."""
+  fn = functools.partial(block_select_ranked, n=820, block_size=16, n_sink_blocks=1,
+                         impl="pallas")
+  text = jax.export.export(
+      jax.jit(fn), platforms=["cuda"],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
+          S((8, 8192), F32), S((8,), I32), S((8,), I32), S((8,), I32)).mlir_module()
+  assert text.count("__gpu$xla.gpu.triton") == 1
+  assert not [l for l in text.splitlines() if "stablehlo." in l and "8192" in l
+              and "custom_call" not in l]
