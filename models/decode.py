@@ -38,7 +38,23 @@ def chunk_size_for(max_len: int, prefill_chunk: int) -> int:
 
 def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMethod, capacity: int,
             prefill_chunk: int = 512, progress=None, question_length=None):
-  """Prefills right-padded ``prompts [B, S]`` in chunks.
+  """Prefills right-padded ``prompts [B, S]`` in chunks, then compresses (``end_prefill``).
+
+  ``run_prompt`` with ``end_prefill`` after it: its arguments and return values.
+  """
+  last, history, caches, states = run_prompt(model, prompts, lengths, method, capacity,
+                                             prefill_chunk, progress, question_length)
+  config = model.config.for_context(capacity)
+  caches, states = end_prefill(caches, states, config=config, method=method)
+  if isinstance(method, sharding.ShardedMethod):  # rows as the decode steps return them
+    history = method.place_rows(history)
+  return last, history, caches, states
+
+
+def run_prompt(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMethod,
+               capacity: int, prefill_chunk: int = 512, progress=None, question_length=None):
+  """The prompt's chunks through the model (and KVzip's replays): ``prefill`` before its
+  ``end_prefill``, so a compression method's caches still hold the whole prompt.
 
   ``progress``: None, or ``progress("prefill", i, n)`` called after chunk ``i`` of ``n`` has
   run (the chunk is waited for, so a long prompt shows its pace). ``question_length [B]``:
@@ -87,11 +103,7 @@ def prefill(model, prompts: np.ndarray, lengths: np.ndarray, method: AttentionMe
   if hasattr(method, "replay"):  # KVzip: score the prompt by replaying it
     caches, states = kvzip_replay.replay(model, prompts, lengths, caches, states, method,
                                          config)
-  caches, states = end_prefill(caches, states, config=config, method=method)
-  history = jnp.asarray(history)
-  if isinstance(method, sharding.ShardedMethod):  # rows as the decode steps return them
-    history = method.place_rows(history)
-  return last, history, caches, states
+  return last, jnp.asarray(history), caches, states
 
 
 def with_model_rope(method: AttentionMethod, config) -> AttentionMethod:

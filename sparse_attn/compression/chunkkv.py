@@ -39,6 +39,7 @@ scores, so Ada-KV's ``head_budget="adakv"`` keeps the same tokens as the uniform
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -100,13 +101,9 @@ class ChunkKV(SnapKV):
                        f"{sorted({c.capacity for c in caches})}")
     out, by_position = [], None
     for layer, (cache, state) in enumerate(zip(caches, states, strict=True)):
-      idx, inv = order.position_order(cache.pos, cache.valid)
       if layer % self.reuse_layers == 0:
-        n = prefill_lib.prompt_tokens(cache)
-        own = self._own_scores(cache, state, reference.default_scale(cache.head_dim, scale), n)
-        by_position = order.take(own, idx)[:, :1]
-      mine = order.take(jnp.broadcast_to(by_position, idx.shape), inv)[:, 0]  # [B, T]
-      out.append(dict(state, chunk_order=mine,
+        by_position = _leader_order(self, cache, state, scale)
+      out.append(dict(state, chunk_order=_at_slots(by_position, cache),
                       chunk_reused=jnp.ones_like(state["chunk_reused"])))
     return out
 
@@ -136,3 +133,20 @@ class ChunkKV(SnapKV):
     rows = jnp.any(valid, axis=1, keepdims=True)
     score = chunks.tiered(chunks.chunk_means(layer, rows, self.chunk_length), layer)
     return order.take(jnp.broadcast_to(score, votes.shape), inv)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 3))
+def _leader_order(method: ChunkKV, cache, state, scale):
+  """A group leader's own chunk order in token order, ``[B, 1, T]`` (every head has it)."""
+  idx, _ = order.position_order(cache.pos, cache.valid)
+  n = prefill_lib.prompt_tokens(cache)
+  scale = reference.default_scale(cache.head_dim, scale)
+  own = method._own_scores(cache, state, scale, n)  # pylint: disable=protected-access
+  return order.take(own, idx)[:, :1]
+
+
+@jax.jit
+def _at_slots(by_position, cache):
+  """``[B, T]``: an order in token order (``[B, 1, T]``) put at ``cache``'s slots."""
+  _, inv = order.position_order(cache.pos, cache.valid)
+  return order.take(jnp.broadcast_to(by_position, inv.shape), inv)[:, 0]
