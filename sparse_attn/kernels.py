@@ -31,8 +31,8 @@ import jax.numpy as jnp
 
 import pallas_kernels
 from pallas_kernels import Impl, resolve_impl  # pylint: disable=unused-import (re-exported)
-from sparse_attn.cache import KVCache
 from sparse_attn import selection
+from sparse_attn.cache import KVCache
 from sparse_attn.selection import Selection, block_count
 
 
