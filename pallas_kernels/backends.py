@@ -38,7 +38,8 @@ IMPLS: tuple[str, ...] = get_args(Impl)
 Resolved = Literal["pallas", "mosaic", "xla"]
 
 # Ops with a Mosaic GPU kernel beside their Triton one (pallas_kernels/mosaic/); the dense
-# decode is sparse_decode over every block, and block_score_pooled resolves as block_score.
+# decode (dense_decode) resolves as sparse_decode, its Mosaic path over the list of every
+# block, and block_score_pooled resolves as block_score.
 MOSAIC_OPS: frozenset[str] = frozenset({"sparse_decode", "block_score", "cache_append",
                                         "sparse_decode_resa", "sparse_decode_multiquery"})
 
