@@ -114,3 +114,14 @@ def test_profile_step_reads_op_times_from_a_trace(tmp_path):
   ops = profile_step.op_times(str(tmp_path))
   assert ops and all(ns >= 0 and n >= 1 for ns, n in ops.values())
   assert not any(k.startswith("ThunkExecutor") for k in ops)
+
+
+def test_select_sweep_sums_the_kernels_device_time(monkeypatch):
+  """decode_sweep.device_us: the ops named like the kernel and all ops, per step (GPU only)."""
+  from experiments import decode_sweep, profile_step  # pylint: disable=g-import-not-at-top
+  assert decode_sweep.device_us(lambda: None, 4, "block_select") == (None, None)  # a CPU
+  ops = {"block_select": (20.0, 1.0), "block_select_1": (1.5, 1.0), "loop_add_fusion": (2.0, 1.0)}
+  monkeypatch.setattr(decode_sweep.jax, "default_backend", lambda: "gpu")
+  monkeypatch.setattr(profile_step, "profile", lambda cand, calls, steps: ops)
+  assert decode_sweep.device_us(lambda: None, 4, "block_select") == (21.5, 23.5)
+  assert decode_sweep.device_us(lambda: None, 4, "sparse_decode") == (None, 23.5)
