@@ -174,7 +174,7 @@ def end_prefill(caches, states, *, config, method: AttentionMethod):
   """
   scale = llama.softmax_scale(config)
   n = config.num_layers
-  states = cross_layer.apply(method, caches, states, scale)  # KVzip's model-wide ranking
+  states = cross_layer.apply(method, caches, states, scale)  # KVzip, ChunkKV's reuse
   outs = [layer_method(per_layer(method, i, n), config, config.is_local(i)).end_prefill(
       c, s, scale=scale)
           for i, (c, s) in enumerate(zip(caches, states, strict=True))]

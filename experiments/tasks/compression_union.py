@@ -173,7 +173,7 @@ def split(union: CompressionUnion, method: CompressionMethod, caches, states, co
   # The member's own layer_state over the shared one: what it reads of its keep-only options
   # (DuoAttention's streaming heads follow its ratio); the run's inputs stay as the union set.
   mine = layer_inputs.apply(method, [s[key] for s in states], None)
-  mine = cross_layer.apply(method, caches, mine, scale)  # KVzip's model-wide ranking
+  mine = cross_layer.apply(method, caches, mine, scale)  # KVzip, ChunkKV's reuse
   out = [steps.per_layer(run, i, n).end_prefill(c, s, scale=scale)
          for i, (c, s) in enumerate(zip(caches, mine))]
   return [c for c, _ in out], [s for _, s in out]

@@ -13,7 +13,9 @@ first, then score, ties by head and slot) are exactly the model-wide ranking's.
 
 The hook: a method may define ``across_layers(caches, states, scale) -> states``, which
 ``models.steps.end_prefill`` (and the shared compression prefill's ``split``) call on the
-per-layer lists after the prompt and before each layer's ``end_prefill`` (``apply``).
+per-layer lists after the prompt and before each layer's ``end_prefill`` (``apply``). KVzip
+uses it for that ranking; ChunkKV's layer-wise index reuse to hand a layer's chunks to the
+next ones (``chunkkv``).
 """
 
 from __future__ import annotations
