@@ -7,8 +7,9 @@ SDPA and cuDNN, and the block select's bits per pass next to ``lax.top_k``.
 One Llama-3.1-8B attention layer (32 q / 8 kv heads, d = 128, batch 1, ``--dtype`` cache), the
 dense decode attention ``kernels.dense_decode`` (``pallas_kernels.dense_decode``, the split-K
 kernel over every block in its identity mode, slot positions loaded) under each
-``(num_splits, blocks_per_iter, num_stages, num_warps)`` of the grid. Each timed call loops ``--steps`` steps on the device, the output of
-one step being the next step's query (so no step is loop-invariant), and the median of
+``(num_splits, blocks_per_iter, num_stages, num_warps)`` of the grid. Each timed call loops
+``--steps`` steps on the device, the output of one step being the next step's query (so no
+step is loop-invariant), and the median of
 ``--repeats`` calls is reported per step. Each configuration prints its line as it finishes
 (a run cut short keeps what it measured); ``x sdpa`` is torch SDPA's time over the row's, both
 measured in this run on the same device. ``num_splits=None`` is ``choose_num_splits``'s count,
