@@ -98,6 +98,16 @@ def top_ids(ranked, count, n_max: int, *, impl: Impl = "xla", interpret: bool = 
   return ids.reshape(b, h, n_max)
 
 
+def _closed_form_budget(cache: KVCache, budget):
+  """``(n_max, sink, start, count)``: the static list length, the forced span
+  (``Budget.forced_span``) and the ``[B]`` block count (``selection.block_count``) of a block
+  selection over ``cache``, as ``[B]`` arithmetic (no ``[B, NB]`` mask)."""
+  nb, bs = cache.num_blocks, cache.block_size
+  n_max = min(budget.max_count(cache.capacity, bs), nb)
+  sink, start = budget.forced_span(cache.length, bs)
+  return n_max, sink, start, block_count(cache.length, budget, nb, bs, n_max)
+
+
 def select_blocks(scores, cache: KVCache, budget, *, impl: Impl = "xla",
                   interpret: bool = False) -> Selection:
   """``selection.select_blocks`` of ``scores [B, H, NB]`` under ``budget`` with ``top_ids``'s
@@ -110,9 +120,7 @@ def select_blocks(scores, cache: KVCache, budget, *, impl: Impl = "xla",
     return selection.select_blocks(scores, cache, budget, pick)
   b, h, nb = scores.shape
   bs = cache.block_size
-  n_max = min(budget.max_count(cache.capacity, bs), nb)
-  sink, start = budget.forced_span(cache.length, bs)
-  count = block_count(cache.length, budget, nb, bs, n_max)
+  n_max, sink, start, count = _closed_form_budget(cache, budget)
   rows = lambda x: jnp.broadcast_to(x[:, None], (b, h)).reshape(b * h)
   ids = pallas_kernels.block_select_ranked(
       scores.reshape(b * h, nb), rows(count), rows(cache.length), rows(start), n=n_max,
@@ -138,9 +146,7 @@ def quest_select(qs, cache: KVCache, budget, *, impl: Impl = "xla",
       or resolve_impl(impl, "block_select") != "pallas"
       or not pallas_kernels.score_select_supported(nb)):
     return None
-  n_max = min(budget.max_count(cache.capacity, bs), nb)
-  sink, start = budget.forced_span(cache.length, bs)
-  count = block_count(cache.length, budget, nb, bs, n_max)
+  n_max, sink, start, count = _closed_form_budget(cache, budget)
   idx, n_valid = pallas_kernels.score_select(qs, cache.kmin, cache.kmax, cache.length, start,
                                              count, block_size=bs, n=n_max, n_sink_blocks=sink,
                                              impl=impl, interpret=interpret)
