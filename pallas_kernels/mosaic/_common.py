@@ -19,6 +19,8 @@ import dataclasses
 
 from jax import lax
 from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+from jax._src.state import types as state_types
+from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 import jax.numpy as jnp
 
@@ -30,7 +32,7 @@ TILE_ROWS = 64
 RING_BYTES = 160 * 1024
 
 __all__ = ["InterpretGPUParams", "Regs", "interpret_params", "smem_transforms",
-           "check_minor_dim", "where", "bcast", "rows_of", "slot_words"]
+           "check_minor_dim", "where", "bcast", "rows_of", "mma", "slot_words"]
 
 
 def interpret_params(interpret) -> InterpretGPUParams | None:
@@ -108,6 +110,38 @@ def rows_of(tile, rows: int, regs: Regs):
   m, n = tile.shape
   rid = regs.iota((m, n), 0, regs.tile)
   return [jnp.sum(where(rid == r, tile, 0.0), axis=0) for r in range(rows)]
+
+
+def _is_ref(x) -> bool:
+  return isinstance(x, state_types.TransformedRef) or isinstance(
+      getattr(x, "aval", None), state_types.AbstractRef)
+
+
+def mma(a, b, shape, *, transpose_b: bool, regs: Regs):
+  """``a @ b`` (``a @ b^T`` with ``transpose_b``) as a ``shape = [64, N]`` float32 WGMMA-layout
+  tile, on the tensor cores (one WGMMA of the warpgroup).
+
+  Args:
+    a: ``[64, K]`` 16-bit operand: an SMEM ref (tiled, swizzled: ``smem_transforms``) or a
+      WGMMA-layout register array.
+    b: SMEM ref, ``[K, N]`` (``[N, K]`` with ``transpose_b``), tiled and swizzled.
+    shape: static ``(64, N)``; transpose_b: static; regs: the trace's ``Regs``.
+
+  Under Mosaic GPU's interpreter (``regs.interp``) the product is a float32-accumulated
+  ``dot_general`` of the same operands: JAX 0.10.2's interpreter runs a WGMMA only with both
+  operands in SMEM and no transposed view, so there the tensor-core instruction itself is
+  checked by the CUDA lowering, not by interpretation.
+  """
+  if regs.interp:
+    a_val = a[...] if _is_ref(a) else a
+    dims = (((1,), (1 if transpose_b else 0,)), ((), ()))
+    return lax.dot_general(a_val, b[...], dims, preferred_element_type=jnp.float32)
+  b_op = plgpu.transpose_ref(b, (1, 0)) if transpose_b else b
+
+  def run(acc_ref):
+    plgpu.wgmma(acc_ref, a, b_op)
+    return acc_ref[...]  # waits for the WGMMA: the ring slot may be refilled after this
+  return pl.run_scoped(run, plgpu.ACC(shape, jnp.float32))
 
 
 def slot_words(pos, block_size: int):

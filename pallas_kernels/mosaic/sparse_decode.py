@@ -10,11 +10,17 @@ warpgroup) per (batch, kv head, split) walks its slice of the kv head's list:
   * a ring of ``num_stages`` such tiles keeps ``num_stages - 1`` steps of copies in flight while
     one is computed: step ``i`` waits for its slot's barriers, computes, then issues step
     ``i + num_stages`` into the slot it just freed (``plgpu.emit_pipeline``'s order);
-  * the compute is on CUDA cores in float32 for the R (<= 64) query rows of the group: for each
-    row, ``s = sum_d k * q`` (a row reduction of the WGMMA-layout tile), the online softmax, and
-    ``acc += sum_t p * v`` (a column reduction). Decoding reads each K/V byte once for R rows, so
-    it is bandwidth bound; CUDA-core float32 keeps f32 caches exact (a WGMMA would round f32 to
-    TF32) and needs no 64-row padding of the group.
+  * with 16-bit caches (``mma_usable``) a step's two products are WGMMAs on the tensor cores,
+    as in flash attention: the group's R (<= 64) query rows padded to one 64-row tile in SMEM,
+    ``S = Q K^T`` ``[64, W]`` into a float32 accumulator, the online softmax per tile row
+    (row reductions stay inside a warp in the WGMMA layout), ``acc += P V`` with the 16-bit
+    ``P`` from registers. The padding costs tensor-core work a decode step has to spare (two
+    ``64 x W x D`` products per 2 W D bytes read); it removes the per-row loop and the
+    cross-warp reduction over the tile's tokens that ``p . v`` needs on CUDA cores;
+  * otherwise (f32 caches, which a WGMMA would round to TF32, and the multi-query and RESA
+    variants) the compute is on CUDA cores in float32 per row: ``s = sum_d k * q`` (a row
+    reduction of the WGMMA-layout tile), the online softmax, and ``acc += sum_t p * v`` (a
+    column reduction).
 
 Per-query-head lists run over the union of the group's lists (``_union.union_lists``) with a
 per-(entry, row) bit, as the Triton kernel does; the split partials are merged by
@@ -75,14 +81,16 @@ def _online(carry, s, v, row_ok, regs):
 
 def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, list_len,
                  max_splits, scale, softcap, with_pos, bits, with_limit, with_positions,
-                 with_prior, rows_per_prior, regs):
+                 with_prior, rows_per_prior, mma, regs):
   """One program; refs: inputs (GMEM), outputs (GMEM), scratch (SMEM, barriers). ``bits``:
   None or ``(A, C)``, row ``r`` may use an entry iff bit ``r % C`` of its word
   ``min(r // C, A - 1)`` is set. With a limit (multi-query): ``lim_ref [B, K, R]`` and, with
   ``with_positions``, ``ps_ref [B, K, n / J, W]`` the listed slots' positions per step, in a
   ring ``ps_s [ST, W]`` (they replace the slot words). With a prior (RESA):
   ``prior_ref [B, K, n / J, R / rows_per_prior, W]`` the listed slots' prior logits per step,
-  outputs ``po, plse, cnt`` and their SMEM tiles, and a ring ``pr_s`` filled beside K/V."""
+  outputs ``po, plse, cnt`` and their SMEM tiles, and a ring ``pr_s`` filled beside K/V.
+  ``mma``: the two products of a step on the tensor cores for all 64 tile rows (``mma_body``;
+  16-bit caches, no limit, no prior), else per row on CUDA cores (``body``)."""
   it = iter(refs)
   q_ref, k_ref, v_ref, idx_ref, nv_ref, len_ref = (next(it) for _ in range(6))
   slot_ref = next(it) if with_pos else None
@@ -137,13 +145,10 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
       issue(st, st)
 
   plgpu.barrier_wait(q_bar.at[0])
-  q_rows = mc.rows_of(regs.load_tile(q_s), rows, regs)  # R x [D]
+  q_rows = None if mma else mc.rows_of(regs.load_tile(q_s), rows, regs)  # R x [D]
   limits = [lim_ref[bi, hi, r] for r in range(rows)] if with_limit else None
-  tok = regs.iota((w,), 0, regs.row)
-  tok_entry, tok_in_block = tok // bs, tok % bs
 
-  def body(step, carry):
-    slot = lax.rem(step, stages)
+  def wait_step(slot):
     for j in range(jn):
       plgpu.barrier_wait(k_bar.at[slot * jn + j])
       plgpu.barrier_wait(v_bar.at[slot * jn + j])
@@ -151,11 +156,15 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
       plgpu.barrier_wait(p_bar.at[slot])
     if with_positions:
       plgpu.barrier_wait(ps_bar.at[slot])
-    k = regs.load_tile(k_s.at[slot])  # [W, D]
-    v = regs.load_tile(v_s.at[slot])
-    # [W] per token: its block's first slot, listed in this slice, and (with bits) its word.
-    first = jnp.zeros((w,), jnp.int32)
-    live = jnp.zeros((w,), jnp.int32)
+
+  def step_tokens(step, slot, layout):
+    """``[W]`` in ``layout`` per token of ``step``: its position, whether it may be attended,
+    its entry's words. Tokens are the K tile's rows on the CUDA-core path (``regs.row``) and
+    the logit tile's columns with MMA (``regs.col``)."""
+    tok = regs.iota((w,), 0, layout)
+    tok_entry, tok_in_block = tok // bs, tok % bs
+    first = jnp.zeros((w,), jnp.int32)  # its block's first slot
+    live = jnp.zeros((w,), jnp.int32)  # listed in this slice
     word = [jnp.zeros((w,), jnp.int32) for _ in range(bits[0] if bits else 0)]
     held = jnp.zeros((w,), jnp.int32)  # with pos: the slot-validity word of the token
     for j in range(jn):
@@ -173,18 +182,72 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
     if with_pos:
       ok = ok & ((lax.shift_right_logical(held, tok_in_block % 32) & 1) > 0)
     if with_positions:
-      tpos = regs.load_vec(ps_s.at[slot], regs.row)
+      tpos = regs.load_vec(ps_s.at[slot], layout)
       ok = ok & (tpos >= 0)
+    return tpos, ok, word
+
+  def row_ok(ok, word, r):
+    """Row ``r``'s tokens: ``ok`` and, with bits, its bit of the entry's word."""
+    if not bits:
+      return ok
+    wd = word[min(r // bits[1], bits[0] - 1)]
+    return ok & ((lax.shift_right_logical(wd, jnp.int32(r % bits[1])) & 1) > 0)
+
+  def mma_body(step, carry):
+    """One step of all 64 tile rows on the tensor cores: ``s = Q K^T``, ``acc += P V``."""
+    acc, m, l = carry  # [64, D] tile, [64] row
+    slot = lax.rem(step, stages)
+    wait_step(slot)
+    _, ok, word = step_tokens(step, slot, regs.col)
+    s = mc.mma(q_s, k_s.at[slot], (mc.TILE_ROWS, w), transpose_b=True, regs=regs) * scale
+    s = soft_cap(s, softcap)
+    shape = (mc.TILE_ROWS, w)
+    mask = mc.bcast(ok, shape, (1,))
+    if bits:  # row r's bit r % C of word min(r // C, A - 1) of its token's entry
+      rid = regs.iota(shape, 0, regs.tile)
+      sel = jnp.minimum(rid // bits[1], bits[0] - 1)
+      wd = mc.bcast(word[0], shape, (1,))
+      for a in range(1, bits[0]):
+        wd = mc.where(sel == a, mc.bcast(word[a], shape, (1,)), wd)
+      mask = mask & ((lax.shift_right_logical(wd, rid % bits[1]) & 1) > 0)
+    s = mc.where(mask, s, NEG_INF)
+    m_new = jnp.maximum(m, jnp.max(s, axis=1))
+    m_safe = mc.where(m_new == NEG_INF, 0.0, m_new)
+    alpha = jnp.exp(m - m_safe)
+    p = mc.where(mask, jnp.exp(s - mc.bcast(m_safe, shape, (0,))), 0.0)
+
+    # A masked slot's V may be stale or non-finite: zero it in SMEM (0 * NaN would reach acc),
+    # with the mask rebuilt for the V tile's rows (only steps with a masked token pay this).
+    @pl.when(jnp.min(ok.astype(jnp.int32)) == 0)
+    def _():
+      _, ok_rows, _ = step_tokens(step, slot, regs.row)
+      vt = regs.cast(v_s[slot], regs.tile)
+      v_s[slot] = mc.where(mc.bcast(ok_rows, (w, d), (0,)), vt, jnp.zeros((), vt.dtype))
+      plgpu.commit_smem()
+
+    pv = mc.mma(p.astype(v_s.dtype), v_s.at[slot], (mc.TILE_ROWS, d), transpose_b=False,
+                regs=regs)
+    acc = mc.bcast(alpha, (mc.TILE_ROWS, d), (0,)) * acc + pv
+
+    @pl.when(step + stages < steps)
+    def _():
+      issue(step + stages, slot)
+    return acc, m_new, alpha * l + jnp.sum(p, axis=1)
+
+  def body(step, carry):
+    """One step of the R rows on CUDA cores (f32 caches and the multi-query / RESA variants)."""
+    slot = lax.rem(step, stages)
+    wait_step(slot)
+    k = regs.load_tile(k_s.at[slot])  # [W, D]
+    v = regs.load_tile(v_s.at[slot])
+    tpos, ok, word = step_tokens(step, slot, regs.row)
     # Masked slots never reach p.v (stale or non-finite values are zeroed, not multiplied by 0).
     v = mc.where(mc.bcast(ok, (w, d), (0,)), v, 0.0)
     new, ok_rows = [], []
     for r in range(rows):
       s = jnp.sum(k * mc.bcast(q_rows[r], (w, d), (1,)), axis=1) * scale  # [W]
       s = soft_cap(s, softcap)
-      ok_r = ok
-      if bits:
-        wd = word[min(r // bits[1], bits[0] - 1)]
-        ok_r = ok_r & ((lax.shift_right_logical(wd, jnp.int32(r % bits[1])) & 1) > 0)
+      ok_r = row_ok(ok, word, r)
       if with_limit:
         ok_r = ok_r & (tpos <= limits[r])
       ok_rows.append(ok_r)
@@ -203,10 +266,19 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
       issue(step + stages, slot)
     return tuple(new)
 
-  init = (regs.cast(jnp.zeros((d,), jnp.float32), regs.col), jnp.float32(NEG_INF),
-          jnp.float32(0.0))
-  carry = lax.fori_loop(0, steps, body, (init,) * rows + ((init, jnp.int32(0)),) * (
-      rows if with_prior else 0))
+  if mma:
+    tile_rows = lambda x: regs.cast(jnp.full((mc.TILE_ROWS,), x, jnp.float32), regs.row)
+    acc, m, l = lax.fori_loop(0, steps, mma_body, (
+        regs.cast(jnp.zeros((mc.TILE_ROWS, d), jnp.float32), regs.tile), tile_rows(NEG_INF),
+        tile_rows(0.0)))
+    rid = regs.iota((mc.TILE_ROWS,), 0, regs.row)
+    carry = [(a, jnp.max(mc.where(rid == r, m, NEG_INF)), jnp.sum(mc.where(rid == r, l, 0.0)))
+             for r, a in enumerate(mc.rows_of(acc, rows, regs))]
+  else:
+    init = (regs.cast(jnp.zeros((d,), jnp.float32), regs.col), jnp.float32(NEG_INF),
+            jnp.float32(0.0))
+    carry = lax.fori_loop(0, steps, body, (init,) * rows + ((init, jnp.int32(0)),) * (
+        rows if with_prior else 0))
   pairs = [(carry[:rows], o_s, lse_s, o_ref, lse_ref)]
   if with_prior:
     pairs.append(([c for c, _ in carry[rows:]], po_s, plse_s, po_ref, plse_ref))
@@ -227,10 +299,21 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
   plgpu.wait_smem_to_gmem(0)
 
 
+def mma_usable(q_dtype, k_dtype, v_dtype, *, w: int, d: int, with_limit: bool,
+               with_prior: bool) -> bool:
+  """Whether a step's products can run as WGMMAs: q, k, v of one 16-bit dtype (a WGMMA would
+  round f32 to TF32, where the CUDA-core path keeps f32 caches exact), ``W, D <= 256`` (a
+  WGMMA's N), and neither the multi-query limit nor RESA's prior (their per-row extras stay on
+  the CUDA-core path)."""
+  dts = {jnp.dtype(x) for x in (q_dtype, k_dtype, v_dtype)}
+  return (len(dts) == 1 and dts <= {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)}
+          and w <= 256 and d <= 256 and not with_limit and not with_prior)
+
+
 def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None, prior=None,
                     row_limit=None, *, block_size: int, scale: float, num_splits: int | None,
                     num_stages: int, softcap: float | None, interpret, bits_per_word: int = 32,
-                    rows_per_prior: int = 1, epilogue=None, extras=()):
+                    rows_per_prior: int = 1, epilogue=None, extras=(), mma: bool | None = None):
   """Runs the Mosaic GPU kernel: per-split partials, merged in XLA (``lse_combine``; with a
   prior ``split_combine_pairs``' jnp path, which also runs the epilogue).
 
@@ -250,6 +333,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
     block_size, scale, num_splits, num_stages, softcap: static; interpret: see
       ``mc.interpret_params``; epilogue, extras: with ``prior``, as ``decode_partials`` of
       ``pallas_kernels._decode_kernel``.
+    mma: the step's products on the tensor cores (``mma_usable``); None: wherever usable.
 
   Returns:
     ``(out [B, K, R, D] f32, lse [B, K, R] f32)``; with ``prior`` also ``(prior_out,
@@ -270,6 +354,12 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
     raise ValueError(f"prior rows {prior_rows} x {rows_per_prior} != {r} rows")
   if row_bits is not None and row_bits.ndim == 3:
     row_bits = row_bits[..., None]
+  usable = mma_usable(q.dtype, k.dtype, v.dtype, w=w, d=d, with_limit=with_limit,
+                      with_prior=with_prior)
+  if mma and not usable:
+    raise ValueError(f"mma needs 16-bit q/k/v of one dtype, no row limit or prior, W <= 256 and "
+                     f"D <= 256; got {q.dtype}/{k.dtype}/{v.dtype}, W={w}, D={d}")
+  mma = usable if mma is None else mma
   # K, V (, prior, positions)
   per_stage = 2 * w * d * itemsize + prior_rows * w * 4 + (w * 4 if with_positions else 0)
   stages = max(2, min(num_stages, mc.RING_BYTES // per_stage, MAX_BARRIERS // jn))
@@ -289,7 +379,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
       softcap=softcap, with_pos=pos is not None and not with_positions,
       bits=None if row_bits is None else (row_bits.shape[-1], bits_per_word),
       with_limit=with_limit, with_positions=with_positions, with_prior=with_prior,
-      rows_per_prior=rows_per_prior, regs=mc.Regs(params is not None))
+      rows_per_prior=rows_per_prior, mma=mma, regs=mc.Regs(params is not None))
   # [B, K, 64, D]: the group's rows padded to one WGMMA-layout tile.
   q_pad = jnp.pad(q, ((0, 0), (0, 0), (0, mc.TILE_ROWS - r), (0, 0)))
   lse_pad = -(-r // 4) * 4  # a TMA store moves whole 16-byte rows
@@ -345,12 +435,12 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
-                                             "blocks_per_iter", "softcap"))
+                                             "blocks_per_iter", "softcap", "mma"))
 def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
                   scale: float | None = None, num_splits: int | None = None,
                   impl: _common.Impl = "auto", interpret=False, num_warps: int = 4,
                   num_stages: int = 3, blocks_per_iter: int | None = None, pos=None,
-                  softcap: float | None = None):
+                  softcap: float | None = None, mma: bool | None = None):
   """Exact attention of one query per head over the listed KV blocks (Mosaic GPU kernel).
 
   Args: as ``pallas_kernels.sparse_decode``:
@@ -368,6 +458,8 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
       program and ``max(64, block_size)`` tokens per step are fixed here.
     num_stages: depth of the TMA ring (>= 2; fewer when the ring would not fit in SMEM).
     softcap: static attention-logit soft-cap, None = none.
+    mma: (Mosaic only) a step's two products as WGMMAs on the tensor cores (True), per row on
+      CUDA cores (False), or wherever usable (None: 16-bit caches, ``mma_usable``).
 
   Returns:
     ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32 (``0`` / ``-inf`` for a row that
@@ -387,5 +479,5 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
       q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
       row_bits=None if words is None else _union.head_bits(words)[..., 0],
       block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
-      num_stages=num_stages, softcap=softcap, interpret=interpret)
+      num_stages=num_stages, softcap=softcap, interpret=interpret, mma=mma)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)

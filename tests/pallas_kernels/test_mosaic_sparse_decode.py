@@ -15,6 +15,7 @@ from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks
 
 from pallas_kernels import sparse_decode_reference
 from pallas_kernels.mosaic import InterpretGPUParams, sparse_decode
+from pallas_kernels.mosaic.sparse_decode import decode_partials, mma_usable
 from pk_testutil import Case, assert_attention_close
 
 PARAMS = InterpretGPUParams(detect_races=True)
@@ -67,6 +68,86 @@ def test_softcap_and_empty_lists():
     assert_attention_close(out, lse, *ref, case.dtype)
 
 
+# 16-bit shapes for the tensor-core step (``mma``) and the CUDA-core one on the same problems:
+# G 4 (Llama-3.1-8B's group) and 3, D 128 and 64, blocks of 16 / 32 / 64, group and per-head
+# lists (per-(entry, row) bits), 1-3 splits.
+POOL_16 = [
+    (1, 2, 4, 128, 16, 12, 9, False, jnp.bfloat16, 2),
+    (2, 1, 3, 64, 32, 6, 5, True, jnp.bfloat16, 1),
+    (1, 1, 2, 64, 64, 4, 4, False, jnp.float16, 3),
+]
+
+
+def poisoned(case, k, v, length, seed):
+  """Holes (-1) in ``pos``, and inf keys / NaN values in every slot a row may not attend (the
+  holes and the slots past ``length``): a kernel must mask them, not multiply them by 0."""
+  rng = np.random.default_rng(seed)
+  pos = np.where(rng.random(k.shape[:3]) < 0.3, -1, np.arange(case.t))
+  bad = jnp.asarray((pos < 0) | (np.arange(case.t)[None, None] >= np.asarray(length)[:, None,
+                                                                                       None]))
+  return (jnp.asarray(pos, jnp.int32), jnp.where(bad[..., None], jnp.inf, k),
+          jnp.where(bad[..., None], jnp.nan, v))
+
+
+@pytest.mark.parametrize("mma", [True, False])
+@pytest.mark.parametrize("shape", POOL_16)
+@settings(max_examples=2, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), with_pos=st.booleans())
+def test_16_bit_steps_match_reference(shape, mma, seed, with_pos):
+  """Both step bodies (tensor-core WGMMA products, CUDA-core rows) equal the reference; with a
+  compacted cache its holes and the slots past the length hold inf / NaN, which neither reads
+  (the reference sees the clean cache)."""
+  case = Case(**dict(zip(FIELDS, shape)), seed=seed)
+  q, k, v, idx, n_valid, length, _ = case.arrays()
+  pos, k_bad, v_bad = poisoned(case, k, v, length, seed) if with_pos else (None, k, v)
+  b, hq, d = q.shape
+  u_idx, u_nv, bits = _group_lists(case, idx, n_valid)
+  gpu_callbacks.reset_gpu_interpret_mode_state()
+  out, lse = jax.block_until_ready(decode_partials(
+      q.reshape(b, case.hkv, case.group, d), k_bad, v_bad, u_idx, u_nv, length, pos=pos,
+      row_bits=bits, block_size=case.block_size, scale=d ** -0.5,
+      num_splits=case.num_splits, num_stages=3, softcap=None, interpret=PARAMS, mma=mma))
+  assert not gpu_callbacks.get_races().races_found
+  ref_out, ref_lse = reference(q, k, v, idx, n_valid, length, block_size=case.block_size,
+                               pos=pos)
+  assert_attention_close(out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq), ref_out,
+                         ref_lse, case.dtype)
+
+
+def _group_lists(case, idx, n_valid):
+  """``decode_partials``' lists: group lists as given, per-head ones as their union with a
+  per-(entry, row) bit (what ``sparse_decode`` hands it)."""
+  from pallas_kernels import _union  # pylint: disable=g-import-not-at-top
+  from pallas_kernels.sparse_decode import checked_lists  # pylint: disable=g-import-not-at-top
+  q_dummy = jnp.zeros((case.batch, case.hq, case.head_dim), case.dtype)
+  k_dummy = jnp.zeros((case.batch, case.hkv, case.t, case.head_dim), case.dtype)
+  _, lists = checked_lists(q_dummy, k_dummy, idx, n_valid, case.block_size, None)
+  u_idx, u_nv, words = lists
+  bits = None if words is None else _union.head_bits(words)[..., 0]
+  return u_idx, u_nv, bits
+
+
+def test_mma_is_for_16_bit_plain_steps():
+  """The tensor-core step runs where it is exact enough and has every input it needs: 16-bit
+  q/k/v of one dtype (f32 stays on CUDA cores: a WGMMA rounds it to TF32), W and D <= 256, no
+  multi-query limit or RESA prior; forcing it elsewhere is an error, not a silent fallback."""
+  bf, f32 = jnp.bfloat16, jnp.float32
+  plain = dict(w=64, d=128, with_limit=False, with_prior=False)
+  assert mma_usable(bf, bf, bf, **plain)
+  assert mma_usable(jnp.float16, jnp.float16, jnp.float16, **plain)
+  assert not mma_usable(f32, f32, f32, **plain)
+  assert not mma_usable(bf, f32, bf, **plain)
+  assert not mma_usable(bf, bf, bf, **{**plain, "with_prior": True})
+  assert not mma_usable(bf, bf, bf, **{**plain, "with_limit": True})
+  assert not mma_usable(bf, bf, bf, **{**plain, "w": 512})
+  case = Case(*POOL[0][:9], seed=0, num_splits=1)
+  q, k, v, idx, n_valid, length, _ = case.arrays()
+  with pytest.raises(ValueError, match="mma needs 16-bit"):
+    decode_partials(q.reshape(1, 1, 2, 64), k, v, idx, n_valid, length, block_size=16,
+                    scale=0.125, num_splits=1, num_stages=3, softcap=None, interpret=PARAMS,
+                    mma=True)
+
+
 S, I32 = jax.ShapeDtypeStruct, jnp.int32
 
 
@@ -85,6 +166,21 @@ def test_lowers_for_cuda(dtype, per_head):
       pos=S((b, hkv, t), I32) if per_head else None)
   text = exported.mlir_module()
   assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {"mosaic_gpu_v2"}
+  # The embedded Mosaic GPU module: a 16-bit step's two products are WGMMAs; f32 has none.
+  assert ("wgmma" in text) == (dtype == jnp.bfloat16)
+
+
+def test_dense_128k_lowers_with_wgmma():
+  """The dense step at Llama-3.1-8B's 128k (every block listed, 8192 entries) lowers to one
+  Mosaic GPU call whose step runs on the tensor cores."""
+  b, hq, hkv, d, t, bs = 1, 32, 8, 128, 131072, 16
+  cache = S((b, hkv, t, d), jnp.bfloat16)
+  fn = functools.partial(sparse_decode, block_size=bs, impl="mosaic")
+  text = jax.export.export(jax.jit(fn), platforms=["cuda"])(
+      S((b, hq, d), jnp.bfloat16), cache, cache, S((b, hkv, t // bs), I32), S((b, hkv), I32),
+      S((b,), I32)).mlir_module()
+  assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {"mosaic_gpu_v2"}
+  assert "wgmma" in text
 
 
 def test_ptx_needs_the_cuda_plugin():
