@@ -1,7 +1,9 @@
 r"""Launch-configuration sweeps of the decode kernels: the dense split-K decode next to torch
-SDPA and cuDNN, and the block select's bits per pass next to ``lax.top_k``.
+SDPA and cuDNN, the Mosaic GPU decode's step bodies, and the block select's bits per pass next
+to ``lax.top_k``.
 
   python -m experiments.decode_sweep --contexts=32768,131072 --out=/tmp/decode_sweep.jsonl
+  python -m experiments.decode_sweep --contexts=8192,32768,131072 --iters= --mosaic=mma,rows
   python -m experiments.decode_sweep --contexts= --select_entries=2048,8192
 
 One Llama-3.1-8B attention layer (32 q / 8 kv heads, d = 128, batch 1, ``--dtype`` cache), the
@@ -15,6 +17,14 @@ step is loop-invariant), and the median of
 measured in this run on the same device. ``num_splits=None`` is ``choose_num_splits``'s count,
 ``blocks_per_iter=None`` the shared-memory fit for the stages; ``dense_decode`` runs
 ``num_splits=None, blocks_per_iter=None, num_stages=2`` (``DENSE_DECODE_STAGES``).
+
+``--mosaic`` times ``pallas_kernels.mosaic.sparse_decode`` on the same layer (section
+``mosaic_decode``): dense (every block listed) and a Quest-sized list (``--mosaic_keep`` of the
+blocks, a fixed random set in id order, shared by the group), per step body (``mma``: the
+WGMMA products; ``rows``: CUDA-core rows), tokens a step (``--mosaic_tokens``) and ring depth
+(``--mosaic_stages``), each row with its fraction of the peak bandwidth the bytes it must read
+would take (``--peak_tbs``) and its time against torch SDPA and our Triton dense decode of
+this run.
 """
 
 from __future__ import annotations
@@ -58,6 +68,14 @@ def define_flags():
   flags.DEFINE_string("select_bits", "1,2,4", "Block-select sweep: bits_per_pass values.")
   flags.DEFINE_string("select_warps", "0", "Block-select sweep: num_warps values (0 = the "
                       "default for the row length).")
+  flags.DEFINE_string("mosaic", "", "Mosaic decode sweep: step bodies (mma, rows), empty = "
+                      "none.")
+  flags.DEFINE_string("mosaic_tokens", "64,128", "Mosaic decode sweep: tokens a step.")
+  flags.DEFINE_string("mosaic_stages", "2,3,4", "Mosaic decode sweep: TMA ring depths.")
+  flags.DEFINE_float("mosaic_keep", 0.1, "Mosaic decode sweep: the sparse list's fraction of "
+                     "the blocks (0 = dense only).")
+  flags.DEFINE_float("peak_tbs", 4.8, "Peak HBM bandwidth, TB/s (H200 4.8, H100 SXM 3.35), "
+                     "for the fraction of peak.")
   flags.DEFINE_string("select_early", "0,1", "Block-select sweep: early_exit values (0/1; "
                       "with bits_per_pass 1 only).")
 
@@ -88,6 +106,72 @@ def kernel_step(b: per_layer.Bench, tiles: dict, steps: int, interpret: bool):
 
   q = b.q[:, :, 0]
   return lambda: run(q, b.cache)
+
+
+def mosaic_step(b: per_layer.Bench, idx, steps: int, interpret: bool, **kw):
+  """``steps`` Mosaic GPU decode steps of the newest query over ``b``'s cache and the group
+  lists ``idx [1, K, n]`` (all entries valid), one call."""
+  from pallas_kernels import mosaic  # pylint: disable=g-import-not-at-top (GPU JAX only)
+  c = b.cache
+  n_valid = jnp.full(idx.shape[:2], idx.shape[-1], jnp.int32)
+
+  @jax.jit
+  def run(q, c):
+    def one(_, q):
+      return mosaic.sparse_decode(q, c.k, c.v, idx, n_valid, c.length, block_size=c.block_size,
+                                  pos=c.pos, impl="mosaic", interpret=interpret, **kw)[0]
+    return jax.lax.fori_loop(0, steps, one, q)
+
+  q = b.q[:, :, 0]
+  return lambda: run(q, c)
+
+
+def mosaic_lists(nb: int, kv_heads: int, keep: float) -> dict:
+  """``{name: [1, K, n] int32}``: every block (dense) and, with ``keep``, ``keep * nb`` fixed
+  random blocks per kv head in id order."""
+  out = {"dense": jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (1, kv_heads, nb))}
+  if keep:
+    n = max(1, int(keep * nb))
+    keys = jax.random.split(jax.random.key(1), kv_heads)
+    out[f"keep {keep}"] = jnp.stack([jnp.sort(jax.random.permutation(k, nb)[:n])
+                                     for k in keys])[None].astype(jnp.int32)
+  return out
+
+
+def mosaic_sweep(out, b: per_layer.Bench, peers: dict, steps: int):
+  """Times the Mosaic decode per list, step body, tokens a step and ring depth (the module
+  docstring's ``--mosaic``)."""
+  s = b.s
+  nb = -(-b.context // s.block_size)
+  itemsize = jnp.dtype(b.dtype).itemsize
+  for name, idx in mosaic_lists(nb, s.num_kv_heads, FLAGS.mosaic_keep).items():
+    moved = 2 * s.num_kv_heads * idx.shape[-1] * s.block_size * s.head_dim * itemsize
+    bound_us = moved / (FLAGS.peak_tbs * 1e12) * 1e6
+    for body, tokens, stages in itertools.product(FLAGS.mosaic.split(","),
+                                                  settings.ints(FLAGS.mosaic_tokens),
+                                                  settings.ints(FLAGS.mosaic_stages)):
+      if body not in ("mma", "rows"):
+        raise ValueError(f"--mosaic bodies are mma and rows, got {body!r}")
+      kw = dict(mma=body == "mma", tokens_per_step=tokens, num_stages=stages)
+      try:
+        fn = mosaic_step(b, idx, steps, FLAGS.interpret, **kw)
+        first, us = median_step_us(fn, steps, FLAGS.repeats)
+      except Exception as e:  # pylint: disable=broad-except (a launch that does not fit)
+        print(f"{b.context} mosaic {name} {kw}: failed ({type(e).__name__}: {str(e)[:160]})",
+              flush=True)
+        continue
+      kernel, device = device_us(fn, steps, "sparse_decode")
+      row = dict(_provenance(), section="mosaic_decode", context=b.context, dtype=FLAGS.dtype,
+                 list=name, entries=int(idx.shape[-1]), body=body, tokens_per_step=tokens,
+                 num_stages=stages, us_per_step=us, first_s=first, kernel_us=kernel,
+                 device_us=device, bytes=moved, bound_us=bound_us,
+                 peak_fraction=bound_us / us, peak_tbs=FLAGS.peak_tbs, peers_us=peers)
+      ratios = ", ".join(f"x {k} {v / us:.2f}" for k, v in peers.items())
+      print(f"{b.context} mosaic {name} {body} W={tokens} stages={stages}: {us:.1f} us/step "
+            f"({100 * bound_us / us:.0f}% of peak), kernel {_us(kernel)}, {ratios}", flush=True)
+      if out:
+        out.write(json.dumps(row) + "\n")
+        out.flush()
 
 
 def _provenance() -> dict:
@@ -191,7 +275,11 @@ def main(argv):
     print(f"\n== context {ctx}: " + ", ".join(f"{k} {v:.1f} us" for k, v in peers.items()),
           flush=True)
     nb = -(-ctx // s.block_size)
-    for tiles in grid(nb, s.num_kv_heads):
+    if FLAGS.mosaic:
+      triton = {} if FLAGS.interpret else {"triton dense": median_step_us(
+          kernel_step(b, {}, FLAGS.steps, False), FLAGS.steps, FLAGS.repeats)[1]}
+      mosaic_sweep(out, b, {**peers, **triton}, FLAGS.steps)
+    for tiles in grid(nb, s.num_kv_heads) if FLAGS.iters else ():
       try:
         first, us = median_step_us(kernel_step(b, tiles, FLAGS.steps, FLAGS.interpret),
                                    FLAGS.steps, FLAGS.repeats)

@@ -26,6 +26,10 @@
 #   6. decode_sweep: the dense split-K decode kernel's launch configurations at 32k / 128k next
 #      to torch SDPA and cuDNN (experiments/decode_sweep.py);
 #   7. select_sweep: the block select (warps, early exit) next to lax.top_k at 2048 / 8192 entries;
+#   7b. mosaic_sweep: the Mosaic GPU decode at 8k / 32k / 128k, dense and a 10% list, per step body
+#      (WGMMA products vs CUDA-core rows), tokens a step (64, 128) at ring depth 3, each
+#      with its fraction of peak bandwidth, next to torch SDPA and the Triton dense decode
+#      (issue 54: what the WGMMA step buys; experiments/decode_sweep.py --mosaic);
 #   8. profile_128k, profile_32k: per-op device microseconds of one decode step of Quest, +RESA
 #      and dense (experiments/profile_step.py);
 #   8b. profile_mosaic: the same at 128k for dense and Quest through the Mosaic GPU kernels
@@ -68,6 +72,8 @@ CTX128=(--config.shape_contexts=131072 --config.shape_transformers=False)
 CHUNK_CONTEXTS=(--config.contexts=32768,131072)
 SWEEP=(--contexts=32768,131072)
 SELECT=(--select_entries=2048,8192 --select_rows=8 --select_bits=1 --select_warps=0,4,16)
+MOSAIC_SWEEP=(--contexts=8192,32768,131072 --iters= --mosaic=mma,rows --mosaic_tokens=64,128
+              --mosaic_stages=3)  # 24 rows; --mosaic_stages=2,3,4 in a lease of its own
 PROFILE=(--steps=32 --calls=2)
 PROFILE_E2E=(--shape=llama-3.1-8b --context=32768 --steps=8 --calls=2 --top=30)
 CTX_SMALL=(131072 32768)
@@ -86,6 +92,8 @@ if [ "$QUICK" = 1 ]; then
   CHUNK_CONTEXTS=()
   SWEEP=(--contexts=256 --steps=2 --repeats=1 --splits=0,2 --iters=0/3 --warps=4 --interpret)
   SELECT=(--select_entries=64 --select_rows=2 --steps=2 --repeats=1 --interpret)
+  MOSAIC_SWEEP=(--contexts=256 --iters= --mosaic=mma,rows --mosaic_tokens=64 --mosaic_stages=2
+                --steps=1 --repeats=1 --interpret)
   PROFILE=(--steps=2 --calls=1 --interpret)
   PROFILE_E2E=(--shape=tiny --dtype=float32 --context=128 --steps=2 --calls=1 --interpret)
   CTX_SMALL=(256 256)
@@ -142,6 +150,8 @@ for name in $PARTS; do
         --out="$OUT/decode_sweep.jsonl" ;;
     select_sweep) part select_sweep 60 python3 -m experiments.decode_sweep --contexts= \
         "${SELECT[@]}" --out="$OUT/decode_sweep.jsonl" ;;
+    mosaic_sweep) part mosaic_sweep 150 python3 -m experiments.decode_sweep "${MOSAIC_SWEEP[@]}" \
+        --out="$OUT/decode_sweep.jsonl" ;;
     profile_128k) part profile_128k 80 python3 -m experiments.profile_step \
         --context="${CTX_SMALL[0]}" --impl=pallas "${PROFILE[@]}" \
         --methods=quest:gqa=group,quest:gqa=group+resa,quest:gqa=group+resa:fused=false,dense ;;

@@ -5,8 +5,9 @@ The Mosaic GPU twin of ``pallas_kernels.sparse_decode`` (same signature, same re
 warpgroup) per (batch, kv head, split) walks its slice of the kv head's list:
 
   * each pipeline step gathers ``J = W / block_size`` listed blocks into one ``[W, D]`` K tile
-    and one V tile in shared memory (``W = max(64, block_size)`` tokens), one TMA bulk copy per
-    block and tensor (``plgpu.copy_gmem_to_smem``), each completing on its own mbarrier;
+    and one V tile in shared memory (``W = max(64, block_size)`` tokens unless
+    ``tokens_per_step`` says otherwise), one TMA bulk copy per block and tensor
+    (``plgpu.copy_gmem_to_smem``), each completing on its own mbarrier;
   * a ring of ``num_stages`` such tiles keeps ``num_stages - 1`` steps of copies in flight while
     one is computed: step ``i`` waits for its slot's barriers, computes, then issues step
     ``i + num_stages`` into the slot it just freed (``plgpu.emit_pipeline``'s order);
@@ -313,7 +314,8 @@ def mma_usable(q_dtype, k_dtype, v_dtype, *, w: int, d: int, with_limit: bool,
 def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None, prior=None,
                     row_limit=None, *, block_size: int, scale: float, num_splits: int | None,
                     num_stages: int, softcap: float | None, interpret, bits_per_word: int = 32,
-                    rows_per_prior: int = 1, epilogue=None, extras=(), mma: bool | None = None):
+                    rows_per_prior: int = 1, epilogue=None, extras=(), mma: bool | None = None,
+                    tokens_per_step: int | None = None):
   """Runs the Mosaic GPU kernel: per-split partials, merged in XLA (``lse_combine``; with a
   prior ``split_combine_pairs``' jnp path, which also runs the epilogue).
 
@@ -334,6 +336,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
       ``mc.interpret_params``; epilogue, extras: with ``prior``, as ``decode_partials`` of
       ``pallas_kernels._decode_kernel``.
     mma: the step's products on the tensor cores (``mma_usable``); None: wherever usable.
+    tokens_per_step: W, a multiple of 64 and of ``block_size`` (default ``max(64, bs)``): a
+      launch parameter for sweeps (``experiments.decode_sweep --mosaic``).
 
   Returns:
     ``(out [B, K, R, D] f32, lse [B, K, R] f32)``; with ``prior`` also ``(prior_out,
@@ -344,8 +348,14 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
   if r > mc.TILE_ROWS:
     raise ValueError(f"at most {mc.TILE_ROWS} query rows per kv head, got {r}")
   mc.check_minor_dim(d, q.dtype, k.dtype)
-  jn = max(1, mc.TILE_ROWS // block_size)
-  w = jn * block_size
+  w = tokens_per_step or max(mc.TILE_ROWS, block_size)
+  if w % mc.TILE_ROWS or w % block_size:
+    raise ValueError(f"tokens_per_step must be a multiple of {mc.TILE_ROWS} and of the block "
+                     f"size {block_size}, got {w}")
+  jn = w // block_size
+  if 2 * jn > MAX_BARRIERS:
+    raise ValueError(f"tokens_per_step={w} is {jn} blocks of {block_size}: a ring of two such "
+                     f"steps needs {2 * jn} barriers per tensor, more than {MAX_BARRIERS}")
   itemsize = jnp.dtype(k.dtype).itemsize
   with_limit, with_prior = row_limit is not None, prior is not None
   with_positions = with_limit and pos is not None  # the listed slots' positions, per step
@@ -362,6 +372,9 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
   mma = usable if mma is None else mma
   # K, V (, prior, positions)
   per_stage = 2 * w * d * itemsize + prior_rows * w * 4 + (w * 4 if with_positions else 0)
+  if 2 * per_stage > mc.RING_BYTES:
+    raise ValueError(f"tokens_per_step={w}: a ring of two steps needs {2 * per_stage} bytes of "
+                     f"shared memory, more than the {mc.RING_BYTES} a decode ring may fill")
   stages = max(2, min(num_stages, mc.RING_BYTES // per_stage, MAX_BARRIERS // jn))
   splits = num_splits or _common.choose_num_splits(b * kh, n)
   splits = max(1, min(splits, -(-n // jn)))
@@ -435,12 +448,14 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
-                                             "blocks_per_iter", "softcap", "mma"))
+                                             "blocks_per_iter", "softcap", "mma",
+                                             "tokens_per_step"))
 def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
                   scale: float | None = None, num_splits: int | None = None,
                   impl: _common.Impl = "auto", interpret=False, num_warps: int = 4,
                   num_stages: int = 3, blocks_per_iter: int | None = None, pos=None,
-                  softcap: float | None = None, mma: bool | None = None):
+                  softcap: float | None = None, mma: bool | None = None,
+                  tokens_per_step: int | None = None):
   """Exact attention of one query per head over the listed KV blocks (Mosaic GPU kernel).
 
   Args: as ``pallas_kernels.sparse_decode``:
@@ -455,11 +470,12 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
     interpret: False (lower for the GPU), True (Mosaic GPU interpret mode on the CPU, race
       detection on) or an ``InterpretGPUParams``.
     num_warps, blocks_per_iter: accepted for the Triton twin's signature; one warpgroup per
-      program and ``max(64, block_size)`` tokens per step are fixed here.
+      program here, and ``tokens_per_step`` sets the tokens a step reads.
     num_stages: depth of the TMA ring (>= 2; fewer when the ring would not fit in SMEM).
     softcap: static attention-logit soft-cap, None = none.
     mma: (Mosaic only) a step's two products as WGMMAs on the tensor cores (True), per row on
       CUDA cores (False), or wherever usable (None: 16-bit caches, ``mma_usable``).
+    tokens_per_step: (Mosaic only) tokens a pipeline step reads (``decode_partials``).
 
   Returns:
     ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32 (``0`` / ``-inf`` for a row that
@@ -479,5 +495,6 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
       q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
       row_bits=None if words is None else _union.head_bits(words)[..., 0],
       block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
-      num_stages=num_stages, softcap=softcap, interpret=interpret, mma=mma)
+      num_stages=num_stages, softcap=softcap, interpret=interpret, mma=mma,
+      tokens_per_step=tokens_per_step)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)

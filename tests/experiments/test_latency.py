@@ -7,6 +7,7 @@ import os
 
 import jax
 import numpy as np
+import pytest
 
 from configs import latency as latency_config
 from experiments import latency_lib, report
@@ -125,3 +126,40 @@ def test_select_sweep_sums_the_kernels_device_time(monkeypatch):
   monkeypatch.setattr(profile_step, "profile", lambda cand, calls, steps: ops)
   assert decode_sweep.device_us(lambda: None, 4, "block_select") == (21.5, 23.5)
   assert decode_sweep.device_us(lambda: None, 4, "sparse_decode") == (None, 23.5)
+
+
+def test_mosaic_sweep_rows(monkeypatch):
+  """decode_sweep --mosaic: dense lists every block, the sparse list keeps ``keep`` of them in
+  id order (distinct, per kv head); a row's bound is the bytes its list must read at the peak,
+  and a body name other than mma / rows is an error."""
+  import io  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  from experiments import decode_sweep  # pylint: disable=g-import-not-at-top
+  lists = decode_sweep.mosaic_lists(100, 3, 0.1)
+  assert set(lists) == {"dense", "keep 0.1"}
+  np.testing.assert_array_equal(lists["dense"][0, 2], np.arange(100))
+  sparse = np.asarray(lists["keep 0.1"])
+  assert sparse.shape == (1, 3, 10)
+  for row in sparse[0]:
+    assert (np.diff(row) > 0).all() and row.min() >= 0 and row.max() < 100
+  assert set(decode_sweep.mosaic_lists(100, 3, 0.0)) == {"dense"}
+
+  flags = types.SimpleNamespace(mosaic="mma,rows", mosaic_tokens="64", mosaic_stages="3",
+                                mosaic_keep=0.0, peak_tbs=4.0, interpret=False, repeats=1,
+                                dtype="bfloat16", steps=2)
+  monkeypatch.setattr(decode_sweep, "FLAGS", flags)
+  monkeypatch.setattr(decode_sweep, "_provenance", dict)
+  monkeypatch.setattr(decode_sweep, "mosaic_step", lambda b, idx, steps, interp, **kw: kw)
+  monkeypatch.setattr(decode_sweep, "median_step_us", lambda fn, steps, repeats: (1.0, 50.0))
+  s = types.SimpleNamespace(block_size=16, num_kv_heads=8, head_dim=128)
+  bench = types.SimpleNamespace(s=s, context=4096, dtype=jax.numpy.bfloat16)
+  out = io.StringIO()
+  decode_sweep.mosaic_sweep(out, bench, {"torch SDPA": 100.0}, 2)
+  rows = [json.loads(line) for line in out.getvalue().splitlines()]
+  assert [r["body"] for r in rows] == ["mma", "rows"]
+  moved = 2 * 8 * 4096 * 128 * 2  # K and V of every block, bf16
+  assert rows[0]["bytes"] == moved
+  assert abs(rows[0]["peak_fraction"] - moved / 4e12 * 1e6 / 50.0) < 1e-9
+  flags.mosaic = "wgmma"
+  with pytest.raises(ValueError, match="mma and rows"):
+    decode_sweep.mosaic_sweep(out, bench, {}, 2)

@@ -193,3 +193,19 @@ def test_ptx_needs_the_cuda_plugin():
                 "(the jax-cuda12-plugin's _mosaic_gpu_ext) is not installed with the CPU jaxlib")
   pytest.skip("the CUDA plugin is installed, but compiling to PTX needs a GPU context "
               "(the mosaic_gpu_v2 custom call compiles at XLA compile time on the device)")
+
+
+@pytest.mark.parametrize("mma", [True, False])
+def test_tokens_per_step(mma):
+  """128 tokens a step (8 blocks of 16) gives the reference's answer on either body; a step that
+  is not whole 64-row tiles of whole blocks, needs more barriers than a group has, or whose
+  two-step ring does not fit in shared memory is refused."""
+  case = Case(1, 2, 4, 128, 16, 20, 17, True, jnp.bfloat16, seed=11, num_splits=2)
+  q, k, v, idx, n_valid, length, _ = case.arrays()
+  out, lse = run(case, q, k, v, idx, n_valid, length, mma=mma, tokens_per_step=128)
+  assert_attention_close(out, lse, *reference(q, k, v, idx, n_valid, length, block_size=16),
+                         case.dtype)
+  for bad in (96, 32 * 16 + 64, 512):  # not whole tiles; 36 blocks; 256 KB for two steps
+    with pytest.raises(ValueError, match="tokens_per_step"):
+      sparse_decode(q, k, v, idx, n_valid, length, block_size=16, impl="mosaic",
+                    interpret=PARAMS, tokens_per_step=bad)
