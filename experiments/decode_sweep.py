@@ -19,7 +19,8 @@ measured in this run on the same device. ``num_splits=None`` is ``choose_num_spl
 ``num_splits=None, blocks_per_iter=None, num_stages=2`` (``DENSE_DECODE_STAGES``).
 
 ``--mosaic`` times ``pallas_kernels.mosaic.sparse_decode`` on the same layer (section
-``mosaic_decode``): dense (every block listed) and a Quest-sized list (``--mosaic_keep`` of the
+``mosaic_decode``): dense without a list (``dense_decode``'s identity mode), dense as the list of
+every block, and a Quest-sized list (``--mosaic_keep`` of the
 blocks, a fixed random set in id order, shared by the group), per step body (``mma``: the
 WGMMA products; ``rows``: CUDA-core rows), tokens a step (``--mosaic_tokens``) and ring depth
 (``--mosaic_stages``), each row with its fraction of the peak bandwidth the bytes it must read
@@ -110,14 +111,18 @@ def kernel_step(b: per_layer.Bench, tiles: dict, steps: int, interpret: bool):
 
 def mosaic_step(b: per_layer.Bench, idx, steps: int, interpret: bool, **kw):
   """``steps`` Mosaic GPU decode steps of the newest query over ``b``'s cache and the group
-  lists ``idx [1, K, n]`` (all entries valid), one call."""
+  lists ``idx [1, K, n]`` (all entries valid; None: ``dense_decode``, the identity mode), one
+  call."""
   from pallas_kernels import mosaic  # pylint: disable=g-import-not-at-top (GPU JAX only)
   c = b.cache
-  n_valid = jnp.full(idx.shape[:2], idx.shape[-1], jnp.int32)
 
   @jax.jit
   def run(q, c):
     def one(_, q):
+      if idx is None:
+        return mosaic.dense_decode(q, c.k, c.v, c.length, block_size=c.block_size, pos=c.pos,
+                                   impl="mosaic", interpret=interpret, **kw)[0]
+      n_valid = jnp.full(idx.shape[:2], idx.shape[-1], jnp.int32)
       return mosaic.sparse_decode(q, c.k, c.v, idx, n_valid, c.length, block_size=c.block_size,
                                   pos=c.pos, impl="mosaic", interpret=interpret, **kw)[0]
     return jax.lax.fori_loop(0, steps, one, q)
@@ -127,9 +132,10 @@ def mosaic_step(b: per_layer.Bench, idx, steps: int, interpret: bool, **kw):
 
 
 def mosaic_lists(nb: int, kv_heads: int, keep: float) -> dict:
-  """``{name: [1, K, n] int32}``: every block (dense) and, with ``keep``, ``keep * nb`` fixed
-  random blocks per kv head in id order."""
-  out = {"dense": jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (1, kv_heads, nb))}
+  """``{name: [1, K, n] int32 or None}``: the identity mode (``dense_decode``: no list), every
+  block as a list (dense) and, with ``keep``, ``keep * nb`` fixed random blocks per kv head in
+  id order."""
+  out = {"identity": None, "dense": jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), (1, kv_heads, nb))}
   if keep:
     n = max(1, int(keep * nb))
     keys = jax.random.split(jax.random.key(1), kv_heads)
@@ -145,7 +151,8 @@ def mosaic_sweep(out, b: per_layer.Bench, peers: dict, steps: int):
   nb = -(-b.context // s.block_size)
   itemsize = jnp.dtype(b.dtype).itemsize
   for name, idx in mosaic_lists(nb, s.num_kv_heads, FLAGS.mosaic_keep).items():
-    moved = 2 * s.num_kv_heads * idx.shape[-1] * s.block_size * s.head_dim * itemsize
+    entries = nb if idx is None else int(idx.shape[-1])
+    moved = 2 * s.num_kv_heads * entries * s.block_size * s.head_dim * itemsize
     bound_us = moved / (FLAGS.peak_tbs * 1e12) * 1e6
     for body, tokens, stages in itertools.product(FLAGS.mosaic.split(","),
                                                   settings.ints(FLAGS.mosaic_tokens),
@@ -162,7 +169,7 @@ def mosaic_sweep(out, b: per_layer.Bench, peers: dict, steps: int):
         continue
       kernel, device = device_us(fn, steps, "sparse_decode")
       row = dict(_provenance(), section="mosaic_decode", context=b.context, dtype=FLAGS.dtype,
-                 list=name, entries=int(idx.shape[-1]), body=body, tokens_per_step=tokens,
+                 list=name, entries=entries, body=body, tokens_per_step=tokens,
                  num_stages=stages, us_per_step=us, first_s=first, kernel_us=kernel,
                  device_us=device, bytes=moved, bound_us=bound_us,
                  peak_fraction=bound_us / us, peak_tbs=FLAGS.peak_tbs, peers_us=peers)

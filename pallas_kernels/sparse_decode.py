@@ -249,7 +249,8 @@ def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None
   The split-K kernel in its identity mode: list entry ``i`` is block ``i`` and the list holds
   ``ceil(length / block_size)`` entries, so no list is built or read (the XLA ops that
   broadcast one and the kernel's id loads are gone). Equal to ``sparse_decode`` with
-  ``identity_lists`` (its reference, and its path on the Mosaic and XLA backends).
+  ``identity_lists`` (its reference, and its path on the XLA backend); on the Mosaic backend
+  ``mosaic.dense_decode``, that kernel's identity mode.
 
   Args:
     q: ``[B, N, D]``; k, v: ``[B, K, T, D]``; length: ``[B]`` int32 (0: the row attends
@@ -259,7 +260,12 @@ def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None
     ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32.
   """
   kw = dict(block_size=block_size, scale=scale, pos=pos, softcap=softcap)
-  if _common.resolve_impl(impl, "sparse_decode") != "pallas":
+  resolved = _common.resolve_impl(impl, "sparse_decode")
+  if resolved == "mosaic":
+    from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
+    return mosaic.dense_decode(q, k, v, length, num_splits=num_splits, impl="mosaic",
+                               interpret=interpret, num_stages=num_stages, **kw)
+  if resolved != "pallas":
     idx, nv = identity_lists(q.shape[0], k.shape[1], k.shape[2] // block_size, length,
                              block_size)
     return sparse_decode(q, k, v, idx, nv, length, num_splits=num_splits, impl=impl,

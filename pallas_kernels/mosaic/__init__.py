@@ -8,9 +8,9 @@ race detection). docs/kernels_mosaic.md says what is and is not verified without
 from pallas_kernels.mosaic._common import InterpretGPUParams
 from pallas_kernels.mosaic.block_score import block_score
 from pallas_kernels.mosaic.cache_append import cache_append
-from pallas_kernels.mosaic.sparse_decode import sparse_decode
+from pallas_kernels.mosaic.sparse_decode import dense_decode, sparse_decode
 from pallas_kernels.mosaic.sparse_decode_multiquery import sparse_decode_multiquery
 from pallas_kernels.mosaic.sparse_decode_resa import sparse_decode_resa
 
-__all__ = ["InterpretGPUParams", "block_score", "cache_append", "sparse_decode",
+__all__ = ["InterpretGPUParams", "block_score", "cache_append", "dense_decode", "sparse_decode",
            "sparse_decode_multiquery", "sparse_decode_resa"]

@@ -57,10 +57,10 @@ from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import split_bounds
 from pallas_kernels.mosaic import _common as mc
-from pallas_kernels.softmax import default_scale, lse_combine, soft_cap
+from pallas_kernels.softmax import check_softcap, default_scale, lse_combine, soft_cap
 from pallas_kernels.split_combine import split_combine_pairs
-from pallas_kernels.sparse_decode import (checked_lists, gather_prior,
-                                          sparse_decode_reference)
+from pallas_kernels.sparse_decode import (checked_lists, gather_prior, identity_lists,
+                                          selection_rows, sparse_decode_reference)
 
 NEG_INF = mc.NEG_INF
 # Mosaic GPU allocates at most 32 barriers per group (one group per tensor: J x stages).
@@ -82,18 +82,26 @@ def _online(carry, s, v, row_ok, regs):
 
 def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, list_len,
                  max_splits, scale, softcap, with_pos, bits, with_limit, with_positions,
-                 with_prior, rows_per_prior, mma, regs):
-  """One program; refs: inputs (GMEM), outputs (GMEM), scratch (SMEM, barriers). ``bits``:
-  None or ``(A, C)``, row ``r`` may use an entry iff bit ``r % C`` of its word
+                 with_prior, rows_per_prior, mma, identity, regs):
+  """One program; refs: inputs (GMEM), outputs (GMEM), scratch (SMEM, barriers). With
+  ``with_pos``, ``slot_ref [B, K, n, ceil(bs / 32)]``: each listed entry's slot-validity words.
+  ``bits``: None or ``(A, C)``, row ``r`` may use an entry iff bit ``r % C`` of its word
   ``min(r // C, A - 1)`` is set. With a limit (multi-query): ``lim_ref [B, K, R]`` and, with
   ``with_positions``, ``ps_ref [B, K, n / J, W]`` the listed slots' positions per step, in a
-  ring ``ps_s [ST, W]`` (they replace the slot words). With a prior (RESA):
+  ring ``ps_s [ST, W]`` (they replace the slot words; with ``identity``, ``ps_ref`` is the
+  cache's ``pos [B, K, T]`` and a step's window of it comes by TMA). With a prior (RESA):
   ``prior_ref [B, K, n / J, R / rows_per_prior, W]`` the listed slots' prior logits per step,
   outputs ``po, plse, cnt`` and their SMEM tiles, and a ring ``pr_s`` filled beside K/V.
   ``mma``: the two products of a step on the tensor cores for all 64 tile rows (``mma_body``;
-  16-bit caches, no limit, no prior), else per row on CUDA cores (``body``)."""
+  16-bit caches, no limit, no prior), else per row on CUDA cores (``body``).
+  ``identity`` (dense decoding): entry ``i`` is block ``i`` and a row's list holds
+  ``ceil(length / bs)`` entries, so there are no ``idx_ref`` / ``nv_ref`` and a step is one
+  ``[W]``-token TMA per tensor (its window moved back to end at ``T`` where it would pass it,
+  the tokens before the step's own start masked)."""
   it = iter(refs)
-  q_ref, k_ref, v_ref, idx_ref, nv_ref, len_ref = (next(it) for _ in range(6))
+  q_ref, k_ref, v_ref = next(it), next(it), next(it)
+  idx_ref, nv_ref = (None, None) if identity else (next(it), next(it))
+  len_ref = next(it)
   slot_ref = next(it) if with_pos else None
   bits_ref = next(it) if bits else None
   lim_ref = next(it) if with_limit else None
@@ -113,9 +121,11 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
   w = bs * jn
   d = k_s.shape[-1]
   words = -(-bs // 32)  # slot-validity words per block
-  lo, hi_e = split_bounds(nv_ref[bi, hi], si, list_len=list_len, max_splits=max_splits,
-                          blocks_per_iter=jn)
   length = len_ref[bi]
+  copies = 1 if identity else jn  # TMA copies (and barriers) per tensor and step
+  row_blocks = (length + bs - 1) // bs if identity else nv_ref[bi, hi]
+  lo, hi_e = split_bounds(row_blocks, si, list_len=list_len, max_splits=max_splits,
+                          blocks_per_iter=jn)
   steps = (hi_e - lo + jn - 1) // jn
   last_step = -(-list_len // jn) - 1
 
@@ -124,10 +134,20 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
   def entry(step, j):
     return jnp.minimum(lo + step * jn + j, list_len - 1)
 
+  def window(step):
+    """Identity mode: the step's first slot, and the first slot its TMA reads (the same, or
+    moved back so that the ``W`` tokens end at ``T``)."""
+    start = (lo + step * jn) * bs
+    return start, jnp.minimum(start, num_blocks * bs - w)
+
   def issue(step, slot):
     """TMA the J blocks of ``step`` into ring slot ``slot`` (past the slice: a clamped, masked
     block, so every barrier of the step is always armed)."""
-    for j in range(jn):
+    if identity:
+      src = pl.ds(window(step)[1], w)
+      plgpu.copy_gmem_to_smem(k_ref.at[bi, hi, src], k_s.at[slot], k_bar.at[slot])
+      plgpu.copy_gmem_to_smem(v_ref.at[bi, hi, src], v_s.at[slot], v_bar.at[slot])
+    for j in range(0 if identity else jn):
       blk = jnp.clip(idx_ref[bi, hi, entry(step, j)], 0, num_blocks - 1)
       src, dst = pl.ds(blk * bs, bs), pl.ds(j * bs, bs)
       plgpu.copy_gmem_to_smem(k_ref.at[bi, hi, src], k_s.at[slot, dst],
@@ -137,8 +157,9 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
     at = jnp.minimum(lo // jn + step, last_step)  # per-step tiles (lo is a multiple of J)
     if with_prior:  # [R / rows_per_prior, W]
       plgpu.copy_gmem_to_smem(prior_ref.at[bi, hi, at], pr_s.at[slot], p_bar.at[slot])
-    if with_positions:  # [W]
-      plgpu.copy_gmem_to_smem(ps_ref.at[bi, hi, at], ps_s.at[slot], ps_bar.at[slot])
+    if with_positions:  # [W]: the step's tile, or with identity the window of pos itself
+      src = ps_ref.at[bi, hi, pl.ds(window(step)[1], w)] if identity else ps_ref.at[bi, hi, at]
+      plgpu.copy_gmem_to_smem(src, ps_s.at[slot], ps_bar.at[slot])
 
   for st in range(stages):
     @pl.when(st < steps)
@@ -150,9 +171,9 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
   limits = [lim_ref[bi, hi, r] for r in range(rows)] if with_limit else None
 
   def wait_step(slot):
-    for j in range(jn):
-      plgpu.barrier_wait(k_bar.at[slot * jn + j])
-      plgpu.barrier_wait(v_bar.at[slot * jn + j])
+    for j in range(copies):
+      plgpu.barrier_wait(k_bar.at[slot * copies + j])
+      plgpu.barrier_wait(v_bar.at[slot * copies + j])
     if with_prior:
       plgpu.barrier_wait(p_bar.at[slot])
     if with_positions:
@@ -168,6 +189,13 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
     live = jnp.zeros((w,), jnp.int32)  # listed in this slice
     word = [jnp.zeros((w,), jnp.int32) for _ in range(bits[0] if bits else 0)]
     held = jnp.zeros((w,), jnp.int32)  # with pos: the slot-validity word of the token
+    if identity:  # the window's slots; with pos, their positions came by TMA
+      start, read = window(step)
+      tpos = read + tok
+      ok = (tpos >= start) & (tpos < hi_e * bs) & (tpos < length)
+      if with_positions:
+        ok = ok & (regs.load_vec(ps_s.at[slot], layout) >= 0)
+      return tpos, ok, word
     for j in range(jn):
       e = lo + step * jn + j
       at_j = tok_entry == j
@@ -177,7 +205,8 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
       for a in range(len(word)):
         word[a] = mc.where(at_j, bits_ref[bi, hi, entry(step, j), a], word[a])
       for c in range(words if with_pos else 0):
-        held = mc.where(at_j & (tok_in_block // 32 == c), slot_ref[bi, hi, blk, c], held)
+        held = mc.where(at_j & (tok_in_block // 32 == c), slot_ref[bi, hi, entry(step, j), c],
+                        held)
     tpos = first + tok_in_block  # [W] token positions (the slot when pos is not given)
     ok = (live > 0) & (tpos < length)
     if with_pos:
@@ -322,6 +351,9 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
   Args:
     q: ``[B, K, R, D]`` query rows of each kv head (R <= 64).
     k, v: ``[B, K, T, D]``; block_idx ``[B, K, n]``; n_valid ``[B, K]``; length ``[B]``.
+      ``block_idx = n_valid = None``: the identity mode (dense decoding: entry ``i`` is block
+      ``i``, ``ceil(length / bs)`` entries a row, no list read; without a row limit, bits or
+      a prior); a cache of fewer than ``W`` slots runs it as explicit lists instead.
     pos: optional ``[B, K, T]`` int32 (-1 = empty slot).
     row_bits: optional ``[B, K, n]`` or ``[B, K, n, A]`` int32: row ``r`` uses an entry iff
       bit ``r % C`` of its word ``min(r // C, A - 1)`` is set (``C = bits_per_word``, static).
@@ -344,7 +376,11 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
     prior_lse)`` and ``seen [B, K, R]`` int32; with an ``epilogue``, its ``(out, lse)``.
   """
   b, kh, r, d = q.shape
-  t, n = k.shape[2], block_idx.shape[-1]
+  t = k.shape[2]
+  identity = block_idx is None
+  if identity and (row_bits is not None or prior is not None or row_limit is not None):
+    raise ValueError("the identity mode (block_idx=None) takes no row bits, prior or limit")
+  n = t // block_size if identity else block_idx.shape[-1]
   if r > mc.TILE_ROWS:
     raise ValueError(f"at most {mc.TILE_ROWS} query rows per kv head, got {r}")
   mc.check_minor_dim(d, q.dtype, k.dtype)
@@ -353,12 +389,18 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
     raise ValueError(f"tokens_per_step must be a multiple of {mc.TILE_ROWS} and of the block "
                      f"size {block_size}, got {w}")
   jn = w // block_size
-  if 2 * jn > MAX_BARRIERS:
+  if identity and t < w:  # no W-token window fits: every block as an explicit list
+    block_idx, n_valid = identity_lists(b, kh, n, length, block_size)
+    identity = False
+  copies = 1 if identity else jn
+  if 2 * copies > MAX_BARRIERS:
     raise ValueError(f"tokens_per_step={w} is {jn} blocks of {block_size}: a ring of two such "
                      f"steps needs {2 * jn} barriers per tensor, more than {MAX_BARRIERS}")
   itemsize = jnp.dtype(k.dtype).itemsize
   with_limit, with_prior = row_limit is not None, prior is not None
-  with_positions = with_limit and pos is not None  # the listed slots' positions, per step
+  # Positions per step in a ring: the listed slots' (multi-query), or with identity the cache's
+  # own window of pos (a W-slot row is >= 256 bytes, so TMA-able, where a block's 16 are not).
+  with_positions = (with_limit or identity) and pos is not None
   prior_rows = prior.shape[2] if with_prior else 0
   if prior_rows * rows_per_prior not in (0, r):
     raise ValueError(f"prior rows {prior_rows} x {rows_per_prior} != {r} rows")
@@ -375,7 +417,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
   if 2 * per_stage > mc.RING_BYTES:
     raise ValueError(f"tokens_per_step={w}: a ring of two steps needs {2 * per_stage} bytes of "
                      f"shared memory, more than the {mc.RING_BYTES} a decode ring may fill")
-  stages = max(2, min(num_stages, mc.RING_BYTES // per_stage, MAX_BARRIERS // jn))
+  stages = max(2, min(num_stages, mc.RING_BYTES // per_stage, MAX_BARRIERS // copies))
   splits = num_splits or _common.choose_num_splits(b * kh, n)
   splits = max(1, min(splits, -(-n // jn)))
   params = mc.interpret_params(interpret)
@@ -392,7 +434,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
       softcap=softcap, with_pos=pos is not None and not with_positions,
       bits=None if row_bits is None else (row_bits.shape[-1], bits_per_word),
       with_limit=with_limit, with_positions=with_positions, with_prior=with_prior,
-      rows_per_prior=rows_per_prior, mma=mma, regs=mc.Regs(params is not None))
+      rows_per_prior=rows_per_prior, mma=mma, identity=identity,
+      regs=mc.Regs(params is not None))
   # [B, K, 64, D]: the group's rows padded to one WGMMA-layout tile.
   q_pad = jnp.pad(q, ((0, 0), (0, 0), (0, mc.TILE_ROWS - r), (0, 0)))
   lse_pad = -(-r // 4) * 4  # a TMA store moves whole 16-byte rows
@@ -400,17 +443,20 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
              plgpu.SMEM((stages, w, d), k.dtype, transforms=mc.smem_transforms(k.dtype)),
              plgpu.SMEM((stages, w, d), v.dtype, transforms=mc.smem_transforms(v.dtype))]
   scratch += [plgpu.SMEM((r, d), jnp.float32), plgpu.SMEM((lse_pad,), jnp.float32),
-              plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=stages * jn),
-              plgpu.Barrier(num_barriers=stages * jn)]
-  args = [q_pad, k, v, block_idx.astype(jnp.int32), n_valid.astype(jnp.int32),
-          length.astype(jnp.int32)]
-  if pos is not None and not with_positions:
-    args.append(mc.slot_words(pos, block_size))
+              plgpu.Barrier(num_barriers=1), plgpu.Barrier(num_barriers=stages * copies),
+              plgpu.Barrier(num_barriers=stages * copies)]
+  args = [q_pad, k, v] + ([] if identity else [block_idx.astype(jnp.int32),
+                                               n_valid.astype(jnp.int32)])
+  args.append(length.astype(jnp.int32))
+  if pos is not None and not with_positions:  # [B, K, n, words]: the listed blocks' only
+    args.append(mc.slot_words(_common.gather_blocks(pos, block_idx, block_size), block_size))
   if row_bits is not None:
     args.append(row_bits.astype(jnp.int32))
   if with_limit:
     args.append(row_limit.astype(jnp.int32))
-  if with_positions:  # [B, K, n / J, W], -1 (empty) past the list
+  if with_positions and identity:  # [B, K, T]
+    args.append(pos.astype(jnp.int32))
+  elif with_positions:  # [B, K, n / J, W], -1 (empty) past the list
     args.append(per_step(_common.gather_blocks(pos, block_idx, block_size).astype(jnp.int32),
                          -1))
   pair = (jax.ShapeDtypeStruct((b, kh, splits, r, d), jnp.float32),
@@ -494,6 +540,42 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   out, lse = decode_partials(
       q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
       row_bits=None if words is None else _union.head_bits(words)[..., 0],
+      block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
+      num_stages=num_stages, softcap=softcap, interpret=interpret, mma=mma,
+      tokens_per_step=tokens_per_step)
+  return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)
+
+
+@functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
+                                             "interpret", "num_warps", "num_stages",
+                                             "blocks_per_iter", "softcap", "mma",
+                                             "tokens_per_step"))
+def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None,
+                 num_splits: int | None = None, impl: _common.Impl = "auto", interpret=False,
+                 num_warps: int = 4, num_stages: int = 3, blocks_per_iter: int | None = None,
+                 pos=None, softcap: float | None = None, mma: bool | None = None,
+                 tokens_per_step: int | None = None):
+  """``sparse_decode`` over every block of the context, in the kernel's identity mode: a step is
+  one ``W``-token TMA per tensor, and no list is built or read (the Mosaic GPU twin of
+  ``pallas_kernels.dense_decode``; the same arguments, plus ``mma`` and ``tokens_per_step`` as
+  ``sparse_decode``'s).
+
+  Returns:
+    ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32.
+  """
+  del num_warps, blocks_per_iter
+  if impl == "xla":
+    idx, nv = identity_lists(q.shape[0], k.shape[1], k.shape[2] // block_size, length,
+                             block_size)
+    return sparse_decode_reference(q, k, v, idx, nv, length, block_size=block_size,
+                                   scale=scale, pos=pos, softcap=softcap)
+  softcap = check_softcap(softcap)
+  _common.check_block_size(block_size, k.shape[2])
+  b, hq, d = q.shape
+  hkv = k.shape[1]
+  selection_rows(hq, hkv, hkv)
+  out, lse = decode_partials(
+      q.reshape(b, hkv, hq // hkv, d), k, v, None, None, length, pos=pos,
       block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
       num_stages=num_stages, softcap=softcap, interpret=interpret, mma=mma,
       tokens_per_step=tokens_per_step)

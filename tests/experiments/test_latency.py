@@ -136,13 +136,13 @@ def test_mosaic_sweep_rows(monkeypatch):
   import types  # pylint: disable=g-import-not-at-top
   from experiments import decode_sweep  # pylint: disable=g-import-not-at-top
   lists = decode_sweep.mosaic_lists(100, 3, 0.1)
-  assert set(lists) == {"dense", "keep 0.1"}
+  assert set(lists) == {"identity", "dense", "keep 0.1"} and lists["identity"] is None
   np.testing.assert_array_equal(lists["dense"][0, 2], np.arange(100))
   sparse = np.asarray(lists["keep 0.1"])
   assert sparse.shape == (1, 3, 10)
   for row in sparse[0]:
     assert (np.diff(row) > 0).all() and row.min() >= 0 and row.max() < 100
-  assert set(decode_sweep.mosaic_lists(100, 3, 0.0)) == {"dense"}
+  assert set(decode_sweep.mosaic_lists(100, 3, 0.0)) == {"identity", "dense"}
 
   flags = types.SimpleNamespace(mosaic="mma,rows", mosaic_tokens="64", mosaic_stages="3",
                                 mosaic_keep=0.0, peak_tbs=4.0, interpret=False, repeats=1,
@@ -156,9 +156,10 @@ def test_mosaic_sweep_rows(monkeypatch):
   out = io.StringIO()
   decode_sweep.mosaic_sweep(out, bench, {"torch SDPA": 100.0}, 2)
   rows = [json.loads(line) for line in out.getvalue().splitlines()]
-  assert [r["body"] for r in rows] == ["mma", "rows"]
+  assert [(r["list"], r["body"]) for r in rows] == [
+      ("identity", "mma"), ("identity", "rows"), ("dense", "mma"), ("dense", "rows")]
   moved = 2 * 8 * 4096 * 128 * 2  # K and V of every block, bf16
-  assert rows[0]["bytes"] == moved
+  assert rows[0]["bytes"] == rows[2]["bytes"] == moved
   assert abs(rows[0]["peak_fraction"] - moved / 4e12 * 1e6 / 50.0) < 1e-9
   flags.mosaic = "wgmma"
   with pytest.raises(ValueError, match="mma and rows"):

@@ -170,17 +170,30 @@ def test_lowers_for_cuda(dtype, per_head):
   assert ("wgmma" in text) == (dtype == jnp.bfloat16)
 
 
-def test_dense_128k_lowers_with_wgmma():
-  """The dense step at Llama-3.1-8B's 128k (every block listed, 8192 entries) lowers to one
-  Mosaic GPU call whose step runs on the tensor cores."""
+@pytest.mark.parametrize("mma,tokens", [(None, None), (False, None), (None, 128)])
+def test_dense_128k_lowers(mma, tokens):
+  """The dense step at Llama-3.1-8B's 128k (``pallas_kernels.dense_decode`` on the Mosaic
+  backend: the identity mode, no list) lowers to one Mosaic GPU call, whose step runs on the
+  tensor cores unless told otherwise, and no XLA op touches the 128k slots."""
+  import pallas_kernels  # pylint: disable=g-import-not-at-top
+  from pallas_kernels import mosaic  # pylint: disable=g-import-not-at-top
   b, hq, hkv, d, t, bs = 1, 32, 8, 128, 131072, 16
   cache = S((b, hkv, t, d), jnp.bfloat16)
-  fn = functools.partial(sparse_decode, block_size=bs, impl="mosaic")
+  if tokens is None and mma is None:
+    fn = functools.partial(pallas_kernels.dense_decode, block_size=bs, impl="mosaic")
+  else:
+    fn = functools.partial(mosaic.dense_decode, block_size=bs, impl="mosaic", mma=mma,
+                           tokens_per_step=tokens)
   text = jax.export.export(jax.jit(fn), platforms=["cuda"])(
-      S((b, hq, d), jnp.bfloat16), cache, cache, S((b, hkv, t // bs), I32), S((b, hkv), I32),
-      S((b,), I32)).mlir_module()
+      S((b, hq, d), jnp.bfloat16), cache, cache, S((b,), I32),
+      pos=S((b, hkv, t), I32)).mlir_module()
   assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {"mosaic_gpu_v2"}
-  assert "wgmma" in text
+  assert ("wgmma" in text) == (mma is not False)
+  # No XLA op over the cache's slots: no list, and pos goes to the kernel as it is (its
+  # windows by TMA), not through a slot-word pass (the list path has three such ops).
+  main = text[text.index("func.func public @main"):]
+  assert not [line for line in main.splitlines()
+              if "stablehlo." in line and "custom_call" not in line and str(t) in line]
 
 
 def test_ptx_needs_the_cuda_plugin():
@@ -209,3 +222,51 @@ def test_tokens_per_step(mma):
     with pytest.raises(ValueError, match="tokens_per_step"):
       sparse_decode(q, k, v, idx, n_valid, length, block_size=16, impl="mosaic",
                     interpret=PARAMS, tokens_per_step=bad)
+
+
+# Dense shapes: batch, hkv, group, head_dim, block_size, num_blocks, dtype, splits, W. T = 80
+# blocks x 16 is not a multiple of W = 64 (the last window moves back to end at T); T = 48
+# slots is under W (explicit lists instead).
+DENSE_POOL = [
+    (2, 2, 4, 128, 16, 21, jnp.bfloat16, 3, 64),
+    (1, 1, 3, 64, 32, 5, jnp.bfloat16, 2, 128),
+    (2, 1, 2, 64, 16, 3, jnp.float32, 1, 64),
+    (1, 2, 2, 32, 16, 13, jnp.float32, 2, 64),
+]
+
+
+@pytest.mark.parametrize("shape", DENSE_POOL)
+@settings(max_examples=2, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), with_pos=st.booleans())
+def test_dense_identity_mode(shape, seed, with_pos):
+  """``dense_decode`` (no list: one W-token TMA a step) == the reference over every block, with
+  lengths 0 / partial / whole, holes, and inf / NaN in every slot it may not read."""
+  from pallas_kernels.mosaic import dense_decode  # pylint: disable=g-import-not-at-top
+  from pallas_kernels.sparse_decode import identity_lists  # pylint: disable=g-import-not-at-top
+  b, hkv, g, d, bs, nb, dtype, splits, w = shape
+  case = Case(b, hkv, g, d, bs, nb, 1, False, dtype, seed=seed, num_splits=splits)
+  q, k, v, _, _, _, _ = case.arrays()
+  rng = np.random.default_rng(seed)
+  length = jnp.asarray(rng.choice([0, case.t, rng.integers(1, case.t)], b), jnp.int32)
+  if with_pos:
+    pos, k_bad, v_bad = poisoned(case, k, v, length, seed)
+  else:
+    bad = (jnp.arange(case.t)[None, None] >= length[:, None, None])[..., None]
+    pos, k_bad, v_bad = None, jnp.where(bad, jnp.inf, k), jnp.where(bad, jnp.nan, v)
+  gpu_callbacks.reset_gpu_interpret_mode_state()
+  out, lse = jax.block_until_ready(dense_decode(
+      q, k_bad, v_bad, length, block_size=bs, impl="mosaic", interpret=PARAMS, pos=pos,
+      num_splits=splits, tokens_per_step=w))
+  assert not gpu_callbacks.get_races().races_found
+  idx, nv = identity_lists(b, hkv, nb, length, bs)
+  ref = reference(q, k, v, idx, nv, length, block_size=bs, pos=pos)
+  assert_attention_close(out, lse, *ref, dtype)
+
+
+def test_dense_identity_mode_refusals():
+  from pallas_kernels.mosaic.sparse_decode import decode_partials as dp  # pylint: disable=g-import-not-at-top
+  case = Case(1, 1, 2, 64, 16, 8, 6, False, jnp.bfloat16, seed=0, num_splits=1)
+  q, k, v, idx, n_valid, length, _ = case.arrays()
+  with pytest.raises(ValueError, match="identity mode"):
+    dp(q.reshape(1, 1, 2, 64), k, v, None, None, length, row_bits=idx, block_size=16,
+       scale=0.125, num_splits=1, num_stages=3, softcap=None, interpret=PARAMS)
