@@ -19,7 +19,6 @@ import dataclasses
 
 from jax import lax
 from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
-from jax._src.state import types as state_types
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 import jax.numpy as jnp
@@ -112,18 +111,13 @@ def rows_of(tile, rows: int, regs: Regs):
   return [jnp.sum(where(rid == r, tile, 0.0), axis=0) for r in range(rows)]
 
 
-def _is_ref(x) -> bool:
-  return isinstance(x, state_types.TransformedRef) or isinstance(
-      getattr(x, "aval", None), state_types.AbstractRef)
-
-
-def mma(a, b, shape, *, transpose_b: bool, regs: Regs):
+def mma(a, b, shape, *, a_in_smem: bool, transpose_b: bool, regs: Regs):
   """``a @ b`` (``a @ b^T`` with ``transpose_b``) as a ``shape = [64, N]`` float32 WGMMA-layout
   tile, on the tensor cores (one WGMMA of the warpgroup).
 
   Args:
-    a: ``[64, K]`` 16-bit operand: an SMEM ref (tiled, swizzled: ``smem_transforms``) or a
-      WGMMA-layout register array.
+    a: ``[64, K]`` 16-bit operand: an SMEM ref (tiled, swizzled: ``smem_transforms``;
+      ``a_in_smem``) or a WGMMA-layout register array.
     b: SMEM ref, ``[K, N]`` (``[N, K]`` with ``transpose_b``), tiled and swizzled.
     shape: static ``(64, N)``; transpose_b: static; regs: the trace's ``Regs``.
 
@@ -133,7 +127,7 @@ def mma(a, b, shape, *, transpose_b: bool, regs: Regs):
   checked by the CUDA lowering, not by interpretation.
   """
   if regs.interp:
-    a_val = a[...] if _is_ref(a) else a
+    a_val = a[...] if a_in_smem else a
     dims = (((1,), (1 if transpose_b else 0,)), ((), ()))
     return lax.dot_general(a_val, b[...], dims, preferred_element_type=jnp.float32)
   b_op = plgpu.transpose_ref(b, (1, 0)) if transpose_b else b

@@ -229,7 +229,8 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
     slot = lax.rem(step, stages)
     wait_step(slot)
     _, ok, word = step_tokens(step, slot, regs.col)
-    s = mc.mma(q_s, k_s.at[slot], (mc.TILE_ROWS, w), transpose_b=True, regs=regs) * scale
+    s = mc.mma(q_s, k_s.at[slot], (mc.TILE_ROWS, w), a_in_smem=True, transpose_b=True,
+               regs=regs) * scale
     s = soft_cap(s, softcap)
     shape = (mc.TILE_ROWS, w)
     mask = mc.bcast(ok, shape, (1,))
@@ -255,8 +256,8 @@ def _decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, l
       v_s[slot] = mc.where(mc.bcast(ok_rows, (w, d), (0,)), vt, jnp.zeros((), vt.dtype))
       plgpu.commit_smem()
 
-    pv = mc.mma(p.astype(v_s.dtype), v_s.at[slot], (mc.TILE_ROWS, d), transpose_b=False,
-                regs=regs)
+    pv = mc.mma(p.astype(v_s.dtype), v_s.at[slot], (mc.TILE_ROWS, d), a_in_smem=False,
+                transpose_b=False, regs=regs)
     acc = mc.bcast(alpha, (mc.TILE_ROWS, d), (0,)) * acc + pv
 
     @pl.when(step + stages < steps)
