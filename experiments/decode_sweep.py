@@ -30,6 +30,7 @@ this run.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import statistics
@@ -45,6 +46,7 @@ from experiments.common import results
 from experiments.latency_lib import per_layer, settings, timing
 import pallas_kernels
 from pallas_kernels import _common
+from pallas_kernels.block_select import BITS_PER_PASS, PHASES, block_select_phases
 from sparse_attn import kernels
 
 FLAGS = flags.FLAGS
@@ -79,6 +81,9 @@ def define_flags():
                      "for the fraction of peak.")
   flags.DEFINE_string("select_early", "0,1", "Block-select sweep: early_exit values (0/1; "
                       "with bits_per_pass 1 only).")
+  flags.DEFINE_string("select_phases", "all", "Block-select sweep: kernel parts timed "
+                      "(pallas_kernels.block_select.PHASES: io, threshold, place, all), each "
+                      "with the default bits, warps and no early exit.")
 
 
 def grid(n_blocks: int, programs: int) -> list[dict]:
@@ -215,9 +220,16 @@ def _us(x) -> str:
   return "-" if x is None else f"{x:.1f} us"
 
 
-def select_step(rows: int, entries: int, keep: float, steps: int, interpret: bool, **kw):
+def select_step(rows: int, entries: int, keep: float, steps: int, interpret: bool,
+                phases: str = "all", **kw):
   """``steps`` selections of ``keep * entries`` of ``[rows, entries]`` random scores, one call
-  (each step's scores shifted by the previous list's first id, so no step is loop-invariant)."""
+  (each step's scores shifted by the previous list's first id, so no step is loop-invariant);
+  ``phases`` other than ``"all"``: the kernel with parts left out
+  (``block_select.block_select_phases``)."""
+  select = pallas_kernels.block_select
+  if phases != "all":
+    select = functools.partial(block_select_phases, phases=phases)
+    kw.pop("impl")
   scores = jax.random.normal(jax.random.key(0), (rows, entries), jnp.float32)
   count = jnp.full((rows,), max(1, int(keep * entries)), jnp.int32)
   n = int(count[0])
@@ -225,7 +237,7 @@ def select_step(rows: int, entries: int, keep: float, steps: int, interpret: boo
   @jax.jit
   def run(scores):
     def one(_, carry):
-      ids = pallas_kernels.block_select(carry, count, n=n, interpret=interpret, **kw)
+      ids = select(carry, count, n=n, interpret=interpret, **kw)
       return carry + ids[:, :1].astype(jnp.float32) * 1e-30
     return jax.lax.fori_loop(0, steps, one, scores)
   return lambda: run(scores)
@@ -233,24 +245,35 @@ def select_step(rows: int, entries: int, keep: float, steps: int, interpret: boo
 
 def select_sweep(out, steps: int):
   """Times the select kernel per ``bits_per_pass``, ``num_warps`` and ``early_exit``, and
-  ``lax.top_k`` (``impl="xla"``)."""
+  ``lax.top_k`` (``impl="xla"``); with ``--select_phases``, the kernel's parts (what of the
+  H200's 31 us at 8192 entries is the launch and memory floor, the counting passes, the
+  placement)."""
   for entries, rows in itertools.product(settings.ints(FLAGS.select_entries),
                                          settings.ints(FLAGS.select_rows)):
-    runs = [("xla", 1, 0, 0)] + [("pallas", b, w, e) for b, w, e in itertools.product(
-        settings.ints(FLAGS.select_bits), settings.ints(FLAGS.select_warps),
-        settings.ints(FLAGS.select_early)) if b == 1 or not e]
-    for impl, bits, warps, early in runs:
+    phases = FLAGS.select_phases.split(",")
+    bad = sorted(set(phases) - set(PHASES))
+    if bad:
+      raise ValueError(f"--select_phases takes {PHASES}, got {bad}")
+    runs = []
+    if "all" in phases:  # the whole kernel per setting, next to lax.top_k
+      runs = [("xla", 1, 0, 0, "all")] + [
+          ("pallas", b, w, e, "all") for b, w, e in itertools.product(
+              settings.ints(FLAGS.select_bits), settings.ints(FLAGS.select_warps),
+              settings.ints(FLAGS.select_early)) if b == 1 or not e]
+    runs += [("pallas", BITS_PER_PASS, 0, 0, ph) for ph in phases if ph != "all"]
+    for impl, bits, warps, early, phase in runs:
       fn = select_step(rows, entries, FLAGS.select_keep, steps, FLAGS.interpret and impl ==
-                       "pallas", impl=impl, bits_per_pass=bits, num_warps=warps or None,
-                       early_exit=bool(early))
+                       "pallas", phases=phase, impl=impl, bits_per_pass=bits,
+                       num_warps=warps or None, early_exit=bool(early))
       first, us = median_step_us(fn, steps, FLAGS.repeats)
       kernel, device = device_us(fn, steps, "block_select")
       row = dict(_provenance(), section="block_select", entries=entries, rows=rows,
                  keep=FLAGS.select_keep, impl=impl, bits_per_pass=bits, num_warps=warps or None,
-                 early_exit=bool(early), us_per_step=us, first_s=first, kernel_us=kernel,
-                 device_us=device)
+                 early_exit=bool(early), phases=phase, us_per_step=us, first_s=first,
+                 kernel_us=kernel, device_us=device)
       print(f"select {rows}x{entries} {impl} bits={bits} warps={warps or 'default'} "
-            f"early_exit={bool(early)}: {us:.1f} us/step, kernel {_us(kernel)}, device ops "
+            f"early_exit={bool(early)} phases={phase}: {us:.1f} us/step, kernel {_us(kernel)}, "
+            f"device ops "
             f"{_us(device)}", flush=True)
       if out:
         out.write(json.dumps(row) + "\n")

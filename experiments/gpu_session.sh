@@ -25,7 +25,8 @@
 #      kernel vs its in-order branch (cuDNN flash attention), the GPU default;
 #   6. decode_sweep: the dense split-K decode kernel's launch configurations at 32k / 128k next
 #      to torch SDPA and cuDNN (experiments/decode_sweep.py);
-#   7. select_sweep: the block select (warps, early exit) next to lax.top_k at 2048 / 8192 entries;
+#   7. select_sweep: the block select (warps, early exit) next to lax.top_k at 2048 / 8192 entries,
+#      and its parts (io floor, counting passes, placement) by device time;
 #   7b. mosaic_sweep: the Mosaic GPU decode at 8k / 32k / 128k, dense and a 10% list, per step body
 #      (WGMMA products vs CUDA-core rows), tokens a step (64, 128) at ring depth 3, each
 #      with its fraction of peak bandwidth, next to torch SDPA and the Triton dense decode
@@ -71,7 +72,8 @@ CTX32=(--config.shape_contexts=32768)
 CTX128=(--config.shape_contexts=131072 --config.shape_transformers=False)
 CHUNK_CONTEXTS=(--config.contexts=32768,131072)
 SWEEP=(--contexts=32768,131072)
-SELECT=(--select_entries=2048,8192 --select_rows=8 --select_bits=1 --select_warps=0,4,16)
+SELECT=(--select_entries=8192,2048 --select_rows=8 --select_bits=1 --select_warps=0,4
+        --select_phases=io,threshold,place,all)
 MOSAIC_SWEEP=(--contexts=8192,32768,131072 --iters= --mosaic=mma,rows --mosaic_tokens=64,128
               --mosaic_stages=3)  # 24 rows; --mosaic_stages=2,3,4 in a lease of its own
 PROFILE=(--steps=32 --calls=2)
@@ -91,7 +93,8 @@ if [ "$QUICK" = 1 ]; then
   CTX128=(--config.shape_transformers=False)
   CHUNK_CONTEXTS=()
   SWEEP=(--contexts=256 --steps=2 --repeats=1 --splits=0,2 --iters=0/3 --warps=4 --interpret)
-  SELECT=(--select_entries=64 --select_rows=2 --steps=2 --repeats=1 --interpret)
+  SELECT=(--select_entries=64 --select_rows=2 --steps=2 --repeats=1 --interpret
+          --select_phases=io,threshold,place,all)
   MOSAIC_SWEEP=(--contexts=256 --iters= --mosaic=mma,rows --mosaic_tokens=64 --mosaic_stages=2
                 --steps=1 --repeats=1 --interpret)
   PROFILE=(--steps=2 --calls=1 --interpret)

@@ -140,10 +140,17 @@ def destinations(keys, live, t, need, count):
   return jnp.where(chosen, chosen_upto - 1, count + ids - chosen_upto)
 
 
+# What a timing run may leave out of the kernel (``block_select_phases``): the threshold's
+# counting passes and the list placement (prefix sum and scatter).
+PHASES = ("io", "threshold", "place", "all")
+
+
 def _select_kernel(*refs, num_entries: int, padded: int, n: int, bits_per_pass: int,
-                   early_exit: bool, block_size: int | None, n_sink_blocks: int):
+                   early_exit: bool, block_size: int | None, n_sink_blocks: int,
+                   phases: str = "all"):
   """One row's select; with ``block_size`` the scores are raw and ranked here (``refs``: the
-  row lengths and local starts before the output: ``block_select_ranked``)."""
+  row lengths and local starts before the output: ``block_select_ranked``). ``phases`` other
+  than ``"all"`` leave parts out, for timing only (``block_select_phases``)."""
   row = pl.program_id(0)
   ids = jnp.arange(padded, dtype=jnp.int32)
   live = ids < num_entries
@@ -156,9 +163,43 @@ def _select_kernel(*refs, num_entries: int, padded: int, n: int, bits_per_pass: 
   keys = jnp.where(live, order_keys(x), jnp.uint32(0))  # padding below every real key
   count = count_ref[row]
   need = jnp.maximum(count, 1)
-  t = threshold(keys, need, padded=padded, bits_per_pass=bits_per_pass, early_exit=early_exit)
-  dest = destinations(keys, live, t, need, count)
+  if phases in ("threshold", "all"):
+    t = threshold(keys, need, padded=padded, bits_per_pass=bits_per_pass,
+                  early_exit=early_exit)
+  else:  # a fixed key (the order of 0.0), and the entries at or above it chosen: the placement
+    t = jnp.uint32(0x80000000)  # still sees a data-dependent split, and stays a permutation
+    need = count = jnp.sum((keys >= t).astype(jnp.int32))
+  if phases in ("place", "all"):
+    dest = destinations(keys, live, t, need, count)
+  else:  # each lane its own slot: no prefix sum, no scatter
+    dest = jnp.where(keys >= t, ids, n)
   plgpu.store(out_ref.at[row, dest], ids, mask=dest < n)
+
+
+@functools.partial(jax.jit, static_argnames=("n", "phases", "interpret", "num_warps",
+                                             "bits_per_pass", "early_exit"))
+def block_select_phases(scores, count, *, n: int, phases: str, interpret: bool = False,
+                        num_warps: int | None = None, bits_per_pass: int = BITS_PER_PASS,
+                        early_exit: bool = EARLY_EXIT):
+  """The ``block_select`` kernel with parts left out, to time each part on a GPU
+  (``experiments.decode_sweep --select_phases``); only ``phases="all"`` returns a selection.
+
+  ``phases``: ``"io"`` (load, key mapping, one store of the ids: the launch and memory floor),
+  ``"threshold"`` (+ the counting passes; each lane at or above the threshold stores its id
+  at its own index), ``"place"`` (the floor + the prefix sum and scatter of the entries
+  ``>= 0.0``, in place of the ``count`` best), ``"all"`` (``block_select``).
+
+  Returns:
+    ``[R, n]`` int32; entries a phase run does not write are unspecified.
+  """
+  if phases not in PHASES:
+    raise ValueError(f"phases must be one of {PHASES}, got {phases!r}")
+  if pl.next_power_of_2(scores.shape[-1]) > MAX_ENTRIES:
+    raise ValueError(f"rows of more than {MAX_ENTRIES} entries take the reference, not the "
+                     f"kernel; got {scores.shape[-1]}")
+  return _launch(scores, count, (), n=n, impl="pallas", interpret=interpret,
+                 num_warps=num_warps, bits_per_pass=bits_per_pass, early_exit=early_exit,
+                 block_size=None, n_sink_blocks=0, phases=phases)
 
 
 def default_warps(padded: int) -> int:
@@ -240,7 +281,7 @@ def block_valid_forced(num_entries: int, length, local_start, block_size: int,
 
 
 def _launch(scores, count, row_args, *, n, impl, interpret, num_warps, bits_per_pass,
-            early_exit, block_size, n_sink_blocks):
+            early_exit, block_size, n_sink_blocks, phases="all"):
   """The select's checks and launch (or its reference); ``row_args``: ``(length, local_start)``
   ``[R]`` when ``block_size`` is set (the ranked variant), else empty."""
   r, nb = scores.shape
@@ -258,7 +299,8 @@ def _launch(scores, count, row_args, *, n, impl, interpret, num_warps, bits_per_
     return block_select_reference(scores, count, n=n)
   kernel = functools.partial(_select_kernel, num_entries=nb, padded=padded, n=n,
                              bits_per_pass=bits_per_pass, early_exit=early_exit,
-                             block_size=block_size, n_sink_blocks=n_sink_blocks)
+                             block_size=block_size, n_sink_blocks=n_sink_blocks,
+                             phases=phases)
   return pl.pallas_call(
       kernel,
       out_shape=jax.ShapeDtypeStruct((r, n), jnp.int32),

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pallas_kernels import block_select, block_select_ranked, block_select_reference
-from pallas_kernels.block_select import (MAX_ENTRIES, block_valid_forced, order_keys,
-                                         rank_scores)
+from pallas_kernels.block_select import (MAX_ENTRIES, block_select_phases, block_valid_forced,
+                                         order_keys, rank_scores)
 from pallas_kernels.shapes import F32, I32, S
 
 FORCED = 3.0e38
@@ -88,6 +88,31 @@ def test_rows_past_the_register_limit_take_the_reference():
   np.testing.assert_array_equal(got, block_select_reference(s, jnp.asarray([5]), n=8))
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_timing_phases_do_what_they_leave_in(seed):
+  """``block_select_phases`` (decode_sweep's parts of the kernel): ``all`` is ``block_select``;
+  ``io`` and ``place`` split at the fixed key of 0.0, ``threshold`` at the count-th best score;
+  without the placement each lane at or above the split writes its own id (when it is < n);
+  the placement alone lists the entries >= 0.0, then the others."""
+  rng = np.random.default_rng(seed)
+  rows, nb, n = 3, 200, 150
+  s = jnp.asarray(_ranked(rng, rows, nb, ties=seed == 2))
+  count = jnp.asarray(rng.integers(120, n + 1, rows), jnp.int32)  # the count-th best is < 0
+  run = lambda ph: np.asarray(block_select_phases(s, count, n=n, phases=ph, interpret=True))
+  np.testing.assert_array_equal(run("all"), block_select(s, count, n=n, impl="pallas",
+                                                         interpret=True))
+  kth = np.sort(np.asarray(s), axis=1)[np.arange(rows), nb - np.asarray(count)]
+  for ph, split in (("io", np.zeros(rows)), ("threshold", kth)):
+    got, own = run(ph), np.asarray(s)[:, :n] >= split[:, None]
+    np.testing.assert_array_equal(got[own], np.broadcast_to(np.arange(n), got.shape)[own])
+  # the placement without the passes: the entries >= 0.0 first, then the others, in id order
+  at_zero = np.asarray(s) >= 0
+  want = [np.concatenate([np.flatnonzero(r), np.flatnonzero(~r)])[:n] for r in at_zero]
+  np.testing.assert_array_equal(run("place"), np.stack(want))
+  with pytest.raises(ValueError, match="phases"):
+    block_select_phases(s, count, n=n, phases="loop", interpret=True)
+
+
 @pytest.mark.parametrize("rows,nb,n,early", [(32, 8192, 410, False), (9, 256, 13, False),
                                              (14, 16384, 820, False), (32, 8192, 410, True)])
 def test_lowers_for_cuda(rows, nb, n, early):
@@ -98,6 +123,16 @@ def test_lowers_for_cuda(rows, nb, n, early):
           S((rows, nb), F32), S((rows,), I32))
   assert "__gpu$xla.gpu.triton" in exported.mlir_module()
   assert "sort" not in exported.mlir_module()  # no XLA sort anywhere in the selection
+
+
+@pytest.mark.parametrize("phases", ("io", "threshold", "place"))
+def test_timing_phases_lower_for_cuda(phases):
+  fn = functools.partial(block_select_phases, n=820, phases=phases)
+  exported = jax.export.export(
+      jax.jit(fn), platforms=["cuda"],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
+          S((8, 8192), F32), S((8,), I32))
+  assert exported.mlir_module().count("__gpu$xla.gpu.triton") == 1
 
 
 @pytest.mark.parametrize("nb,early,ranked", [(2048, False, False), (8192, False, False),
