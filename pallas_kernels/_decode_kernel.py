@@ -19,7 +19,10 @@ once), so a short list (early in decoding, a small filled length) is not cut int
 Optional extras, all static flags of the same body:
   * ``prior``: RESA prior logits ``P_j`` accumulated alongside (same blocks, same V tile); row
     ``r`` reads prior row ``r // rows_per_prior`` (RetroAttention's W window queries of a head
-    share the head's prior).
+    share the head's prior). Up to ``MAX_STACKED_ROWS`` rows, the prior rows ride in the same
+    register tile as the query rows (its second half: row ``Rh + r`` is query row ``r``'s
+    prior, ``Rh`` the query rows padded), so one online softmax and one ``P V`` product per
+    iteration serve both; more rows (RetroAttention's windows) run a second online softmax.
   * ``row_bits``: ``[n, A]`` int32; row ``r`` may use entry ``e`` iff bit ``r % C`` of word
     ``row_bits[e, min(r // C, A - 1)]`` is set (``C = bits_per_word``).
   * ``row_limit``: per-row last token position (RetroAttention's causal limit per window query).
@@ -54,6 +57,10 @@ from pallas_kernels.backends import triton_module
 plgpu = triton_module()  # jax.experimental.pallas.triton; see backends
 
 NEG_INF = float("-inf")
+# Most query rows whose RESA prior rows share their register tile (a 2 x 16-row tile for a GQA
+# group of up to 16 heads; RetroAttention's G x W rows keep two tiles: 2 x 64 rows of logits
+# and prior blew the shared-memory ring past an H100's limit).
+MAX_STACKED_ROWS = 16
 
 
 def _online_update(carry, s, v, precision):
@@ -112,23 +119,30 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
   o_ref, lse_ref = next(it), next(it)
   po_ref, plse_ref, cnt_ref = (next(it), next(it), next(it)) if with_prior else (None,) * 3
 
-  rp, dp = pad_rows(rows), pad_rows(head_dim)
+  # Tile rows: the R query rows padded to Rh; with a stacked prior, its Rh rows after them (tile
+  # row Rh + r holds query row r's prior), so Rp = 2 Rh.
+  stacked = with_prior and rows <= MAX_STACKED_ROWS
+  rh, dp = pad_rows(rows), pad_rows(head_dim)
+  rp = 2 * rh if stacked else rh
   width = blocks_per_iter * block_size
   row = jnp.arange(rp)
-  row_ok = row < rows
+  src = row % rh  # the query row whose list entries, bits and limit a tile row follows
+  row_ok = row < rows  # the query rows
+  tile_ok = src < rows  # the query rows and their priors' rows
   col = jnp.arange(dp)
   col_ok = col < head_dim
-  rows_at, cols_at = pl.ds(0, rp), pl.ds(0, dp)
-  pad_r, pad_c = rp != rows, dp != head_dim
+  rows_at, cols_at = pl.ds(0, rh), pl.ds(0, dp)
+  pad_r, pad_c = rh != rows, dp != head_dim
 
-  # [Rp, Dp]
-  q = plgpu.load(q_ref.at[rows_at, cols_at], mask=row_ok[:, None] & col_ok[None, :], other=0)
+  # [Rp, Dp] (the prior rows zero)
+  q = plgpu.load(q_ref.at[pl.ds(0, rp), cols_at], mask=row_ok[:, None] & col_ok[None, :],
+                 other=0)
   cdt = jnp.promote_types(q_ref.dtype, k_ref.dtype)
   precision = lax.Precision.HIGHEST if cdt == jnp.float32 else None
   q = q.astype(cdt)
   if with_limit:
     # [Rp]
-    limit = plgpu.load(lim_ref.at[rows_at], mask=row_ok, other=-1)
+    limit = plgpu.load(lim_ref.at[src], mask=tile_ok, other=-1)
 
   length = length_ref[()]
   n_valid = nvalid_ref[()] if with_idx else (length + block_size - 1) // block_size
@@ -138,8 +152,8 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
   tok = jnp.arange(width)
   tile_entry, in_block = tok // block_size, tok % block_size
   # Row bits: row r reads bit r % C of word min(r // C, A - 1).
-  word_of_row = jnp.minimum(row // bits_per_word, bit_words - 1)
-  bit_of_row = row % bits_per_word
+  word_of_row = jnp.minimum(src // bits_per_word, bit_words - 1)
+  bit_of_row = src % bits_per_word
 
   def entry_meta(first):
     """Block id and row-bit words of the tile starting at list entry ``first`` ([W] each)."""
@@ -153,7 +167,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
       words = plgpu.load(bits_ref.at[at], mask=live, other=0)
     else:  # [Rp, W]
       words = plgpu.load(bits_ref.at[at[None, :], word_of_row[:, None]],
-                         mask=live[None, :] & row_ok[:, None], other=0)
+                         mask=live[None, :] & tile_ok[:, None], other=0)
     return blk, live, words
 
   def body(step, carry):
@@ -183,39 +197,60 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
       ok = ok & ((jnp.right_shift(w2, bit_of_row[:, None]) & 1) > 0)
     if with_limit:
       ok = ok & (pos[None, :] <= limit[:, None])
-    s = jnp.where(ok, s, NEG_INF)
-    main = _online_update(carry[1], s, v, precision)
     if not with_prior:
-      return nxt, main
-    pr = plgpu.load(prior_ref.at[(row // rows_per_prior)[:, None], slots[None, :]],
-                    mask=ok & row_ok[:, None], other=NEG_INF)
-    pr = jnp.where(ok, pr, NEG_INF)
-    seen = carry[3] + jnp.sum((pr > NEG_INF).astype(jnp.int32), axis=1)
-    return nxt, main, _online_update(carry[2], pr, v, precision), seen
+      return nxt, _online_update(carry[1], jnp.where(ok, s, NEG_INF), v, precision)
+    if not stacked:  # a second online softmax of the prior beside the first
+      pr = plgpu.load(prior_ref.at[(row // rows_per_prior)[:, None], slots[None, :]],
+                      mask=ok & row_ok[:, None], other=NEG_INF)
+      pr = jnp.where(ok, pr, NEG_INF)
+      seen = carry[3] + jnp.sum((pr > NEG_INF).astype(jnp.int32), axis=1)
+      return (nxt, _online_update(carry[1], jnp.where(ok, s, NEG_INF), v, precision),
+              _online_update(carry[2], pr, v, precision), seen)
+    # The second half's rows: the prior logits of their query row's attended slots (-inf: not
+    # a member), in place of the (zero-query) logits there.
+    prior_rows = (row >= rh)[:, None]
+    ok = ok & tile_ok[:, None]
+    pr = plgpu.load(prior_ref.at[(src // rows_per_prior)[:, None], slots[None, :]],
+                    mask=ok & prior_rows, other=NEG_INF)
+    s = jnp.where(ok, jnp.where(prior_rows, pr, s), NEG_INF)
+    seen = carry[2] + jnp.sum((prior_rows & (s > NEG_INF)).astype(jnp.int32), axis=1)
+    return nxt, _online_update(carry[1], s, v, precision), seen
 
   def init():
     return (jnp.zeros((rp, dp), jnp.float32), jnp.full((rp,), NEG_INF, jnp.float32),
             jnp.zeros((rp,), jnp.float32))
 
-  carry = (entry_meta(lo), init()) + ((init(), jnp.zeros((rp,), jnp.int32)) if with_prior
+  counts = (jnp.zeros((rp,), jnp.int32),)
+  carry = (entry_meta(lo), init()) + (counts if stacked else (init(),) + counts if with_prior
                                       else ())
   steps = (hi - lo + blocks_per_iter - 1) // blocks_per_iter
   carry = lax.fori_loop(0, steps, body, carry)
 
-  store_mask = row_ok[:, None] & col_ok[None, :]
+  out, lse = _finish(carry[1])
+  finished = [(out, lse)]
+  out_ok = jnp.arange(rh) < rows
+  if stacked:  # the tile's two halves, [Rh, ...] each (selects: NaN and -inf stay put)
+    half = lambda x, i: jnp.sum(jnp.where(
+        (jnp.arange(2) == i).reshape((2,) + (1,) * x.ndim),
+        x.reshape((2, rh) + x.shape[1:]), jnp.zeros((), x.dtype)), axis=0)
+    finished = [(half(out, 0), half(lse, 0)), (half(out, 1), half(lse, 1))]
+    seen = half(carry[2], 1)
+  elif with_prior:
+    finished.append(_finish(carry[2]))
+    seen = carry[3]
   if with_prior:  # prior members attended, per row (RESA's coverage test)
     if pad_r:
-      plgpu.store(cnt_ref.at[rows_at], carry[3], mask=row_ok)
+      plgpu.store(cnt_ref.at[rows_at], seen, mask=out_ok)
     else:
-      cnt_ref[...] = carry[3]
-  for (o_r, l_r), c in zip(((o_ref, lse_ref), (po_ref, plse_ref)), carry[1:3]):
-    out, lse = _finish(c)
+      cnt_ref[...] = seen
+  store_mask = out_ok[:, None] & col_ok[None, :]
+  for (o_r, l_r), (out, lse) in zip(((o_ref, lse_ref), (po_ref, plse_ref)), finished):
     if pad_r or pad_c:
       plgpu.store(o_r.at[rows_at, cols_at], out, mask=store_mask)
     else:
       o_r[...] = out
     if pad_r:
-      plgpu.store(l_r.at[rows_at], lse, mask=row_ok)
+      plgpu.store(l_r.at[rows_at], lse, mask=out_ok)
     else:
       l_r[...] = lse
 
