@@ -46,7 +46,8 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
   ``prior_ref [B, K, n / J, R / rows_per_prior, W]`` the listed slots' prior logits per step,
   outputs ``po, plse, cnt`` and their SMEM tiles, and a ring ``pr_s`` filled beside K/V.
   ``mma``: the two products of a step on the tensor cores for all 64 tile rows (``mma_body``;
-  16-bit caches, no limit, no prior), else per row on CUDA cores (``body``).
+  16-bit caches, no limit; a prior's rows ride in the tile below the query rows), else per row
+  on CUDA cores (``body``).
   ``identity`` (dense decoding): entry ``i`` is block ``i`` and a row's list holds
   ``ceil(length / bs)`` entries, so there are no ``idx_ref`` / ``nv_ref`` and a step is one
   ``[W]``-token TMA per tensor (its window moved back to end at ``T`` where it would pass it,
@@ -177,8 +178,11 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
     return ok & ((lax.shift_right_logical(wd, jnp.int32(r % bits[1])) & 1) > 0)
 
   def mma_body(step, carry):
-    """One step of all 64 tile rows on the tensor cores: ``s = Q K^T``, ``acc += P V``."""
-    acc, m, l = carry  # [64, D] tile, [64] row
+    """One step of all 64 tile rows on the tensor cores: ``s = Q K^T``, ``acc += P V``. With a
+    prior, tile rows ``R + r`` hold query row ``r``'s prior logits in place of their (zero-query)
+    logits, so the same softmax and product accumulate RESA's prior pair; ``seen`` counts
+    their attended members."""
+    acc, m, l = carry[:3]  # [64, D] tile, [64] row
     slot = lax.rem(step, stages)
     wait_step(slot)
     _, ok, word = step_tokens(step, slot, regs.col)
@@ -186,14 +190,21 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
                regs=regs) * scale
     s = soft_cap(s, softcap)
     shape = (mc.TILE_ROWS, w)
+    rid = regs.iota(shape, 0, regs.tile)
+    src = mc.where(rid >= rows, rid - rows, rid) if with_prior else rid  # whose bits
     mask = mc.bcast(ok, shape, (1,))
     if bits:  # row r's bit r % C of word min(r // C, A - 1) of its token's entry
-      rid = regs.iota(shape, 0, regs.tile)
-      sel = jnp.minimum(rid // bits[1], bits[0] - 1)
+      sel = jnp.minimum(src // bits[1], bits[0] - 1)
       wd = mc.bcast(word[0], shape, (1,))
       for a in range(1, bits[0]):
         wd = mc.where(sel == a, mc.bcast(word[a], shape, (1,)), wd)
-      mask = mask & ((lax.shift_right_logical(wd, rid % bits[1]) & 1) > 0)
+      mask = mask & ((lax.shift_right_logical(wd, src % bits[1]) & 1) > 0)
+    if with_prior:  # [R', W] prior rows, each broadcast to the tile rows of its query rows
+      mask = mask & (rid < 2 * rows)
+      for i in range(rows // rows_per_prior):
+        lo_row = rows + i * rows_per_prior
+        s = mc.where((rid >= lo_row) & (rid < lo_row + rows_per_prior),
+                     mc.bcast(regs.load_vec(pr_s.at[slot, i], regs.col), shape, (1,)), s)
     s = mc.where(mask, s, NEG_INF)
     m_new = jnp.maximum(m, jnp.max(s, axis=1))
     m_safe = mc.where(m_new == NEG_INF, 0.0, m_new)
@@ -216,7 +227,10 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
     @pl.when(step + stages < steps)
     def _():
       issue(step + stages, slot)
-    return acc, m_new, alpha * l + jnp.sum(p, axis=1)
+    out = (acc, m_new, alpha * l + jnp.sum(p, axis=1))
+    if with_prior:  # counted in f32 (exact below 2^24 members)
+      out += (carry[3] + jnp.sum(mc.where((rid >= rows) & (s > NEG_INF), 1.0, 0.0), axis=1),)
+    return out
 
   def body(step, carry):
     """One step of the R rows on CUDA cores (f32 caches and the multi-query / RESA variants)."""
@@ -252,12 +266,18 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
 
   if mma:
     tile_rows = lambda x: regs.cast(jnp.full((mc.TILE_ROWS,), x, jnp.float32), regs.row)
-    acc, m, l = lax.fori_loop(0, steps, mma_body, (
+    out = lax.fori_loop(0, steps, mma_body, (
         regs.cast(jnp.zeros((mc.TILE_ROWS, d), jnp.float32), regs.tile), tile_rows(NEG_INF),
-        tile_rows(0.0)))
+        tile_rows(0.0)) + ((tile_rows(0.0),) if with_prior else ()))
+    acc, m, l = out[:3]
     rid = regs.iota((mc.TILE_ROWS,), 0, regs.row)
-    carry = [(a, jnp.max(mc.where(rid == r, m, NEG_INF)), jnp.sum(mc.where(rid == r, l, 0.0)))
-             for r, a in enumerate(mc.rows_of(acc, rows, regs))]
+    pick = lambda x, r, reduce, fill: reduce(mc.where(rid == r, x, fill))
+    tiled = 2 * rows if with_prior else rows
+    carry = [(a, pick(m, r, jnp.max, NEG_INF), pick(l, r, jnp.sum, 0.0))
+             for r, a in enumerate(mc.rows_of(acc, tiled, regs))]
+    if with_prior:  # the prior rows, each with its attended members
+      carry = carry[:rows] + [(c, pick(out[3], rows + r, jnp.sum, 0.0).astype(jnp.int32))
+                              for r, c in enumerate(carry[rows:])]
   else:
     init = (regs.cast(jnp.zeros((d,), jnp.float32), regs.col), jnp.float32(NEG_INF),
             jnp.float32(0.0))

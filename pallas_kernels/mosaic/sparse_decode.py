@@ -18,8 +18,8 @@ warpgroup) per (batch, kv head, split) walks its slice of the kv head's list:
     ``P`` from registers. The padding costs tensor-core work a decode step has to spare (two
     ``64 x W x D`` products per 2 W D bytes read); it removes the per-row loop and the
     cross-warp reduction over the tile's tokens that ``p . v`` needs on CUDA cores;
-  * otherwise (f32 caches, which a WGMMA would round to TF32, and the multi-query and RESA
-    variants) the compute is on CUDA cores in float32 per row: ``s = sum_d k * q`` (a row
+  * otherwise (f32 caches, which a WGMMA would round to TF32, and the multi-query variant)
+    the compute is on CUDA cores in float32 per row: ``s = sum_d k * q`` (a row
     reduction of the WGMMA-layout tile), the online softmax, and ``acc += sum_t p * v`` (a
     column reduction).
 
@@ -29,9 +29,10 @@ per-(entry, row) bit, as the Triton kernel does; the split partials are merged b
 32 (f32) elements (whole 128-byte swizzled rows).
 
 The same body runs RESA's variant (``mosaic.sparse_decode_resa``, ``with_prior``): a third
-ring holds each step's ``[R, W]`` prior logits of the listed slots, and each row also runs an
-online softmax of its prior over the attended prior members with the same V tile, and counts
-them.
+ring holds each step's ``[R, W]`` prior logits of the listed slots. On the WGMMA step they fill
+the tile's free rows (row ``R + r``: query row ``r``'s prior), so the same softmax and ``P V``
+accumulate the prior pair; on CUDA cores each row runs a second online softmax of its prior
+over the attended members with the same V tile. Both count the members attended.
 
 And RetroAttention's multi-query variant (``mosaic.sparse_decode_multiquery``, ``with_limit``):
 R = G x window rows (each head's window queries), each with its own last position
@@ -66,14 +67,15 @@ MAX_BARRIERS = 32
 
 
 def mma_usable(q_dtype, k_dtype, v_dtype, *, w: int, d: int, with_limit: bool,
-               with_prior: bool) -> bool:
+               with_prior: bool, rows: int = 1) -> bool:
   """Whether a step's products can run as WGMMAs: q, k, v of one 16-bit dtype (a WGMMA would
   round f32 to TF32, where the CUDA-core path keeps f32 caches exact), ``W, D <= 256`` (a
-  WGMMA's N), and neither the multi-query limit nor RESA's prior (their per-row extras stay on
-  the CUDA-core path)."""
+  WGMMA's N), no multi-query limit (its per-row extras stay on the CUDA-core path), and with
+  RESA's prior ``2 rows <= 64`` (its rows share the 64-row tile with the query rows)."""
   dts = {jnp.dtype(x) for x in (q_dtype, k_dtype, v_dtype)}
   return (len(dts) == 1 and dts <= {jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)}
-          and w <= 256 and d <= 256 and not with_limit and not with_prior)
+          and w <= 256 and d <= 256 and not with_limit
+          and (not with_prior or 2 * rows <= mc.TILE_ROWS))
 
 
 def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None, prior=None,
@@ -143,10 +145,11 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
   if row_bits is not None and row_bits.ndim == 3:
     row_bits = row_bits[..., None]
   usable = mma_usable(q.dtype, k.dtype, v.dtype, w=w, d=d, with_limit=with_limit,
-                      with_prior=with_prior)
+                      with_prior=with_prior, rows=r)
   if mma and not usable:
-    raise ValueError(f"mma needs 16-bit q/k/v of one dtype, no row limit or prior, W <= 256 and "
-                     f"D <= 256; got {q.dtype}/{k.dtype}/{v.dtype}, W={w}, D={d}")
+    raise ValueError(f"mma needs 16-bit q/k/v of one dtype, no row limit, W <= 256, D <= 256 "
+                     f"and with a prior at most {mc.TILE_ROWS // 2} rows; got {q.dtype}/"
+                     f"{k.dtype}/{v.dtype}, W={w}, D={d}, {r} rows")
   mma = usable if mma is None else mma
   # K, V (, prior, positions)
   per_stage = 2 * w * d * itemsize + prior_rows * w * 4 + (w * 4 if with_positions else 0)

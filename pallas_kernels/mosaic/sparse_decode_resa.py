@@ -3,12 +3,14 @@
 
 The Mosaic GPU twin of ``pallas_kernels.sparse_decode_resa`` (same signature, same reference,
 ``sparse_decode_resa_reference``): the Mosaic ``sparse_decode`` program (one warpgroup per
-(batch, kv head, split), listed blocks TMA'd into an SMEM ring, CUDA-core f32 online softmax per
-query row) with its ``with_prior`` path. Beside each step's K/V tiles the ring holds the step's
-``[R, W]`` prior logits ``P_j`` of the listed slots (gathered in XLA in list order, so a step is
-one 128-byte-aligned TMA); per row the kernel runs a second online softmax over ``P_j`` on the
-attended prior members with the same V tile, and counts them. The split partials (true, prior,
-counts) are merged, and RESA's epilogue run, by ``split_combine_pairs``' jnp path.
+(batch, kv head, split), listed blocks TMA'd into an SMEM ring) with its ``with_prior`` path.
+Beside each step's K/V tiles the ring holds the step's ``[R, W]`` prior logits ``P_j`` of the
+listed slots (gathered in XLA in list order, so a step is one 128-byte-aligned TMA). With
+16-bit caches the step's WGMMAs carry them in the 64-row tile's free rows (row ``R + r``: query
+row ``r``'s prior logits), so one online softmax and one ``P V`` serve both pairs; with f32
+caches each row runs a second CUDA-core online softmax over ``P_j`` with the same V tile. Both
+count the attended members. The split partials (true, prior, counts) are merged, and RESA's
+epilogue run, by ``split_combine_pairs``' jnp path.
 
 Letters: B batch, N query heads, K kv heads, G = N // K, H selection heads, n list length, T
 slots, D head dim, R rows of a program (G), W tokens per step.

@@ -130,14 +130,16 @@ def _group_lists(case, idx, n_valid):
 def test_mma_is_for_16_bit_plain_steps():
   """The tensor-core step runs where it is exact enough and has every input it needs: 16-bit
   q/k/v of one dtype (f32 stays on CUDA cores: a WGMMA rounds it to TF32), W and D <= 256, no
-  multi-query limit or RESA prior; forcing it elsewhere is an error, not a silent fallback."""
+  multi-query limit, and with RESA's prior at most 32 rows (its rows fill the tile's free half);
+  forcing it elsewhere is an error, not a silent fallback."""
   bf, f32 = jnp.bfloat16, jnp.float32
   plain = dict(w=64, d=128, with_limit=False, with_prior=False)
   assert mma_usable(bf, bf, bf, **plain)
   assert mma_usable(jnp.float16, jnp.float16, jnp.float16, **plain)
   assert not mma_usable(f32, f32, f32, **plain)
   assert not mma_usable(bf, f32, bf, **plain)
-  assert not mma_usable(bf, bf, bf, **{**plain, "with_prior": True})
+  assert mma_usable(bf, bf, bf, **{**plain, "with_prior": True, "rows": 32})
+  assert not mma_usable(bf, bf, bf, **{**plain, "with_prior": True, "rows": 33})
   assert not mma_usable(bf, bf, bf, **{**plain, "with_limit": True})
   assert not mma_usable(bf, bf, bf, **{**plain, "w": 512})
   case = Case(*POOL[0][:9], seed=0, num_splits=1)
