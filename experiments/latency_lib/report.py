@@ -72,6 +72,13 @@ def _value(r):
   return r.get("step_ms") if r["phase"] == "decode" else r.get("seconds")
 
 
+def _host_ms(r: dict) -> str:
+  """A record's host issue time per step; ``*`` where it was read over a whole round (records
+  without ``dispatch_steps``: past PJRT's 32 queued executions the host waits for the GPU)."""
+  got = _f(r.get("dispatch_ms"))
+  return got + "*" if got and "dispatch_steps" not in r else got
+
+
 def shape_table(rows: list[dict]) -> str:
   """The named-shape table: ours and the transformers peer per (phase, batch, context)."""
   recs = shape_rows(rows)
@@ -85,7 +92,7 @@ def shape_table(rows: list[dict]) -> str:
     out.append({
         "phase": r["phase"], "batch": r["batch"], "context": r["context"],
         "method": r["method"], "status": r.get("status", ""),
-        "ms/step" if decode else "s": _f(val), "host ms/step": _f(r.get("dispatch_ms")),
+        "ms/step" if decode else "s": _f(val), "host ms/step": _host_ms(r),
         "tok/s": _f(r.get("tok_s")),
         "x dense": _f(dense / val if dense and val else None),
         "x transformers": _f(hf / val if hf and val else None),
@@ -96,7 +103,9 @@ def shape_table(rows: list[dict]) -> str:
                      r.get("peak_gbs"), r.get("peak_source")) for r in recs}, key=str)
   head = "\n".join(f"{s} ({dt}, random weights) on {dev} ({be}), peak {_f(pk)} GB/s "
                     f"({src}); x dense / x transformers: their time over this row's; host "
-                    "ms/step: the host's time to issue a step (near ms/step: host-bound)."
+                    "ms/step: the host's time to issue one of a round's first steps (near "
+                    "ms/step: host-bound; * timed over a whole round, past the 32 executions "
+                    "a GPU's queue holds, so it repeats the device's pace)."
                     for s, dt, dev, be, pk, src in devices)
   cols = ["phase", "batch", "context", "method", "status", "ms/step", "host ms/step", "s",
           "tok/s", "x dense", "x transformers", "GB/step", "bound ms", "of bound", "note"]

@@ -98,6 +98,9 @@ def test_quick_run_of_the_gpu_benchmark(tmp_path):
       assert field in r, (field, r)
     if r["phase"] == "decode":
       assert r["step_ms"] > 0 and r["weight_bytes"] > 0 and r["kv_bytes"] > 0, r
+      if r["engine"] == "ours":  # the issue time of a round's first steps, below PJRT's queue
+        assert r["dispatch_steps"] == min(r["steps"], shape_ours.ISSUE_PROBE_STEPS) < 32, r
+        assert 0 < r["dispatch_ms"], r
       frac = r["bound_fraction"]
       assert (frac is not None and 0 < frac <= 1) or r["bound_flag"], r
     else:
@@ -119,6 +122,7 @@ def test_quick_run_of_the_gpu_benchmark(tmp_path):
   assert all(r["ms"] > 0 and r["tflops"] > 0 for r in chunk)
   assert "End to end, named shape (random weights) vs transformers" in text
   assert "| decode | 1 | 128 | dense | ok |" in text and "transformers" in text
+  assert "* |" not in text  # no host time read over a whole round
 
 
 @pytest.mark.parametrize("name", sorted(shapes.SHAPES))
