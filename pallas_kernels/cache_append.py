@@ -9,11 +9,17 @@ the touched block once, merges the new row in registers (no read-after-write thr
 reduces the digests and writes the row, the position and the two digest rows in place
 (``input_output_aliases``; with the cache donated nothing else is copied).
 
+A step that feeds a window of S tokens (RetroAttention re-reads its last S positions and
+rewrites their K/V) goes through the same launch: the program walks its S tokens, and each
+one's block is read once with all S new rows merged in registers, so blocks shared by several
+of them get the same digests whichever is written last (through XLA the window's write is ~100
+ops: scatters, gathers and the digests of every touched block).
+
 A slot is valid when its position is ``>= 0`` and it lies below the new ``length`` (the caller's
 ``max(length, s + 1)``); a block with no valid key gets zero digests. Rows whose slot is out of
 range (``s < 0`` or ``s >= T``: padding) write nothing.
 
-Letters: B batch, K kv heads, T slots, NB blocks, D head dim.
+Letters: B batch, K kv heads, T slots, NB blocks, D head dim, S new tokens a row.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from __future__ import annotations
 import functools
 
 import jax
+from jax import lax
 from jax.experimental import pallas as pl
 import jax.numpy as jnp
 
@@ -30,39 +37,55 @@ from pallas_kernels.backends import triton_module
 plgpu = triton_module()  # jax.experimental.pallas.triton; see backends
 
 
+# Most tokens per row one launch writes (a RetroAttention window is <= 32 queries).
+MAX_TOKENS = 32
+
+
+def _with_token_axis(k_new, v_new, slot, token_pos):
+  """``(k_new [B, K, S, D], v_new, slot [B, S], token_pos [B, K, S], one)``: the arguments of
+  one token (``k_new [B, K, D]``, ``slot [B]``, ``token_pos [B, K]``) with ``S = 1``."""
+  if k_new.ndim == 3:
+    return k_new[:, :, None], v_new[:, :, None], slot[:, None], token_pos[:, :, None], True
+  return k_new, v_new, slot, token_pos, False
+
+
 def cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *,
                            block_size: int):
-  """The jnp path (``impl="xla"``): scatter the row, recompute the touched block's digests.
+  """The jnp path (``impl="xla"``): scatter the rows, recompute the touched blocks' digests.
 
   Args:
     k, v: ``[B, K, T, D]`` cache; ``pos [B, K, T]`` int32 (-1 = empty).
     kmin, kmax: ``[B, K, NB, D]`` box digests (cache dtype).
-    k_new, v_new: ``[B, K, D]`` the new rows (cache dtype); ``token_pos [B, K]`` int32 their
-      positions.
-    slot: ``[B]`` int32 slot of the new token; out of ``[0, T)`` = no write.
+    k_new, v_new: ``[B, K, D]`` the new rows (cache dtype), or ``[B, K, S, D]`` for S tokens a
+      row (distinct slots); ``token_pos [B, K]`` (``[B, K, S]``) int32 their positions.
+    slot: ``[B]`` (``[B, S]``) int32 slot of each new token; out of ``[0, T)`` = no write.
     length: ``[B]`` int32 the cache length after the write.
     block_size: static tokens per block.
 
   Returns:
     ``(k, v, pos, kmin, kmax)`` updated.
   """
+  k_new, v_new, slot, token_pos, _ = _with_token_axis(k_new, v_new, slot, token_pos)
   b, h, t, _ = k.shape
-  live = (slot >= 0) & (slot < t)
+  n = slot.shape[-1]
+  live = (slot >= 0) & (slot < t)  # [B, S]
   s = jnp.where(live, slot, t)  # out of range: dropped
-  bi, hi = jnp.arange(b)[:, None], jnp.arange(h)[None, :]
-  si = jnp.broadcast_to(s[:, None], (b, h))
+  bi, hi = jnp.arange(b)[:, None, None], jnp.arange(h)[None, :, None]
+  si = jnp.broadcast_to(s[:, None, :], (b, h, n))
   k = k.at[bi, hi, si].set(k_new.astype(k.dtype), mode="drop")
   v = v.at[bi, hi, si].set(v_new.astype(v.dtype), mode="drop")
   pos = pos.at[bi, hi, si].set(token_pos.astype(pos.dtype), mode="drop")
-  blk = jnp.minimum(s, t - 1) // block_size
-  rows = blk[:, None] * block_size + jnp.arange(block_size)  # [B, bs]
-  kb = jnp.take_along_axis(k, rows[:, None, :, None], axis=2).astype(jnp.float32)
-  pb = jnp.take_along_axis(pos, jnp.broadcast_to(rows[:, None, :], (b, h, block_size)), axis=2)
-  ok = ((pb >= 0) & (rows[:, None, :] < length[:, None, None]))[..., None]
-  any_ok = jnp.any(ok, axis=2)
-  lo = jnp.where(any_ok, jnp.min(jnp.where(ok, kb, jnp.inf), axis=2), 0.0)
-  hi_ = jnp.where(any_ok, jnp.max(jnp.where(ok, kb, -jnp.inf), axis=2), 0.0)
-  bidx = jnp.broadcast_to(jnp.where(live, blk, kmin.shape[2])[:, None], (b, h))
+  blk = jnp.minimum(s, t - 1) // block_size  # [B, S]
+  rows = (blk[..., None] * block_size + jnp.arange(block_size)).reshape(b, 1, n * block_size)
+  kb = jnp.take_along_axis(k, rows[..., None], axis=2).astype(jnp.float32)
+  pb = jnp.take_along_axis(pos, jnp.broadcast_to(rows, (b, h, n * block_size)), axis=2)
+  ok = ((pb >= 0) & (rows < length[:, None, None]))[..., None]
+  split = lambda x: x.reshape(b, h, n, block_size, *x.shape[3:])  # [B, K, S, bs, ...]
+  kb, ok = split(kb), split(ok)
+  any_ok = jnp.any(ok, axis=3)
+  lo = jnp.where(any_ok, jnp.min(jnp.where(ok, kb, jnp.inf), axis=3), 0.0)
+  hi_ = jnp.where(any_ok, jnp.max(jnp.where(ok, kb, -jnp.inf), axis=3), 0.0)
+  bidx = jnp.broadcast_to(jnp.where(live, blk, kmin.shape[2])[:, None, :], (b, h, n))
   kmin = kmin.at[bi, hi, bidx].set(lo.astype(kmin.dtype), mode="drop")
   kmax = kmax.at[bi, hi, bidx].set(hi_.astype(kmax.dtype), mode="drop")
   return k, v, pos, kmin, kmax
@@ -70,71 +93,96 @@ def cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos,
 
 def _append_kernel(k_in, v_in, pos_in, kmin_in, kmax_in, knew_ref, vnew_ref, slot_ref, tok_ref,
                    len_ref, k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, *, block_size: int,
-                   t: int, head_dim: int):
+                   t: int, head_dim: int, tokens: int):
+  """One (batch, kv head): per new token, its row and position, and its block's digests from
+  the block as read with every new token of the row merged in (registers, not memory: no
+  read-after-write between the program's threads)."""
   del k_in, v_in, pos_in, kmin_in, kmax_in  # aliased with the outputs: read and written there
   dp = _common.pad_rows(head_dim, 1)
   col = jnp.arange(dp)
   col_ok = col < head_dim
-  s = slot_ref[()]
-  live = (s >= 0) & (s < t)
-  sc = jnp.clip(s, 0, t - 1)
-  blk = sc // block_size
-  rows = blk * block_size + jnp.arange(block_size)
-  is_new = (rows == sc) & live
-  # [D] the new row; [bs, D] the block with it merged in registers
-  k_row = plgpu.load(knew_ref.at[pl.ds(0, dp)], mask=col_ok, other=0)
-  v_row = plgpu.load(vnew_ref.at[pl.ds(0, dp)], mask=col_ok, other=0)
-  kb = plgpu.load(k_ref.at[rows[:, None], col[None, :]], mask=col_ok[None, :], other=0)
-  kb = jnp.where(is_new[:, None], k_row[None, :].astype(kb.dtype), kb).astype(jnp.float32)
-  pb = plgpu.load(pos_ref.at[rows])
-  tok = tok_ref[()]
-  pb = jnp.where(is_new, tok, pb)
-  ok = ((pb >= 0) & (rows < len_ref[()]))[:, None]
-  any_ok = jnp.sum(ok.astype(jnp.int32)) > 0
-  lo = jnp.where(any_ok, jnp.min(jnp.where(ok, kb, jnp.inf), axis=0), 0.0)
-  hi = jnp.where(any_ok, jnp.max(jnp.where(ok, kb, -jnp.inf), axis=0), 0.0)
-  row_mask = col_ok & live
-  plgpu.store(k_ref.at[sc, pl.ds(0, dp)], k_row.astype(k_ref.dtype), mask=row_mask)
-  plgpu.store(v_ref.at[sc, pl.ds(0, dp)], v_row.astype(v_ref.dtype), mask=row_mask)
-  plgpu.store(pos_ref.at[rows], jnp.broadcast_to(tok, rows.shape), mask=is_new)
-  plgpu.store(kmin_ref.at[blk, pl.ds(0, dp)], lo.astype(kmin_ref.dtype), mask=row_mask)
-  plgpu.store(kmax_ref.at[blk, pl.ds(0, dp)], hi.astype(kmax_ref.dtype), mask=row_mask)
+  length = len_ref[()]
+
+  def token(j):
+    """Token ``j``'s clipped slot, whether it writes, its K row, V row and position."""
+    s = slot_ref[j]
+    at = pl.ds(0, dp)
+    return (jnp.clip(s, 0, t - 1), (s >= 0) & (s < t),
+            plgpu.load(knew_ref.at[j, at], mask=col_ok, other=0),
+            plgpu.load(vnew_ref.at[j, at], mask=col_ok, other=0), tok_ref[j])
+
+  def write(i, carry):
+    sc, live, k_row, v_row, tok = token(i)
+    blk = sc // block_size
+    rows = blk * block_size + jnp.arange(block_size)
+
+    def merge(j, acc):  # [bs, D] keys and [bs] positions with token j in place
+      kb, pb = acc  # (earlier tokens' rows may be in memory already: merged the same)
+      sj, lj, kj, _, tj = token(j)
+      is_j = (rows == sj) & lj
+      return jnp.where(is_j[:, None], kj[None, :].astype(kb.dtype), kb), jnp.where(is_j, tj, pb)
+
+    kb = plgpu.load(k_ref.at[rows[:, None], col[None, :]], mask=col_ok[None, :], other=0)
+    kb, pb = lax.fori_loop(0, tokens, merge, (kb, plgpu.load(pos_ref.at[rows])))
+    kb = kb.astype(jnp.float32)
+    ok = ((pb >= 0) & (rows < length))[:, None]
+    any_ok = jnp.sum(ok.astype(jnp.int32)) > 0
+    lo = jnp.where(any_ok, jnp.min(jnp.where(ok, kb, jnp.inf), axis=0), 0.0)
+    hi = jnp.where(any_ok, jnp.max(jnp.where(ok, kb, -jnp.inf), axis=0), 0.0)
+    row_mask = col_ok & live
+    plgpu.store(k_ref.at[sc, pl.ds(0, dp)], k_row.astype(k_ref.dtype), mask=row_mask)
+    plgpu.store(v_ref.at[sc, pl.ds(0, dp)], v_row.astype(v_ref.dtype), mask=row_mask)
+    plgpu.store(pos_ref.at[rows], jnp.broadcast_to(tok, rows.shape), mask=(rows == sc) & live)
+    plgpu.store(kmin_ref.at[blk, pl.ds(0, dp)], lo.astype(kmin_ref.dtype), mask=row_mask)
+    plgpu.store(kmax_ref.at[blk, pl.ds(0, dp)], hi.astype(kmax_ref.dtype), mask=row_mask)
+    return carry
+
+  lax.fori_loop(0, tokens, write, 0)
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "impl", "interpret"))
 def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *,
                  block_size: int, impl: _common.Impl = "auto", interpret: bool = False):
-  """One token per (batch, kv head) written at ``slot``, the touched block's box digests
-  recomputed, in one launch.
+  """One token (or a window of S <= ``MAX_TOKENS``) per (batch, kv head) written at ``slot``,
+  the touched blocks' box digests recomputed, in one launch.
 
   Args: as ``cache_append_reference``; ``impl``: ``"pallas"``/``"triton"``, ``"mosaic"``
-    (``pallas_kernels.mosaic.cache_append``), ``"xla"`` or ``"auto"``
-    (``backends.resolve_impl``); ``interpret``: run the kernel in interpret mode (CPU).
+    (``pallas_kernels.mosaic.cache_append``: one token; a window there takes the reference),
+    ``"xla"`` or ``"auto"`` (``backends.resolve_impl``); ``interpret``: run the kernel in
+    interpret mode (CPU).
 
   Returns:
     ``(k, v, pos, kmin, kmax)`` updated (in place where the inputs are donated).
   """
   resolved = _common.resolve_impl(impl, "cache_append")
-  if resolved == "xla":
+  window = k_new.ndim == 4 and k_new.shape[2] > 1
+  if resolved == "xla" or (window and resolved == "mosaic"):
     return cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
                                   block_size=block_size)
   if resolved == "mosaic":
     from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
-    return mosaic.cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
+    one = k_new.ndim == 4  # [B, K, 1, D]
+    return mosaic.cache_append(k, v, pos, kmin, kmax, k_new[:, :, 0] if one else k_new,
+                               v_new[:, :, 0] if one else v_new, slot[:, 0] if one else slot,
+                               token_pos[:, :, 0] if one else token_pos, length,
                                block_size=block_size, impl="mosaic", interpret=interpret)
+  k_new, v_new, slot, token_pos, _ = _with_token_axis(k_new, v_new, slot, token_pos)
   b, h, t, d = k.shape
+  n = slot.shape[-1]
+  if n > MAX_TOKENS:
+    raise ValueError(f"at most {MAX_TOKENS} tokens a row per launch, got {n}")
   nb = _common.check_block_size(block_size, t)
   if kmin.shape != (b, h, nb, d) or kmax.shape != (b, h, nb, d):
     raise ValueError(f"box digests must be {(b, h, nb, d)}, got {kmin.shape} / {kmax.shape}")
   row = lambda *tail: pl.BlockSpec((None, None, *tail), lambda bi, hi: (bi, hi) + (0,) * len(tail))
-  per_batch = pl.BlockSpec((None,), lambda bi, hi: (bi,))
+  per_batch = lambda *tail: pl.BlockSpec((None, *tail), lambda bi, hi: (bi,) + (0,) * len(tail))
   specs = [row(t, d), row(t, d), row(t), row(nb, d), row(nb, d)]
-  kernel = functools.partial(_append_kernel, block_size=block_size, t=t, head_dim=d)
+  kernel = functools.partial(_append_kernel, block_size=block_size, t=t, head_dim=d, tokens=n)
   return pl.pallas_call(
       kernel,
       out_shape=tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k, v, pos, kmin, kmax)),
       grid=(b, h),
-      in_specs=specs + [row(d), row(d), per_batch, row(), per_batch],
+      in_specs=specs + [row(n, d), row(n, d), per_batch(n), row(n), per_batch()],
       out_specs=tuple(specs),
       input_output_aliases={i: i for i in range(5)},
       interpret=interpret,

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 # references so both paths gather identically.
 from pallas_kernels import gather_blocks  # pylint: disable=unused-import (re-exported)
 from pallas_kernels import Impl, cache_append, resolve_impl
+from pallas_kernels.cache_append import MAX_TOKENS as APPEND_TOKENS
 
 
 class SlotBuffer:
@@ -277,8 +278,9 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None, *,
     positions: ``[B, S]`` int32 slot of each new entry; negative = skip (padding).
     token_positions: ``[B, S]`` or ``[B, K, S]`` token positions recorded in ``pos``
       (default: ``positions``; differs after compaction).
-    impl, interpret: ``"pallas"`` writes a single token (``S = 1``) into a cache keeping only
-      the box digests in one kernel (``pallas_kernels.cache_append``), the same result.
+    impl, interpret: ``"pallas"`` writes up to ``cache_append.MAX_TOKENS`` tokens a row into a
+      cache keeping only the box digests in one kernel (``pallas_kernels.cache_append``), the
+      same result.
 
   Returns:
     The cache with the entries written, ``length`` advanced and the digests of every touched
@@ -300,10 +302,11 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None, *,
   hi = jnp.arange(hkv)[None, :, None]
   written = jnp.where(slot < t, slot + 1, 0)
   length = jnp.maximum(cache.length, jnp.max(written, axis=-1, initial=0))
-  if s == 1 and cache.digest_kinds == ("box",) and resolve_impl(impl, "cache_append") != "xla":
+  if (s <= APPEND_TOKENS and cache.digest_kinds == ("box",)
+      and resolve_impl(impl, "cache_append") != "xla"):
     k, v, pos, kmin, kmax = cache_append(
-        cache.k, cache.v, cache.pos, cache.kmin, cache.kmax, k_new[:, :, 0], v_new[:, :, 0],
-        slot[:, 0], tok[:, :, 0], length, block_size=bs, impl=impl, interpret=interpret)
+        cache.k, cache.v, cache.pos, cache.kmin, cache.kmax, k_new, v_new, slot, tok, length,
+        block_size=bs, impl=impl, interpret=interpret)
     return dataclasses.replace(cache, k=k, v=v, pos=pos, length=length, kmin=kmin, kmax=kmax)
   si = slot[:, None, :]
   k = scatter_set(cache.k, (bi, hi, si), k_new)

@@ -1,7 +1,8 @@
 """The decode step's cache write in one kernel (``pallas_kernels.cache_append``): interpret mode
 equals its reference and ``sparse_attn.cache.write`` bit for bit (appends, overwrites below the
-length, padding rows, empty slots in the touched block), it lowers for CUDA in place, and (with
-the ``ptx`` extra) compiles for sm_90 without register spills."""
+length, padding rows, empty slots in the touched block; one token or a window of several a
+row), it lowers for CUDA in place, and (with the ``ptx`` extra) compiles for sm_90 without
+register spills."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pallas_kernels import cache_append, cache_append_reference
+from pallas_kernels.cache_append import MAX_TOKENS
 from pallas_kernels.shapes import BF16, I32, S
 from sparse_attn import cache as cache_lib
 
@@ -64,8 +66,42 @@ def test_interpret_equals_the_reference_and_the_cache_write(b, h, nb, bs, d, dty
   np.testing.assert_array_equal(got_write.length, want.length)
 
 
+@settings(deadline=None, max_examples=6)
+@given(b=st.integers(1, 2), h=st.integers(1, 2), nb=st.integers(2, 5),
+       bs=st.sampled_from((16, 32)), n=st.integers(2, 9),
+       dtype=st.sampled_from((jnp.float32, jnp.bfloat16)), data=st.data(),
+       seed=st.integers(0, 2**16))
+def test_a_window_of_tokens_equals_the_cache_write(b, h, nb, bs, n, dtype, data, seed):
+  """RetroAttention's step: ``n`` consecutive slots a row (rewritten below the length, the last
+  appended; some rows padded with -1 entries), blocks shared by several of them, holes and
+  stale rows in them: kernel == reference == ``cache.write``'s XLA path."""
+  rng = np.random.default_rng(seed)
+  t, d = nb * bs, 32
+  filled = data.draw(st.integers(n, t - 1))
+  holes = data.draw(st.lists(st.integers(0, filled - n), max_size=2))
+  c = _cache(rng, b, h, t, d, bs, dtype, filled, holes, data.draw(st.integers(0, 2)))
+  start = rng.integers(c.length.min() - n + 1, c.length.min() + 1, b)
+  slots = np.stack([np.arange(x, x + n) for x in start]).astype(np.int32)
+  slots[rng.random((b, n)) < 0.2] = -1
+  slots = jnp.asarray(slots)
+  k_new, v_new = (jnp.asarray(rng.standard_normal((b, h, n, d)), dtype) for _ in range(2))
+  want = cache_lib.write(c, k_new, v_new, slots)
+  got_write = cache_lib.write(c, k_new, v_new, slots, impl="pallas", interpret=True)
+  token_pos = jnp.broadcast_to(slots[:, None], (b, h, n))
+  args = (c.k, c.v, c.pos, c.kmin, c.kmax, k_new, v_new, slots, token_pos, want.length)
+  ref = cache_append_reference(*args, block_size=bs)
+  got = cache_append(*args, block_size=bs, impl="pallas", interpret=True)
+  for name, w, r, g, gw in zip(("k", "v", "pos", "kmin", "kmax"),
+                               (want.k, want.v, want.pos, want.kmin, want.kmax), ref, got,
+                               (got_write.k, got_write.v, got_write.pos, got_write.kmin,
+                                got_write.kmax)):
+    for x in (r, g, gw):
+      np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(w, np.float32), name)
+
+
 def test_other_writes_keep_the_xla_path():
-  """Several tokens, or digests beyond the box, are written by ``cache.write``'s own path."""
+  """Digests beyond the box, or more than ``MAX_TOKENS`` tokens a row, are written by
+  ``cache.write``'s own path."""
   c = cache_lib.init_cache(1, 2, 64, 16, 16, jnp.float32)  # every digest kind
   k = jnp.ones((1, 2, 1, 16))
   want = cache_lib.write(c, k, k, jnp.zeros((1, 1), jnp.int32))
@@ -75,30 +111,43 @@ def test_other_writes_keep_the_xla_path():
   text = jax.jit(functools.partial(cache_lib.write, impl="pallas")).lower(
       c, k, k, jnp.zeros((1, 1), jnp.int32)).as_text()
   assert "cache_append" not in text
+  box = cache_lib.init_cache(1, 2, 64, 16, 16, jnp.float32, ("box",))
+  lower = lambda n: jax.export.export(
+      jax.jit(functools.partial(cache_lib.write, impl="pallas")), platforms=["cuda"],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
+          box, jnp.ones((1, 2, n, 16)), jnp.ones((1, 2, n, 16)),
+          jnp.arange(n, dtype=jnp.int32)[None]).mlir_module()
+  call = 'name = "cache_append"'
+  assert call in lower(MAX_TOKENS) and call not in lower(MAX_TOKENS + 1)
 
 
-def _avals(t=8256, d=128, nb=516):
+def _avals(t=8256, d=128, nb=516, window=0):
+  """The 8B shape's append arguments: one token, or a ``window`` of tokens a row."""
   cache = S((1, 8, t, d), BF16)
+  w = (window,) if window else ()
   return (cache, cache, S((1, 8, t), I32), S((1, 8, nb, d), BF16), S((1, 8, nb, d), BF16),
-          S((1, 8, d), BF16), S((1, 8, d), BF16), S((1,), I32), S((1, 8), I32), S((1,), I32))
+          S((1, 8, *w, d), BF16), S((1, 8, *w, d), BF16), S((1, *w), I32), S((1, 8, *w), I32),
+          S((1,), I32))
 
 
-def test_lowers_for_cuda_in_place():
+@pytest.mark.parametrize("window", (0, 8))
+def test_lowers_for_cuda_in_place(window):
   fn = jax.jit(functools.partial(cache_append, block_size=16, impl="pallas"),
                donate_argnums=(0, 1, 2, 3, 4))
   text = jax.export.export(
       fn, platforms=["cuda"],
       disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
-          *_avals()).mlir_module()
+          *_avals(window=window)).mlir_module()
   assert "__gpu$xla.gpu.triton" in text
   assert text.count("tf.aliasing_output") == 5  # k, v, pos, kmin, kmax written in place
 
 
-def test_compiles_for_sm90_without_spills(tmp_path):
+@pytest.mark.parametrize("window", (0, 8))
+def test_compiles_for_sm90_without_spills(window, tmp_path):
   pytest.importorskip("triton")
   from pallas_kernels import ptx  # pylint: disable=g-import-not-at-top
   [mod] = ptx.triton_modules(functools.partial(cache_append, block_size=16, impl="pallas"),
-                             *_avals())
+                             *_avals(window=window))
   kernel = ptx.compile_sm90(mod, str(tmp_path))
   usage = ptx.register_usage(kernel, str(tmp_path))
   assert usage["spill_bytes"] == 0 and usage["registers"] <= 255, usage
