@@ -34,6 +34,16 @@ def _cache(rng, b, h, t, d, bs, dtype, filled, holes, stale=0):
   return c
 
 
+def _assert_same(want, ref, got, got_write):
+  """The reference's and the kernel's ``(k, v, pos, kmin, kmax)`` and the kernel path of
+  ``cache.write`` equal ``cache.write``'s XLA result ``want`` bit for bit."""
+  names = ("k", "v", "pos", "kmin", "kmax")
+  for name, r, g in zip(names, ref, got):
+    w = getattr(want, name)
+    for x in (r, g, getattr(got_write, name)):
+      np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(w, np.float32), name)
+
+
 @settings(deadline=None, max_examples=6)  # each example compiles three programs (~2 s)
 @given(b=st.integers(1, 3), h=st.integers(1, 3), nb=st.integers(1, 6),
        bs=st.sampled_from((16, 32)), d=st.sampled_from((16, 48, 64)),
@@ -57,12 +67,7 @@ def test_interpret_equals_the_reference_and_the_cache_write(b, h, nb, bs, d, dty
           want.length)
   ref = cache_append_reference(*args, block_size=bs)
   got = cache_append(*args, block_size=bs, impl="pallas", interpret=True)
-  for name, w, r, g, gw in zip(("k", "v", "pos", "kmin", "kmax"),
-                               (want.k, want.v, want.pos, want.kmin, want.kmax), ref, got,
-                               (got_write.k, got_write.v, got_write.pos, got_write.kmin,
-                                got_write.kmax)):
-    for x in (r, g, gw):
-      np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(w, np.float32), name)
+  _assert_same(want, ref, got, got_write)
   np.testing.assert_array_equal(got_write.length, want.length)
 
 
@@ -91,12 +96,7 @@ def test_a_window_of_tokens_equals_the_cache_write(b, h, nb, bs, n, dtype, data,
   args = (c.k, c.v, c.pos, c.kmin, c.kmax, k_new, v_new, slots, token_pos, want.length)
   ref = cache_append_reference(*args, block_size=bs)
   got = cache_append(*args, block_size=bs, impl="pallas", interpret=True)
-  for name, w, r, g, gw in zip(("k", "v", "pos", "kmin", "kmax"),
-                               (want.k, want.v, want.pos, want.kmin, want.kmax), ref, got,
-                               (got_write.k, got_write.v, got_write.pos, got_write.kmin,
-                                got_write.kmax)):
-    for x in (r, g, gw):
-      np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(w, np.float32), name)
+  _assert_same(want, ref, got, got_write)
 
 
 def test_other_writes_keep_the_xla_path():
