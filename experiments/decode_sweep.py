@@ -5,6 +5,7 @@ to ``lax.top_k``.
   python -m experiments.decode_sweep --contexts=32768,131072 --out=/tmp/decode_sweep.jsonl
   python -m experiments.decode_sweep --contexts=8192,32768,131072 --iters= --mosaic=mma,rows
   python -m experiments.decode_sweep --contexts= --select_entries=2048,8192
+  python -m experiments.decode_sweep --contexts=131072 --sparse_keep=0.1 --splits=0,2,4
 
 One Llama-3.1-8B attention layer (32 q / 8 kv heads, d = 128, batch 1, ``--dtype`` cache), the
 dense decode attention ``kernels.dense_decode`` (``pallas_kernels.dense_decode``, the split-K
@@ -17,6 +18,12 @@ step is loop-invariant), and the median of
 measured in this run on the same device. ``num_splits=None`` is ``choose_num_splits``'s count,
 ``blocks_per_iter=None`` the shared-memory fit for the stages; ``dense_decode`` runs
 ``num_splits=None, blocks_per_iter=None, num_stages=2`` (``DENSE_DECODE_STAGES``).
+
+``--sparse_keep`` also times the Triton ``pallas_kernels.sparse_decode`` over a Quest-sized
+group list (that fraction of the blocks, fixed, in id order; section ``sparse_decode``) under
+the same grid, the split count scaled from the list's length: Quest's 128k step gives each of
+its 264 programs ~7 iterations, so its prologue and the iteration's dependent chain, not the
+bandwidth, may set the pace (each row has its fraction of peak, ``--peak_tbs``).
 
 ``--mosaic`` times ``pallas_kernels.mosaic.sparse_decode`` on the same layer (section
 ``mosaic_decode``): dense without a list (``dense_decode``'s identity mode), dense as the list of
@@ -57,7 +64,10 @@ def define_flags():
   flags.DEFINE_string("dtype", "bfloat16", "Cache dtype.")
   flags.DEFINE_integer("steps", 32, "Decode steps per timed call, looped on the device.")
   flags.DEFINE_integer("repeats", 5, "Timed calls per configuration (median).")
-  flags.DEFINE_string("splits", "0,2", "num_splits as multiples of the default (0 = default).")
+  flags.DEFINE_string("splits", "0,2", "num_splits as multiples of the default (0 = default; "
+                      "fractions allowed, e.g. 0.5).")
+  flags.DEFINE_bool("dense_grid", True, "Time the dense decode's grid (--nodense_grid: only "
+                    "the other sweeps).")
   flags.DEFINE_string("iters", "0/3,4/2,4/4,8/2,8/3", "blocks_per_iter/num_stages pairs "
                       "(0 = the default for the stages).")
   flags.DEFINE_string("warps", "4,8", "num_warps values.")
@@ -81,6 +91,8 @@ def define_flags():
                      "for the fraction of peak.")
   flags.DEFINE_string("select_early", "0,1", "Block-select sweep: early_exit values (0/1; "
                       "with bits_per_pass 1 only).")
+  flags.DEFINE_float("sparse_keep", 0.0, "Also sweep the Triton sparse_decode over a fixed "
+                     "group list of this fraction of the blocks (0 = dense only).")
   flags.DEFINE_string("select_phases", "all", "Block-select sweep: kernel parts timed "
                       "(pallas_kernels.block_select.PHASES: io, threshold, place, all), each "
                       "with the default bits, warps and no early exit.")
@@ -90,10 +102,10 @@ def grid(n_blocks: int, programs: int) -> list[dict]:
   """The ``(num_splits, blocks_per_iter, num_stages, num_warps)`` rows of the flags."""
   base = _common.choose_num_splits(programs, n_blocks)
   rows = []
-  for mult, it, w in itertools.product(settings.ints(FLAGS.splits), FLAGS.iters.split(","),
-                                       settings.ints(FLAGS.warps)):
+  mults = [float(x) for x in FLAGS.splits.split(",") if x.strip()]
+  for mult, it, w in itertools.product(mults, FLAGS.iters.split(","), settings.ints(FLAGS.warps)):
     per_iter, stages = (int(x) for x in it.split("/"))
-    rows.append(dict(num_splits=base * mult if mult else None,
+    rows.append(dict(num_splits=max(1, round(base * mult)) if mult else None,
                      blocks_per_iter=per_iter or None, num_stages=stages, num_warps=w))
   return rows
 
@@ -130,6 +142,24 @@ def mosaic_step(b: per_layer.Bench, idx, steps: int, interpret: bool, **kw):
       n_valid = jnp.full(idx.shape[:2], idx.shape[-1], jnp.int32)
       return mosaic.sparse_decode(q, c.k, c.v, idx, n_valid, c.length, block_size=c.block_size,
                                   pos=c.pos, impl="mosaic", interpret=interpret, **kw)[0]
+    return jax.lax.fori_loop(0, steps, one, q)
+
+  q = b.q[:, :, 0]
+  return lambda: run(q, c)
+
+
+def sparse_step(b: per_layer.Bench, idx, tiles: dict, steps: int, interpret: bool):
+  """``steps`` Triton sparse decode steps of the newest query over ``b``'s cache and the group
+  lists ``idx [1, K, n]`` (all entries valid) under ``tiles``, one call."""
+  c = b.cache
+  n_valid = jnp.full(idx.shape[:2], idx.shape[-1], jnp.int32)
+
+  @jax.jit
+  def run(q, c):
+    def one(_, q):
+      return pallas_kernels.sparse_decode(q, c.k, c.v, idx, n_valid, c.length,
+                                          block_size=c.block_size, pos=c.pos, impl="pallas",
+                                          interpret=interpret, **tiles)[0]
     return jax.lax.fori_loop(0, steps, one, q)
 
   q = b.q[:, :, 0]
@@ -184,6 +214,35 @@ def mosaic_sweep(out, b: per_layer.Bench, peers: dict, steps: int):
       if out:
         out.write(json.dumps(row) + "\n")
         out.flush()
+
+
+def sparse_sweep(out, b: per_layer.Bench, peers: dict, steps: int):
+  """Times the Triton sparse decode over a ``--sparse_keep`` group list per launch
+  configuration of the grid (the module docstring's ``--sparse_keep``)."""
+  s = b.s
+  nb = -(-b.context // s.block_size)
+  idx = mosaic_lists(nb, s.num_kv_heads, FLAGS.sparse_keep)[f"keep {FLAGS.sparse_keep}"]
+  n = int(idx.shape[-1])
+  moved = 2 * s.num_kv_heads * n * s.block_size * s.head_dim * jnp.dtype(b.dtype).itemsize
+  bound_us = moved / (FLAGS.peak_tbs * 1e12) * 1e6
+  for tiles in grid(n, s.num_kv_heads):
+    try:
+      fn = sparse_step(b, idx, tiles, steps, FLAGS.interpret)
+      first, us = median_step_us(fn, steps, FLAGS.repeats)
+    except Exception as e:  # pylint: disable=broad-except (a launch that does not fit)
+      print(f"{b.context} sparse {tiles}: failed ({type(e).__name__}: {str(e)[:160]})",
+            flush=True)
+      continue
+    kernel, device = device_us(fn, steps, "sparse_decode")
+    row = dict(_provenance(), section="sparse_decode", context=b.context, dtype=FLAGS.dtype,
+               keep=FLAGS.sparse_keep, entries=n, us_per_step=us, first_s=first,
+               kernel_us=kernel, device_us=device, bytes=moved, bound_us=bound_us,
+               peak_fraction=bound_us / us, peak_tbs=FLAGS.peak_tbs, peers_us=peers, **tiles)
+    print(f"{b.context} sparse keep {FLAGS.sparse_keep} {tiles}: {us:.1f} us/step "
+          f"({100 * bound_us / us:.0f}% of peak), kernel {_us(kernel)}", flush=True)
+    if out:
+      out.write(json.dumps(row) + "\n")
+      out.flush()
 
 
 def _provenance() -> dict:
@@ -309,7 +368,9 @@ def main(argv):
       triton = {} if FLAGS.interpret else {"triton dense": median_step_us(
           kernel_step(b, {}, FLAGS.steps, False), FLAGS.steps, FLAGS.repeats)[1]}
       mosaic_sweep(out, b, {**peers, **triton}, FLAGS.steps)
-    for tiles in grid(nb, s.num_kv_heads) if FLAGS.iters else ():
+    if FLAGS.sparse_keep and FLAGS.iters:
+      sparse_sweep(out, b, peers, FLAGS.steps)
+    for tiles in grid(nb, s.num_kv_heads) if FLAGS.iters and FLAGS.dense_grid else ():
       try:
         first, us = median_step_us(kernel_step(b, tiles, FLAGS.steps, FLAGS.interpret),
                                    FLAGS.steps, FLAGS.repeats)

@@ -25,6 +25,8 @@
 #      kernel vs its in-order branch (cuDNN flash attention), the GPU default;
 #   6. decode_sweep: the dense split-K decode kernel's launch configurations at 32k / 128k next
 #      to torch SDPA and cuDNN (experiments/decode_sweep.py);
+#   6b. sparse_sweep: the Triton sparse decode over a 10% list at 128k (Quest's step) per split
+#      count (default, half, double) and tokens an iteration (issue 51 item 1);
 #   7. select_sweep: the block select (warps, early exit) next to lax.top_k at 2048 / 8192 entries,
 #      and its parts (io floor, counting passes, placement) by device time;
 #   7b. mosaic_sweep: the Mosaic GPU decode at 8k / 32k / 128k, dense and a 10% list, per step body
@@ -74,6 +76,8 @@ CTX32=(--config.shape_contexts=32768)
 CTX128=(--config.shape_contexts=131072 --config.shape_transformers=False)
 CHUNK_CONTEXTS=(--config.contexts=32768,131072)
 SWEEP=(--contexts=32768,131072)
+SPARSE_SWEEP=(--contexts=131072 --sparse_keep=0.1 --nodense_grid --splits=0,0.5,2 --iters=0/3,8/3
+              --warps=4)
 SELECT=(--select_entries=8192,2048 --select_rows=8 --select_bits=1 --select_warps=0,4
         --select_phases=io,threshold,place,all)
 MOSAIC_SWEEP=(--contexts=8192,32768,131072 --iters= --mosaic=mma,rows --mosaic_tokens=64,128
@@ -98,6 +102,8 @@ if [ "$QUICK" = 1 ]; then
   CTX128=(--config.shape_transformers=False)
   CHUNK_CONTEXTS=()
   SWEEP=(--contexts=256 --steps=2 --repeats=1 --splits=0,2 --iters=0/3 --warps=4 --interpret)
+  SPARSE_SWEEP=(--contexts=256 --sparse_keep=0.25 --nodense_grid --splits=0,0.5 --iters=0/3
+                --warps=4 --steps=2 --repeats=1 --interpret)
   SELECT=(--select_entries=64 --select_rows=2 --steps=2 --repeats=1 --interpret
           --select_phases=io,threshold,place,all)
   MOSAIC_SWEEP=(--contexts=256 --iters= --mosaic=mma,rows --mosaic_tokens=64 --mosaic_stages=2
@@ -155,6 +161,8 @@ for name in $PARTS; do
     prefill_chunk) part prefill_chunk 80 "${LATENCY[@]}" --config.sections=prefill_chunk \
         "${CHUNK_CONTEXTS[@]}" "${EXTRA[@]}" ;;
     decode_sweep) part decode_sweep 170 python3 -m experiments.decode_sweep "${SWEEP[@]}" \
+        --out="$OUT/decode_sweep.jsonl" ;;
+    sparse_sweep) part sparse_sweep 75 python3 -m experiments.decode_sweep "${SPARSE_SWEEP[@]}" \
         --out="$OUT/decode_sweep.jsonl" ;;
     select_sweep) part select_sweep 60 python3 -m experiments.decode_sweep --contexts= \
         "${SELECT[@]}" --out="$OUT/decode_sweep.jsonl" ;;

@@ -164,3 +164,18 @@ def test_mosaic_sweep_rows(monkeypatch):
   flags.mosaic = "wgmma"
   with pytest.raises(ValueError, match="mma and rows"):
     decode_sweep.mosaic_sweep(out, bench, {}, 2)
+
+
+def test_sweep_grid_scales_the_split_count(monkeypatch):
+  """decode_sweep's grid: 0 is the default split count (None), other multiples scale it from the
+  list's length (fractions round, at least 1), crossed with iterations / stages and warps."""
+  import types  # pylint: disable=g-import-not-at-top
+  from experiments import decode_sweep  # pylint: disable=g-import-not-at-top
+  from pallas_kernels import _common  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(decode_sweep, "FLAGS", types.SimpleNamespace(
+      splits="0,0.5,2", iters="0/3,8/3", warps="4"))
+  base = _common.choose_num_splits(8, 819)
+  rows = decode_sweep.grid(819, 8)
+  assert len(rows) == 6 and {r["num_warps"] for r in rows} == {4}
+  assert [r["num_splits"] for r in rows[::2]] == [None, max(1, round(base / 2)), 2 * base]
+  assert [(r["blocks_per_iter"], r["num_stages"]) for r in rows[:2]] == [(None, 3), (8, 3)]
