@@ -220,9 +220,9 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
     return (jnp.zeros((rp, dp), jnp.float32), jnp.full((rp,), NEG_INF, jnp.float32),
             jnp.zeros((rp,), jnp.float32))
 
-  counts = (jnp.zeros((rp,), jnp.int32),)
-  carry = (entry_meta(lo), init()) + (counts if stacked else (init(),) + counts if with_prior
-                                      else ())
+  counts = (jnp.zeros((rp,), jnp.int32),)  # prior members attended
+  prior_carry = () if not with_prior else counts if stacked else (init(),) + counts
+  carry = (entry_meta(lo), init()) + prior_carry
   steps = (hi - lo + blocks_per_iter - 1) // blocks_per_iter
   carry = lax.fori_loop(0, steps, body, carry)
 
