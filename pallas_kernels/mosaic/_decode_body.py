@@ -233,7 +233,7 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
     return out
 
   def body(step, carry):
-    """One step of the R rows on CUDA cores (f32 caches and the multi-query / RESA variants)."""
+    """One step of the R rows on CUDA cores (f32 caches, and the multi-query variant)."""
     slot = lax.rem(step, stages)
     wait_step(slot)
     k = regs.load_tile(k_s.at[slot])  # [W, D]
