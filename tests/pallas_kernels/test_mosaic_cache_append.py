@@ -66,6 +66,25 @@ def test_matches_reference_and_cache_write(shape, data, seed):
   got = run(*args, block_size=bs)
   assert_equal(got, cache_append_reference(*args, block_size=bs))
   assert_equal(got, (want.k, want.v, want.pos, want.kmin, want.kmax))
+  # cache.write hands the kernel a token axis ([B, K, 1, D])
+  gpu_callbacks.reset_gpu_interpret_mode_state()
+  through = cache_lib.write(c, k_new, v_new, jnp.where(slot < t, slot, -1)[:, None],
+                            impl="mosaic", interpret=True)
+  assert_equal((through.k, through.v, through.pos, through.kmin, through.kmax), got)
+
+
+def test_a_window_takes_the_reference():
+  """The Mosaic twin writes one token a row; a window of several (RetroAttention) through
+  ``impl="mosaic"`` is ``cache.write``'s XLA result."""
+  b, h, nb, bs, d, dtype = POOL[0]
+  rng = np.random.default_rng(1)
+  c = _cache(rng, b, h, nb * bs, d, bs, dtype, 20, [3])
+  slots = jnp.asarray([[18, 19, 20], [19, 20, -1]], jnp.int32)
+  k_new, v_new = (jnp.asarray(rng.standard_normal((b, h, 3, d)), dtype) for _ in range(2))
+  want = cache_lib.write(c, k_new, v_new, slots)
+  got = cache_lib.write(c, k_new, v_new, slots, impl="mosaic", interpret=True)
+  assert_equal((got.k, got.v, got.pos, got.kmin, got.kmax),
+               (want.k, want.v, want.pos, want.kmin, want.kmax))
 
 
 def test_vmap_folds_into_the_batch():
