@@ -195,14 +195,11 @@ def mosaic_sweep(out, b: per_layer.Bench, peers: dict, steps: int):
       if body not in ("mma", "rows"):
         raise ValueError(f"--mosaic bodies are mma and rows, got {body!r}")
       kw = dict(mma=body == "mma", tokens_per_step=tokens, num_stages=stages)
-      try:
-        fn = mosaic_step(b, idx, steps, FLAGS.interpret, **kw)
-        first, us = median_step_us(fn, steps, FLAGS.repeats)
-      except Exception as e:  # pylint: disable=broad-except (a launch that does not fit)
-        print(f"{b.context} mosaic {name} {kw}: failed ({type(e).__name__}: {str(e)[:160]})",
-              flush=True)
+      got = _timed(lambda: mosaic_step(b, idx, steps, FLAGS.interpret, **kw), steps,
+                   f"{b.context} mosaic {name} {kw}")
+      if got is None:
         continue
-      kernel, device = device_us(fn, steps, "sparse_decode")
+      first, us, kernel, device = got
       row = dict(_provenance(), section="mosaic_decode", context=b.context, dtype=FLAGS.dtype,
                  list=name, entries=entries, body=body, tokens_per_step=tokens,
                  num_stages=stages, us_per_step=us, first_s=first, kernel_us=kernel,
@@ -216,6 +213,18 @@ def mosaic_sweep(out, b: per_layer.Bench, peers: dict, steps: int):
         out.flush()
 
 
+def _timed(make, steps: int, label: str):
+  """``(first call s, us per step, kernel us, device-op us)`` of the decode call ``make()``
+  builds, or None (printed) for a launch that does not fit."""
+  try:
+    fn = make()
+    first, us = median_step_us(fn, steps, FLAGS.repeats)
+  except Exception as e:  # pylint: disable=broad-except (a launch that does not fit)
+    print(f"{label}: failed ({type(e).__name__}: {str(e)[:160]})", flush=True)
+    return None
+  return (first, us) + device_us(fn, steps, "sparse_decode")
+
+
 def sparse_sweep(out, b: per_layer.Bench, peers: dict, steps: int):
   """Times the Triton sparse decode over a ``--sparse_keep`` group list per launch
   configuration of the grid (the module docstring's ``--sparse_keep``)."""
@@ -226,14 +235,11 @@ def sparse_sweep(out, b: per_layer.Bench, peers: dict, steps: int):
   moved = 2 * s.num_kv_heads * n * s.block_size * s.head_dim * jnp.dtype(b.dtype).itemsize
   bound_us = moved / (FLAGS.peak_tbs * 1e12) * 1e6
   for tiles in grid(n, s.num_kv_heads):
-    try:
-      fn = sparse_step(b, idx, tiles, steps, FLAGS.interpret)
-      first, us = median_step_us(fn, steps, FLAGS.repeats)
-    except Exception as e:  # pylint: disable=broad-except (a launch that does not fit)
-      print(f"{b.context} sparse {tiles}: failed ({type(e).__name__}: {str(e)[:160]})",
-            flush=True)
+    got = _timed(lambda: sparse_step(b, idx, tiles, steps, FLAGS.interpret), steps,
+                 f"{b.context} sparse {tiles}")
+    if got is None:
       continue
-    kernel, device = device_us(fn, steps, "sparse_decode")
+    first, us, kernel, device = got
     row = dict(_provenance(), section="sparse_decode", context=b.context, dtype=FLAGS.dtype,
                keep=FLAGS.sparse_keep, entries=n, us_per_step=us, first_s=first,
                kernel_us=kernel, device_us=device, bytes=moved, bound_us=bound_us,
