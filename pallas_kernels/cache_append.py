@@ -42,11 +42,11 @@ MAX_TOKENS = 32
 
 
 def _with_token_axis(k_new, v_new, slot, token_pos):
-  """``(k_new [B, K, S, D], v_new, slot [B, S], token_pos [B, K, S], one)``: the arguments of
-  one token (``k_new [B, K, D]``, ``slot [B]``, ``token_pos [B, K]``) with ``S = 1``."""
+  """``(k_new [B, K, S, D], v_new, slot [B, S], token_pos [B, K, S])``: the arguments of one
+  token (``k_new [B, K, D]``, ``slot [B]``, ``token_pos [B, K]``) with ``S = 1``."""
   if k_new.ndim == 3:
-    return k_new[:, :, None], v_new[:, :, None], slot[:, None], token_pos[:, :, None], True
-  return k_new, v_new, slot, token_pos, False
+    return k_new[:, :, None], v_new[:, :, None], slot[:, None], token_pos[:, :, None]
+  return k_new, v_new, slot, token_pos
 
 
 def cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *,
@@ -65,7 +65,7 @@ def cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos,
   Returns:
     ``(k, v, pos, kmin, kmax)`` updated.
   """
-  k_new, v_new, slot, token_pos, _ = _with_token_axis(k_new, v_new, slot, token_pos)
+  k_new, v_new, slot, token_pos = _with_token_axis(k_new, v_new, slot, token_pos)
   b, h, t, _ = k.shape
   n = slot.shape[-1]
   live = (slot >= 0) & (slot < t)  # [B, S]
@@ -102,28 +102,33 @@ def _append_kernel(k_in, v_in, pos_in, kmin_in, kmax_in, knew_ref, vnew_ref, slo
   col = jnp.arange(dp)
   col_ok = col < head_dim
   length = len_ref[()]
+  row_at = lambda ref, j: plgpu.load(ref.at[j, pl.ds(0, dp)], mask=col_ok, other=0)
 
-  def token(j):
-    """Token ``j``'s clipped slot, whether it writes, its K row, V row and position."""
+  def meta(j):
+    """Token ``j``'s clipped slot, whether it writes, and its position."""
     s = slot_ref[j]
-    at = pl.ds(0, dp)
-    return (jnp.clip(s, 0, t - 1), (s >= 0) & (s < t),
-            plgpu.load(knew_ref.at[j, at], mask=col_ok, other=0),
-            plgpu.load(vnew_ref.at[j, at], mask=col_ok, other=0), tok_ref[j])
+    return jnp.clip(s, 0, t - 1), (s >= 0) & (s < t), tok_ref[j]
+
+  def put(acc, rows, sj, lj, kj, tj):
+    """``[bs, D]`` keys and ``[bs]`` positions of the block ``rows`` with token j in place."""
+    kb, pb = acc
+    is_j = (rows == sj) & lj
+    return jnp.where(is_j[:, None], kj[None, :].astype(kb.dtype), kb), jnp.where(is_j, tj, pb)
 
   def write(i, carry):
-    sc, live, k_row, v_row, tok = token(i)
+    sc, live, tok = meta(i)
+    k_row = row_at(knew_ref, i)
     blk = sc // block_size
     rows = blk * block_size + jnp.arange(block_size)
-
-    def merge(j, acc):  # [bs, D] keys and [bs] positions with token j in place
-      kb, pb = acc  # (earlier tokens' rows may be in memory already: merged the same)
-      sj, lj, kj, _, tj = token(j)
-      is_j = (rows == sj) & lj
-      return jnp.where(is_j[:, None], kj[None, :].astype(kb.dtype), kb), jnp.where(is_j, tj, pb)
-
-    kb = plgpu.load(k_ref.at[rows[:, None], col[None, :]], mask=col_ok[None, :], other=0)
-    kb, pb = lax.fori_loop(0, tokens, merge, (kb, plgpu.load(pos_ref.at[rows])))
+    acc = (plgpu.load(k_ref.at[rows[:, None], col[None, :]], mask=col_ok[None, :], other=0),
+           plgpu.load(pos_ref.at[rows]))
+    if tokens == 1:  # a decode step's one token: its row is already loaded
+      kb, pb = put(acc, rows, sc, live, k_row, tok)
+    else:  # every token of the row (earlier ones may be in memory already: merged the same)
+      def merge(j, acc):
+        sj, lj, tj = meta(j)
+        return put(acc, rows, sj, lj, row_at(knew_ref, j), tj)
+      kb, pb = lax.fori_loop(0, tokens, merge, acc)
     kb = kb.astype(jnp.float32)
     ok = ((pb >= 0) & (rows < length))[:, None]
     any_ok = jnp.sum(ok.astype(jnp.int32)) > 0
@@ -131,13 +136,17 @@ def _append_kernel(k_in, v_in, pos_in, kmin_in, kmax_in, knew_ref, vnew_ref, slo
     hi = jnp.where(any_ok, jnp.max(jnp.where(ok, kb, -jnp.inf), axis=0), 0.0)
     row_mask = col_ok & live
     plgpu.store(k_ref.at[sc, pl.ds(0, dp)], k_row.astype(k_ref.dtype), mask=row_mask)
-    plgpu.store(v_ref.at[sc, pl.ds(0, dp)], v_row.astype(v_ref.dtype), mask=row_mask)
+    plgpu.store(v_ref.at[sc, pl.ds(0, dp)], row_at(vnew_ref, i).astype(v_ref.dtype),
+                mask=row_mask)
     plgpu.store(pos_ref.at[rows], jnp.broadcast_to(tok, rows.shape), mask=(rows == sc) & live)
     plgpu.store(kmin_ref.at[blk, pl.ds(0, dp)], lo.astype(kmin_ref.dtype), mask=row_mask)
     plgpu.store(kmax_ref.at[blk, pl.ds(0, dp)], hi.astype(kmax_ref.dtype), mask=row_mask)
     return carry
 
-  lax.fori_loop(0, tokens, write, 0)
+  if tokens == 1:  # the decode step's launch: straight-line code, as before windows
+    write(jnp.int32(0), 0)
+  else:
+    lax.fori_loop(0, tokens, write, 0)
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "impl", "interpret"))
@@ -155,18 +164,16 @@ def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *
     ``(k, v, pos, kmin, kmax)`` updated (in place where the inputs are donated).
   """
   resolved = _common.resolve_impl(impl, "cache_append")
-  window = k_new.ndim == 4 and k_new.shape[2] > 1
-  if resolved == "xla" or (window and resolved == "mosaic"):
+  if resolved == "mosaic" and k_new.ndim == 4 and k_new.shape[2] == 1:  # one token a row
+    k_new, v_new, slot, token_pos = k_new[:, :, 0], v_new[:, :, 0], slot[:, 0], token_pos[:, :, 0]
+  if resolved == "mosaic" and k_new.ndim == 3:
+    from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
+    return mosaic.cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
+                               block_size=block_size, impl="mosaic", interpret=interpret)
+  k_new, v_new, slot, token_pos = _with_token_axis(k_new, v_new, slot, token_pos)
+  if resolved != "pallas":  # XLA, or a window through Mosaic (its twin writes one token)
     return cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
                                   block_size=block_size)
-  if resolved == "mosaic":
-    from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
-    one = k_new.ndim == 4  # [B, K, 1, D]
-    return mosaic.cache_append(k, v, pos, kmin, kmax, k_new[:, :, 0] if one else k_new,
-                               v_new[:, :, 0] if one else v_new, slot[:, 0] if one else slot,
-                               token_pos[:, :, 0] if one else token_pos, length,
-                               block_size=block_size, impl="mosaic", interpret=interpret)
-  k_new, v_new, slot, token_pos, _ = _with_token_axis(k_new, v_new, slot, token_pos)
   b, h, t, d = k.shape
   n = slot.shape[-1]
   if n > MAX_TOKENS:

@@ -124,11 +124,11 @@ def decode_part(model, m, *, batch: int, context: int, n_steps: int, repeats: in
   def run(i0: int, n: int) -> tuple[float, float]:
     """Seconds until the host has issued the first ``min(n, ISSUE_PROBE_STEPS)`` of ``n``
     steps (from an idle device), and until the device finished all ``n``."""
+    last_probed = i0 + min(n, ISSUE_PROBE_STEPS) - 1
     t0 = time.perf_counter()
-    issued = None
     for i in range(i0, i0 + n):
       nxt, _ = loop.step(newest + i, step_keys[i])
-      if i == i0 + min(n, ISSUE_PROBE_STEPS) - 1:
+      if i == last_probed:
         issued = time.perf_counter() - t0
     jax.block_until_ready((nxt, loop.caches, loop.states))
     return issued, time.perf_counter() - t0
