@@ -38,7 +38,8 @@
 #   8b. profile_mosaic: the same at 128k for dense and Quest through the Mosaic GPU kernels
 #      (issue 54: where their 4.6-6.7x over Triton on the H200 goes);
 #   8c. profile_retro: the same at 32k for Retro Table 6's base and its w = 8 window (issue 51
-#      item 3: where w = 8's 30-32% of throughput goes, against the paper's 5-7%);
+#      item 3: where w = 8's 30-32% of throughput goes, against the paper's 5-7%), the window's
+#      attended keys counted in the kernel (the default) and in XLA ops (exposed=xla);
 #   9. profile_e2e: the same for whole-model steps of the random Llama-3.1-8B at 32k (what the
 #      end-to-end ms per token is made of, next to the untraced wall clock), with the optimized
 #      HLO of those programs ($OUT/hlo_e2e.tgz) to read the profile's fusion names in.
@@ -90,7 +91,7 @@ MOSAIC_EXTRA=()
 MOSAIC_PROFILE=()
 # Retro Table 6's base (the retro preset's Quest) and its w = 8 window, one layer at 32k.
 RETRO_BASE=quest:budget=0.15,min_tokens=256,n_sink=0,local_window=1,forced_count=inside
-RETRO_PROFILE=$RETRO_BASE,$RETRO_BASE+retro:w=8
+RETRO_PROFILE=$RETRO_BASE,$RETRO_BASE+retro:w=8,$RETRO_BASE+retro:w=8,exposed=xla
 # The GPU claim rows' methods (RESA Table 4 at budget 500, ReSA's memory access, Retro's layer)
 # and what issue 51 compares (score_select fused, RESA's XLA-op path); 8k + 32k took ~105 s on
 # an H200, 128k ~65 s more.

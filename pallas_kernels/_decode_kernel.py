@@ -34,6 +34,9 @@ Optional extras, all static flags of the same body:
   * ``softcap``: Gemma 2's attention-logit soft-cap, ``s -> cap * tanh(s / cap)`` on the scaled
     logits before the masks (``softmax.soft_cap``): the softmax, the lse and the split combine
     all see the capped scores. The RESA prior logits are given as they are.
+  * ``count_attended``: per row, the keys it attended (RetroAttention's effective budget,
+    Fig. 2c), counted from the masks already built; with a stacked prior one count vector
+    holds both halves (query rows: keys attended, prior rows: prior members seen).
 
 Letters: B batch, K kv heads, P program heads, R rows, n list length, NS splits, T slots, D head
 dim, J blocks per iteration, A row-bit words per entry.
@@ -104,7 +107,8 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
                    blocks_per_iter: int, max_splits: int, num_blocks: int, list_len: int,
                    bit_words: int, bits_per_word: int, with_prior: bool, with_bits: bool,
                    with_limit: bool, with_pos: bool, rows_per_prior: int = 1,
-                   softcap: float | None = None, with_idx: bool = True):
+                   softcap: float | None = None, with_idx: bool = True,
+                   count_attended: bool = False):
   """Kernel body; refs are one program's views (see ``decode_partials`` for the layout).
   Without ``with_idx`` the list is the identity (entry ``i`` is block ``i``) and its length
   ``ceil(length / block_size)``: no list is read."""
@@ -118,6 +122,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
   lim_ref = next(it) if with_limit else None
   o_ref, lse_ref = next(it), next(it)
   po_ref, plse_ref, cnt_ref = (next(it), next(it), next(it)) if with_prior else (None,) * 3
+  att_ref = next(it) if count_attended else None
 
   # Tile rows: the R query rows padded to Rh; with a stacked prior, its Rh rows after them (tile
   # row Rh + r holds query row r's prior), so Rp = 2 Rh.
@@ -197,15 +202,17 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
       ok = ok & ((jnp.right_shift(w2, bit_of_row[:, None]) & 1) > 0)
     if with_limit:
       ok = ok & (pos[None, :] <= limit[:, None])
+    count = lambda c, x: c + jnp.sum(x.astype(jnp.int32), axis=1)
+    attended = (count(carry[-1], ok),) if count_attended and not stacked else ()
     if not with_prior:
-      return nxt, _online_update(carry[1], jnp.where(ok, s, NEG_INF), v, precision)
+      return (nxt, _online_update(carry[1], jnp.where(ok, s, NEG_INF), v, precision)) + attended
     if not stacked:  # a second online softmax of the prior beside the first
       pr = plgpu.load(prior_ref.at[(row // rows_per_prior)[:, None], slots[None, :]],
                       mask=ok & row_ok[:, None], other=NEG_INF)
       pr = jnp.where(ok, pr, NEG_INF)
-      seen = carry[3] + jnp.sum((pr > NEG_INF).astype(jnp.int32), axis=1)
+      seen = count(carry[3], pr > NEG_INF)
       return (nxt, _online_update(carry[1], jnp.where(ok, s, NEG_INF), v, precision),
-              _online_update(carry[2], pr, v, precision), seen)
+              _online_update(carry[2], pr, v, precision), seen) + attended
     # The second half's rows: the prior logits of their query row's attended slots (-inf: not
     # a member), in place of the (zero-query) logits there.
     prior_rows = (row >= rh)[:, None]
@@ -213,36 +220,44 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
     pr = plgpu.load(prior_ref.at[(src // rows_per_prior)[:, None], slots[None, :]],
                     mask=ok & prior_rows, other=NEG_INF)
     s = jnp.where(ok, jnp.where(prior_rows, pr, s), NEG_INF)
-    seen = carry[2] + jnp.sum((prior_rows & (s > NEG_INF)).astype(jnp.int32), axis=1)
+    # Prior members seen (prior rows); with count_attended the same count vector holds the
+    # query rows' keys attended.
+    seen = count(carry[2], jnp.where(prior_rows, s > NEG_INF, ok) if count_attended
+                 else prior_rows & (s > NEG_INF))
     return nxt, _online_update(carry[1], s, v, precision), seen
 
   def init():
     return (jnp.zeros((rp, dp), jnp.float32), jnp.full((rp,), NEG_INF, jnp.float32),
             jnp.zeros((rp,), jnp.float32))
 
-  counts = (jnp.zeros((rp,), jnp.int32),)  # prior members attended
+  counts = (jnp.zeros((rp,), jnp.int32),)  # prior members seen (and keys attended, stacked)
   prior_carry = () if not with_prior else counts if stacked else (init(),) + counts
-  carry = (entry_meta(lo), init()) + prior_carry
+  attended_carry = counts if count_attended and not stacked else ()
+  carry = (entry_meta(lo), init()) + prior_carry + attended_carry
   steps = (hi - lo + blocks_per_iter - 1) // blocks_per_iter
   carry = lax.fori_loop(0, steps, body, carry)
 
   out, lse = _finish(carry[1])
   finished = [(out, lse)]
   out_ok = jnp.arange(rh) < rows
+  attended = carry[-1] if count_attended else None
   if stacked:  # the tile's two halves, [Rh, ...] each (selects: NaN and -inf stay put)
     half = lambda x, i: jnp.sum(jnp.where(
         (jnp.arange(2) == i).reshape((2,) + (1,) * x.ndim),
         x.reshape((2, rh) + x.shape[1:]), jnp.zeros((), x.dtype)), axis=0)
     finished = [(half(out, 0), half(lse, 0)), (half(out, 1), half(lse, 1))]
-    seen = half(carry[2], 1)
+    seen, attended = half(carry[2], 1), half(carry[2], 0)
   elif with_prior:
     finished.append(_finish(carry[2]))
     seen = carry[3]
-  if with_prior:  # prior members attended, per row (RESA's coverage test)
+  # Per row: prior members seen (RESA's coverage test), keys attended (Retro's budget).
+  for ref, total in ((cnt_ref, seen if with_prior else None), (att_ref, attended)):
+    if ref is None:
+      continue
     if pad_r:
-      plgpu.store(cnt_ref.at[rows_at], seen, mask=out_ok)
+      plgpu.store(ref.at[rows_at], total, mask=out_ok)
     else:
-      cnt_ref[...] = seen
+      ref[...] = total
   store_mask = out_ok[:, None] & col_ok[None, :]
   for (o_r, l_r), (out, lse) in zip(((o_ref, lse_ref), (po_ref, plse_ref)), finished):
     if pad_r or pad_c:
@@ -258,7 +273,8 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
 def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=None,
                     row_limit=None, pos=None, *, block_size: int, scale: float, tiles: TileConfig,
                     interpret: bool, bits_per_word: int = 1, rows_per_prior: int = 1,
-                    epilogue=None, extras=(), softcap: float | None = None):
+                    epilogue=None, extras=(), softcap: float | None = None,
+                    count_attended: bool = False):
   """Runs the kernel and combines its splits (``split_combine``, a second Pallas pass).
 
   Args:
@@ -278,11 +294,13 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
     epilogue, extras: with ``prior``, an elementwise finish of the merged values run inside the
       split combine (``split_combine_pairs``; RESA's aggregator), extras ``[B, P, R(, D)]``.
     softcap: static attention-logit soft-cap (``softmax.soft_cap``), None = none.
+    count_attended: static; also count the keys each row attended (not with an epilogue).
 
   Returns:
     ``(out [B, P, R, D] f32, lse [B, P, R] f32)``; with ``prior`` also the prior pair and
-    ``seen [B, P, R]`` int32, the prior members (finite ``P_j``) each row attended; with an
-    ``epilogue``, its ``(out, lse)`` instead.
+    ``seen [B, P, R]`` int32, the prior members (finite ``P_j``) each row attended; with
+    ``count_attended`` then ``attended [B, P, R]`` int32; with an ``epilogue``, its ``(out,
+    lse)`` instead.
   """
   b, p, r, d = q.shape
   kh, t = k.shape[1], k.shape[2]
@@ -305,7 +323,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       blocks_per_iter=per_iter, max_splits=splits, num_blocks=t // block_size, list_len=n,
       bit_words=bit_words, bits_per_word=bits_per_word, with_prior=with_prior,
       with_bits=with_bits, with_limit=with_limit, with_pos=with_pos,
-      rows_per_prior=rows_per_prior, softcap=softcap, with_idx=with_idx)
+      rows_per_prior=rows_per_prior, softcap=softcap, with_idx=with_idx,
+      count_attended=count_attended)
   head = lambda bi, pi, si: (bi, pi, 0, 0)
   kv = pl.BlockSpec((None, None, t, d), lambda bi, pi, si: (bi, pi // ratio, 0, 0))
   in_specs = [pl.BlockSpec((None, None, r, d), head), kv, kv]
@@ -339,8 +358,9 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
   pair_shapes = [jax.ShapeDtypeStruct((b, p, splits, r, d), jnp.float32),
                  jax.ShapeDtypeStruct((b, p, splits, r), jnp.float32)]
   n_pairs = 2 if with_prior else 1
-  count_spec = pair_specs[1:] if with_prior else []
-  count_shape = [jax.ShapeDtypeStruct((b, p, splits, r), jnp.int32)] if with_prior else []
+  n_counts = with_prior + count_attended  # seen, then attended
+  count_spec = pair_specs[1:] * n_counts
+  count_shape = [jax.ShapeDtypeStruct((b, p, splits, r), jnp.int32)] * n_counts
   outs = pl.pallas_call(
       kernel,
       grid=(b, p, splits),
@@ -353,12 +373,14 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       name=("sparse_decode_multiquery" if with_limit else "sparse_decode")
       + ("_resa" if with_prior else ""),
   )(*args)
-  if epilogue is not None and not with_prior:
-    raise ValueError("an epilogue finishes the prior path: give a prior")
+  if epilogue is not None and (not with_prior or count_attended):
+    raise ValueError("an epilogue finishes the prior path: give a prior (and no attended count)")
+  counts = tuple(outs[2 * n_pairs:])
   combined = split_combine_pairs([(outs[2 * i], outs[2 * i + 1]) for i in range(n_pairs)],
-                                 outs[-1] if with_prior else None, epilogue=epilogue,
-                                 extras=extras, impl="pallas", interpret=interpret)
+                                 counts[0] if epilogue is not None else counts,
+                                 epilogue=epilogue, extras=extras, impl="pallas",
+                                 interpret=interpret)
   if epilogue is not None:
     return combined
-  pairs, seen = combined
-  return (*pairs[0], *pairs[1], seen) if with_prior else pairs[0]
+  pairs, totals = combined
+  return tuple(x for pair in pairs for x in pair) + tuple(totals)

@@ -34,12 +34,13 @@ KERNELS = [
 ]
 
 
-def _multiquery_resa(q, k, v, block_idx, n_valid, block_mask, q_limit, length, prior, **kw):
-  """``sparse_decode_multiquery`` with RESA's prior (RESA + retro) as a positional argument."""
+def _multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length, prior=None, **kw):
+  """``sparse_decode_multiquery`` as RetroAttention's step runs it (the keys attended counted),
+  with RESA's prior (RESA + retro) as an optional positional argument."""
   # pylint: disable-next=g-import-not-at-top
   from pallas_kernels.sparse_decode_multiquery import sparse_decode_multiquery
   return sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
-                                  prior=prior, **kw)
+                                  prior=prior, count_attended=True, **kw)
 
 
 def _chunk_attention(*args, block_size: int, **kw):
@@ -52,8 +53,7 @@ def _chunk_attention(*args, block_size: int, **kw):
 def kernel_avals(kernel: str, model: str, per_head: bool, dtype=BF16):
   """``(op, abstract args, block_size)`` of ``kernel`` at ``MODELS[model]``."""
   # pylint: disable=g-import-not-at-top (avoid a cycle: the ops import nothing from here)
-  from pallas_kernels import (block_score, block_score_pooled, sparse_decode,
-                              sparse_decode_multiquery, sparse_decode_resa)
+  from pallas_kernels import block_score, block_score_pooled, sparse_decode, sparse_decode_resa
   b, hq, hkv, d, t, bs, n = MODELS[model]
   hs = hq if per_head else hkv
   cache = S((b, hkv, t, d), dtype)
@@ -74,7 +74,7 @@ def kernel_avals(kernel: str, model: str, per_head: bool, dtype=BF16):
   multi = (S((b, hq, WINDOW, d), dtype), cache, cache, *lists,
            S((b, hs, WINDOW, n), jnp.bool_), S((b, WINDOW), I32), length)
   if kernel == "sparse_decode_multiquery_resa":
-    return _multiquery_resa, multi + (S((b, hq, t), F32),), bs
+    return _multiquery, multi + (S((b, hq, t), F32),), bs
   if kernel != "sparse_decode_multiquery":
     raise ValueError(f"unknown kernel {kernel!r}; valid: {sorted({k for k, _ in KERNELS})}")
-  return sparse_decode_multiquery, multi, bs
+  return _multiquery, multi, bs

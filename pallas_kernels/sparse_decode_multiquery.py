@@ -7,7 +7,9 @@ slots' token positions ``pos``: the slot index when ``pos`` is not given). All W
 all G heads of a group share one block list, so the kernel loads each listed block once for
 G x W query rows. With RESA's ``prior`` the same pass also accumulates the prior statistics of
 every query over the positions it attends (``sparse_decode_resa``'s fusion, for
-``quest+resa+retro``). Its outputs are partials that retro merges, all float32.
+``quest+resa+retro``). Its outputs are partials that retro merges, all float32; with
+``count_attended`` the pass also counts the keys each query attended (Retro's effective budget,
+Fig. 2c), which XLA would otherwise rebuild over every gathered slot of every window query.
 
 Letters: B batch, N query heads, K kv heads, H selection heads, W window queries, n list length,
 T slots, D head dim.
@@ -45,7 +47,8 @@ def window_slots_ok(ok, pos_g, block_mask, q_limit, block_size: int):
 
 def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
                                        *, block_size: int, scale: float | None = None,
-                                       pos=None, prior=None, softcap: float | None = None):
+                                       pos=None, prior=None, softcap: float | None = None,
+                                       count_attended: bool = False):
   """Plain-jnp multi-query sparse decode (the ``impl="xla"`` path): gather the listed blocks,
   one masked float32 softmax (``gathered_partials``). Any ``block_size`` dividing ``T``.
 
@@ -53,7 +56,8 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
 
   Returns:
     ``out [B, N, W, D]`` and ``lse [B, N, W]``; with ``prior`` also ``prior_out [B, N, W, D]``
-    and ``prior_lse [B, N, W]``, all float32, and ``seen [B, N, W]`` int32.
+    and ``prior_lse [B, N, W]``, all float32, and ``seen [B, N, W]`` int32; with
+    ``count_attended`` then ``attended [B, N, W]`` int32.
   """
   _, hq, _, d = q.shape
   selection_rows(hq, k.shape[1], block_idx.shape[1])
@@ -62,12 +66,17 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
   pg = None if prior is None else gather_prior(prior, block_idx, block_size)
   true, prior_part = gathered_partials(q, kg, vg, ok, pg, scale=default_scale(d, scale),
                                        softcap=check_softcap(softcap))
-  return true if prior is None else true + prior_part
+  outs = true if prior is None else true + prior_part
+  if not count_attended:
+    return outs
+  attended = jnp.sum(ok, axis=-1, dtype=jnp.int32)  # [B, H, W]
+  return outs + (jnp.repeat(attended, hq // ok.shape[1], axis=1),)
 
 
-def checked(q, k, block_idx, prior, block_size: int, softcap):
+def checked(q, k, block_idx, prior, block_size: int, softcap, count_attended: bool = False):
   """The kernels' shared checks: ``(softcap, None)``, or ``(softcap, the outputs)`` of an
-  empty list (``n = 0``: zero outputs, -inf LSE, and the prior's three outputs with one)."""
+  empty list (``n = 0``: zero outputs, -inf LSE, the prior's three outputs with one, and a
+  zero count with ``count_attended``)."""
   softcap = check_softcap(softcap)
   _common.check_block_size(block_size, k.shape[2])
   b, hq, w, _ = q.shape
@@ -75,7 +84,9 @@ def checked(q, k, block_idx, prior, block_size: int, softcap):
   if block_idx.shape[2]:
     return softcap, None
   empty = (jnp.zeros(q.shape, jnp.float32), jnp.full((b, hq, w), -jnp.inf, jnp.float32))
-  return softcap, empty if prior is None else empty + empty + (jnp.zeros((b, hq, w), jnp.int32),)
+  zero = (jnp.zeros((b, hq, w), jnp.int32),)
+  empty = empty if prior is None else empty + empty + zero
+  return softcap, empty + zero * count_attended
 
 
 def entry_lists(block_idx, n_valid, block_mask, hq: int, hkv: int, num_blocks: int):
@@ -89,13 +100,13 @@ def entry_lists(block_idx, n_valid, block_mask, hq: int, hkv: int, num_blocks: i
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
-                                             "blocks_per_iter", "softcap"))
+                                             "blocks_per_iter", "softcap", "count_attended"))
 def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length, *,
                              block_size: int, scale: float | None = None,
                              num_splits: int | None = None, impl: _common.Impl = "auto",
                              interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
                              blocks_per_iter: int | None = None, pos=None, prior=None,
-                             softcap: float | None = None):
+                             softcap: float | None = None, count_attended: bool = False):
   """Sparse decode of W queries per head over one shared block list.
 
   Args:
@@ -115,26 +126,31 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     block_size, scale, num_splits, impl, interpret, num_warps, num_stages, blocks_per_iter: as
       ``sparse_decode`` (W <= 32; ``"mosaic"``: ``pallas_kernels.mosaic.sparse_decode_multiquery``).
     softcap: attention-logit soft-cap (static, ``sparse_decode``'s), None = none.
+    count_attended: static; also return the keys each query attended.
 
   Returns:
     ``out [B, N, W, D]`` and ``lse [B, N, W]`` (``0`` / ``-inf`` for a query that attends
     nothing); with ``prior`` also ``prior_out [B, N, W, D]`` and ``prior_lse [B, N, W]``: the
     softmax of ``P_j`` over the positions each query attends, applied to ``v``. All float32
     (partials, merged by the caller); and ``seen [B, N, W]`` int32, the prior members each
-    query attended (counted in the kernel's pass).
+    query attended (counted in the kernel's pass). With ``count_attended``, last, ``attended
+    [B, N, W]`` int32: the keys each query attended (listed, valid, usable, at or before its
+    limit; the reference's ``window_slots_ok`` count).
   """
   resolved = _common.resolve_impl(impl, "sparse_decode_multiquery")
   if resolved == "xla":
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
                                               length, block_size=block_size, scale=scale,
-                                              pos=pos, prior=prior, softcap=softcap)
+                                              pos=pos, prior=prior, softcap=softcap,
+                                              count_attended=count_attended)
   if resolved == "mosaic":
     from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
     return mosaic.sparse_decode_multiquery(
         q, k, v, block_idx, n_valid, block_mask, q_limit, length, block_size=block_size,
         scale=scale, num_splits=num_splits, impl="mosaic", interpret=interpret,
-        num_stages=num_stages, pos=pos, prior=prior, softcap=softcap)
-  softcap, empty = checked(q, k, block_idx, prior, block_size, softcap)
+        num_stages=num_stages, pos=pos, prior=prior, softcap=softcap,
+        count_attended=count_attended)
+  softcap, empty = checked(q, k, block_idx, prior, block_size, softcap, count_attended)
   if empty is not None:
     return empty
   b, hq, w, d = q.shape
@@ -153,6 +169,6 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
       row_limit=row_limit.reshape(b, hkv, g * w), bits_per_word=w, block_size=block_size,
       scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
       prior=None if prior is None else prior.reshape(b, hkv, g, -1), rows_per_prior=w,
-      softcap=softcap)
+      softcap=softcap, count_attended=count_attended)
   rows = lambda x: x.reshape(b, hq, w, *x.shape[3:])  # [B, K, G * W, ...] -> [B, N, W, ...]
   return tuple(map(rows, parts))

@@ -1,7 +1,7 @@
 """The split-K combine of the decode kernels as a second small Pallas pass: ``split_combine``
 (one pair) and ``split_combine_pairs`` (several pairs of the same splits, plus per-split counts,
-in one launch: RESA's true and prior partials and its prior-member count, optionally finished by
-an elementwise epilogue such as RESA's aggregator).
+in one launch: RESA's true and prior partials and its prior-member count, RetroAttention's
+attended-key count, optionally finished by an elementwise epilogue such as RESA's aggregator).
 
 A decode kernel writes one ``(out, lse)`` partial per split (flash-decoding); this pass merges
 them exactly (``softmax.lse_combine``, the reference): ``lse = log sum_s e^lse_s`` and
@@ -50,45 +50,52 @@ def _merge(out_ref, lse_ref, splits: int, rows: int, head_dim: int):
   return jnp.where(ok[:, None], out, 0.0), jnp.where(ok, m_safe + jnp.log(safe), NEG_INF)
 
 
-def _combine_kernel(*refs, pairs: int, with_counts: bool, extra_ranks: tuple, epilogue,
+def _combine_kernel(*refs, pairs: int, n_counts: int, extra_ranks: tuple, epilogue,
                     splits: int, rows: int, head_dim: int):
-  n_in = 2 * pairs + with_counts + len(extra_ranks)
+  n_in = 2 * pairs + n_counts + len(extra_ranks)
   ins, outs = refs[:n_in], refs[n_in:]
   rp, dp = _common.pad_rows(rows, 1), _common.pad_rows(head_dim, 1)
   r, c = jnp.arange(rp), jnp.arange(dp)
   r_ok, rc_ok = r < rows, (r < rows)[:, None] & (c < head_dim)[None, :]
   merged = [_merge(ins[2 * i], ins[2 * i + 1], splits, rows, head_dim) for i in range(pairs)]
-  counts = None
-  if with_counts:  # per-split counts (e.g. RESA's prior members attended) add up
-    sp = _common.next_pow2(splits)
-    s = jnp.arange(sp)
-    counts = jnp.sum(plgpu.load(ins[2 * pairs].at[pl.ds(0, sp), pl.ds(0, rp)],
-                                mask=(s[:, None] < splits) & r_ok[None, :], other=0), axis=0)
+  sp = _common.next_pow2(splits)
+  sr_ok = (jnp.arange(sp)[:, None] < splits) & r_ok[None, :]
+  # Per-split counts (RESA's prior members, Retro's keys attended) add up.
+  counts = [jnp.sum(plgpu.load(ref.at[pl.ds(0, sp), pl.ds(0, rp)], mask=sr_ok, other=0), axis=0)
+            for ref in ins[2 * pairs:2 * pairs + n_counts]]
   if epilogue is not None:
     extras = [plgpu.load(ref.at[pl.ds(0, rp)], mask=r_ok, other=0) if rank == 1 else
               plgpu.load(ref.at[pl.ds(0, rp), pl.ds(0, dp)], mask=rc_ok, other=0)
-              for ref, rank in zip(ins[2 * pairs + with_counts:], extra_ranks)]
-    merged, counts = [epilogue(*merged, counts, *extras)], None
+              for ref, rank in zip(ins[2 * pairs + n_counts:], extra_ranks)]
+    merged, counts = [epilogue(*merged, *counts, *extras)], []
   for i, (out, lse) in enumerate(merged):
     plgpu.store(outs[2 * i].at[pl.ds(0, rp), pl.ds(0, dp)], out.astype(jnp.float32),
                 mask=rc_ok)
     plgpu.store(outs[2 * i + 1].at[pl.ds(0, rp)], lse.astype(jnp.float32), mask=r_ok)
-  if counts is not None:
-    plgpu.store(outs[-1].at[pl.ds(0, rp)], counts, mask=r_ok)
+  for ref, total in zip(outs[2 * len(merged):], counts):
+    plgpu.store(ref.at[pl.ds(0, rp)], total, mask=r_ok)
 
 
 def split_combine_reference(pairs, counts=None, epilogue=None, extras=()):
   """``split_combine_pairs``' jnp path: ``lse_combine`` per pair, counts summed, then the
   epilogue."""
   merged = [lse_combine(out, lse, axis=2) for out, lse in pairs]
-  counts = None if counts is None else jnp.sum(counts, axis=2)
-  return _finish(merged, counts, epilogue, extras)
+  return _finish(merged, jax.tree.map(lambda c: jnp.sum(c, axis=2), counts), epilogue, extras)
 
 
 def _finish(merged, counts, epilogue, extras):
   if epilogue is None:
     return merged, counts
-  return epilogue(*merged, counts, *extras)
+  return epilogue(*merged, *_count_list(counts, epilogue), *extras)
+
+
+def _count_list(counts, epilogue) -> tuple:
+  """``counts`` (None, one array or a tuple of them) as a tuple; an epilogue takes one."""
+  listed = () if counts is None else tuple(counts) if isinstance(counts, (tuple, list)) else (
+      counts,)
+  if epilogue is not None and len(listed) != 1:
+    raise ValueError(f"an epilogue takes one count array, got {len(listed)}")
+  return listed
 
 
 @functools.partial(jax.jit, static_argnames=("epilogue", "impl", "interpret", "num_warps"))
@@ -100,26 +107,28 @@ def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(),
   Args:
     pairs: ``[(out [B, P, S, R, D], lse [B, P, S, R])]`` (f32), e.g. RESA's true and prior
       partials of the same splits.
-    counts: optional ``[B, P, S, R]`` int32 per-split counts, summed over ``S``.
+    counts: optional ``[B, P, S, R]`` int32 per-split counts (or a tuple of them), each summed
+      over ``S``.
     epilogue: optional hashable ``f(*merged_pairs, counts, *extras) -> (out, lse)`` of
       elementwise jnp ops over rows (``[..., D]`` / ``[...]``), run on the merged values in the
       same pass (RESA's aggregator); the reference runs it on the merged arrays.
     extras: the epilogue's per-row inputs, each ``[B, P, R]`` or ``[B, P, R, D]``.
 
   Returns:
-    ``([(out [B, P, R, D] f32, lse [B, P, R] f32)], counts [B, P, R] int32 or None)``, each
-    pair equal to ``lse_combine(out, lse, axis=2)``; with an epilogue, its ``(out, lse)``.
+    ``([(out [B, P, R, D] f32, lse [B, P, R] f32)], counts)``, each pair equal to
+    ``lse_combine(out, lse, axis=2)`` and ``counts`` the sums ``[B, P, R]`` int32 in the form
+    given (None, an array or a tuple); with an epilogue, its ``(out, lse)``.
   """
   if _common.resolve_impl(impl, "split_combine") == "xla":
     return split_combine_reference(pairs, counts, epilogue, extras)
   b, p, s, r, d = pairs[0][0].shape
+  listed = _count_list(counts, epilogue)
   if s == 1:  # nothing to merge: a split's partial is already normalised
     return _finish([(out[:, :, 0].astype(jnp.float32), lse[:, :, 0].astype(jnp.float32))
-                    for out, lse in pairs], None if counts is None else counts[:, :, 0],
+                    for out, lse in pairs], jax.tree.map(lambda c: c[:, :, 0], counts),
                    epilogue, extras)
-  with_counts = counts is not None
   ranks = tuple(x.ndim - 2 for x in extras)
-  kernel = functools.partial(_combine_kernel, pairs=len(pairs), with_counts=with_counts,
+  kernel = functools.partial(_combine_kernel, pairs=len(pairs), n_counts=len(listed),
                              extra_ranks=ranks, epilogue=epilogue, splits=s, rows=r,
                              head_dim=d)
   split_in = [pl.BlockSpec((None, None, s, r, d), lambda bi, pi: (bi, pi, 0, 0, 0)),
@@ -130,14 +139,13 @@ def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(),
             jax.ShapeDtypeStruct((b, p, r), jnp.float32)]
   args = [x for out, lse in pairs for x in (out, lse.astype(jnp.float32))]
   in_specs = split_in * len(pairs)
-  if with_counts:
-    args.append(counts.astype(jnp.int32))
-    in_specs.append(split_in[1])
+  args += [c.astype(jnp.int32) for c in listed]
+  in_specs += [split_in[1]] * len(listed)
   if epilogue is not None:
     args += list(extras)
     in_specs += [row_spec[1] if rank == 1 else row_spec[0] for rank in ranks]
   n_pairs = 1 if epilogue is not None else len(pairs)
-  count_out = with_counts and epilogue is None
+  count_out = 0 if epilogue is not None else len(listed)
   merged = pl.pallas_call(
       kernel,
       grid=(b, p),
@@ -150,8 +158,9 @@ def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(),
   )(*args)
   if epilogue is not None:
     return merged[0], merged[1]
+  totals = merged[2 * n_pairs:]
   return ([(merged[2 * i], merged[2 * i + 1]) for i in range(n_pairs)],
-          merged[-1] if count_out else None)
+          jax.tree.unflatten(jax.tree.structure(counts), totals))
 
 
 def split_combine(out, lse, *, impl: _common.Impl = "auto", interpret: bool = False,

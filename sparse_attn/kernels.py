@@ -224,29 +224,36 @@ def resa_prior_update(state, cache: KVCache, k_new, v_new, slot, scale, incremen
 
 
 def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, scale, *,
-                    impl: Impl = "xla", interpret: bool = False, softcap: float | None = None):
+                    impl: Impl = "xla", interpret: bool = False, softcap: float | None = None,
+                    exposed: str = "kernel"):
   """RetroAttention's partials of a window of queries over the newest query's selection
   (``pallas_kernels.sparse_decode_multiquery``).
 
   Args:
     q: ``[B, N, w, D]``; use: ``[B, H, w, n]`` which listed entries each query still lacks;
       positions: ``[B, w]`` (a key is attended only at or before its query); prior: RESA's
-      ``[B, N, T]`` prior logits, or None; softcap: the module's soft-cap.
+      ``[B, N, T]`` prior logits, or None; softcap: the module's soft-cap; exposed: where
+      the keys attended are counted (``"kernel"``: in the kernel's pass; ``"xla"``: over the
+      gathered slots in XLA ops; ``options.Retro``).
 
   Returns:
     ``(out [B,N,w,D] f32, lse [B,N,w])``, the prior pair (None without a prior), ``seen`` and
     ``exposed`` ``[B,N,w]`` int32 (prior members / keys attended).
   """
   k, v, idx, n_valid, length = _listed(cache, sel)
+  in_kernel = exposed == "kernel"
   outs = _run(pallas_kernels.sparse_decode_multiquery,
               pallas_kernels.sparse_decode_multiquery_reference, cache, sel, impl, interpret,
               q, k, v, idx, n_valid, use, positions, length, scale=scale, prior=prior,
-              softcap=softcap)
-  b, n, w, _ = q.shape
-  h, g = idx.shape[1], sel.granularity
-  ok, pos_g = pallas_kernels.listed_slots_ok(idx, n_valid, length, g, cache.pos)
-  ok = pallas_kernels.window_slots_ok(ok, pos_g, use, positions, g)  # [B, H, w, L]
-  exposed = jnp.repeat(jnp.sum(ok, -1), n // h, axis=1).astype(jnp.int32)
+              softcap=softcap, count_attended=in_kernel)
+  if in_kernel:
+    *outs, attended = outs
+  else:
+    b, n, _, _ = q.shape
+    h, g = idx.shape[1], sel.granularity
+    ok, pos_g = pallas_kernels.listed_slots_ok(idx, n_valid, length, g, cache.pos)
+    ok = pallas_kernels.window_slots_ok(ok, pos_g, use, positions, g)  # [B, H, w, L]
+    attended = jnp.repeat(jnp.sum(ok, -1), n // h, axis=1).astype(jnp.int32)
   if prior is None:
-    return outs, None, jnp.zeros((b, n, w), jnp.int32), exposed
-  return outs[:2], outs[2:4], outs[4], exposed
+    return tuple(outs), None, jnp.zeros_like(attended), attended
+  return tuple(outs[:2]), tuple(outs[2:4]), outs[4], attended

@@ -35,7 +35,7 @@ def _online(carry, s, v, row_ok, regs):
 
 def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, list_len,
                  max_splits, scale, softcap, with_pos, bits, with_limit, with_positions,
-                 with_prior, rows_per_prior, mma, identity, regs):
+                 with_prior, rows_per_prior, mma, identity, regs, count_attended=False):
   """One program; refs: inputs (GMEM), outputs (GMEM), scratch (SMEM, barriers). With
   ``with_pos``, ``slot_ref [B, K, n, ceil(bs / 32)]``: each listed entry's slot-validity words.
   ``bits``: None or ``(A, C)``, row ``r`` may use an entry iff bit ``r % C`` of its word
@@ -51,7 +51,9 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
   ``identity`` (dense decoding): entry ``i`` is block ``i`` and a row's list holds
   ``ceil(length / bs)`` entries, so there are no ``idx_ref`` / ``nv_ref`` and a step is one
   ``[W]``-token TMA per tensor (its window moved back to end at ``T`` where it would pass it,
-  the tokens before the step's own start masked)."""
+  the tokens before the step's own start masked). ``count_attended`` (CUDA-core body only):
+  an output ``att`` and its SMEM tile ``att_s`` (the last scratch), the keys each row
+  attended."""
   it = iter(refs)
   q_ref, k_ref, v_ref = next(it), next(it), next(it)
   idx_ref, nv_ref = (None, None) if identity else (next(it), next(it))
@@ -63,12 +65,16 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
   prior_ref = next(it) if with_prior else None
   o_ref, lse_ref = next(it), next(it)
   po_ref, plse_ref, cnt_ref = (next(it) for _ in range(3)) if with_prior else (None,) * 3
+  att_ref = next(it) if count_attended else None
   q_s, k_s, v_s = next(it), next(it), next(it)  # [64, D], [ST, W, D] x 2
   o_s, lse_s, q_bar, k_bar, v_bar = (next(it) for _ in range(5))
   if with_prior:
     pr_s, po_s, plse_s, cnt_s, p_bar = (next(it) for _ in range(5))
   if with_positions:
     ps_s, ps_bar = next(it), next(it)
+  att_s = next(it) if count_attended else None
+  if count_attended and mma:
+    raise ValueError("the keys attended are counted on the CUDA-core path (mma=False)")
 
   bi, hi, si = lax.axis_index("b"), lax.axis_index("h"), lax.axis_index("s")
   bs, jn = block_size, blocks_per_step
@@ -258,6 +264,9 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
       pc, cnt = carry[rows + r]
       new.append((_online(pc, mc.where(seen, pr, NEG_INF), v, seen, regs),
                   cnt + jnp.sum(seen.astype(jnp.int32))))
+    if count_attended:  # the keys each row attended, after the rows (and prior rows)
+      new += [c + jnp.sum(ok_r.astype(jnp.int32))
+              for c, ok_r in zip(carry[len(carry) - rows:], ok_rows)]
 
     @pl.when(step + stages < steps)
     def _():
@@ -282,7 +291,11 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
     init = (regs.cast(jnp.zeros((d,), jnp.float32), regs.col), jnp.float32(NEG_INF),
             jnp.float32(0.0))
     carry = lax.fori_loop(0, steps, body, (init,) * rows + ((init, jnp.int32(0)),) * (
-        rows if with_prior else 0))
+        rows if with_prior else 0) + (jnp.int32(0),) * (rows if count_attended else 0))
+    if count_attended:
+      for r, att in enumerate(carry[len(carry) - rows:]):
+        att_s[r] = att
+      carry = carry[:len(carry) - rows]
   pairs = [(carry[:rows], o_s, lse_s, o_ref, lse_ref)]
   if with_prior:
     pairs.append(([c for c, _ in carry[rows:]], po_s, plse_s, po_ref, plse_ref))
@@ -300,4 +313,6 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
     plgpu.copy_smem_to_gmem(l_s, l_ref.at[bi, hi, si])
   if with_prior:
     plgpu.copy_smem_to_gmem(cnt_s, cnt_ref.at[bi, hi, si])
+  if count_attended:
+    plgpu.copy_smem_to_gmem(att_s, att_ref.at[bi, hi, si])
   plgpu.wait_smem_to_gmem(0)

@@ -82,7 +82,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
                     row_limit=None, *, block_size: int, scale: float, num_splits: int | None,
                     num_stages: int, softcap: float | None, interpret, bits_per_word: int = 32,
                     rows_per_prior: int = 1, epilogue=None, extras=(), mma: bool | None = None,
-                    tokens_per_step: int | None = None):
+                    tokens_per_step: int | None = None, count_attended: bool = False):
   """Runs the Mosaic GPU kernel: per-split partials, merged in XLA (``lse_combine``; with a
   prior ``split_combine_pairs``' jnp path, which also runs the epilogue).
 
@@ -108,10 +108,13 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
     mma: the step's products on the tensor cores (``mma_usable``); None: wherever usable.
     tokens_per_step: W, a multiple of 64 and of ``block_size`` (default ``max(64, bs)``): a
       launch parameter for sweeps (``experiments.decode_sweep --mosaic``).
+    count_attended: also count the keys each row attended (static; the CUDA-core path, so
+      not with ``mma=True``, nor with an epilogue).
 
   Returns:
     ``(out [B, K, R, D] f32, lse [B, K, R] f32)``; with ``prior`` also ``(prior_out,
-    prior_lse)`` and ``seen [B, K, R]`` int32; with an ``epilogue``, its ``(out, lse)``.
+    prior_lse)`` and ``seen [B, K, R]`` int32; with ``count_attended`` then ``attended [B, K,
+    R]`` int32; with an ``epilogue``, its ``(out, lse)``.
   """
   b, kh, r, d = q.shape
   t = k.shape[2]
@@ -144,8 +147,10 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
     raise ValueError(f"prior rows {prior_rows} x {rows_per_prior} != {r} rows")
   if row_bits is not None and row_bits.ndim == 3:
     row_bits = row_bits[..., None]
+  if count_attended and epilogue is not None:
+    raise ValueError("an epilogue takes the prior's count only: no attended count with it")
   usable = mma_usable(q.dtype, k.dtype, v.dtype, w=w, d=d, with_limit=with_limit,
-                      with_prior=with_prior, rows=r)
+                      with_prior=with_prior, rows=r) and not count_attended
   if mma and not usable:
     raise ValueError(f"mma needs 16-bit q/k/v of one dtype, no row limit, W <= 256, D <= 256 "
                      f"and with a prior at most {mc.TILE_ROWS // 2} rows; got {q.dtype}/"
@@ -174,7 +179,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
       bits=None if row_bits is None else (row_bits.shape[-1], bits_per_word),
       with_limit=with_limit, with_positions=with_positions, with_prior=with_prior,
       rows_per_prior=rows_per_prior, mma=mma, identity=identity,
-      regs=mc.Regs(params is not None))
+      regs=mc.Regs(params is not None), count_attended=count_attended)
   # [B, K, 64, D]: the group's rows padded to one WGMMA-layout tile.
   q_pad = jnp.pad(q, ((0, 0), (0, 0), (0, mc.TILE_ROWS - r), (0, 0)))
   lse_pad = -(-r // 4) * 4  # a TMA store moves whole 16-byte rows
@@ -211,6 +216,9 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
                 plgpu.SMEM((lse_pad,), jnp.int32), plgpu.Barrier(num_barriers=stages)]
   if with_positions:
     scratch += [plgpu.SMEM((stages, w), jnp.int32), plgpu.Barrier(num_barriers=stages)]
+  if count_attended:
+    out_type += (jax.ShapeDtypeStruct((b, kh, splits, lse_pad), jnp.int32),)
+    scratch.append(plgpu.SMEM((lse_pad,), jnp.int32))
   name = "sparse_decode" + ("_multiquery" if with_limit else "") + ("_resa" if with_prior
                                                                      else "")
   outs = plgpu.kernel(
@@ -218,17 +226,18 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
       grid_names=("b", "h", "s"), interpret=params, kernel_name=name + "_mosaic",
   )(*args)
   outs = [x if x.ndim == 5 else x[..., :r] for x in outs]  # lse, counts: drop the padding
+  attended = (jnp.sum(outs.pop(), axis=2),) if count_attended else ()
   if not with_prior:
     out, lse = outs
     if splits == 1:
-      return out[:, :, 0], lse[:, :, 0]
-    return lse_combine(out, lse, axis=2)
+      return out[:, :, 0], lse[:, :, 0], *attended
+    return (*lse_combine(out, lse, axis=2), *attended)
   got = split_combine_pairs([tuple(outs[:2]), tuple(outs[2:4])], outs[4], epilogue=epilogue,
                             extras=extras, impl="xla")
   if epilogue is not None:
     return got
   (pair_true, pair_prior), seen = got
-  return (*pair_true, *pair_prior, seen)
+  return (*pair_true, *pair_prior, seen, *attended)
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",

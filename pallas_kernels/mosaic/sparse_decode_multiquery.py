@@ -34,13 +34,13 @@ from pallas_kernels.sparse_decode_multiquery import (checked, entry_lists,
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
-                                             "blocks_per_iter", "softcap"))
+                                             "blocks_per_iter", "softcap", "count_attended"))
 def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length, *,
                              block_size: int, scale: float | None = None,
                              num_splits: int | None = None, impl: _common.Impl = "auto",
                              interpret=False, num_warps: int = 4, num_stages: int = 3,
                              blocks_per_iter: int | None = None, pos=None, prior=None,
-                             softcap: float | None = None):
+                             softcap: float | None = None, count_attended: bool = False):
   """Sparse decode of W queries per head over one shared block list (Mosaic GPU kernel).
 
   Args: as ``pallas_kernels.sparse_decode_multiquery``:
@@ -50,6 +50,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     q_limit: ``[B, W]`` int32, query ``w`` attends positions ``<= q_limit[b, w]`` only.
     length: ``[B]`` int32; pos: optional ``[B, K, T]`` int32 (-1 = empty slot).
     prior: optional ``[B, N, T]`` float32 RESA prior logits, shared by a head's W queries.
+    count_attended: static; also return the keys each query attended.
     block_size: static, a power of 2 >= 16; scale, num_splits, num_stages, softcap: as the
       Mosaic ``sparse_decode``; num_warps, blocks_per_iter: accepted for the signature.
     impl: ``"xla"`` runs ``sparse_decode_multiquery_reference``; any other value the Mosaic
@@ -60,14 +61,15 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
   Returns:
     ``out [B, N, W, D]`` and ``lse [B, N, W]`` float32 partials (``0`` / ``-inf`` for a query
     that attends nothing); with ``prior`` also ``prior_out``, ``prior_lse`` (float32) and
-    ``seen [B, N, W]`` int32.
+    ``seen [B, N, W]`` int32; with ``count_attended`` then ``attended [B, N, W]`` int32.
   """
   del num_warps, blocks_per_iter
   if impl == "xla":
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
                                               length, block_size=block_size, scale=scale,
-                                              pos=pos, prior=prior, softcap=softcap)
-  softcap, empty = checked(q, k, block_idx, prior, block_size, softcap)
+                                              pos=pos, prior=prior, softcap=softcap,
+                                              count_attended=count_attended)
+  softcap, empty = checked(q, k, block_idx, prior, block_size, softcap, count_attended)
   if empty is not None:
     return empty
   b, hq, w, d = q.shape
@@ -90,7 +92,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
         prior=None if prior is None else heads(prior)[:, :, gs], row_limit=rows(limit),
         block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
         num_stages=num_stages, softcap=softcap, interpret=interpret, bits_per_word=w,
-        rows_per_prior=w))
+        rows_per_prior=w, count_attended=count_attended))
   def merged(*xs):  # [B, K, gc * W, ...] per launch -> [B, N, W, ...]
     xs = [x.reshape(b, hkv, -1, w, *x.shape[3:]) for x in xs]
     return jnp.concatenate(xs, axis=2).reshape(b, hq, w, *xs[0].shape[4:])

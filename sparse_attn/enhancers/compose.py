@@ -237,7 +237,7 @@ def _retro_step(m, q, cache, state, positions, scale):
   st = state.resa
   true, prior_part, seen, exposed = kernels.window_partials(
       q, cache, sel, use, positions, st.prior if m.resa else None, scale, impl=m.impl,
-      interpret=m.interpret, softcap=m.softcap)
+      interpret=m.interpret, softcap=m.softcap, exposed=m.retro.exposed)
 
   def with_cache(new, old_o, old_l):
     """Past queries: merge the supplementary part into the cached output (Eq. 2)."""

@@ -16,7 +16,7 @@ from sparse_attn.enhancers import retro as retro_lib
 OPTIONS = {
     "resa": ("lam", "typical_query", "prior_update", "lam_form", "fused"),
     "rect": ("f",),
-    "retro": ("w",),
+    "retro": ("w", "exposed"),
 }
 
 
@@ -71,14 +71,24 @@ class Rectify:
 
 @dataclasses.dataclass(frozen=True)
 class Retro:
-  """RetroAttention's window of ``w`` queries per decode step (Choi et al. 2025, Sec. 3)."""
+  """RetroAttention's window of ``w`` queries per decode step (Choi et al. 2025, Sec. 3).
+
+  Attributes:
+    w: the window (queries per step).
+    exposed: where the keys each window query attended (Fig. 2c's effective budget) are
+      counted: ``"kernel"`` (in the multi-query kernel's pass, from the masks it builds) or
+      ``"xla"`` (XLA ops over every gathered slot of every window query, the path before; kept
+      for timing one against the other on a GPU). The outputs are the same.
+  """
 
   w: int = 2
+  exposed: str = "kernel"
 
   def __post_init__(self):
     w = self.w
     if isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= retro_lib.MAX_WINDOW:
       raise ValueError(f"retro window w must be an int in [1, {retro_lib.MAX_WINDOW}], got {w!r}")
+    _one_of("exposed", self.exposed, retro_lib.EXPOSED_COUNTS)
 
 
 def configs(enh, opts: dict) -> dict:

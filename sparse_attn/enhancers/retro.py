@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 MAX_WINDOW = 8
+EXPOSED_COUNTS = ("kernel", "xla")  # where the keys each window query attended are counted
 NEG_INF = float("-inf")
 
 

@@ -21,7 +21,8 @@ from pk_testutil import Case, assert_attention_close
 from test_mosaic_sparse_decode import FIELDS
 from test_pk_sparse_decode_multiquery import window_inputs
 
-reference = jax.jit(sparse_decode_multiquery_reference, static_argnames=("block_size", "softcap"))
+reference = jax.jit(sparse_decode_multiquery_reference,
+                    static_argnames=("block_size", "softcap", "count_attended"))
 # Fixed shapes (FIELDS + window W): G 1-3, W 2-32, bs 16/32/64, f32 and bf16, both list layouts,
 # 1-3 splits. The last one has 3 x 32 rows: two launches (2 heads, 1 head; at most 64 rows) and
 # per-head words with bit 31 set.
@@ -56,8 +57,13 @@ def run(fn, case, *args, **kw):
   return out
 
 
-def check(got, want, dtype):
-  assert all(x.dtype == jnp.float32 for x in got[:4]) and len(got) == len(want)
+def check(got, want, dtype, count_attended=True):
+  assert len(got) == len(want)
+  if count_attended:  # the keys each query attended, last
+    assert got[-1].dtype == jnp.int32
+    np.testing.assert_array_equal(got[-1], want[-1])
+    got, want = got[:-1], want[:-1]
+  assert all(x.dtype == jnp.float32 for x in got[:4])
   assert_attention_close(*got[:2], *want[:2], dtype)
   if len(got) > 2:
     np.testing.assert_array_equal(got[4], want[4])
@@ -70,9 +76,10 @@ def check(got, want, dtype):
        with_prior=st.booleans())
 def test_matches_reference(shape, seed, with_pos, with_prior):
   case, args, pos, prior = make(shape, seed, with_pos, with_prior)
-  got = run(sparse_decode_multiquery, case, *args, pos=pos, prior=prior)
+  got = run(sparse_decode_multiquery, case, *args, pos=pos, prior=prior, count_attended=True)
   assert got[0].shape == args[0].shape and got[1].shape == args[0].shape[:3]
-  check(got, reference(*args, block_size=case.block_size, pos=pos, prior=prior), case.dtype)
+  check(got, reference(*args, block_size=case.block_size, pos=pos, prior=prior,
+                       count_attended=True), case.dtype)
 
 
 def test_dispatch_two_launches_softcap():
@@ -83,7 +90,7 @@ def test_dispatch_two_launches_softcap():
   args = (30.0 * args[0],) + args[1:]
   got = run(dispatched, case, *args, pos=pos, prior=prior, softcap=5.0)
   check(got, reference(*args, block_size=case.block_size, pos=pos, prior=prior, softcap=5.0),
-        case.dtype)
+        case.dtype, count_attended=False)
   empty = args[:3] + (args[3][..., :0], args[4], args[5][..., :0]) + args[6:]
   out, lse = dispatched(*empty, block_size=case.block_size, impl="mosaic", interpret=True)
   assert not np.any(out) and np.all(np.isneginf(lse))
@@ -95,14 +102,14 @@ S, I32 = jax.ShapeDtypeStruct, jnp.int32
 @pytest.mark.parametrize("dtype,per_head", [(jnp.bfloat16, False), (jnp.float32, True)])
 def test_lowers_for_cuda(dtype, per_head):
   """Llama-3.1-8B heads at 32k, W = 8 (32 rows per kv head): Pallas -> Mosaic GPU MLIR (the
-  positions and prior rings, multi-word row bits, per-row limits) runs on the CPU; Mosaic's
-  passes to PTX need the CUDA plugin."""
+  positions and prior rings, multi-word row bits, per-row limits, the keys-attended count)
+  runs on the CPU; Mosaic's passes to PTX need the CUDA plugin."""
   b, hq, hkv, d, t, bs, n = shapes.MODELS["llama31_8b_32k"]
   w = shapes.WINDOW
   hs = hq if per_head else hkv
   cache = S((b, hkv, t, d), dtype)
   fn = functools.partial(sparse_decode_multiquery, block_size=bs, impl="mosaic",
-                         softcap=50.0 if per_head else None)
+                         softcap=50.0 if per_head else None, count_attended=True)
   extra = dict(pos=S((b, hkv, t), I32), prior=S((b, hq, t), jnp.float32)) if per_head else {}
   exported = jax.export.export(jax.jit(fn), platforms=["cuda"])(
       S((b, hq, w, d), dtype), cache, cache, S((b, hs, n), I32), S((b, hs), I32),

@@ -14,7 +14,8 @@ from sparse_attn import reference as dense
 from pk_testutil import Case, assert_attention_close, cases, pooled_cases
 
 INTERPRET = True
-reference = jax.jit(sparse_decode_multiquery_reference, static_argnames=("block_size", "scale"))
+reference = jax.jit(sparse_decode_multiquery_reference,
+                    static_argnames=("block_size", "scale", "count_attended"))
 dense_attention = jax.jit(dense.attention)
 
 
@@ -28,6 +29,29 @@ def window_inputs(case, seed):
   return jnp.asarray(block_mask), jnp.asarray(q_limit, jnp.int32)
 
 
+def listed_mask(case, idx, n_valid, block_mask):
+  """``[B, N, W, T]`` bool: the slots of the blocks each window query may use (brute force)."""
+  mask = np.zeros((case.batch, case.hq, case.window, case.t), bool)
+  for bi in range(case.batch):
+    for h in range(case.hq):
+      hl = h if case.per_head else h // case.group
+      for i in range(int(n_valid[bi, hl])):
+        blk = int(idx[bi, hl, i])
+        mask[bi, h, :, blk * case.block_size:(blk + 1) * case.block_size] = (
+            np.asarray(block_mask[bi, hl, :, i])[:, None])
+  return mask
+
+
+def attended_bruteforce(case, idx, n_valid, block_mask, q_limit, length):
+  """``[B, N, W]``: the keys each window query attends (listed, usable, below the length and
+  at or before its limit), counted slot by slot."""
+  slot = np.arange(case.t)
+  ok = (listed_mask(case, idx, n_valid, block_mask)
+        & (slot < np.asarray(length)[:, None, None, None])
+        & (slot <= np.asarray(q_limit)[:, None, :, None]))
+  return ok.sum(-1)
+
+
 def run_kernel(case, *arrays, **kw):
   return sparse_decode_multiquery(*arrays, block_size=case.block_size, impl="pallas",
                                   interpret=INTERPRET, **kw)
@@ -37,10 +61,14 @@ def check_kernel(case):
   q, k, v, idx, n_valid, length, _ = case.arrays()
   block_mask, q_limit = window_inputs(case, case.seed)
   args = (q, k, v, idx, n_valid, block_mask, q_limit, length)
-  out, lse = run_kernel(case, *args, num_splits=case.num_splits)
+  out, lse, attended = run_kernel(case, *args, num_splits=case.num_splits, count_attended=True)
   assert out.shape == q.shape and out.dtype == jnp.float32 and lse.shape == q.shape[:3]
-  ref_out, ref_lse = reference(*args, block_size=case.block_size)
+  ref_out, ref_lse, ref_attended = reference(*args, block_size=case.block_size,
+                                             count_attended=True)
   assert_attention_close(out, lse, ref_out, ref_lse, case.dtype)
+  want = attended_bruteforce(case, idx, n_valid, block_mask, q_limit, length)
+  np.testing.assert_array_equal(ref_attended, want)
+  np.testing.assert_array_equal(attended, want)
 
 
 @settings(max_examples=12, deadline=None)
@@ -64,15 +92,7 @@ def test_reference_equals_dense_attention(case):
   block_mask, q_limit = window_inputs(case, case.seed)
   out, lse = reference(q, k, v, idx, n_valid, block_mask, q_limit, length,
                        block_size=case.block_size)
-  b, w = case.batch, case.window
-  mask = np.zeros((b, case.hq, w, case.t), bool)
-  for bi in range(b):
-    for h in range(case.hq):
-      hl = h if case.per_head else h // case.group
-      for i in range(int(n_valid[bi, hl])):
-        blk = int(idx[bi, hl, i])
-        mask[bi, h, :, blk * case.block_size:(blk + 1) * case.block_size] = (
-            np.asarray(block_mask[bi, hl, :, i])[:, None])
+  mask = listed_mask(case, idx, n_valid, block_mask)
   d_out, d_lse = dense_attention(q, k, v, jnp.asarray(mask), kv_length=length,
                                  q_positions=q_limit)
   assert_attention_close(out, lse, d_out, d_lse, case.dtype)
@@ -104,12 +124,14 @@ def check_kernel_with_prior(case):
   prior = jnp.where(jax.random.bernoulli(jax.random.key(case.seed), 0.6, prior.shape), prior,
                     -jnp.inf)
   args = (q, k, v, idx, n_valid, block_mask, q_limit, length)
-  got = run_kernel(case, *args, num_splits=case.num_splits, prior=prior)
-  want = reference(*args, block_size=case.block_size, prior=prior)
-  assert len(got) == 5 and got[2].shape == q.shape and got[3].shape == q.shape[:3]
+  got = run_kernel(case, *args, num_splits=case.num_splits, prior=prior, count_attended=True)
+  want = reference(*args, block_size=case.block_size, prior=prior, count_attended=True)
+  assert len(got) == 6 and got[2].shape == q.shape and got[3].shape == q.shape[:3]
   assert_attention_close(got[0], got[1], want[0], want[1], case.dtype)
   assert_attention_close(got[2], got[3], want[2], want[3], case.dtype)
   np.testing.assert_array_equal(got[4], want[4])  # prior members each window query attended
+  np.testing.assert_array_equal(got[5], attended_bruteforce(case, idx, n_valid, block_mask,
+                                                            q_limit, length))
 
 
 @settings(max_examples=10, deadline=None)

@@ -238,16 +238,22 @@ def test_jit_vmap_and_no_nan():
 @pytest.mark.parametrize("spec", ["quest+retro:w=3", "quest+resa+retro:w=3",
                                   "quest:gqa=head+resa+retro:w=2"])
 def test_pallas_multiquery_path_matches_jnp(spec):
-  """The Pallas multi-query kernel (RESA's prior fused in the same pass) equals the jnp path."""
+  """The Pallas multi-query kernel (RESA's prior fused in the same pass) equals the jnp path,
+  and so do the keys each window query attended, counted in the kernel's pass or in XLA ops
+  (``exposed=xla``)."""
   pytest.importorskip("pallas_kernels")
   kw = dict(budget=0.25, block_size=16, n_sink=2, local_window=16)
-  outs = []
-  for impl in ("xla", "pallas"):
-    m = methods.make(spec, impl=impl, interpret=True, **kw)
+  outs, budgets = [], []
+  for impl, extra in (("xla", ""), ("pallas", ""), ("pallas", ",exposed=xla")):
+    m = methods.make(spec + extra, impl=impl, interpret=True, **kw)
     run = Run(m, 5, 40, 2)
     run.decode = m.decode
     outs.append([run.step(t)[0] for t in (40, 41)])
-  np.testing.assert_allclose(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+    budgets.append(jax.tree.map(np.asarray, retro.effective_budget(run.state)))
+  for got, counts in zip(outs[1:], budgets[1:]):
+    np.testing.assert_allclose(outs[0], got, atol=1e-5, rtol=1e-5)
+    jax.tree.map(np.testing.assert_array_equal, counts, budgets[0])
+  assert budgets[0][1][1].sum() > 0
 
 
 @hypothesis.settings(max_examples=25, deadline=None)
