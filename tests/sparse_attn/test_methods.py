@@ -107,6 +107,8 @@ def test_make_parses_specs_and_rejects_unknowns():
     methods.make("quest", gqa="pooled")
   with pytest.raises(ValueError, match="impl"):
     methods.make("quest", impl="cuda")
+  with pytest.raises(ValueError, match=r"exposed must be one of \('kernel', 'xla'\)"):
+    methods.make("quest+retro:w=2,exposed=gpu")
   with pytest.raises(ValueError, match="either budget or"):
     methods.make("quest", budget=0.1, p=0.1)
   with pytest.raises(ValueError, match="key=value"):
