@@ -274,7 +274,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
                     row_limit=None, pos=None, *, block_size: int, scale: float, tiles: TileConfig,
                     interpret: bool, bits_per_word: int = 1, rows_per_prior: int = 1,
                     epilogue=None, extras=(), softcap: float | None = None,
-                    count_attended: bool = False):
+                    count_attended: bool = False, carry_in=None):
   """Runs the kernel and combines its splits (``split_combine``, a second Pallas pass).
 
   Args:
@@ -295,6 +295,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       split combine (``split_combine_pairs``; RESA's aggregator), extras ``[B, P, R(, D)]``.
     softcap: static attention-logit soft-cap (``softmax.soft_cap``), None = none.
     count_attended: static; also count the keys each row attended (not with an epilogue).
+    carry_in: optional ``[(out [B, P, R, D], lse [B, P, R])]`` per pair (true, then prior):
+      partials of an earlier pass merged into the result as one more split.
 
   Returns:
     ``(out [B, P, R, D] f32, lse [B, P, R] f32)``; with ``prior`` also the prior pair and
@@ -378,8 +380,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
   counts = tuple(outs[2 * n_pairs:])
   combined = split_combine_pairs([(outs[2 * i], outs[2 * i + 1]) for i in range(n_pairs)],
                                  counts[0] if epilogue is not None else counts,
-                                 epilogue=epilogue, extras=extras, impl="pallas",
-                                 interpret=interpret)
+                                 epilogue=epilogue, extras=extras, carry_in=carry_in,
+                                 impl="pallas", interpret=interpret)
   if epilogue is not None:
     return combined
   pairs, totals = combined

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from pallas_kernels import _common
 from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
-from pallas_kernels.softmax import check_softcap, default_scale
+from pallas_kernels.softmax import check_softcap, default_scale, lse_combine
 from pallas_kernels.sparse_decode import (gather_listed, gather_prior, gathered_partials,
                                           kv_head_lists, selection_rows)
 
@@ -48,7 +48,7 @@ def window_slots_ok(ok, pos_g, block_mask, q_limit, block_size: int):
 def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit, length,
                                        *, block_size: int, scale: float | None = None,
                                        pos=None, prior=None, softcap: float | None = None,
-                                       count_attended: bool = False):
+                                       count_attended: bool = False, carry_in=None):
   """Plain-jnp multi-query sparse decode (the ``impl="xla"`` path): gather the listed blocks,
   one masked float32 softmax (``gathered_partials``). Any ``block_size`` dividing ``T``.
 
@@ -67,10 +67,24 @@ def sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, 
   true, prior_part = gathered_partials(q, kg, vg, ok, pg, scale=default_scale(d, scale),
                                        softcap=check_softcap(softcap))
   outs = true if prior is None else true + prior_part
+  outs = merge_carry(outs, carry_in)
   if not count_attended:
     return outs
   attended = jnp.sum(ok, axis=-1, dtype=jnp.int32)  # [B, H, W]
   return outs + (jnp.repeat(attended, hq // ok.shape[1], axis=1),)
+
+
+def merge_carry(outs, carry_in):
+  """``outs`` (``(out, lse)`` pairs, then any counts) with each pair merged with its
+  ``carry_in`` partial (``softmax.lse_combine`` of the two); ``carry_in`` None: unchanged."""
+  if carry_in is None:
+    return outs
+  outs = list(outs)
+  for i, (out_c, lse_c) in enumerate(carry_in):
+    o, l = outs[2 * i], outs[2 * i + 1]
+    outs[2 * i:2 * i + 2] = lse_combine(jnp.stack([o, out_c.astype(o.dtype)]),
+                                        jnp.stack([l, lse_c.astype(l.dtype)]), axis=0)
+  return tuple(outs)
 
 
 def checked(q, k, block_idx, prior, block_size: int, softcap, count_attended: bool = False):
@@ -106,7 +120,8 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
                              num_splits: int | None = None, impl: _common.Impl = "auto",
                              interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
                              blocks_per_iter: int | None = None, pos=None, prior=None,
-                             softcap: float | None = None, count_attended: bool = False):
+                             softcap: float | None = None, count_attended: bool = False,
+                             carry_in=None):
   """Sparse decode of W queries per head over one shared block list.
 
   Args:
@@ -127,6 +142,10 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
       ``sparse_decode`` (W <= 32; ``"mosaic"``: ``pallas_kernels.mosaic.sparse_decode_multiquery``).
     softcap: attention-logit soft-cap (static, ``sparse_decode``'s), None = none.
     count_attended: static; also return the keys each query attended.
+    carry_in: optional ``[(out [B, N, W, D], lse [B, N, W])]``, one per output pair (with
+      ``prior``: the true pair's, then the prior pair's): partials of an earlier pass merged
+      into the outputs (RetroAttention's cached outputs of past queries, ``-inf`` lse where
+      there is none); the Pallas path merges them in its split combine, as one more split.
 
   Returns:
     ``out [B, N, W, D]`` and ``lse [B, N, W]`` (``0`` / ``-inf`` for a query that attends
@@ -142,17 +161,17 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
                                               length, block_size=block_size, scale=scale,
                                               pos=pos, prior=prior, softcap=softcap,
-                                              count_attended=count_attended)
+                                              count_attended=count_attended, carry_in=carry_in)
   if resolved == "mosaic":
     from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
     return mosaic.sparse_decode_multiquery(
         q, k, v, block_idx, n_valid, block_mask, q_limit, length, block_size=block_size,
         scale=scale, num_splits=num_splits, impl="mosaic", interpret=interpret,
         num_stages=num_stages, pos=pos, prior=prior, softcap=softcap,
-        count_attended=count_attended)
+        count_attended=count_attended, carry_in=carry_in)
   softcap, empty = checked(q, k, block_idx, prior, block_size, softcap, count_attended)
   if empty is not None:
-    return empty
+    return merge_carry(empty, carry_in)
   b, hq, w, d = q.shape
   hkv = k.shape[1]
   g = hq // hkv
@@ -164,11 +183,13 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
   row_limit = jnp.broadcast_to(q_limit[:, None, None, :], (b, hkv, g, w))
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
+  rows = lambda x: x.reshape(b, hq, w, *x.shape[3:])  # [B, K, G * W, ...] -> [B, N, W, ...]
+  carry = None if carry_in is None else [  # [B, N, W, ...] -> [B, K, G * W, ...]
+      tuple(x.reshape(b, hkv, g * w, *x.shape[3:]) for x in pair) for pair in carry_in]
   parts = decode_partials(
       q.reshape(b, hkv, g * w, d), k, v, idx, nv, length, pos=pos, row_bits=row_bits,
       row_limit=row_limit.reshape(b, hkv, g * w), bits_per_word=w, block_size=block_size,
       scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
       prior=None if prior is None else prior.reshape(b, hkv, g, -1), rows_per_prior=w,
-      softcap=softcap, count_attended=count_attended)
-  rows = lambda x: x.reshape(b, hq, w, *x.shape[3:])  # [B, K, G * W, ...] -> [B, N, W, ...]
+      softcap=softcap, count_attended=count_attended, carry_in=carry)
   return tuple(map(rows, parts))

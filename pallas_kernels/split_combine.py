@@ -1,7 +1,9 @@
 """The split-K combine of the decode kernels as a second small Pallas pass: ``split_combine``
 (one pair) and ``split_combine_pairs`` (several pairs of the same splits, plus per-split counts,
 in one launch: RESA's true and prior partials and its prior-member count, RetroAttention's
-attended-key count, optionally finished by an elementwise epilogue such as RESA's aggregator).
+attended-key count, optionally finished by an elementwise epilogue such as RESA's aggregator;
+``carry_in``: partials from an earlier pass merged in as one more split, such as RetroAttention's
+cached outputs of the window's past queries).
 
 A decode kernel writes one ``(out, lse)`` partial per split (flash-decoding); this pass merges
 them exactly (``softmax.lse_combine``, the reference): ``lse = log sum_s e^lse_s`` and
@@ -30,34 +32,48 @@ plgpu = triton_module()  # jax.experimental.pallas.triton; see backends
 NEG_INF = float("-inf")
 
 
-def _merge(out_ref, lse_ref, splits: int, rows: int, head_dim: int):
-  """One pair's merged ``(out [Rp, Dp], lse [Rp])`` from its ``[S, R, D]`` / ``[S, R]`` refs."""
+def _merge(out_ref, lse_ref, splits: int, rows: int, head_dim: int, carry=None):
+  """One pair's merged ``(out [Rp, Dp], lse [Rp])`` from its ``[S, R, D]`` / ``[S, R]`` refs
+  and, with ``carry`` (``[R, D]`` / ``[R]`` refs), one more partial."""
   sp, rp, dp = (_common.next_pow2(splits), _common.pad_rows(rows, 1),
                 _common.pad_rows(head_dim, 1))
   s, r, c = jnp.arange(sp), jnp.arange(rp), jnp.arange(dp)
   sr_ok = (s[:, None] < splits) & (r[None, :] < rows)
+  rc_ok = (r < rows)[:, None] & (c < head_dim)[None, :]
   lse = plgpu.load(lse_ref.at[pl.ds(0, sp), pl.ds(0, rp)], mask=sr_ok, other=NEG_INF)  # [S, R]
   m = jnp.max(lse, axis=0)
+  if carry is not None:
+    lse_c = plgpu.load(carry[1].at[pl.ds(0, rp)], mask=r < rows, other=NEG_INF)  # [R]
+    m = jnp.maximum(m, lse_c)
   m_safe = jnp.where(m == NEG_INF, 0.0, m)
   w = jnp.exp(lse - m_safe[None, :])  # 0 for empty splits
   denom = jnp.sum(w, axis=0)
-  ok = denom > 0
-  safe = jnp.where(ok, denom, 1.0)
   mask = sr_ok[:, :, None] & (c < head_dim)[None, None, :]
   parts = plgpu.load(out_ref.at[pl.ds(0, sp), pl.ds(0, rp), pl.ds(0, dp)], mask=mask,
                      other=0)  # [S, R, D]
-  out = jnp.sum(w[:, :, None] * parts.astype(jnp.float32), axis=0) / safe[:, None]
+  acc = jnp.sum(w[:, :, None] * parts.astype(jnp.float32), axis=0)
+  if carry is not None:
+    w_c = jnp.exp(lse_c - m_safe)
+    denom = denom + w_c
+    out_c = plgpu.load(carry[0].at[pl.ds(0, rp), pl.ds(0, dp)], mask=rc_ok, other=0)
+    acc = acc + w_c[:, None] * out_c.astype(jnp.float32)
+  ok = denom > 0
+  safe = jnp.where(ok, denom, 1.0)
+  out = acc / safe[:, None]
   return jnp.where(ok[:, None], out, 0.0), jnp.where(ok, m_safe + jnp.log(safe), NEG_INF)
 
 
-def _combine_kernel(*refs, pairs: int, n_counts: int, extra_ranks: tuple, epilogue,
-                    splits: int, rows: int, head_dim: int):
-  n_in = 2 * pairs + n_counts + len(extra_ranks)
+def _combine_kernel(*refs, pairs: int, n_counts: int, with_carry: bool, extra_ranks: tuple,
+                    epilogue, splits: int, rows: int, head_dim: int):
+  n_carry = 2 * pairs * with_carry
+  n_in = 2 * pairs + n_counts + n_carry + len(extra_ranks)
   ins, outs = refs[:n_in], refs[n_in:]
   rp, dp = _common.pad_rows(rows, 1), _common.pad_rows(head_dim, 1)
   r, c = jnp.arange(rp), jnp.arange(dp)
   r_ok, rc_ok = r < rows, (r < rows)[:, None] & (c < head_dim)[None, :]
-  merged = [_merge(ins[2 * i], ins[2 * i + 1], splits, rows, head_dim) for i in range(pairs)]
+  carries = ins[2 * pairs + n_counts:2 * pairs + n_counts + n_carry]
+  merged = [_merge(ins[2 * i], ins[2 * i + 1], splits, rows, head_dim,
+                   carries[2 * i:2 * i + 2] if with_carry else None) for i in range(pairs)]
   sp = _common.next_pow2(splits)
   sr_ok = (jnp.arange(sp)[:, None] < splits) & r_ok[None, :]
   # Per-split counts (RESA's prior members, Retro's keys attended) add up.
@@ -66,7 +82,7 @@ def _combine_kernel(*refs, pairs: int, n_counts: int, extra_ranks: tuple, epilog
   if epilogue is not None:
     extras = [plgpu.load(ref.at[pl.ds(0, rp)], mask=r_ok, other=0) if rank == 1 else
               plgpu.load(ref.at[pl.ds(0, rp), pl.ds(0, dp)], mask=rc_ok, other=0)
-              for ref, rank in zip(ins[2 * pairs + n_counts:], extra_ranks)]
+              for ref, rank in zip(ins[2 * pairs + n_counts + n_carry:], extra_ranks)]
     merged, counts = [epilogue(*merged, *counts, *extras)], []
   for i, (out, lse) in enumerate(merged):
     plgpu.store(outs[2 * i].at[pl.ds(0, rp), pl.ds(0, dp)], out.astype(jnp.float32),
@@ -76,9 +92,12 @@ def _combine_kernel(*refs, pairs: int, n_counts: int, extra_ranks: tuple, epilog
     plgpu.store(ref.at[pl.ds(0, rp)], total, mask=r_ok)
 
 
-def split_combine_reference(pairs, counts=None, epilogue=None, extras=()):
-  """``split_combine_pairs``' jnp path: ``lse_combine`` per pair, counts summed, then the
-  epilogue."""
+def split_combine_reference(pairs, counts=None, epilogue=None, extras=(), carry_in=None):
+  """``split_combine_pairs``' jnp path: ``lse_combine`` per pair (``carry_in``'s partial one
+  more split), counts summed, then the epilogue."""
+  if carry_in is not None:
+    pairs = [tuple(jnp.concatenate([x, y[:, :, None].astype(x.dtype)], axis=2)
+                   for x, y in zip(pair, carry)) for pair, carry in zip(pairs, carry_in)]
   merged = [lse_combine(out, lse, axis=2) for out, lse in pairs]
   return _finish(merged, jax.tree.map(lambda c: jnp.sum(c, axis=2), counts), epilogue, extras)
 
@@ -99,7 +118,7 @@ def _count_list(counts, epilogue) -> tuple:
 
 
 @functools.partial(jax.jit, static_argnames=("epilogue", "impl", "interpret", "num_warps"))
-def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(),
+def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(), carry_in=None,
                         impl: _common.Impl = "auto", interpret: bool = False,
                         num_warps: int = 4):
   """Merges several split-partial pairs over ``S`` in one pass (one program per head).
@@ -113,22 +132,27 @@ def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(),
       elementwise jnp ops over rows (``[..., D]`` / ``[...]``), run on the merged values in the
       same pass (RESA's aggregator); the reference runs it on the merged arrays.
     extras: the epilogue's per-row inputs, each ``[B, P, R]`` or ``[B, P, R, D]``.
+    carry_in: optional ``[(out [B, P, R, D], lse [B, P, R])]``, one per pair: a partial from an
+      earlier pass merged in as one more split (``-inf`` lse: nothing to merge).
 
   Returns:
     ``([(out [B, P, R, D] f32, lse [B, P, R] f32)], counts)``, each pair equal to
     ``lse_combine(out, lse, axis=2)`` and ``counts`` the sums ``[B, P, R]`` int32 in the form
     given (None, an array or a tuple); with an epilogue, its ``(out, lse)``.
   """
+  if carry_in is not None and len(carry_in) != len(pairs):
+    raise ValueError(f"carry_in holds one partial per pair: {len(carry_in)} for {len(pairs)}")
   if _common.resolve_impl(impl, "split_combine") == "xla":
-    return split_combine_reference(pairs, counts, epilogue, extras)
+    return split_combine_reference(pairs, counts, epilogue, extras, carry_in)
   b, p, s, r, d = pairs[0][0].shape
   listed = _count_list(counts, epilogue)
-  if s == 1:  # nothing to merge: a split's partial is already normalised
+  if s == 1 and carry_in is None:  # nothing to merge: a split's partial is already normalised
     return _finish([(out[:, :, 0].astype(jnp.float32), lse[:, :, 0].astype(jnp.float32))
                     for out, lse in pairs], jax.tree.map(lambda c: c[:, :, 0], counts),
                    epilogue, extras)
   ranks = tuple(x.ndim - 2 for x in extras)
   kernel = functools.partial(_combine_kernel, pairs=len(pairs), n_counts=len(listed),
+                             with_carry=carry_in is not None,
                              extra_ranks=ranks, epilogue=epilogue, splits=s, rows=r,
                              head_dim=d)
   split_in = [pl.BlockSpec((None, None, s, r, d), lambda bi, pi: (bi, pi, 0, 0, 0)),
@@ -141,6 +165,9 @@ def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(),
   in_specs = split_in * len(pairs)
   args += [c.astype(jnp.int32) for c in listed]
   in_specs += [split_in[1]] * len(listed)
+  if carry_in is not None:
+    args += [x.astype(jnp.float32) for pair in carry_in for x in pair]
+    in_specs += row_spec * len(pairs)
   if epilogue is not None:
     args += list(extras)
     in_specs += [row_spec[1] if rank == 1 else row_spec[0] for rank in ranks]

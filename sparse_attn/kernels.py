@@ -225,7 +225,7 @@ def resa_prior_update(state, cache: KVCache, k_new, v_new, slot, scale, incremen
 
 def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, scale, *,
                     impl: Impl = "xla", interpret: bool = False, softcap: float | None = None,
-                    exposed: str = "kernel"):
+                    exposed: str = "kernel", carry_in=None):
   """RetroAttention's partials of a window of queries over the newest query's selection
   (``pallas_kernels.sparse_decode_multiquery``).
 
@@ -234,7 +234,9 @@ def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, sc
       positions: ``[B, w]`` (a key is attended only at or before its query); prior: RESA's
       ``[B, N, T]`` prior logits, or None; softcap: the module's soft-cap; exposed: where
       the keys attended are counted (``"kernel"``: in the kernel's pass; ``"xla"``: over the
-      gathered slots in XLA ops; ``options.Retro``).
+      gathered slots in XLA ops; ``options.Retro``); carry_in: the queries' cached partials
+      per output pair (``[B,N,w,D]``, ``[B,N,w]``; -inf where none), merged into the outputs
+      (in the kernel's split combine where it runs).
 
   Returns:
     ``(out [B,N,w,D] f32, lse [B,N,w])``, the prior pair (None without a prior), ``seen`` and
@@ -245,7 +247,7 @@ def window_partials(q, cache: KVCache, sel: Selection, use, positions, prior, sc
   outs = _run(pallas_kernels.sparse_decode_multiquery,
               pallas_kernels.sparse_decode_multiquery_reference, cache, sel, impl, interpret,
               q, k, v, idx, n_valid, use, positions, length, scale=scale, prior=prior,
-              softcap=softcap, count_attended=in_kernel)
+              softcap=softcap, count_attended=in_kernel, carry_in=carry_in)
   if in_kernel:
     *outs, attended = outs
   else:

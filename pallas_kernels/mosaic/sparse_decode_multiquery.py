@@ -28,7 +28,7 @@ from pallas_kernels import _common
 from pallas_kernels.mosaic import _common as mc
 from pallas_kernels.mosaic.sparse_decode import decode_partials
 from pallas_kernels.softmax import default_scale
-from pallas_kernels.sparse_decode_multiquery import (checked, entry_lists,
+from pallas_kernels.sparse_decode_multiquery import (checked, entry_lists, merge_carry,
                                                      sparse_decode_multiquery_reference)
 
 
@@ -40,7 +40,8 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
                              num_splits: int | None = None, impl: _common.Impl = "auto",
                              interpret=False, num_warps: int = 4, num_stages: int = 3,
                              blocks_per_iter: int | None = None, pos=None, prior=None,
-                             softcap: float | None = None, count_attended: bool = False):
+                             softcap: float | None = None, count_attended: bool = False,
+                             carry_in=None):
   """Sparse decode of W queries per head over one shared block list (Mosaic GPU kernel).
 
   Args: as ``pallas_kernels.sparse_decode_multiquery``:
@@ -51,6 +52,8 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     length: ``[B]`` int32; pos: optional ``[B, K, T]`` int32 (-1 = empty slot).
     prior: optional ``[B, N, T]`` float32 RESA prior logits, shared by a head's W queries.
     count_attended: static; also return the keys each query attended.
+    carry_in: optional partials merged into the outputs (``merge_carry``: in XLA, after the
+      launches, as this kernel's split merge is).
     block_size: static, a power of 2 >= 16; scale, num_splits, num_stages, softcap: as the
       Mosaic ``sparse_decode``; num_warps, blocks_per_iter: accepted for the signature.
     impl: ``"xla"`` runs ``sparse_decode_multiquery_reference``; any other value the Mosaic
@@ -68,10 +71,10 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
                                               length, block_size=block_size, scale=scale,
                                               pos=pos, prior=prior, softcap=softcap,
-                                              count_attended=count_attended)
+                                              count_attended=count_attended, carry_in=carry_in)
   softcap, empty = checked(q, k, block_idx, prior, block_size, softcap, count_attended)
   if empty is not None:
-    return empty
+    return merge_carry(empty, carry_in)
   b, hq, w, d = q.shape
   hkv = k.shape[1]
   g = hq // hkv
@@ -96,4 +99,4 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
   def merged(*xs):  # [B, K, gc * W, ...] per launch -> [B, N, W, ...]
     xs = [x.reshape(b, hkv, -1, w, *x.shape[3:]) for x in xs]
     return jnp.concatenate(xs, axis=2).reshape(b, hq, w, *xs[0].shape[4:])
-  return tuple(merged(*xs) for xs in zip(*parts))
+  return merge_carry(tuple(merged(*xs) for xs in zip(*parts)), carry_in)

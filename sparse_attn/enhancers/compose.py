@@ -25,7 +25,6 @@ import jax.numpy as jnp
 from sparse_attn import kernels, placement, reference, sliding_window, sparse
 from sparse_attn.cache import KVCache
 from sparse_attn.enhancers import resa, retro
-from sparse_attn.merge import merge_n
 from sparse_attn.ordering import after
 
 
@@ -235,22 +234,18 @@ def _retro_step(m, q, cache, state, positions, scale):
   full = jnp.concatenate([cached["full"], jnp.zeros((b, 1), bool)], axis=1)  # [B, w]
   use = retro.entry_mask(last_seen, sel, positions, full, current)  # [B, H, w, n]
   st = state.resa
+  pad = lambda x, fill=0: jnp.concatenate([x, jnp.full_like(x[:, :, :1], fill)], axis=2)
+  # Past queries: the supplementary part merged into the cached output (Eq. 2), in the kernel's
+  # split combine; the newest query has no cached part (-inf).
+  carry = [(pad(cached["out"]), pad(cached["lse"], -jnp.inf))]
+  if m.resa:
+    carry.append((pad(cached["pout"]), pad(cached["plse"], -jnp.inf)))
   true, prior_part, seen, exposed = kernels.window_partials(
       q, cache, sel, use, positions, st.prior if m.resa else None, scale, impl=m.impl,
-      interpret=m.interpret, softcap=m.softcap, exposed=m.retro.exposed)
-
-  def with_cache(new, old_o, old_l):
-    """Past queries: merge the supplementary part into the cached output (Eq. 2)."""
-    o, l = merge_n(jnp.stack([old_o, new[0][:, :, :-1]]), jnp.stack([old_l, new[1][:, :, :-1]]))
-    return (jnp.concatenate([o, new[0][:, :, -1:]], axis=2),
-            jnp.concatenate([l, new[1][:, :, -1:]], axis=2))
-
-  pad = lambda x: jnp.concatenate([x, jnp.zeros_like(x[:, :, :1])], axis=2)
-  true = with_cache(true, cached["out"], cached["lse"])
+      interpret=m.interpret, softcap=m.softcap, exposed=m.retro.exposed, carry_in=carry)
   entries = dict(out=true[0], lse=true[1], exposed=exposed + pad(cached["exposed"]), full=full)
   out = true[0]
   if m.resa:
-    prior_part = with_cache(prior_part, cached["pout"], cached["plse"])
     seen = seen + pad(cached["seen"])
     entries.update(pout=prior_part[0], plse=prior_part[1], seen=seen)
     o_est, log_z, count = _window_priors(st, cache, positions)

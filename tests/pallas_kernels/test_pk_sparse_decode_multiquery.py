@@ -10,6 +10,7 @@ from hypothesis import given, settings
 
 from pallas_kernels import (sparse_decode, sparse_decode_multiquery,
                             sparse_decode_multiquery_reference)
+from pallas_kernels.sparse_decode_multiquery import merge_carry
 from sparse_attn import reference as dense
 from pk_testutil import Case, assert_attention_close, cases, pooled_cases
 
@@ -52,6 +53,15 @@ def attended_bruteforce(case, idx, n_valid, block_mask, q_limit, length):
   return ok.sum(-1)
 
 
+def carried(case, q, pairs: int):
+  """Random cached partials per output pair (RetroAttention's past outputs), some -inf."""
+  rng = np.random.default_rng(case.seed + 2)
+  lse = rng.standard_normal((pairs,) + q.shape[:3]) * 5
+  lse[rng.random(lse.shape) < 0.3] = -np.inf
+  out = rng.standard_normal((pairs,) + q.shape)
+  return [(jnp.asarray(o, jnp.float32), jnp.asarray(l, jnp.float32)) for o, l in zip(out, lse)]
+
+
 def run_kernel(case, *arrays, **kw):
   return sparse_decode_multiquery(*arrays, block_size=case.block_size, impl="pallas",
                                   interpret=INTERPRET, **kw)
@@ -66,6 +76,9 @@ def check_kernel(case):
   ref_out, ref_lse, ref_attended = reference(*args, block_size=case.block_size,
                                              count_attended=True)
   assert_attention_close(out, lse, ref_out, ref_lse, case.dtype)
+  carry = carried(case, q, 1)  # cached partials merged in the split combine == after it
+  got = run_kernel(case, *args, num_splits=case.num_splits, carry_in=carry)
+  assert_attention_close(*got, *merge_carry((ref_out, ref_lse), carry), case.dtype)
   want = attended_bruteforce(case, idx, n_valid, block_mask, q_limit, length)
   np.testing.assert_array_equal(ref_attended, want)
   np.testing.assert_array_equal(attended, want)
@@ -124,8 +137,11 @@ def check_kernel_with_prior(case):
   prior = jnp.where(jax.random.bernoulli(jax.random.key(case.seed), 0.6, prior.shape), prior,
                     -jnp.inf)
   args = (q, k, v, idx, n_valid, block_mask, q_limit, length)
-  got = run_kernel(case, *args, num_splits=case.num_splits, prior=prior, count_attended=True)
-  want = reference(*args, block_size=case.block_size, prior=prior, count_attended=True)
+  carry = carried(case, q, 2)  # both pairs continue cached partials
+  got = run_kernel(case, *args, num_splits=case.num_splits, prior=prior, count_attended=True,
+                   carry_in=carry)
+  want = reference(*args, block_size=case.block_size, prior=prior, count_attended=True,
+                   carry_in=carry)
   assert len(got) == 6 and got[2].shape == q.shape and got[3].shape == q.shape[:3]
   assert_attention_close(got[0], got[1], want[0], want[1], case.dtype)
   assert_attention_close(got[2], got[3], want[2], want[3], case.dtype)
