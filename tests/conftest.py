@@ -6,20 +6,18 @@ import os
 import sys
 import tempfile
 
-# The suite's time goes mostly to XLA:CPU compiling hundreds of small programs, not to running
-# them. Set before JAX starts its backend (pytest workers and the suite's subprocesses inherit
-# them; a value already in the environment wins):
-# - LLVM at -O0 compiles faster; every test compares against a reference with a tolerance that
-#   holds at any optimisation level (the library itself runs at XLA's default).
+# Set before JAX starts its backend (pytest workers and the suite's subprocesses inherit them; a
+# value already in the environment wins):
+# - XLA:CPU compile settings that compile faster (tests/xla_env.py says which and why);
 # - a persistent compilation cache shared by the xdist workers and subprocesses: the same
 #   programs recur across tests and modules (the module fixture below drops the in-memory
 #   caches). Unbounded: a size bound would make JAX list and read the whole folder under a
 #   file lock on every write (measured: the suite slowed past its uncached time). Workers may
 #   write one entry at once (same bytes); an entry read half-written fails to load, and JAX then
 #   warns and compiles.
-if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-  os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                             + " --xla_backend_optimization_level=0").strip()
+from tests import xla_env  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+os.environ["XLA_FLAGS"] = xla_env.with_suite_flags(os.environ.get("XLA_FLAGS", ""))
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                       os.path.join(tempfile.gettempdir(), "sparse-attn-tests-jax-cache"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
@@ -61,4 +59,4 @@ def _no_torch_in_the_worker():
   yield
   assert "torch" not in sys.modules, (
       "this test imported torch into the pytest worker; compute PyTorch references with "
-      "tests.isolated.run")
+      "tests.isolated.reference (or tests.isolated.run)")

@@ -15,7 +15,7 @@ from models import decode, llama
 from models.config import ModelConfig, RopeConfig
 from models.loading import Model
 from sparse_attn import methods
-from tests import readme
+from tests import readme, xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -88,12 +88,12 @@ def test_generate_reports_every_prefill_chunk_and_decoding():
                    "dense: decoding 3/4 tokens", "dense: decoding 4/4 tokens"]
 
 
-@pytest.mark.slow  # SmolLM2 on a 1,270-token prompt, dense and Quest: ~45 s on 2 cores
+@pytest.mark.slow  # SmolLM2 on a 1,270-token prompt, dense and Quest: ~35 s on 2 cores
 def test_main_job_as_the_readme_gives_it_dense_answers_right():
   python, *args = readme.main_job()
   assert python == "python"
   run = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
+                       timeout=600, env=xla_env.default_optimization())
   assert run.returncode == 0, run.stderr[-2000:]
   assert "the planted password is 'marigold': dense answers right" in run.stdout, run.stdout
   row = next(ln for ln in run.stdout.splitlines() if ln.startswith("quest@0.1 "))

@@ -98,7 +98,7 @@ def test_transformers_peer_holds_our_weights():
       model, config=model.config.replace(tie_word_embeddings=False), params=untied)]
   ids = np.arange(1, 30)[None]
   host = [dataclasses.replace(m, params=jax.tree.map(np.asarray, m.params)) for m in cases]
-  refs = isolated.run(_peer_logits, [(m, ids) for m in host])
+  refs = isolated.reference(_peer_logits, [(m, ids) for m in host])
   for m, ref in zip(cases[:2], refs[:2]):
     assert np.abs(np.asarray(m.forward(ids)) - ref).max() <= 1e-4 * np.abs(ref).max()
   np.testing.assert_allclose(np.asarray(cases[2].forward(ids)), refs[2], rtol=1e-4, atol=1e-4)

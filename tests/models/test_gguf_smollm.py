@@ -46,7 +46,7 @@ def test_logits_and_greedy_match_transformers(ours):
   ids = ours.encode(PROMPT, chat=True)
   assert 100 <= len(ids) <= 160
   gen = models.generate(ours, ids, 32, methods.make("dense"), stop_at_eos=False).tokens[0]
-  ref_logits = isolated.run(_transformers_logits, ids + gen)
+  ref_logits = isolated.reference(_transformers_logits, ids + gen)
   ours_logits = np.asarray(ours.forward(np.array([ids])))[0]
   err = np.max(np.abs(ours_logits - ref_logits[:len(ids)])) / np.max(np.abs(ref_logits))
   assert err <= 1e-3

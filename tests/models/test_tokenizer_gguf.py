@@ -75,7 +75,7 @@ def tokenizers_pair():
   from models import tokenizer as tokenizer_lib
   ours = tokenizer_lib.from_gguf_metadata(gguf_loader.read_metadata(gguf.GGUFReader(path)))
   strings = _strings()
-  ref = isolated.run(_transformers_side, strings, [ours.encode(x) for x in strings[:100]])
+  ref = isolated.reference(_transformers_side, strings, [ours.encode(x) for x in strings[:100]])
   ref["by_string"] = dict(zip(strings, ref["ids"]))
   ref["digits_by_string"] = dict(zip(strings, ref["digit_ids"]))
   return ours, ref

@@ -193,7 +193,7 @@ def pair(tmp_path_factory):
     ours[arch] = tokenizer_lib.from_gguf_metadata(meta)
   strings = _strings()
   decode_ids = {a: [t.encode(s) for s in strings] for a, t in ours.items()}
-  return ours, isolated.run(_transformers_side, paths, strings, decode_ids), strings
+  return ours, isolated.reference(_transformers_side, paths, strings, decode_ids), strings
 
 
 def _follows_special_or_space(s):

@@ -67,14 +67,14 @@ def make_hf(name: str, path, seed: int = 0, max_shard_size=None, **overrides) ->
   keys, updated by ``overrides``)
   into ``path`` (in a child process, ``tests.isolated``); returns the path. ``max_shard_size``
   (e.g. ``"20KB"``) saves it sharded, with ``model.safetensors.index.json``."""
-  isolated.run(_make_hf, name, str(path), seed, overrides, max_shard_size)
+  isolated.reference(_make_hf, name, str(path), seed, overrides, max_shard_size)
   return str(path)
 
 
 def make_many(specs) -> list[str]:
   """``make_hf`` of each ``(name, path, overrides)`` in ``specs``, all in one child process
   (one PyTorch start); returns the paths."""
-  isolated.run(_make_many, [(n, str(p), dict(o)) for n, p, o in specs])
+  isolated.reference(_make_many, [(n, str(p), dict(o)) for n, p, o in specs])
   return [str(p) for _, p, _ in specs]
 
 
@@ -101,7 +101,7 @@ def references(specs) -> list[dict]:
   Returns:
     Per spec, ``key -> array | token list`` (what ``hf_logits`` / ``hf_greedy`` return).
   """
-  return isolated.run(_references, [(n, str(p), dict(r), dict(o)) for n, p, r, o in specs])
+  return isolated.reference(_references, [(n, str(p), dict(r), dict(o)) for n, p, r, o in specs])
 
 
 def loaded(name: str, tmp_path_factory):
@@ -120,12 +120,12 @@ def random_tokens(b: int, n: int, seed: int = 3) -> np.ndarray:
 def hf_logits(path, tokens: np.ndarray, dtype: str = "float32") -> np.ndarray:
   """transformers' logits ``[B, S, V]`` (as float32) of the model saved at ``path``, run in
   ``dtype``."""
-  return isolated.run(_hf_logits, str(path), np.asarray(tokens), dtype)
+  return isolated.reference(_hf_logits, str(path), np.asarray(tokens), dtype)
 
 
 def hf_greedy(path, prompt: np.ndarray, new: int) -> list[int]:
   """transformers' ``generate`` greedy continuation (``new`` tokens) of ``prompt [1, S]``."""
-  return isolated.run(_hf_greedy, str(path), np.asarray(prompt), new)
+  return isolated.reference(_hf_greedy, str(path), np.asarray(prompt), new)
 
 
 def _make_hf(name, path, seed, overrides, max_shard_size=None):

@@ -97,7 +97,7 @@ def test_unrotating_transformers_qwen2_rope():
   """The same, with the rotation from ``transformers``' Qwen2 code itself."""
   pytest.importorskip("transformers")
   qpre = np.random.default_rng(1).normal(size=(1, HQ, len(POSITIONS), D)).astype(np.float32) * 4
-  qpost = isolated.run(_transformers_qwen2_rotation, qpre, POSITIONS, timeout=300)
+  qpost = isolated.reference(_transformers_qwen2_rotation, qpre, POSITIONS, timeout=300)
   back = _unrotated_by_observe(_method("theta", prefill_stats="window",
                                        n_queries=len(POSITIONS)), qpost[0], POSITIONS)
   # transformers rotates in float32 too: twice the angle error.
