@@ -99,13 +99,14 @@ def reference(fn, *args, timeout: float = 900.0, **kwargs):
   try:
     conn.send((fn, args, kwargs))
     return _result(proc, conn, fn, timeout)
-  except (TimeoutError, EOFError, BrokenPipeError) as e:
+  except BrokenPipeError as e:  # it died after its last answer
+    _reference_child.clear()
+    raise RuntimeError(f"{fn.__name__}: the child process died") from e
+  except TimeoutError:
     _reference_child.clear()
     proc.kill()
-    if isinstance(e, TimeoutError):
-      raise
-    raise RuntimeError(f"{fn.__name__}: the child process died") from e
-  except RuntimeError:
+    raise
+  except RuntimeError:  # an exception in fn (the child serves on) or its death
     if not proc.is_alive():
       _reference_child.clear()
     raise
