@@ -51,13 +51,19 @@ def union_lists(block_idx, n_valid, group: int, num_blocks: int, payload=None):
   # A repeated (block, head) pair (a list with a duplicate id) contributes once.
   dup = jnp.concatenate([jnp.zeros((b, kh, 1), bool), key[..., 1:] == key[..., :-1]], -1)
   seg = jnp.cumsum(first, axis=-1, dtype=jnp.int32) - 1
+  # Each store below has its own target (the rest go to distinct out-of-range slots and are
+  # dropped), so the scatters are unique-index: plain stores on a GPU, no atomics.
+  off = u + jnp.arange(u, dtype=jnp.int32)
   bi = jnp.arange(b)[:, None, None]
   ki = jnp.arange(kh)[None, :, None]
-  idx = jnp.full((b, kh, u), num_blocks, jnp.int32).at[bi, ki, seg].min(blk_s)
-  # One non-duplicate entry per (union entry, head), the rest add 0: a sum, not a max, keeps
-  # words with bit 31 set (a 32-query window's last step), which are negative in int32.
-  words = jnp.zeros((b, kh, u, group), jnp.int32).at[bi, ki, seg, head_s].add(
-      jnp.where(dup | (blk_s >= num_blocks), 0, word))
+  idx = jnp.full((b, kh, u), num_blocks, jnp.int32).at[bi, ki, jnp.where(first, seg, off)].set(
+      blk_s, mode="drop", unique_indices=True)
+  # The first entry of each (block, head) pair carries the head's word; a repeated pair (a list
+  # with a duplicate id) and the unlisted entries store nothing.
+  keep = ~dup & (blk_s < num_blocks)
+  flat = jnp.where(keep, seg * group + head_s, u * group + off)
+  words = jnp.zeros((b, kh, u * group), jnp.int32).at[bi, ki, flat].set(
+      word, mode="drop", unique_indices=True).reshape(b, kh, u, group)
   n_union = jnp.sum(first & (blk_s < num_blocks), axis=-1, dtype=jnp.int32)
   return jnp.minimum(idx, num_blocks - 1), n_union, words
 

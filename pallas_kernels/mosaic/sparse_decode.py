@@ -82,7 +82,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
                     row_limit=None, *, block_size: int, scale: float, num_splits: int | None,
                     num_stages: int, softcap: float | None, interpret, bits_per_word: int = 32,
                     rows_per_prior: int = 1, epilogue=None, extras=(), mma: bool | None = None,
-                    tokens_per_step: int | None = None, count_attended: bool = False):
+                    tokens_per_step: int | None = None, count_attended: bool = False,
+                    carry_in=None):
   """Runs the Mosaic GPU kernel: per-split partials, merged in XLA (``lse_combine``; with a
   prior ``split_combine_pairs``' jnp path, which also runs the epilogue).
 
@@ -110,6 +111,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
       launch parameter for sweeps (``experiments.decode_sweep --mosaic``).
     count_attended: also count the keys each row attended (static; the CUDA-core path, so
       not with ``mma=True``, nor with an epilogue).
+    carry_in: optional ``[(out [B, K, R, D], lse [B, K, R])]``, one per output pair: merged
+      as one more split in the same merge (as ``split_combine_pairs``' ``carry_in``).
 
   Returns:
     ``(out [B, K, R, D] f32, lse [B, K, R] f32)``; with ``prior`` also ``(prior_out,
@@ -229,11 +232,15 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
   attended = (jnp.sum(outs.pop(), axis=2),) if count_attended else ()
   if not with_prior:
     out, lse = outs
-    if splits == 1:
+    if carry_in is not None:  # one more split
+      out_c, lse_c = carry_in[0]
+      out = jnp.concatenate([out, out_c[:, :, None].astype(out.dtype)], axis=2)
+      lse = jnp.concatenate([lse, lse_c[:, :, None].astype(lse.dtype)], axis=2)
+    if out.shape[2] == 1:
       return out[:, :, 0], lse[:, :, 0], *attended
     return (*lse_combine(out, lse, axis=2), *attended)
   got = split_combine_pairs([tuple(outs[:2]), tuple(outs[2:4])], outs[4], epilogue=epilogue,
-                            extras=extras, impl="xla")
+                            extras=extras, carry_in=carry_in, impl="xla")
   if epilogue is not None:
     return got
   (pair_true, pair_prior), seen = got

@@ -52,8 +52,8 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     length: ``[B]`` int32; pos: optional ``[B, K, T]`` int32 (-1 = empty slot).
     prior: optional ``[B, N, T]`` float32 RESA prior logits, shared by a head's W queries.
     count_attended: static; also return the keys each query attended.
-    carry_in: optional partials merged into the outputs (``merge_carry``: in XLA, after the
-      launches, as this kernel's split merge is).
+    carry_in: optional ``[(out [B, N, W, D], lse [B, N, W])]`` partials, one per output
+      pair, merged into the outputs as one more split of the kernel's (XLA) split merge.
     block_size: static, a power of 2 >= 16; scale, num_splits, num_stages, softcap: as the
       Mosaic ``sparse_decode``; num_warps, blocks_per_iter: accepted for the signature.
     impl: ``"xla"`` runs ``sparse_decode_multiquery_reference``; any other value the Mosaic
@@ -89,14 +89,16 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     gc = gs.stop - g0
     rows = lambda x, gc=gc: x.reshape(b, hkv, gc * w, *x.shape[4:])  # [B, K, gc, W, ...]
     limit = jnp.broadcast_to(q_limit[:, None, None, :], (b, hkv, gc, w))
+    carry = None if carry_in is None else [tuple(rows(heads(x)[:, :, gs]) for x in pair)
+                                           for pair in carry_in]
     parts.append(decode_partials(
         rows(heads(q)[:, :, gs]), k, v, idx, nv, length, pos=pos,
         row_bits=row_bits if row_bits.shape[-1] == 1 else row_bits[..., gs],
         prior=None if prior is None else heads(prior)[:, :, gs], row_limit=rows(limit),
         block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
         num_stages=num_stages, softcap=softcap, interpret=interpret, bits_per_word=w,
-        rows_per_prior=w, count_attended=count_attended))
+        rows_per_prior=w, count_attended=count_attended, carry_in=carry))
   def merged(*xs):  # [B, K, gc * W, ...] per launch -> [B, N, W, ...]
     xs = [x.reshape(b, hkv, -1, w, *x.shape[3:]) for x in xs]
     return jnp.concatenate(xs, axis=2).reshape(b, hq, w, *xs[0].shape[4:])
-  return merge_carry(tuple(merged(*xs) for xs in zip(*parts)), carry_in)
+  return tuple(merged(*xs) for xs in zip(*parts))

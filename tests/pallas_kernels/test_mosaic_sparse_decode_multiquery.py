@@ -87,13 +87,15 @@ def test_matches_reference(shape, seed, with_pos, with_prior):
 
 def test_dispatch_two_launches_softcap():
   """impl="mosaic" of the Triton twin's op runs this kernel (``MOSAIC_OPS``); 3 heads x 32
-  queries with holes, a prior and a soft-cap, then empty lists."""
+  queries with holes, a prior, a soft-cap and carried partials (each launch merges its own
+  heads' share), then empty lists."""
   assert backends.resolve_impl("mosaic", "sparse_decode_multiquery", capability=9.0) == "mosaic"
   case, args, pos, prior = make(POOL[2], 7, True, True)
   args = (30.0 * args[0],) + args[1:]
-  got = run(dispatched, case, *args, pos=pos, prior=prior, softcap=5.0)
-  check(got, reference(*args, block_size=case.block_size, pos=pos, prior=prior, softcap=5.0),
-        case.dtype, count_attended=False)
+  carry = carried(case, args[0], 2)
+  got = run(dispatched, case, *args, pos=pos, prior=prior, softcap=5.0, carry_in=carry)
+  check(got, reference(*args, block_size=case.block_size, pos=pos, prior=prior, softcap=5.0,
+                       carry_in=carry), case.dtype, count_attended=False, carried=True)
   empty = args[:3] + (args[3][..., :0], args[4], args[5][..., :0]) + args[6:]
   out, lse = dispatched(*empty, block_size=case.block_size, impl="mosaic", interpret=True)
   assert not np.any(out) and np.all(np.isneginf(lse))
