@@ -35,6 +35,8 @@ class MethodInfo:
     query_aware: whether it needs the question in view (kvpress runs it query-aware only).
     summary: the first line of its class docstring (its paper).
     spec: the full spec string of a preset; the name otherwise.
+    signal: for a compression method (or its preset), what its token scores are computed from
+      (``compression.SIGNALS``: ``"attention"``, ``"queries"`` or ``"keys"``); None otherwise.
   """
 
   name: str
@@ -42,6 +44,7 @@ class MethodInfo:
   panels: tuple[str, ...]
   summary: str
   spec: str
+  signal: str | None = None
 
   @property
   def query_aware(self) -> bool:
@@ -68,6 +71,11 @@ def _compression_panels(name: str) -> tuple[str, ...]:
   return tuple(getattr(cls, "PANELS", ("query_agnostic",)))
 
 
+def _signal(name: str) -> str | None:
+  build = compression.BUILDERS.get(name)
+  return getattr(getattr(build, "method_class", build), "SIGNAL", None)
+
+
 def available(family: str | None = None) -> tuple[MethodInfo, ...]:
   """Every buildable method (of ``family`` if given), in registry order: dense, the selectors,
   the compression methods, the presets.
@@ -85,11 +93,12 @@ def available(family: str | None = None) -> tuple[MethodInfo, ...]:
            for name, cls in selectors.SELECTORS.items()]
   for name, build in compression.BUILDERS.items():
     cls = getattr(build, "method_class", build)
-    rows.append(MethodInfo(name, "compression", _compression_panels(name), _summary(cls), name))
+    rows.append(MethodInfo(name, "compression", _compression_panels(name), _summary(cls), name,
+                           _signal(name)))
   for name, spec in presets.PRESETS.items():
     base = spec.split(":")[0].split("+")[0]
     panels = _compression_panels(base) if base in compression.BUILDERS else _BOTH_PANELS
-    rows.append(MethodInfo(name, "preset", panels, f"Preset: {spec}", spec))
+    rows.append(MethodInfo(name, "preset", panels, f"Preset: {spec}", spec, _signal(base)))
   return tuple(r for r in rows if family is None or r.family == family)
 
 
@@ -104,10 +113,11 @@ def markdown() -> str:
   """The README's table of this package's methods (tests/sparse_attn/test_catalog.py keeps the
   README's copy current)."""
   short = {"query_agnostic": "agnostic", "query_aware": "aware"}
-  lines = ["| name | family | leaderboard panels | what |", "|---|---|---|---|"]
+  lines = ["| name | family | leaderboard panels | scores from | what |",
+           "|---|---|---|---|---|"]
   for m in filter(builtin, available()):
     what = m.summary.replace("|", "\\|")
     lines.append(f"| `{m.name}` | {m.family} | {', '.join(short[p] for p in m.panels)} | "
-                 f"{what} |")
+                 f"{m.signal or '-'} | {what} |")
   return "\n".join(lines) + "\n"
 

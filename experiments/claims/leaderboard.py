@@ -5,8 +5,9 @@ the context it reads, per benchmark, protocol and context length.
 intervals are not free), ``markdown`` renders them as the report's tables (one per benchmark
 and protocol, a row per method x budget, its lengths side by side), ``missing`` names the
 rows a length lacks that another length of the same benchmark has, and ``figure`` draws, per
-(benchmark, protocol, length), one panel per method family (``panels``: compression, sparse
-decode with its presets, names the catalog does not hold): accuracy (with its 95% interval)
+(benchmark, protocol, length), one panel per method family (``panels``: compression, split by
+what the scores read when crowded; sparse decode with its presets; names the catalog does not
+hold): accuracy (with its 95% interval)
 against the share of the context read per head, a line per method through its budgets, dense
 the dashed line of every panel.
 """
@@ -184,6 +185,10 @@ def missing(board: list[dict]) -> str:
 
 # the figure's panels per (benchmark, protocol, length): one per family, in this order
 FAMILY_TITLES = {"compression": "compression (eviction)",
+                 # a crowded compression panel split by what the scores read (_split_crowded)
+                 "compression:attention": "compression, scored by attention weights",
+                 "compression:queries": "compression, scored by query statistics",
+                 "compression:keys": "compression, scored by keys, values or position",
                  "sparse-decode": "sparse decode (a subset read per step)",
                  "other": "other (not in the catalog)", "dense": "dense"}
 PARTIAL_TITLE = ": rows on fewer tasks than dense"
@@ -222,6 +227,12 @@ def _spec_name(spec: str) -> str:
   return re.split(r"[:+]", str(spec), maxsplit=1)[0]
 
 
+@functools.cache
+def _catalog_signals() -> dict[str, str | None]:
+  """catalog name -> what its scores are computed from (``MethodInfo.signal``)."""
+  return {i.name: i.signal for i in methods.available()}
+
+
 def family(label) -> str:
   """The figure's family of a row label (``base_label``, then its spec's first name, looked up
   in ``sparse_attn.methods.available()``): ``"dense"``, ``"compression"``, ``"sparse-decode"``
@@ -235,7 +246,9 @@ def panels(board: list[dict]) -> dict[tuple, list[dict]]:
   families without rows there have no panel), dense's rows in every panel of their group (a
   group of dense alone: one ``"dense"`` panel). A method with a budget averaging fewer tasks
   than dense there (a run still going, a diagnostic on a few tasks) is drawn in a panel of its
-  own after its family's (``partial`` True), so that the rows compared are the comparable ones."""
+  own after its family's (``partial`` True), so that the rows compared are the comparable ones.
+  A compression panel of more than ``CROWDED`` methods is split by what their scores read
+  (family ``"compression:attention"``, ``":queries"``, ``":keys"``: ``_split_crowded``)."""
   dense_tasks = _dense_tasks(board)
   groups = collections.defaultdict(list)
   for r in board:
@@ -249,9 +262,26 @@ def panels(board: list[dict]) -> dict[tuple, list[dict]]:
       fam = family(r["method"])
       by[fam, fam != "dense" and base_label(r["method"]) in partial].append(r)
     dense = by.pop(("dense", False), [])
-    for fam, part in sorted(by, key=lambda fp: (list(FAMILY_TITLES).index(fp[0]), fp[1])) or [
-        ("dense", False)]:
+    by = _split_crowded(by)
+    order = lambda fp: (list(FAMILY_TITLES).index(fp[0].split(":")[0]), fp[1],
+                        list(FAMILY_TITLES).index(fp[0]))
+    for fam, part in sorted(by, key=order) or [("dense", False)]:
       out[key + (fam, part)] = dense + by.get((fam, part), [])
+  return out
+
+
+def _split_crowded(by: dict) -> dict:
+  """``by`` (``(family, partial) -> rows``) with each compression entry of more than
+  ``CROWDED`` methods split by what their scores read (``compression:<signal>``, the catalog's
+  ``signal``), so that a panel of the whole board stays readable."""
+  out = collections.defaultdict(list)
+  for (fam, part), rs in by.items():
+    if fam != "compression" or len({base_label(r["method"]) for r in rs}) <= CROWDED:
+      out[fam, part] += rs
+      continue
+    for r in rs:
+      sub = f"compression:{_catalog_signals().get(_spec_name(base_label(r['method'])))}"
+      out[sub if sub in FAMILY_TITLES else fam, part].append(r)
   return out
 
 

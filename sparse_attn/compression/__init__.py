@@ -42,7 +42,7 @@ from sparse_attn.compression import (cur, expected_attention, h2o, keydiff, knor
                                      tova)
 from sparse_attn.compression import compactor, qfilters
 from sparse_attn.compression import chunkkv, criticalkv, finch, pyramidkv
-from sparse_attn.compression.base import CompressionMethod
+from sparse_attn.compression.base import SIGNALS, CompressionMethod
 from sparse_attn.compression import rocketkv
 from sparse_attn.compression import duo_attention, kvzip
 from sparse_attn.compression import think, think_composed

@@ -48,6 +48,11 @@ from sparse_attn.compression.head_budget import HeadBudget
 from sparse_attn.compression.scorer import Scorer
 from sparse_attn.protocol import PrefillGroup
 
+# What a method's token scores are computed from (``CompressionMethod.SIGNAL``).
+SIGNALS = {"attention": "attention weights of the prompt's queries",
+           "queries": "query statistics, no attention weights",
+           "keys": "keys, values or position alone (no query)"}
+
 
 @dataclasses.dataclass(frozen=True)
 class CompressionMethod(Scorer):
@@ -110,9 +115,15 @@ class CompressionMethod(Scorer):
   # its budget is a share read per step, compared beside the sparse decoders (the leaderboard
   # figure draws it in their panel).
   SPARSE_DECODE: ClassVar[bool] = False
+  # What its token scores are computed from (``SIGNALS``; the catalog lists it and the
+  # leaderboard figure splits a crowded compression panel by it). None: not stated.
+  SIGNAL: ClassVar[str | None] = None
 
   def __init_subclass__(cls, **kwargs):
     super().__init_subclass__(**kwargs)
+    if cls.SIGNAL is not None and cls.SIGNAL not in SIGNALS:
+      raise ValueError(f"{cls.__name__}.SIGNAL must be one of {tuple(SIGNALS)}, got "
+                       f"{cls.SIGNAL!r}")
     if cls.__dict__.get("prefill_group") is not None:  # a subclass's own group, checked once
       cls.prefill_group = PrefillGroup.parse(cls.prefill_group, "prefill_group")
 

@@ -122,6 +122,7 @@ class Compactor(RopeOptions, CompressionMethod):
   seed: int = 0
 
   name = "compactor"
+  SIGNAL = "attention"  # key leverage blended with chunked attention
   DEFAULTS = {"head_budget": HeadBudget.ADAKV}  # kvpress's leaderboard: adakv_compactor
 
   def __post_init__(self):

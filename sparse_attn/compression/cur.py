@@ -50,6 +50,7 @@ class CUR(CompressionMethod):
   seed: int = 0
 
   name = "cur"
+  SIGNAL = "keys"  # key and value leverage
   DEFAULTS = {"n_sink": 4}
 
   def __post_init__(self):

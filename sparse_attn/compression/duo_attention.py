@@ -125,6 +125,7 @@ class DuoAttention(RopeOptions, CompressionMethod):
   table: tuple | None = None
 
   name = "duo_attention_on_the_fly"
+  SIGNAL = "queries"  # a calibration text's mean query and key
   DEFAULTS = {"n_sink": 128}
 
   def __post_init__(self):

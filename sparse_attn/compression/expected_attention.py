@@ -172,6 +172,7 @@ class ExpectedAttention(RopeOptions, CompressionMethod):
   prefill_stats: str = "all"
 
   name = "expected_attention"
+  SIGNAL = "queries"  # a Gaussian model of future queries
   # Its weights are Gaussian moments of uncapped, unwindowed logits: refused on a soft-capped
   # model and on a sliding-window layer.
   estimates_raw_attention = True

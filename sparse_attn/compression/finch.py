@@ -98,6 +98,7 @@ class FINCH(rope.RopeOptions, CompressionMethod):
   rerotate_keys: bool = True
 
   name = "finch"
+  SIGNAL = "attention"  # the question's attention
   PANELS = ("query_aware",)  # kvpress runs it with the question compressed (catalog)
 
   def __post_init__(self):

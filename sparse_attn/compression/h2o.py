@@ -36,6 +36,7 @@ class H2O(CompressionMethod):
   query_block: int = 256
 
   name = "h2o"
+  SIGNAL = "attention"  # accumulated attention
   DEFAULTS = {"interval": 1}
 
   def __post_init__(self):

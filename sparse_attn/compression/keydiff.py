@@ -20,6 +20,7 @@ class KeyDiff(CompressionMethod):
   """KeyDiff eviction (Park et al. 2025, Eq. 4-5): score ``-cos(k, mean normalised key)``."""
 
   name = "keydiff"
+  SIGNAL = "keys"  # key cosine to the mean key
 
   def scores(self, cache, state, scale, n):
     """``[B, K, T]``: ``-cos(k_t, a)``, ``a`` the mean unit key of the head (Park et al., Eq. 5)."""

@@ -19,6 +19,7 @@ class KNorm(CompressionMethod):
   """KNorm eviction (Devoto et al. 2024, Sec. 3): score ``-||k||_2``."""
 
   name = "knorm"
+  SIGNAL = "keys"  # key norms
 
   def scores(self, cache, state, scale, n):
     """``[B, K, T]``: ``-||k_t||_2`` (Devoto et al. 2024, Sec. 3)."""

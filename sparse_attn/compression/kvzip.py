@@ -163,6 +163,7 @@ class KVzip(CompressionMethod):
   layerwise: bool = False
 
   name = "kvzip"
+  SIGNAL = "attention"  # the attention of the context's reconstruction
   DEFAULTS = {"n_sink": 4, "head_budget": HeadBudget.ADAKV, "floor": 0.0}
 
   def __post_init__(self):

@@ -55,6 +55,7 @@ class LagKV(CompressionMethod):
   cross_scoring: bool = False
 
   name = "lagkv"
+  SIGNAL = "keys"  # key and value statistics against the next partition
   DEFAULTS = {"n_sink": 4}
 
   def __post_init__(self):

@@ -82,6 +82,7 @@ class QFilters(CompressionMethod):
   filters: tuple | None = None
 
   name = "qfilters"
+  SIGNAL = "queries"  # keys projected on the queries' principal direction
 
   def __post_init__(self):
     super().__post_init__()

@@ -26,6 +26,7 @@ class RandomPress(CompressionMethod):
   seed: int = 0
 
   name = "random"
+  SIGNAL = "keys"  # no signal: a random draw
 
   def __post_init__(self):
     super().__post_init__()

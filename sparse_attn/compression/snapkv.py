@@ -38,6 +38,7 @@ class SnapKV(CompressionMethod):
   pooling: str = "avg"
 
   name = "snapkv"
+  SIGNAL = "attention"  # the observation window's attention
   PANELS = ("query_agnostic", "query_aware")  # kvpress's leaderboard panels
 
   def __post_init__(self):

@@ -46,6 +46,7 @@ class StreamingLLM(RopeOptions, CompressionMethod):
   positions: str = "original"
 
   name = "streaming_llm"
+  SIGNAL = "keys"  # position only
   DEFAULTS = {"n_sink": 4, "interval": 1}
 
   def __post_init__(self):

@@ -200,6 +200,7 @@ class ThinK(CompressionMethod):
   recent_size: int = 0
 
   name = "think"
+  SIGNAL = "queries"  # window queries' channel norms times the keys'
 
   def __post_init__(self):
     super().__post_init__()

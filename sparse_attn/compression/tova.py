@@ -42,6 +42,7 @@ class TOVA(CompressionMethod):
   scope: str = "layer"
 
   name = "tova"
+  SIGNAL = "attention"  # the last query's attention
   DEFAULTS = {"interval": 1}
 
   def __post_init__(self):

@@ -66,6 +66,26 @@ def test_panels_split_each_group_by_family_with_dense_in_every_panel():
                                                         "other", "dense"].index(k[3])))
 
 
+def test_a_crowded_compression_panel_is_split_by_what_the_scores_read(monkeypatch, tmp_path):
+  """Over ``CROWDED`` compression methods: a panel per ``signal`` (attention weights, query
+  statistics, keys alone), in that order, dense in each; at most ``CROWDED``: one panel."""
+  info = [i for i in methods.available("compression")  # (RocketKV: with the sparse decoders)
+          if leaderboard.family(i.name) == "compression"]
+  assert len(info) > leaderboard.CROWDED
+  board = [_row("dense", share=None, accuracy=80.0)] + [_row(f"{i.name}@0.5") for i in info]
+  got = {k[3]: [r["method"] for r in rs] for k, rs in leaderboard.panels(board).items()}
+  assert list(got) == ["compression:attention", "compression:queries", "compression:keys"]
+  for sig, rows in got.items():
+    assert rows[0] == "dense" and rows[1:] == [f"{i.name}@0.5" for i in info
+                                               if f"compression:{i.signal}" == sig]
+  assert "knorm@0.5" in got["compression:keys"] and "snapkv@0.5" in got["compression:attention"]
+  fig, _ = _drawn(monkeypatch, board, tmp_path)
+  assert [a.get_title().split("\n")[1] for a in fig.axes if a.get_title()] == [
+      leaderboard.FAMILY_TITLES[k] for k in got]
+  few = board[:1 + leaderboard.CROWDED]
+  assert [k[3] for k in leaderboard.panels(few)] == ["compression"]
+
+
 def test_figure_titles_name_the_family_and_dense_is_in_every_panel(monkeypatch, tmp_path):
   board = [_row("dense", share=None, accuracy=80.0), _row("snapkv@0.5"),
            _row("quest@0.025", share=0.05), _row("mystery@0.5"),

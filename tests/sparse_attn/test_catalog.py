@@ -45,6 +45,21 @@ def test_panels_follow_kvpress_leaderboard():
   assert by_name["expected-attention"].panels == ("query_agnostic",)  # a preset: its base's
 
 
+def test_every_compression_method_says_what_it_scores_from():
+  """``SIGNAL``: each built-in compression method (and a preset of one) states it, a selector
+  has none, and a subclass stating another value is refused at its definition."""
+  by_name = {m.name: m for m in methods.available()}
+  for m in by_name.values():
+    base_is_compression = m.family == "compression" or (
+        m.family == "preset" and m.spec.split(":")[0].split("+")[0] in compression.BUILDERS)
+    assert (m.signal in compression.SIGNALS) if base_is_compression else m.signal is None, m
+  assert [by_name[n].signal for n in ("snapkv", "criticalkv", "expected_attention", "knorm",
+                                      "expected-attention")] == [
+      "attention", "attention", "queries", "keys", "queries"]
+  with pytest.raises(ValueError, match="SIGNAL must be one of"):
+    type("Odd", (CompressionMethod,), {"SIGNAL": "vibes"})
+
+
 def test_a_registered_selector_is_listed_but_not_in_the_readme_table(monkeypatch):
   @dataclasses.dataclass(frozen=True)
   class Mine(selectors.Quest):
