@@ -191,7 +191,7 @@ FAMILY_TITLES = {"compression": "compression (eviction)",
                  "compression:keys": "compression, scored by keys, values or position",
                  "sparse-decode": "sparse decode (a subset read per step)",
                  "other": "other (not in the catalog)", "dense": "dense"}
-PARTIAL_TITLE = ": rows on fewer tasks than dense"
+PARTIAL_TITLE = "\n(rows on fewer tasks than dense)"
 CROWDED = 12  # a panel with more lines than this has its legend outside the axes
 LEGEND_ROWS = 28  # entries per column of such a legend (fontsize 4.5 in a PANEL's height)
 PANEL, SLOT = (4.6, 3.8), 1.5  # inches: a panel (width, height); a legend column beside one
