@@ -27,7 +27,7 @@ from experiments.common import method_style, render, stats
 from experiments.tasks import accuracy_report
 from sparse_attn import compression, methods
 
-XLIM, XTICKS = (1.0, 100.0), (1, 2, 5, 10, 20, 50, 100)
+XTICKS = (1, 2, 5, 10, 20, 50, 100)
 DODGE = 1.06  # sideways spread (a factor on the log axis) between the points of one panel
 ALIGNED = "RULER (NVIDIA generator)"  # records of experiments.tasks.ruler.GENERATOR
 ORDER = {ALIGNED: 0, "RULER": 1, "needle grid": 2, "long-gen QA": 3}
@@ -196,6 +196,9 @@ CROWDED = 12  # a panel with more lines than this has its legend outside the axe
 LEGEND_ROWS = 28  # entries per column of such a legend (fontsize 4.5 in a PANEL's height)
 PANEL, SLOT = (4.6, 3.8), 1.5  # inches: a panel (width, height); a legend column beside one
 SPREAD = 1.35  # at most this factor either side of a share between one panel's dodged points
+# the dodged points of a row at 1% or 100% (ThinK reads every token: it prunes key channels) in
+# view
+XLIM = (1.0 / SPREAD, 100.0 * SPREAD)
 LABEL = 40  # legend labels past this many characters are cut (a calibration file's path)
 
 

@@ -177,3 +177,15 @@ def test_a_row_over_fewer_tasks_than_dense_is_drawn_apart_dotted_and_hollow(monk
   assert drawn["knorm (2 of 12 tasks)"].get_markerfacecolor() == "none"
   for a in fig.axes:  # dense in every panel
     assert [ln.get_label() for ln in a.lines if ln.get_linestyle() == "--"] == ["dense"]
+
+
+def test_rows_reading_every_token_stay_in_view(monkeypatch, tmp_path):
+  """ThinK prunes key channels, not tokens (its rows read 100% of the context): dodged
+  sideways beside other rows at 100%, every point stays inside the axes."""
+  board = [_row("dense", share=None)] + [_row(f"{n}@0.5", share=1.0)
+                                         for n in ("think", "snapkv", "knorm", "tova")]
+  fig, _ = _drawn(monkeypatch, board, tmp_path)
+  (panel,) = fig.axes
+  lo, hi = panel.get_xlim()
+  xs = [x for c in panel.containers for x in c.lines[0].get_xdata()]
+  assert len(xs) == 4 and all(lo <= x <= hi for x in xs) and max(xs) > 100
