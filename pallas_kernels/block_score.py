@@ -61,15 +61,23 @@ def block_score_reference(q, kmin, kmax, length, *, block_size: int):
   return jnp.where(live[:, None, None, :], score, NEG_INF)
 
 
-def query_halves(q_ref, rows: int, head_dim: int, digest_dtype):
+def query_halves(q_ref, rows: int, head_dim: int, digest_dtype, *, pool: bool = False):
   """The kernel's query tile ``[Rp, Dp]`` split as ``(relu(q), min(q, 0))`` in the dots' dtype,
-  and the dots' precision: what ``tile_scores`` multiplies the digests by."""
+  and the dots' precision: what ``tile_scores`` multiplies the digests by.
+
+  ``pool``: the ``rows`` query rows are averaged first (float32, rounded to the queries'
+  dtype, as ``pooled_query``), and the tile holds that one row (the others zero)."""
   rp, dp = _common.pad_rows(rows), _common.pad_rows(head_dim)
   row_ok = jnp.arange(rp) < rows
   col_ok = jnp.arange(dp) < head_dim
   # [Rp, Dp]
   q = plgpu.load(q_ref.at[pl.ds(0, rp), pl.ds(0, dp)], mask=row_ok[:, None] & col_ok[None, :],
                  other=0)
+  if pool:
+    # [Dp]: masked rows loaded as zeros add nothing to the sum
+    mean = (jnp.sum(q.astype(jnp.float32), axis=0) / rows).astype(q.dtype)
+    first = jnp.arange(_common.pad_rows(1)) == 0
+    q = jnp.where(first[:, None], mean[None, :], jnp.zeros((), q.dtype))
   cdt = jnp.promote_types(q.dtype, digest_dtype)
   precision = lax.Precision.HIGHEST if cdt == jnp.float32 else None
   q = q.astype(cdt)
@@ -101,13 +109,16 @@ def tile_scores(q_halves, kmin_ref, kmax_ref, first, length, *, block_size: int,
 
 
 def _score_kernel(q_ref, kmin_ref, kmax_ref, length_ref, out_ref, *, block_size: int, rows: int,
-                  head_dim: int, num_blocks: int, block_nb: int, tiles_per_split: int):
-  """One program: rows of one kv head against ``tiles_per_split`` tiles of ``block_nb`` blocks.
+                  head_dim: int, num_blocks: int, block_nb: int, tiles_per_split: int,
+                  pool: bool):
+  """One program: rows of one kv head (or, with ``pool``, their mean: one output row) against
+  ``tiles_per_split`` tiles of ``block_nb`` blocks.
 
   The tiles are a loop so Triton pipelines the digest loads (cp.async ring).
   """
-  row_ok = jnp.arange(_common.pad_rows(rows)) < rows
-  halves = query_halves(q_ref, rows, head_dim, kmin_ref.dtype)
+  halves = query_halves(q_ref, rows, head_dim, kmin_ref.dtype, pool=pool)
+  out_rows = 1 if pool else rows
+  row_ok = jnp.arange(halves[0].shape[0]) < out_rows
   length = length_ref[()]
   first_tile = pl.program_id(2) * tiles_per_split  # (interpret mode: not inside the loop)
 
@@ -124,8 +135,9 @@ def _score_kernel(q_ref, kmin_ref, kmax_ref, length_ref, out_ref, *, block_size:
 
 
 def _block_score_pallas(q, kmin, kmax, length, *, block_size: int, tiles: _common.TileConfig,
-                        interpret: bool):
+                        interpret: bool, pool: bool = False):
   b, kh, g, d = q.shape
+  out_rows = 1 if pool else g
   nb = kmin.shape[2]
   block_nb = min(tiles.block_nb, _common.pad_rows(nb))
   n_tiles = pl.cdiv(nb, block_nb)
@@ -134,7 +146,8 @@ def _block_score_pallas(q, kmin, kmax, length, *, block_size: int, tiles: _commo
   per_split = pl.cdiv(n_tiles, splits)
   splits = pl.cdiv(n_tiles, per_split)
   kernel = functools.partial(_score_kernel, block_size=block_size, rows=g, head_dim=d,
-                             num_blocks=nb, block_nb=block_nb, tiles_per_split=per_split)
+                             num_blocks=nb, block_nb=block_nb, tiles_per_split=per_split,
+                             pool=pool)
   head = lambda bi, hi, ji: (bi, hi, 0, 0)
   digest = pl.BlockSpec((None, None, nb, d), head)
   return pl.pallas_call(
@@ -142,12 +155,12 @@ def _block_score_pallas(q, kmin, kmax, length, *, block_size: int, tiles: _commo
       grid=(b, kh, splits),
       in_specs=[pl.BlockSpec((None, None, g, d), head), digest, digest,
                 pl.BlockSpec((None,), lambda bi, hi, ji: (bi,))],
-      out_specs=pl.BlockSpec((None, None, g, nb), head),
-      out_shape=jax.ShapeDtypeStruct((b, kh, g, nb), jnp.float32),
+      out_specs=pl.BlockSpec((None, None, out_rows, nb), head),
+      out_shape=jax.ShapeDtypeStruct((b, kh, out_rows, nb), jnp.float32),
       compiler_params=plgpu.CompilerParams(num_warps=tiles.num_warps,
                                            num_stages=tiles.num_stages),
       interpret=interpret,
-      name="block_score",
+      name="block_score_pooled" if pool else "block_score",
   )(q, kmin, kmax, length.astype(jnp.int32))
 
 
@@ -181,30 +194,38 @@ def block_score(q, kmin, kmax, length, *, block_size: int, impl: _common.Impl = 
                              interpret=interpret)
 
 
+def pooled_query(q):
+  """The group's mean query ``q [B, K, G, D]`` -> ``[B, K, 1, D]``: averaged in float32 and
+  rounded to ``q.dtype`` (the rounding ``sparse_attn.scoring.pool_group`` makes)."""
+  return jnp.mean(q.astype(jnp.float32), axis=2, keepdims=True).astype(q.dtype)
+
+
 def block_score_pooled_reference(q, kmin, kmax, length, *, block_size: int):
-  """Eq. 1 with the group mean-pooled query (float32): ``[B, K, NB]``."""
-  pooled = jnp.mean(q.astype(jnp.float32), axis=2, keepdims=True)
-  return block_score_reference(pooled, kmin, kmax, length, block_size=block_size)[:, :, 0]
+  """Eq. 1 for the group's mean query (``pooled_query``): ``[B, K, NB]``."""
+  return block_score_reference(pooled_query(q), kmin, kmax, length,
+                               block_size=block_size)[:, :, 0]
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "impl", "interpret", "block_nb"))
 def block_score_pooled(q, kmin, kmax, length, *, block_size: int, impl: _common.Impl = "auto",
                        interpret: bool = False, block_nb: int = 64):
-  """Quest scores for the group mean-pooled query (ReSA's group-shared block selection).
+  """Quest scores for the group's mean query (ReSA's group-shared block selection).
+
+  The Triton kernel averages each program's G query rows itself (``query_halves``), so the
+  pooling is no XLA op before the launch; the Mosaic kernel is given ``pooled_query``.
 
   Args: as ``block_score``.
 
   Returns:
-    ``[B, K, NB]`` float32 scores of ``mean_g q[:, :, g]`` (pooled in float32).
+    ``[B, K, NB]`` float32 scores of ``pooled_query(q)``.
   """
   resolved = _common.resolve_impl(impl, "block_score")
   if resolved == "xla":
     return block_score_pooled_reference(q, kmin, kmax, length, block_size=block_size)
-  pooled = jnp.mean(q.astype(jnp.float32), axis=2, keepdims=True)
   if resolved == "mosaic":
     from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
-    return mosaic.block_score(pooled, kmin, kmax, length, block_size=block_size, impl="mosaic",
-                              interpret=interpret)[:, :, 0]
+    return mosaic.block_score(pooled_query(q), kmin, kmax, length, block_size=block_size,
+                              impl="mosaic", interpret=interpret)[:, :, 0]
   tiles = _common.TileConfig(block_nb=block_nb)
-  return _block_score_pallas(pooled, kmin, kmax, length, block_size=block_size, tiles=tiles,
-                             interpret=interpret)[:, :, 0]
+  return _block_score_pallas(q, kmin, kmax, length, block_size=block_size, tiles=tiles,
+                             interpret=interpret, pool=True)[:, :, 0]

@@ -77,14 +77,21 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
                                      softcap=softcap, **launch)
 
 
-def quest_scores(qs, cache: KVCache, *, impl: Impl = "xla", interpret: bool = False):
+def quest_scores(qs, cache: KVCache, *, impl: Impl = "xla", interpret: bool = False,
+                 pool: bool = False):
   """Quest's digest upper bounds of ``qs [B, H, D]`` for every block -> ``[B, H, NB]`` float32
-  (``pallas_kernels.block_score``; blocks past the context ``-inf``)."""
+  (``pallas_kernels.block_score``; blocks past the context ``-inf``).
+
+  ``pool``: ``qs`` are the ``[B, Hq, D]`` query heads, scored as each kv group's mean query
+  (``scoring.pool_group``'s ``gqa="group"``, H = K), averaged inside the kernel
+  (``pallas_kernels.block_score_pooled``).
+  """
   b, h, d = qs.shape
   qg = qs.reshape(b, cache.num_kv_heads, h // cache.num_kv_heads, d)
-  s = pallas_kernels.block_score(qg, cache.kmin, cache.kmax, cache.length,
-                                 block_size=cache.block_size, impl=impl, interpret=interpret)
-  return s.reshape(b, h, -1)
+  score = pallas_kernels.block_score_pooled if pool else pallas_kernels.block_score
+  s = score(qg, cache.kmin, cache.kmax, cache.length, block_size=cache.block_size, impl=impl,
+            interpret=interpret)
+  return s.reshape(b, cache.num_kv_heads if pool else h, -1)
 
 
 def top_ids(ranked, count, n_max: int, *, impl: Impl = "xla", interpret: bool = False):

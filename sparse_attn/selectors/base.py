@@ -154,13 +154,18 @@ class BlockSelector(Selector):
 
   def scores(self, q, cache, *, impl: Impl = "auto", interpret: bool = False):
     """``block_scores`` of the current queries ``q [B, Hq, D]`` -> ``[B, H, NB]``."""
+    self.check_digests(cache)
+    qs = scoring.scoring_queries(q, cache.num_kv_heads, self.gqa)
+    return self.block_scores(qs, cache, impl=impl, interpret=interpret)
+
+  def check_digests(self, cache):
+    """A ValueError where ``cache`` lacks a digest this selector reads (static shapes: a clear
+    error instead of a broadcasting one)."""
     missing = [k for k in self.digests if not cache.has_digests(k)]
-    if missing:  # static shapes: a clear error instead of a broadcasting one
+    if missing:
       raise ValueError(f"{self.label} reads the {missing} block digests, which this cache "
                        "does not keep: make it with the method's init_cache (or a Method "
                        f"with digests={self.digests!r})")
-    qs = scoring.scoring_queries(q, cache.num_kv_heads, self.gqa)
-    return self.block_scores(qs, cache, impl=impl, interpret=interpret)
 
   def select(self, q, cache, scale=None, *, impl: Impl = "auto", interpret: bool = False,
              windowed: bool = False, place=placement.ONE_DEVICE) -> selection.Selection:

@@ -40,6 +40,14 @@ class Quest(BlockSelector):
     """Quest's bound ``[B, H, NB]`` (blocks past the context ``-inf``)."""
     return kernels.quest_scores(qs, cache, impl=impl, interpret=interpret)
 
+  def scores(self, q, cache, *, impl: Impl = "auto", interpret: bool = False):
+    """``BlockSelector.scores``; group-shared, the group's mean query is formed inside the
+    scoring kernel (``kernels.quest_scores(pool=True)``), not by an XLA op before it."""
+    if not self.group_shared:
+      return super().scores(q, cache, impl=impl, interpret=interpret)
+    self.check_digests(cache)
+    return kernels.quest_scores(q, cache, impl=impl, interpret=interpret, pool=True)
+
   def select(self, q, cache, scale=None, *, impl: Impl = "auto", interpret: bool = False,
              windowed: bool = False, place=placement.ONE_DEVICE) -> selection.Selection:
     """``BlockSelector.select``; group-shared with the fixed budget rule on one device (no

@@ -42,6 +42,7 @@ SHAPES = [  # batch, kv heads, group, head dim, block size, blocks, block_nb, dt
     (2, 2, 8, 128, 32, 33, 64, F32),
     (1, 2, 4, 128, 64, 16, 16, BF16),
     (2, 1, 2, 80, 32, 130, 64, BF16),  # D = 80: padded to 128 inside the kernel
+    (1, 1, 20, 64, 16, 9, 16, BF16),  # G = 20: 32 query rows loaded, pooled to one
 ]
 
 
@@ -61,6 +62,34 @@ def test_kernel_matches_reference(shape, seed):
   got = block_score_pooled(q, kmin, kmax, length, **kw)
   assert got.shape == (b, kh, nb)
   check(got, pooled_reference(q, kmin, kmax, length, block_size=bs), dtype)
+
+
+def test_pooled_reference_scores_the_rounded_group_mean():
+  """The pooled scores are those of ``scoring.pool_group``'s query (float32 mean rounded to
+  the queries' dtype), which the Quest selector scored before the kernel pooled."""
+  from sparse_attn import scoring  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(3)
+  _, kmin, kmax = digests(rng, 2, 2, 7, 16, 64, BF16)
+  q = jnp.asarray(rng.standard_normal((2, 2, 4, 64)), BF16)
+  length = jnp.asarray([112, 40], jnp.int32)
+  pooled = scoring.pool_group(q.reshape(2, 8, 64), 2, "group")  # [B, K, D]
+  want = reference(pooled[:, :, None], kmin, kmax, length, block_size=16)[:, :, 0]
+  np.testing.assert_array_equal(pooled_reference(q, kmin, kmax, length, block_size=16), want)
+
+
+def test_pooled_kernel_lowers_as_one_launch_with_no_xla_pooling():
+  """Exported for CUDA (Llama-3.1-8B's heads, 128k, bf16): one Triton call and no XLA op
+  on the queries (the mean is the kernel's)."""
+  f = lambda *a: block_score_pooled(*a, block_size=16, impl="pallas")
+  box = jax.ShapeDtypeStruct((1, 8, 8192, 128), BF16)
+  call = "__gpu$xla.gpu.triton"
+  text = jax.export.export(jax.jit(f), platforms=["cuda"], disabled_checks=[
+      jax.export.DisabledSafetyCheck.custom_call(call)])(
+          jax.ShapeDtypeStruct((1, 8, 4, 128), BF16), box, box,
+          jax.ShapeDtypeStruct((1,), jnp.int32)).mlir_module()
+  assert text.count(f"custom_call @{call}") == 1
+  for op in ("reduce", "divide", "add"):
+    assert f"stablehlo.{op}" not in text, op
 
 
 def test_reference_bounds_every_logit_and_masks_past_length():

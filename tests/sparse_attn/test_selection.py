@@ -39,6 +39,11 @@ def test_quest_scores_match_bruteforce_eq1(seed, g, dtype):
   pooled = scoring.scoring_queries(q, 2, "group")
   np.testing.assert_allclose(pooled, np.asarray(q, np.float32).reshape(2, 2, g, 6).mean(2),
                              **helpers.tol(dtype))
+  # ... formed inside the scoring op (pool=True): the same scores as pooling first
+  got = kernels.quest_scores(q, c, impl="xla", pool=True)
+  np.testing.assert_array_equal(got, kernels.quest_scores(pooled, c, impl="xla"))
+  np.testing.assert_allclose(got, _np_quest(pooled, c.kmin, c.kmax, 1, [48, 21], 8), rtol=1e-4,
+                             atol=1e-4)
 
 
 @given(seed=st.integers(0, 2**31 - 1))
