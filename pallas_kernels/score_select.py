@@ -17,7 +17,8 @@ ranking moved into the select, three). ``score_select`` does all of it in one pr
   3. ``block_select.destinations`` places the chosen ids first in ascending order, then the
      others, and one scatter writes the list; the program also writes its ``n_valid``.
 
-So the list, its order and ``n_valid`` are exactly those of ``block_score`` (G = 1) then
+The query tile is each kv head's group mean (``block_score.query_halves`` pools the G rows),
+so the list, its order and ``n_valid`` are exactly those of ``block_score_pooled`` then
 ``selection.rank_scores`` then ``block_select`` (the Pallas path it replaces), in the layout
 ``sparse_decode`` reads. The reference (``impl="xla"``) is those ops' references composed:
 ``lax.top_k``'s set, listed best first.
@@ -40,9 +41,11 @@ import jax.numpy as jnp
 
 from pallas_kernels import _common
 from pallas_kernels.backends import triton_module
-from pallas_kernels.block_score import block_score_reference, query_halves, tile_scores
-from pallas_kernels.block_select import (BITS_PER_PASS, EARLY_EXIT, block_select_reference, default_warps, destinations,
-                                         order_keys, rank_scores, threshold)
+from pallas_kernels.block_score import (block_score_reference, pooled_query, query_halves,
+                                        tile_scores)
+from pallas_kernels.block_select import (BITS_PER_PASS, EARLY_EXIT, block_select_reference,
+                                         default_warps, destinations, order_keys, rank_scores,
+                                         threshold)
 
 plgpu = triton_module()  # jax.experimental.pallas.triton; see backends
 
@@ -62,6 +65,11 @@ def supported(num_blocks: int) -> bool:
   return padded_entries(num_blocks) <= FUSED_MAX_ENTRIES
 
 
+def _grouped(q):
+  """``q`` as ``[B, K, G, D]`` (a ``[B, K, D]`` query per kv head is a group of one)."""
+  return q[:, :, None] if q.ndim == 3 else q
+
+
 def score_select_reference(q, kmin, kmax, length, local_start, count, *, block_size: int,
                            n: int, n_sink_blocks: int):
   """``block_score_reference`` -> ``block_select.rank_scores`` -> ``block_select_reference``
@@ -75,7 +83,7 @@ def score_select_reference(q, kmin, kmax, length, local_start, count, *, block_s
   """
   b, kh, nb, _ = kmin.shape
   # [B, K, NB]
-  scores = block_score_reference(q[:, :, None], kmin, kmax, length,
+  scores = block_score_reference(pooled_query(_grouped(q)), kmin, kmax, length,
                                  block_size=block_size)[:, :, 0]
   blocks = jnp.arange(nb, dtype=jnp.int32)[None, :]
   valid = blocks * block_size < length[:, None]
@@ -86,12 +94,12 @@ def score_select_reference(q, kmin, kmax, length, local_start, count, *, block_s
 
 
 def _kernel(q_ref, kmin_ref, kmax_ref, length_ref, start_ref, count_ref, idx_ref, n_valid_ref,
-            *, block_size: int, head_dim: int, num_blocks: int, block_nb: int, padded: int,
-            n: int, n_sink_blocks: int, bits_per_pass: int, early_exit: bool):
-  """One (batch, kv head): refs ``q [1, D]``, ``kmin, kmax [NB, D]``, scalars ``length``,
-  ``local_start``, ``count``; writes ``idx [n]`` and the scalar ``n_valid``."""
+            *, block_size: int, group: int, head_dim: int, num_blocks: int, block_nb: int,
+            padded: int, n: int, n_sink_blocks: int, bits_per_pass: int, early_exit: bool):
+  """One (batch, kv head): refs ``q [G, D]`` (pooled here), ``kmin, kmax [NB, D]``, scalars
+  ``length``, ``local_start``, ``count``; writes ``idx [n]`` and the scalar ``n_valid``."""
   length, start, count = length_ref[()], start_ref[()], count_ref[()]
-  halves = query_halves(q_ref, 1, head_dim, kmin_ref.dtype)
+  halves = query_halves(q_ref, group, head_dim, kmin_ref.dtype, pool=True)
   n_tiles = padded // block_nb
   # [Rp, 1]: the one real query row (the others pad the dot to 16 rows)
   top_row = (jnp.arange(halves[0].shape[0]) == 0)[:, None]
@@ -130,7 +138,8 @@ def score_select(q, kmin, kmax, length, local_start, count, *, block_size: int, 
   ``count`` best with the forced blocks first, list them (module docstring).
 
   Args:
-    q: ``[B, K, D]`` one query per kv head (the group's pooled query, ``scoring.pool_group``).
+    q: ``[B, K, D]`` one query per kv head, or ``[B, K, G, D]`` each kv head's G query heads,
+      scored as their mean (``block_score.pooled_query``, formed inside the kernel).
     kmin, kmax: ``[B, K, NB, D]`` block digests (``kmin <= kmax``).
     length: ``[B]`` int32; blocks starting at or past it are never chosen.
     local_start: ``[B]`` int32; blocks ``>= local_start`` (inside the context) are forced.
@@ -160,8 +169,10 @@ def score_select(q, kmin, kmax, length, local_start, count, *, block_size: int, 
                                   block_size=block_size, n=n, n_sink_blocks=n_sink_blocks)
   padded = padded_entries(nb)
   block_nb = min(block_nb, padded)
-  kernel = functools.partial(_kernel, block_size=block_size, head_dim=d, num_blocks=nb,
-                             block_nb=block_nb, padded=padded, n=n, n_sink_blocks=n_sink_blocks,
+  q = _grouped(q)
+  kernel = functools.partial(_kernel, block_size=block_size, group=q.shape[2], head_dim=d,
+                             num_blocks=nb, block_nb=block_nb, padded=padded, n=n,
+                             n_sink_blocks=n_sink_blocks,
                              bits_per_pass=bits_per_pass, early_exit=early_exit)
   head = lambda bi, hi: (bi, hi, 0, 0)
   digest = pl.BlockSpec((None, None, nb, d), head)
@@ -169,7 +180,7 @@ def score_select(q, kmin, kmax, length, local_start, count, *, block_size: int, 
   return pl.pallas_call(
       kernel,
       grid=(b, kh),
-      in_specs=[pl.BlockSpec((None, None, 1, d), head), digest, digest, row, row, row],
+      in_specs=[pl.BlockSpec((None, None, q.shape[2], d), head), digest, digest, row, row, row],
       out_specs=[pl.BlockSpec((None, None, n), lambda bi, hi: (bi, hi, 0)),
                  pl.BlockSpec((None, None), lambda bi, hi: (bi, hi))],
       out_shape=[jax.ShapeDtypeStruct((b, kh, n), jnp.int32),
@@ -178,5 +189,5 @@ def score_select(q, kmin, kmax, length, local_start, count, *, block_size: int, 
                                            num_stages=num_stages),
       interpret=interpret,
       name="score_select",
-  )(q[:, :, None], kmin, kmax, length.astype(jnp.int32), local_start.astype(jnp.int32),
+  )(q, kmin, kmax, length.astype(jnp.int32), local_start.astype(jnp.int32),
     count.astype(jnp.int32))

@@ -136,14 +136,14 @@ def select_blocks(scores, cache: KVCache, budget, *, impl: Impl = "xla",
   return Selection(idx=ids.reshape(b, h, n_max), n_valid=n_valid, granularity=bs)
 
 
-def quest_select(qs, cache: KVCache, budget, *, impl: Impl = "xla",
+def quest_select(q, cache: KVCache, budget, *, impl: Impl = "xla",
                  interpret: bool = False) -> Selection | None:
   """Quest's group-shared block selection in one launch (``pallas_kernels.score_select``):
-  the selection ``quest_scores`` + ``selection.select_blocks`` with ``top_ids`` make, the same
-  blocks in the same order, for ``qs [B, K, D]`` (one pooled query per kv head) under
-  ``budget`` (a ``Budget``). None where that kernel does not run (``impl`` not resolving to
-  the Triton scorer and select, or more than ``score_select.FUSED_MAX_ENTRIES`` blocks): the
-  caller then scores and selects as before.
+  the selection ``quest_scores(pool=True)`` + ``selection.select_blocks`` with ``top_ids``
+  make, the same blocks in the same order, for the query heads ``q [B, Hq, D]`` (each kv
+  group's mean, formed inside the kernel) under ``budget`` (a ``Budget``). None where that
+  kernel does not run (``impl`` not resolving to the Triton scorer and select, or more than
+  ``score_select.FUSED_MAX_ENTRIES`` blocks): the caller then scores and selects as before.
 
   The bookkeeping around the kernel is closed-form ``[B]`` arithmetic (``Budget.forced_span``,
   ``selection.block_count``) where the two-kernel path builds ``[B, NB]`` masks and sums them.
@@ -154,7 +154,9 @@ def quest_select(qs, cache: KVCache, budget, *, impl: Impl = "xla",
       or not pallas_kernels.score_select_supported(nb)):
     return None
   n_max, sink, start, count = _closed_form_budget(cache, budget)
-  idx, n_valid = pallas_kernels.score_select(qs, cache.kmin, cache.kmax, cache.length, start,
+  b, hq, d = q.shape
+  qg = q.reshape(b, cache.num_kv_heads, hq // cache.num_kv_heads, d)
+  idx, n_valid = pallas_kernels.score_select(qg, cache.kmin, cache.kmax, cache.length, start,
                                              count, block_size=bs, n=n_max, n_sink_blocks=sink,
                                              impl=impl, interpret=interpret)
   return Selection(idx=idx, n_valid=n_valid, granularity=bs)

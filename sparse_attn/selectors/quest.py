@@ -15,7 +15,7 @@ import dataclasses
 from typing import ClassVar
 
 from pallas_kernels import Impl
-from sparse_attn import kernels, placement, scoring, selection
+from sparse_attn import kernels, placement, selection
 from sparse_attn.selectors.base import BlockSelector
 
 
@@ -55,8 +55,7 @@ class Quest(BlockSelector):
     if (self.fused and self.group_shared and not windowed and self.topp is None
         and self.adakv is None and type(place) is placement.OneDevice
         and cache.has_digests("box")):
-      qs = scoring.scoring_queries(q, cache.num_kv_heads, self.gqa)
-      sel = kernels.quest_select(qs, cache, self.budget, impl=impl, interpret=interpret)
+      sel = kernels.quest_select(q, cache, self.budget, impl=impl, interpret=interpret)
       if sel is not None:
         return sel
     return super().select(q, cache, scale, impl=impl, interpret=interpret, windowed=windowed,

@@ -1,6 +1,6 @@
 """Quest's one-kernel group-shared selection (``pallas_kernels.score_select``): interpret mode
-lists exactly what ``block_score`` + ``rank_scores`` + ``block_select`` list (the Pallas path it
-replaces) and chooses its composed reference's set; the closed-form budget counts equal the
+lists exactly what ``block_score_pooled`` + ``rank_scores`` + ``block_select`` list (the Pallas
+path it replaces) and chooses its composed reference's set; the closed-form budget counts equal the
 masks'; the Quest ``gqa=group`` decode step is unchanged; it lowers for CUDA at Llama-3.1-8B's
 128k shape with fewer ops around it, and (``ptx`` extra) compiles for sm_90 without spills."""
 
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from pallas_kernels import block_score, block_select, ptx, score_select, score_select_reference
+from pallas_kernels import (block_score_pooled, block_select, ptx, score_select,
+                            score_select_reference)
 from pallas_kernels.block_select import rank_scores
 from pallas_kernels.shapes import BF16, I32, S
 from sparse_attn import cache as cache_lib, methods, selection
@@ -26,14 +27,15 @@ from sparse_attn.budget import Budget
 POOL = [(1, 1, 37, 64, 16), (2, 2, 64, 128, 32), (1, 2, 130, 64, 16)]
 
 
-def _problem(rng, shape, dtype, integer):
-  """Pooled queries and digests; ``integer``: small integers, so every score is exact in any
-  summation order and many tie."""
+def _problem(rng, shape, dtype, integer, group=1):
+  """Queries (``[B, K, D]``, or ``[B, K, G, D]`` pooled by the kernel) and digests;
+  ``integer``: small integers (a mean of 4 of them is exact too), so every score is exact in
+  any summation order and many tie."""
   b, k, nb, d, bs = shape
   draw = ((lambda s: rng.integers(-2, 3, s).astype(np.float32)) if integer
           else rng.standard_normal)
   lo, hi = draw((b, k, nb, d)), draw((b, k, nb, d))
-  q = jnp.asarray(draw((b, k, d)), dtype)
+  q = jnp.asarray(draw((b, k, d) if group == 1 else (b, k, group, d)), dtype)
   length = rng.integers(0, nb * bs + 1, b)
   length[0] = rng.choice([nb * bs, nb * bs - bs // 2, length[0]])  # full / partial last block
   return (q, jnp.asarray(np.minimum(lo, hi), dtype), jnp.asarray(np.maximum(lo, hi), dtype),
@@ -46,10 +48,10 @@ def _budget_args(budget, length, nb, bs, n):
 
 
 def _two_kernels(q, kmin, kmax, length, start, count, *, block_size, n, n_sink_blocks):
-  """Today's Pallas path: block_score (one row per kv head), the ranking, block_select."""
+  """Today's Pallas path: block_score_pooled (one row per kv head), the ranking, block_select."""
   b, k, nb, _ = kmin.shape
-  s = block_score(q[:, :, None], kmin, kmax, length, block_size=block_size, impl="pallas",
-                  interpret=True)[:, :, 0]
+  s = block_score_pooled(q[:, :, None] if q.ndim == 3 else q, kmin, kmax, length,
+                         block_size=block_size, impl="pallas", interpret=True)
   blocks = jnp.arange(nb)[None]
   valid = blocks * block_size < length[:, None]
   forced = ((blocks < n_sink_blocks) | (blocks >= start[:, None])) & valid
@@ -62,12 +64,12 @@ def _two_kernels(q, kmin, kmax, length, start, count, *, block_size, n, n_sink_b
 @given(shape=st.sampled_from(POOL), dtype=st.sampled_from((jnp.float32, jnp.bfloat16)),
        integer=st.booleans(), n_sink=st.sampled_from((0, 4, 40)),
        local=st.sampled_from((0, 64, 100)), frac=st.sampled_from((0.05, 0.3, 1.0)),
-       seed=st.integers(0, 2**16))
+       group=st.sampled_from((1, 4)), seed=st.integers(0, 2**16))
 def test_interpret_lists_what_the_two_kernels_list(shape, dtype, integer, n_sink, local, frac,
-                                                   seed):
+                                                   group, seed):
   rng = np.random.default_rng(seed)
   b, k, nb, _, bs = shape
-  q, kmin, kmax, length = _problem(rng, shape, dtype, integer)
+  q, kmin, kmax, length = _problem(rng, shape, dtype, integer, group)
   budget = Budget(budget=frac, n_sink=n_sink, local_window=local)
   n = min(budget.max_count(nb * bs, bs), nb)
   start, count, sink = _budget_args(budget, length, nb, bs, n)
@@ -159,7 +161,7 @@ def test_lowers_for_cuda_at_128k_with_fewer_ops():
 def test_compiles_for_sm90_pipelined_without_spills(tmp_path):
   pytest.importorskip("triton", reason="the ptx extra (triton==3.9.0) compiles the PTX")
   fn = functools.partial(score_select, block_size=16, n=826, n_sink_blocks=1, impl="pallas")
-  avals = (S((1, 8, 128), BF16), S((1, 8, 8192, 128), BF16), S((1, 8, 8192, 128), BF16),
+  avals = (S((1, 8, 4, 128), BF16), S((1, 8, 8192, 128), BF16), S((1, 8, 8192, 128), BF16),
            S((1,), I32), S((1,), I32), S((1,), I32))
   [mod] = ptx.triton_modules(fn, *avals)
   kernel = ptx.compile_sm90(mod, str(tmp_path))
