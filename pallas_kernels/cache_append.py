@@ -15,9 +15,17 @@ one's block is read once with all S new rows merged in registers, so blocks shar
 of them get the same digests whichever is written last (through XLA the window's write is ~100
 ops: scatters, gathers and the digests of every touched block).
 
-A slot is valid when its position is ``>= 0`` and it lies below the new ``length`` (the caller's
-``max(length, s + 1)``); a block with no valid key gets zero digests. Rows whose slot is out of
+The launch also advances the length: it takes the length before the write and returns
+``max(length, s + 1)`` over the tokens it writes, so a decode step's write has no XLA op around
+it (the slot's range check, the length's reduction and the positions' broadcast over kv heads
+were one more small fusion a layer). A slot is valid when its position is ``>= 0`` and it lies
+below that new length; a block with no valid key gets zero digests. Rows whose slot is out of
 range (``s < 0`` or ``s >= T``: padding) write nothing.
+
+Every program of a batch row computes the same new length from the one it reads; the program of
+kv head 0 stores it in place. Another program of the row may read the stored value instead of
+the old one, and ``max`` gives it the same result, so the race is benign (on a GPU as in the
+sequential interpreters).
 
 Letters: B batch, K kv heads, T slots, NB blocks, D head dim, S new tokens a row.
 """
@@ -42,11 +50,27 @@ MAX_TOKENS = 32
 
 
 def _with_token_axis(k_new, v_new, slot, token_pos):
-  """``(k_new [B, K, S, D], v_new, slot [B, S], token_pos [B, K, S])``: the arguments of one
-  token (``k_new [B, K, D]``, ``slot [B]``, ``token_pos [B, K]``) with ``S = 1``."""
+  """``(k_new [B, K, S, D], v_new, slot [B, S], token_pos [B, S] or [B, K, S])``: the arguments
+  of one token (``k_new [B, K, D]``, ``slot [B]``, ``token_pos [B]`` or ``[B, K]``) with
+  ``S = 1``."""
   if k_new.ndim == 3:
-    return k_new[:, :, None], v_new[:, :, None], slot[:, None], token_pos[:, :, None]
+    return k_new[:, :, None], v_new[:, :, None], slot[:, None], token_pos[..., None]
   return k_new, v_new, slot, token_pos
+
+
+def check_token_pos(token_pos, slot, kv_heads: int):
+  """``token_pos`` is shaped as ``slot`` (shared by the kv heads) or has a kv-head axis after the
+  batch axis."""
+  per_head = (slot.shape[0], kv_heads, *slot.shape[1:])
+  if token_pos.shape not in (slot.shape, per_head):
+    raise ValueError(f"token_pos must be {slot.shape} or {per_head}, got {token_pos.shape}")
+
+
+def new_length(slot, length, t: int):
+  """``max(length, s + 1)`` over the in-range slots ``slot [B]`` or ``[B, S]`` (``[B]`` int32)."""
+  slot = slot.reshape(slot.shape[0], -1)
+  written = jnp.where((slot >= 0) & (slot < t), slot + 1, 0)
+  return jnp.maximum(length.astype(jnp.int32), jnp.max(written, axis=-1, initial=0))
 
 
 def cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *,
@@ -57,17 +81,25 @@ def cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos,
     k, v: ``[B, K, T, D]`` cache; ``pos [B, K, T]`` int32 (-1 = empty).
     kmin, kmax: ``[B, K, NB, D]`` box digests (cache dtype).
     k_new, v_new: ``[B, K, D]`` the new rows (cache dtype), or ``[B, K, S, D]`` for S tokens a
-      row (distinct slots); ``token_pos [B, K]`` (``[B, K, S]``) int32 their positions.
+      row (distinct slots).
     slot: ``[B]`` (``[B, S]``) int32 slot of each new token; out of ``[0, T)`` = no write.
-    length: ``[B]`` int32 the cache length after the write.
+    token_pos: int32 the tokens' positions, shaped as ``slot`` (the same for every kv head) or
+      ``[B, K]`` (``[B, K, S]``).
+    length: ``[B]`` int32 the cache length before the write (the length after it gives the same
+      result: the new length is a maximum).
     block_size: static tokens per block.
 
   Returns:
-    ``(k, v, pos, kmin, kmax)`` updated.
+    ``(k, v, pos, kmin, kmax, length)`` updated; ``length = max(length, s + 1)`` over the
+    in-range slots.
   """
+  check_token_pos(token_pos, slot, k.shape[1])
   k_new, v_new, slot, token_pos = _with_token_axis(k_new, v_new, slot, token_pos)
   b, h, t, _ = k.shape
   n = slot.shape[-1]
+  length = new_length(slot, length, t)
+  token_pos = jnp.broadcast_to(token_pos[:, None] if token_pos.ndim == 2 else token_pos,
+                               (b, h, n))
   live = (slot >= 0) & (slot < t)  # [B, S]
   s = jnp.where(live, slot, t)  # out of range: dropped
   bi, hi = jnp.arange(b)[:, None, None], jnp.arange(h)[None, :, None]
@@ -88,26 +120,37 @@ def cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos,
   bidx = jnp.broadcast_to(jnp.where(live, blk, kmin.shape[2])[:, None, :], (b, h, n))
   kmin = kmin.at[bi, hi, bidx].set(lo.astype(kmin.dtype), mode="drop")
   kmax = kmax.at[bi, hi, bidx].set(hi_.astype(kmax.dtype), mode="drop")
-  return k, v, pos, kmin, kmax
+  return k, v, pos, kmin, kmax, length
 
 
-def _append_kernel(k_in, v_in, pos_in, kmin_in, kmax_in, knew_ref, vnew_ref, slot_ref, tok_ref,
-                   len_ref, k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, *, block_size: int,
-                   t: int, head_dim: int, tokens: int):
-  """One (batch, kv head): per new token, its row and position, and its block's digests from
-  the block as read with every new token of the row merged in (registers, not memory: no
-  read-after-write between the program's threads)."""
-  del k_in, v_in, pos_in, kmin_in, kmax_in  # aliased with the outputs: read and written there
+def _append_kernel(k_in, v_in, pos_in, kmin_in, kmax_in, len_in, knew_ref, vnew_ref, slot_ref,
+                   tok_ref, k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, len_ref, *,
+                   block_size: int, t: int, head_dim: int, tokens: int):
+  """One (batch, kv head): the new length, then per new token its row and position, and its
+  block's digests from the block as read with every new token of the row merged in
+  (registers, not memory: no read-after-write between the program's threads)."""
+  del k_in, v_in, pos_in, kmin_in, kmax_in, len_in  # aliased with the outputs: used there
   dp = _common.pad_rows(head_dim, 1)
   col = jnp.arange(dp)
   col_ok = col < head_dim
-  length = len_ref[()]
   row_at = lambda ref, j: plgpu.load(ref.at[j, pl.ds(0, dp)], mask=col_ok, other=0)
 
   def meta(j):
     """Token ``j``'s clipped slot, whether it writes, and its position."""
     s = slot_ref[j]
     return jnp.clip(s, 0, t - 1), (s >= 0) & (s < t), tok_ref[j]
+
+  def reach(j, top):
+    """The length after token ``j``'s write: ``max(top, s + 1)`` if it writes."""
+    sc, live, _ = meta(j)
+    return jnp.where(live, jnp.maximum(top, sc + 1), top)
+
+  length = len_ref[()]  # the old length, or (benign) the new one stored by kv head 0
+  length = reach(0, length) if tokens == 1 else lax.fori_loop(0, tokens, reach, length)
+
+  @pl.when(pl.program_id(1) == 0)
+  def _():
+    len_ref[()] = length
 
   def put(acc, rows, sj, lj, kj, tj):
     """``[bs, D]`` keys and ``[bs]`` positions of the block ``rows`` with token j in place."""
@@ -155,17 +198,18 @@ def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *
   """One token (or a window of S <= ``MAX_TOKENS``) per (batch, kv head) written at ``slot``,
   the touched blocks' box digests recomputed, in one launch.
 
-  Args: as ``cache_append_reference``; ``impl``: ``"pallas"``/``"triton"``, ``"mosaic"``
+  Args: as ``cache_append_reference`` (``length`` before the write); ``impl``: ``"pallas"``/``"triton"``, ``"mosaic"``
     (``pallas_kernels.mosaic.cache_append``: one token; a window there takes the reference),
     ``"xla"`` or ``"auto"`` (``backends.resolve_impl``); ``interpret``: run the kernel in
     interpret mode (CPU).
 
   Returns:
-    ``(k, v, pos, kmin, kmax)`` updated (in place where the inputs are donated).
+    ``(k, v, pos, kmin, kmax, length)`` updated (in place where the inputs are donated).
   """
+  check_token_pos(token_pos, slot, k.shape[1])
   resolved = _common.resolve_impl(impl, "cache_append")
   if resolved == "mosaic" and k_new.ndim == 4 and k_new.shape[2] == 1:  # one token a row
-    k_new, v_new, slot, token_pos = k_new[:, :, 0], v_new[:, :, 0], slot[:, 0], token_pos[:, :, 0]
+    k_new, v_new, slot, token_pos = k_new[:, :, 0], v_new[:, :, 0], slot[:, 0], token_pos[..., 0]
   if resolved == "mosaic" and k_new.ndim == 3:
     from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
     return mosaic.cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
@@ -183,17 +227,19 @@ def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *
     raise ValueError(f"box digests must be {(b, h, nb, d)}, got {kmin.shape} / {kmax.shape}")
   row = lambda *tail: pl.BlockSpec((None, None, *tail), lambda bi, hi: (bi, hi) + (0,) * len(tail))
   per_batch = lambda *tail: pl.BlockSpec((None, *tail), lambda bi, hi: (bi,) + (0,) * len(tail))
-  specs = [row(t, d), row(t, d), row(t), row(nb, d), row(nb, d)]
+  specs = [row(t, d), row(t, d), row(t), row(nb, d), row(nb, d), per_batch()]
+  state = (k, v, pos.astype(jnp.int32), kmin, kmax, length.astype(jnp.int32))
   kernel = functools.partial(_append_kernel, block_size=block_size, t=t, head_dim=d, tokens=n)
   return pl.pallas_call(
       kernel,
-      out_shape=tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k, v, pos, kmin, kmax)),
+      out_shape=tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in state),
       grid=(b, h),
-      in_specs=specs + [row(n, d), row(n, d), per_batch(n), row(n), per_batch()],
+      in_specs=specs + [row(n, d), row(n, d), per_batch(n),
+                        per_batch(n) if token_pos.ndim == 2 else row(n)],
       out_specs=tuple(specs),
-      input_output_aliases={i: i for i in range(5)},
+      input_output_aliases={i: i for i in range(len(state))},
       interpret=interpret,
       compiler_params=plgpu.CompilerParams(num_warps=1, num_stages=1),
       name="cache_append",
-  )(k, v, pos.astype(jnp.int32), kmin, kmax, k_new.astype(k.dtype), v_new.astype(v.dtype),
-    slot.astype(jnp.int32), token_pos.astype(jnp.int32), length.astype(jnp.int32))
+  )(*state, k_new.astype(k.dtype), v_new.astype(v.dtype), slot.astype(jnp.int32),
+    token_pos.astype(jnp.int32))

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 # references so both paths gather identically.
 from pallas_kernels import gather_blocks  # pylint: disable=unused-import (re-exported)
 from pallas_kernels import Impl, cache_append, resolve_impl
-from pallas_kernels.cache_append import MAX_TOKENS as APPEND_TOKENS
+from pallas_kernels.cache_append import MAX_TOKENS as APPEND_TOKENS, new_length
 
 
 class SlotBuffer:
@@ -291,23 +291,25 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None, *,
   bs = cache.block_size
   s = positions.shape[-1]
   positions = positions.astype(jnp.int32)
-  # Out-of-range slot = dropped by the scatter.
-  slot = jnp.where((positions >= 0) & (positions < t), positions, t)
   if token_positions is None:
     token_positions = positions
-  tok = jnp.broadcast_to(
-      token_positions if token_positions.ndim == 3 else token_positions[:, None, :],
-      (b, hkv, s)).astype(jnp.int32)
-  bi = jnp.arange(b)[:, None, None]
-  hi = jnp.arange(hkv)[None, :, None]
-  written = jnp.where(slot < t, slot + 1, 0)
-  length = jnp.maximum(cache.length, jnp.max(written, axis=-1, initial=0))
+  token_positions = token_positions.astype(jnp.int32)
   if (s <= APPEND_TOKENS and cache.digest_kinds == ("box",)
       and resolve_impl(impl, "cache_append") != "xla"):
-    k, v, pos, kmin, kmax = cache_append(
-        cache.k, cache.v, cache.pos, cache.kmin, cache.kmax, k_new, v_new, slot, tok, length,
-        block_size=bs, impl=impl, interpret=interpret)
+    # The kernel takes the slots and positions as given (out of range: no write) and
+    # advances the length itself: no XLA op around the launch.
+    k, v, pos, kmin, kmax, length = cache_append(
+        cache.k, cache.v, cache.pos, cache.kmin, cache.kmax, k_new, v_new, positions,
+        token_positions, cache.length, block_size=bs, impl=impl, interpret=interpret)
     return dataclasses.replace(cache, k=k, v=v, pos=pos, length=length, kmin=kmin, kmax=kmax)
+  # Out-of-range slot = dropped by the scatter.
+  slot = jnp.where((positions >= 0) & (positions < t), positions, t)
+  tok = jnp.broadcast_to(
+      token_positions if token_positions.ndim == 3 else token_positions[:, None, :],
+      (b, hkv, s))
+  bi = jnp.arange(b)[:, None, None]
+  hi = jnp.arange(hkv)[None, :, None]
+  length = new_length(positions, cache.length, t)
   si = slot[:, None, :]
   k = scatter_set(cache.k, (bi, hi, si), k_new)
   v = scatter_set(cache.v, (bi, hi, si), v_new)

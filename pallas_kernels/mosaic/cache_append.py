@@ -2,7 +2,8 @@
 
 The Mosaic GPU twin of ``pallas_kernels.cache_append`` (same signature, same reference,
 ``cache_append_reference``): one token per (batch, kv head) written at ``slot``, the touched
-block's box digests recomputed. One program (one warpgroup) per (batch, kv head):
+block's box digests recomputed, the length advanced. One program (one warpgroup) per (batch, kv
+head):
 
   * TMA copies bring the touched block's keys (``[bs, D]``, as ``ceil(bs / 64)`` WGMMA-layout
     ``[64, D]`` SMEM tiles) and the new K and V rows into shared memory; the block's ``bs``
@@ -10,12 +11,14 @@ block's box digests recomputed. One program (one warpgroup) per (batch, kv head)
   * once the copies have landed, the new rows leave for slot ``s`` by TMA stores (the block has
     been read, so they race with nothing) while the digests are reduced in registers with the
     new row merged in (``where(slot == s, new, old)``: no read-after-write through memory);
-  * the two digest rows leave by TMA, the position by one scalar store.
+  * the two digest rows leave by TMA, the position by one scalar store; kv head 0's program
+    stores the row's new length, ``max(length, s + 1)`` (the others compute the same value from
+    the old or the stored length: a benign race, as in the Triton twin).
 
 In place, one launch, no copy of the cache: ``plgpu.kernel`` has no ``input_output_aliases``,
 so the kernel is a ``pl.core_map`` over a ``plgpu.Mesh`` on the Refs of ``pl.run_state``. Pallas
 discharges it into one ``mosaic_gpu_v2`` custom call whose outputs alias the five cache inputs
-it writes (``output_operand_aliases``; the Mosaic GPU interpreter honours them too); with the
+it writes, the length included (``output_operand_aliases``; the Mosaic GPU interpreter honours them too); with the
 cache donated to the enclosing ``jax.jit`` XLA reuses the buffers, as with the Triton kernel's
 ``input_output_aliases``. A ``custom_vmap`` rule folds a vmapped axis into the batch (rows are
 independent), since Pallas batches a mesh kernel only over an axis of size 1.
@@ -37,7 +40,7 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import jax.numpy as jnp
 
 from pallas_kernels import _common
-from pallas_kernels.cache_append import cache_append_reference
+from pallas_kernels.cache_append import check_token_pos, cache_append_reference
 from pallas_kernels.mosaic import _common as mc
 
 TILE = mc.TILE_ROWS
@@ -46,8 +49,8 @@ TILE = mc.TILE_ROWS
 def _append_body(k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, knew_ref, vnew_ref, slot_ref,
                  tok_ref, len_ref, kb_s, pb_s, row_s, dig_s, blk_bar, row_bar, *,
                  block_size, t, regs):
-  """One program. GMEM: the cache Refs (aliased in place), ``knew/vnew [B, K, D]``, ``slot
-  [B]``, ``tok [B, K]``, ``len [B]``. SMEM: ``kb_s [NT, 64, D]`` block tiles (rows past ``bs``
+  """One program. GMEM: the cache Refs (aliased in place; ``len [B]`` among them),
+  ``knew/vnew [B, K, D]``, ``slot [B]``, ``tok [B]`` or ``[B, K]``. SMEM: ``kb_s [NT, 64, D]`` block tiles (rows past ``bs``
   unused), ``pb_s [NT, 64]`` their positions, ``row_s [2, D]`` the new K / V rows, ``dig_s
   [2, D]`` the digests out. Barriers: ``blk_bar [2 NT]`` (keys, positions), ``row_bar [2]``."""
   bi, hi = lax.axis_index("b"), lax.axis_index("h")
@@ -79,7 +82,8 @@ def _append_body(k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, knew_ref, vnew_ref, 
     plgpu.copy_smem_to_gmem(row_s.at[0], k_ref.at[bi, hi, s])
     plgpu.copy_smem_to_gmem(row_s.at[1], v_ref.at[bi, hi, s])
 
-    tok = tok_ref[bi, hi]
+    tok = tok_ref[bi] if len(tok_ref.shape) == 1 else tok_ref[bi, hi]
+    length = jnp.maximum(len_ref[bi], s + 1)
     k_new = regs.load_vec(row_s.at[0], regs.col).astype(jnp.float32)  # [D]
     row = regs.iota((TILE,), 0, regs.row)
     lo = hi_ = cnt = None
@@ -95,7 +99,7 @@ def _append_body(k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, knew_ref, vnew_ref, 
         for r in range(rows):
           pb = mc.where(row == r, pos_ref[bi, hi, start + i * rows + r], pb)
       pb = mc.where(is_new, tok, pb)
-      ok = (row < rows) & (pb >= 0) & (at < len_ref[bi])
+      ok = (row < rows) & (pb >= 0) & (at < length)
       ok2 = mc.bcast(ok, (TILE, d), (0,))
       t_lo = jnp.min(mc.where(ok2, kb, jnp.inf), axis=0)  # [D]
       t_hi = jnp.max(mc.where(ok2, kb, -jnp.inf), axis=0)
@@ -111,6 +115,11 @@ def _append_body(k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, knew_ref, vnew_ref, 
     plgpu.copy_smem_to_gmem(dig_s.at[0], kmin_ref.at[bi, hi, blk])
     plgpu.copy_smem_to_gmem(dig_s.at[1], kmax_ref.at[bi, hi, blk])
     pos_ref[bi, hi, s] = tok
+
+    @pl.when(hi == 0)
+    def _():
+      len_ref[bi] = length
+
     plgpu.wait_smem_to_gmem(0)
 
 
@@ -138,28 +147,30 @@ def _launch(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *, blo
       pl.run_scoped(functools.partial(body, *refs), *scratch)
 
   args = (k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length)
-  return pl.run_state(write)(args)[:5]
+  out = pl.run_state(write)(args)
+  return (*out[:5], out[9])
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "impl", "interpret"))
 def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *,
                  block_size: int, impl: _common.Impl = "auto", interpret=False):
   """One token per (batch, kv head) written at ``slot`` in place, the touched block's box
-  digests recomputed (Mosaic GPU kernel).
+  digests recomputed, the length advanced (Mosaic GPU kernel).
 
   Args: as ``pallas_kernels.cache_append``:
     k, v: ``[B, K, T, D]`` cache; ``pos [B, K, T]`` int32 (-1 = empty).
     kmin, kmax: ``[B, K, NB, D]`` box digests (cache dtype).
-    k_new, v_new: ``[B, K, D]``; token_pos ``[B, K]`` int32; slot ``[B]`` int32 (out of
-      ``[0, T)``: no write); length ``[B]`` int32 after the write.
+    k_new, v_new: ``[B, K, D]``; slot ``[B]`` int32 (out of ``[0, T)``: no write); token_pos
+      ``[B]`` (every kv head) or ``[B, K]`` int32; length ``[B]`` int32 before the write.
     block_size: static, a power of 2 >= 16.
     impl: ``"xla"`` runs ``cache_append_reference``; any other value runs the Mosaic kernel.
     interpret: False (lower for the GPU), True (Mosaic GPU interpret mode on the CPU, race
       detection on) or an ``InterpretGPUParams``.
 
   Returns:
-    ``(k, v, pos, kmin, kmax)`` updated (in place where the inputs are donated).
+    ``(k, v, pos, kmin, kmax, length)`` updated (in place where the inputs are donated).
   """
+  check_token_pos(token_pos, slot, k.shape[1])
   if impl == "xla":
     return cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
                                   block_size=block_size)
@@ -187,6 +198,6 @@ def _batched(block_size: int, interpret):
             for x, bat in zip(args, in_batched)]
     flat = [x.reshape(-1, *x.shape[2:]) for x in args]
     out = run(*flat)
-    return tuple(x.reshape(axis_size, -1, *x.shape[1:]) for x in out), (True,) * 5
+    return tuple(x.reshape(axis_size, -1, *x.shape[1:]) for x in out), (True,) * len(out)
 
   return run

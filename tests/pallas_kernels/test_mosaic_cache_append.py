@@ -1,7 +1,7 @@
 """Mosaic GPU cache_append == cache_append_reference (and ``sparse_attn.cache.write``) bit for bit
 under Mosaic GPU's interpret mode (CPU: simulated SMEM, TMA and mbarriers, race detection on),
 under vmap, and its lowering for CUDA: one ``mosaic_gpu_v2`` custom call writing the donated
-cache in place (jax.export)."""
+cache and its length in place (jax.export)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ POOL = [
     (1, 2, 2, 64, 32, F32),
     (1, 1, 2, 128, 64, BF16),
 ]
-NAMES = ("k", "v", "pos", "kmin", "kmax")
+NAMES = ("k", "v", "pos", "kmin", "kmax", "length")
 
 
 def run(*args, block_size):
@@ -40,6 +40,7 @@ def run(*args, block_size):
 
 
 def assert_equal(got, want):
+  assert len(got) == len(want) == len(NAMES)
   for name, g, w in zip(NAMES, got, want):
     np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32), name)
 
@@ -61,16 +62,29 @@ def test_matches_reference_and_cache_write(shape, data, seed):
   k_new, v_new = (jnp.asarray(rng.standard_normal((b, h, 1, d)), dtype) for _ in range(2))
   # cache.write takes -1 for "no write" and stores the slot as the token position
   want = cache_lib.write(c, k_new, v_new, jnp.where(slot < t, slot, -1)[:, None])
-  args = (c.k, c.v, c.pos, c.kmin, c.kmax, k_new[:, :, 0], v_new[:, :, 0], slot,
-          jnp.broadcast_to(slot[:, None], (b, h)), want.length)
+  # positions shared by the kv heads ([B]) or per head ([B, K]); the length before the write
+  token_pos = slot if data.draw(st.booleans()) else jnp.broadcast_to(slot[:, None], (b, h))
+  args = (c.k, c.v, c.pos, c.kmin, c.kmax, k_new[:, :, 0], v_new[:, :, 0], slot, token_pos,
+          c.length)
   got = run(*args, block_size=bs)
   assert_equal(got, cache_append_reference(*args, block_size=bs))
-  assert_equal(got, (want.k, want.v, want.pos, want.kmin, want.kmax))
+  assert_equal(got, tuple(getattr(want, name) for name in NAMES))
   # cache.write hands the kernel a token axis ([B, K, 1, D])
   gpu_callbacks.reset_gpu_interpret_mode_state()
   through = cache_lib.write(c, k_new, v_new, jnp.where(slot < t, slot, -1)[:, None],
                             impl="mosaic", interpret=True)
-  assert_equal((through.k, through.v, through.pos, through.kmin, through.kmax), got)
+  assert_equal(tuple(getattr(through, name) for name in NAMES), got)
+
+
+def test_the_length_advances_from_the_one_before_the_write():
+  """Rows that append past the length or overwrite below it: ``max(length, s + 1)``."""
+  b, h, nb, bs, d, dtype = POOL[0]
+  rng = np.random.default_rng(2)
+  c = _cache(rng, b, h, nb * bs, d, bs, dtype, 20, [], 0)
+  slot = jnp.asarray([20, 7], jnp.int32)
+  k_new = jnp.asarray(rng.standard_normal((b, h, d)), dtype)
+  got = run(c.k, c.v, c.pos, c.kmin, c.kmax, k_new, k_new, slot, slot, c.length, block_size=bs)
+  np.testing.assert_array_equal(got[5], [21, 20])
 
 
 def test_a_window_takes_the_reference():
@@ -83,8 +97,8 @@ def test_a_window_takes_the_reference():
   k_new, v_new = (jnp.asarray(rng.standard_normal((b, h, 3, d)), dtype) for _ in range(2))
   want = cache_lib.write(c, k_new, v_new, slots)
   got = cache_lib.write(c, k_new, v_new, slots, impl="mosaic", interpret=True)
-  assert_equal((got.k, got.v, got.pos, got.kmin, got.kmax),
-               (want.k, want.v, want.pos, want.kmin, want.kmax))
+  assert_equal(tuple(getattr(got, name) for name in NAMES),
+               tuple(getattr(want, name) for name in NAMES))
 
 
 def test_vmap_folds_into_the_batch():
@@ -98,8 +112,7 @@ def test_vmap_folds_into_the_batch():
   v_new = jnp.asarray(rng.standard_normal((b, h, d)), dtype)  # shared: not batched
   slot = jnp.asarray([[20, 3], [47, -1]], jnp.int32)
   tok = jnp.asarray(rng.integers(0, 100, (n, b, h)), jnp.int32)
-  length = jnp.maximum(stack("length"), slot + 1)
-  args = (*map(stack, NAMES), k_new, v_new, slot, tok, length)
+  args = (*map(stack, NAMES[:5]), k_new, v_new, slot, tok, stack("length"))
   axes = (0,) * 6 + (None, 0, 0, 0)
   gpu_callbacks.reset_gpu_interpret_mode_state()
   got = jax.vmap(functools.partial(cache_append, block_size=bs, impl="mosaic", interpret=True),
@@ -112,19 +125,19 @@ def test_vmap_folds_into_the_batch():
 @pytest.mark.parametrize("dtype,bs", [(BF16, 16), (F32, 128)])
 def test_lowers_for_cuda_in_place(dtype, bs):
   """Llama-3.1-8B kv heads at 32k: the whole program is one ``mosaic_gpu_v2`` custom call whose
-  five written outputs alias the donated cache (no copy of it, no other op)."""
+  six written outputs alias the donated cache and length (no copy of it, no other op)."""
   b, h, t, d = 1, 8, 32768, 128
   cache, dig, row = S((b, h, t, d), dtype), S((b, h, t // bs, d), dtype), S((b, h, d), dtype)
   fn = jax.jit(functools.partial(cache_append, block_size=bs, impl="mosaic"),
-               donate_argnums=(0, 1, 2, 3, 4))
+               donate_argnums=(0, 1, 2, 3, 4, 9))
   text = jax.export.export(fn, platforms=["cuda"])(
       cache, cache, S((b, h, t), I32), dig, dig, row, row, S((b,), I32), S((b, h), I32),
       S((b,), I32)).mlir_module()
   assert set(re.findall(r"custom_call @([\w$.]+)", text)) == {"mosaic_gpu_v2"}
   assert set(re.findall(r"stablehlo\.(\w+)\b(?!<)", text)) == {"custom_call"}
-  assert text.count("tf.aliasing_output") == 5
-  # The five written outputs alias the five cache operands (the interpret-mode tests, which
-  # run the same discharge, check which output is which).
+  assert text.count("tf.aliasing_output") == 6
+  # The six written outputs alias the five cache operands and the length (the interpret-mode
+  # tests, which run the same discharge, check which output is which).
   operands = re.search(r"custom_call @mosaic_gpu_v2\(([^)]*)\)", text).group(1).split(", ")
   aliased = re.findall(r"output_tuple_indices = \[\d+\], operand_index = (\d+)", text)
-  assert sorted(operands[int(i)] for i in aliased) == [f"%arg{i}" for i in range(5)]
+  assert sorted(operands[int(i)] for i in aliased) == [f"%arg{i}" for i in (0, 1, 2, 3, 4, 9)]

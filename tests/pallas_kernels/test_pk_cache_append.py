@@ -1,12 +1,14 @@
 """The decode step's cache write in one kernel (``pallas_kernels.cache_append``): interpret mode
 equals its reference and ``sparse_attn.cache.write`` bit for bit (appends, overwrites below the
 length, padding rows, empty slots in the touched block; one token or a window of several a
-row), it lowers for CUDA in place, and (with the ``ptx`` extra) compiles for sm_90 without
-register spills."""
+row; positions shared by the kv heads or per head; the length advanced from the one before
+the write), it lowers for CUDA in place with no XLA op around it, and (with the ``ptx`` extra)
+compiles for sm_90 without register spills."""
 
 from __future__ import annotations
 
 import functools
+import re
 
 import jax
 import jax.numpy as jnp
@@ -35,9 +37,10 @@ def _cache(rng, b, h, t, d, bs, dtype, filled, holes, stale=0):
 
 
 def _assert_same(want, ref, got, got_write):
-  """The reference's and the kernel's ``(k, v, pos, kmin, kmax)`` and the kernel path of
-  ``cache.write`` equal ``cache.write``'s XLA result ``want`` bit for bit."""
-  names = ("k", "v", "pos", "kmin", "kmax")
+  """The reference's and the kernel's ``(k, v, pos, kmin, kmax, length)`` and the kernel path
+  of ``cache.write`` equal ``cache.write``'s XLA result ``want`` bit for bit."""
+  names = ("k", "v", "pos", "kmin", "kmax", "length")
+  assert len(ref) == len(got) == len(names)
   for name, r, g in zip(names, ref, got):
     w = getattr(want, name)
     for x in (r, g, getattr(got_write, name)):
@@ -62,13 +65,13 @@ def test_interpret_equals_the_reference_and_the_cache_write(b, h, nb, bs, d, dty
   k_new, v_new = (jnp.asarray(rng.standard_normal((b, h, 1, d)), dtype) for _ in range(2))
   want = cache_lib.write(c, k_new, v_new, slot[:, None])
   got_write = cache_lib.write(c, k_new, v_new, slot[:, None], impl="pallas", interpret=True)
-  token_pos = jnp.broadcast_to(slot[:, None], (b, h))
+  # the positions shared by the kv heads ([B]) or per head ([B, K]); the length before the write
+  token_pos = slot if data.draw(st.booleans()) else jnp.broadcast_to(slot[:, None], (b, h))
   args = (c.k, c.v, c.pos, c.kmin, c.kmax, k_new[:, :, 0], v_new[:, :, 0], slot, token_pos,
-          want.length)
+          c.length)
   ref = cache_append_reference(*args, block_size=bs)
   got = cache_append(*args, block_size=bs, impl="pallas", interpret=True)
   _assert_same(want, ref, got, got_write)
-  np.testing.assert_array_equal(got_write.length, want.length)
 
 
 @settings(deadline=None, max_examples=6)
@@ -92,11 +95,26 @@ def test_a_window_of_tokens_equals_the_cache_write(b, h, nb, bs, n, dtype, data,
   k_new, v_new = (jnp.asarray(rng.standard_normal((b, h, n, d)), dtype) for _ in range(2))
   want = cache_lib.write(c, k_new, v_new, slots)
   got_write = cache_lib.write(c, k_new, v_new, slots, impl="pallas", interpret=True)
-  token_pos = jnp.broadcast_to(slots[:, None], (b, h, n))
-  args = (c.k, c.v, c.pos, c.kmin, c.kmax, k_new, v_new, slots, token_pos, want.length)
+  token_pos = slots if data.draw(st.booleans()) else jnp.broadcast_to(slots[:, None], (b, h, n))
+  args = (c.k, c.v, c.pos, c.kmin, c.kmax, k_new, v_new, slots, token_pos, c.length)
   ref = cache_append_reference(*args, block_size=bs)
   got = cache_append(*args, block_size=bs, impl="pallas", interpret=True)
   _assert_same(want, ref, got, got_write)
+
+
+@pytest.mark.parametrize("window", (1, 3))
+def test_the_length_advances_from_the_one_before_the_write(window):
+  """Rows that append past the length, overwrite below it, or only pad: the new length is
+  ``max(length, s + 1)`` over the written slots (the kernel's own, from the old length)."""
+  rng = np.random.default_rng(window)
+  c = _cache(rng, 3, 2, 64, 16, 16, jnp.float32, 40, [], 0)
+  first = np.asarray([[40], [10], [-1]])  # append, overwrite, padding
+  slots = jnp.asarray(first + np.arange(window), jnp.int32).at[2].set(-1)
+  k_new = jnp.asarray(rng.standard_normal((3, 2, window, 16)), jnp.float32)
+  got = cache_append(c.k, c.v, c.pos, c.kmin, c.kmax, k_new, k_new, slots, slots, c.length,
+                     block_size=16, impl="pallas", interpret=True)
+  np.testing.assert_array_equal(got[5], [40 + window, 40, 40])
+  np.testing.assert_array_equal(got[5], cache_lib.write(c, k_new, k_new, slots).length)
 
 
 def test_other_writes_keep_the_xla_path():
@@ -133,13 +151,31 @@ def _avals(t=8256, d=128, nb=516, window=0):
 @pytest.mark.parametrize("window", (0, 8))
 def test_lowers_for_cuda_in_place(window):
   fn = jax.jit(functools.partial(cache_append, block_size=16, impl="pallas"),
-               donate_argnums=(0, 1, 2, 3, 4))
+               donate_argnums=(0, 1, 2, 3, 4, 9))
   text = jax.export.export(
       fn, platforms=["cuda"],
       disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
           *_avals(window=window)).mlir_module()
   assert "__gpu$xla.gpu.triton" in text
-  assert text.count("tf.aliasing_output") == 5  # k, v, pos, kmin, kmax written in place
+  assert text.count("tf.aliasing_output") == 6  # k, v, pos, kmin, kmax, length in place
+
+
+def test_a_decode_write_is_the_launch_alone():
+  """``cache.write`` of one token a row at the 8B shape, 128k, exported for CUDA: the launch
+  and no XLA compute op beside it (the slot check, the length and the positions' broadcast
+  are in the kernel), the length among the outputs written in place."""
+  t, d = 131072, 128
+  c = cache_lib.init_cache(1, 8, t, d, 16, jnp.bfloat16, ("box",))
+  avals = jax.tree.map(lambda x: S(x.shape, x.dtype), c)
+  row = S((1, 8, 1, d), BF16)
+  fn = jax.jit(functools.partial(cache_lib.write, impl="pallas"), donate_argnums=0)
+  text = jax.export.export(
+      fn, platforms=["cuda"],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
+          avals, row, row, S((1, 1), I32)).mlir_module()
+  ops = set(re.findall(r"stablehlo\.(\w+)\b(?!<)", text))
+  assert ops <= {"custom_call", "constant", "broadcast_in_dim"}, ops  # the empty digest kinds
+  assert re.search(r"tensor<1xi32> \{tf\.aliasing_output", text)  # the length, in place
 
 
 @pytest.mark.parametrize("window", (0, 8))
