@@ -12,7 +12,8 @@ from pallas_kernels._common import (IMPLS, Impl, TileConfig, choose_num_splits, 
                                     listed_slots_ok, resolve_impl)
 from pallas_kernels.block_score import (block_score, block_score_pooled,
                                         block_score_pooled_reference, block_score_reference)
-from pallas_kernels.block_select import block_select, block_select_ranked, block_select_reference
+from pallas_kernels.block_select import (block_select, block_select_budgeted, block_select_ranked,
+                                         block_select_reference)
 from pallas_kernels.cache_append import cache_append, cache_append_reference
 from pallas_kernels.chunk_attention import chunk_attention, chunk_attention_reference
 from pallas_kernels.score_select import score_select, score_select_reference
@@ -34,8 +35,8 @@ __all__ = [
     "check_softcap", "default_scale", "grouped_attention", "lse_combine", "scaled_logits",
     "soft_cap", "softmax_sum",
     "block_score", "block_score_pooled", "block_score_reference", "block_score_pooled_reference",
-    "block_select", "block_select_ranked", "block_select_reference", "cache_append",
-    "cache_append_reference",
+    "block_select", "block_select_budgeted", "block_select_ranked", "block_select_reference",
+    "cache_append", "cache_append_reference",
     "chunk_attention", "chunk_attention_reference", "score_select", "score_select_reference",
     "score_select_supported", "split_combine", "split_combine_pairs",
     "dense_decode", "sparse_decode", "sparse_decode_reference",

@@ -147,21 +147,30 @@ PHASES = ("io", "threshold", "place", "all")
 
 def _select_kernel(*refs, num_entries: int, padded: int, n: int, bits_per_pass: int,
                    early_exit: bool, block_size: int | None, n_sink_blocks: int,
-                   phases: str = "all"):
+                   phases: str = "all", row_budget=None, heads: int = 1):
   """One row's select; with ``block_size`` the scores are raw and ranked here (``refs``: the
-  row lengths and local starts before the output: ``block_select_ranked``). ``phases`` other
-  than ``"all"`` leave parts out, for timing only (``block_select_phases``)."""
+  row lengths and local starts before the output: ``block_select_ranked``; with
+  ``row_budget`` the batch lengths only, the count and local start derived here and the count
+  written after the list: ``block_select_budgeted``). ``phases`` other than ``"all"`` leave
+  parts out, for timing only (``block_select_phases``)."""
   row = pl.program_id(0)
   ids = jnp.arange(padded, dtype=jnp.int32)
   live = ids < num_entries
-  scores_ref, count_ref, out_ref = refs[0], refs[1], refs[-1]
+  if row_budget is not None:
+    scores_ref, length_ref, out_ref, count_out = refs
+    length = length_ref[row // heads]
+    start, count = (x.astype(jnp.int32) for x in row_budget(length))
+    count_out[row] = count
+  else:
+    scores_ref, count_ref, out_ref = refs[0], refs[1], refs[-1]
+    count = count_ref[row]
+    if block_size is not None:
+      length, start = refs[2][row], refs[3][row]
   x = plgpu.load(scores_ref.at[row, pl.ds(0, padded)], mask=live, other=0.0)
   if block_size is not None:  # the forced and valid blocks from two numbers, not masks in HBM
-    length, start = refs[2][row], refs[3][row]
     forced = (ids < n_sink_blocks) | (ids >= start)
     x = rank_scores(x, ids * block_size < length, forced)
   keys = jnp.where(live, order_keys(x), jnp.uint32(0))  # padding below every real key
-  count = count_ref[row]
   need = jnp.maximum(count, 1)
   if phases in ("threshold", "all"):
     t = threshold(keys, need, padded=padded, bits_per_pass=bits_per_pass,
@@ -272,6 +281,38 @@ def block_select_ranked(scores, count, length, local_start, *, n: int, block_siz
                  n_sink_blocks=n_sink_blocks)
 
 
+@functools.partial(jax.jit, static_argnames=("n", "block_size", "n_sink_blocks", "row_budget",
+                                             "impl", "interpret", "num_warps",
+                                             "bits_per_pass", "early_exit"))
+def block_select_budgeted(scores, length, *, row_budget, n: int, block_size: int,
+                          n_sink_blocks: int, impl: _common.Impl = "auto",
+                          interpret: bool = False, num_warps: int | None = None,
+                          bits_per_pass: int = BITS_PER_PASS, early_exit: bool = EARLY_EXIT):
+  """``block_select_ranked`` with the row's bookkeeping inside the kernel too: each program
+  derives its count and local start from its batch row's length by ``row_budget`` (a static,
+  hashable rule of jnp ops: ``sparse_attn.kernels.RowBudget``), so nothing but the scores and
+  the lengths enters the launch (no XLA op before it, no broadcast of ``[B]`` to the rows).
+
+  Args:
+    scores: ``[B, H, NB]`` float32 raw block scores.
+    length: ``[B]`` int32 tokens in each batch row's context.
+    row_budget: ``length -> (local_start, count)``.
+    n, block_size, n_sink_blocks, impl, interpret, num_warps, bits_per_pass, early_exit: as
+      ``block_select_ranked``.
+
+  Returns:
+    ``(idx [B, H, n], n_valid [B, H])`` int32: the lists, as ``block_select_ranked``'s, and
+    each row's count.
+  """
+  b, h, nb = scores.shape
+  ids, count = _launch(scores.reshape(b * h, nb), None, (length.astype(jnp.int32),), n=n,
+                       impl=impl, interpret=interpret, num_warps=num_warps,
+                       bits_per_pass=bits_per_pass, early_exit=early_exit,
+                       block_size=block_size, n_sink_blocks=n_sink_blocks,
+                       row_budget=row_budget, heads=h)
+  return ids.reshape(b, h, n), count.reshape(b, h)
+
+
 def block_valid_forced(num_entries: int, length, local_start, block_size: int,
                        n_sink_blocks: int):
   """``(valid, forced)`` ``[R, NB]`` bool of ``block_select_ranked``'s rows (its reference)."""
@@ -281,9 +322,10 @@ def block_valid_forced(num_entries: int, length, local_start, block_size: int,
 
 
 def _launch(scores, count, row_args, *, n, impl, interpret, num_warps, bits_per_pass,
-            early_exit, block_size, n_sink_blocks, phases="all"):
+            early_exit, block_size, n_sink_blocks, phases="all", row_budget=None, heads=1):
   """The select's checks and launch (or its reference); ``row_args``: ``(length, local_start)``
-  ``[R]`` when ``block_size`` is set (the ranked variant), else empty."""
+  ``[R]`` when ``block_size`` is set (the ranked variant), ``(length [R / heads],)`` with
+  ``row_budget`` (then ``count`` is None and the rows' counts are returned too), else empty."""
   r, nb = scores.shape
   if not 0 < n <= nb:
     raise ValueError(f"list length n={n} must be in [1, {nb}]")
@@ -293,6 +335,12 @@ def _launch(scores, count, row_args, *, n, impl, interpret, num_warps, bits_per_
     raise ValueError(f"early_exit counts one bit a pass, got bits_per_pass={bits_per_pass}")
   padded = max(16, pl.next_power_of_2(nb))
   if _common.resolve_impl(impl, "block_select") == "xla" or padded > MAX_ENTRIES:
+    if row_budget is not None:
+      start, count = (jnp.repeat(x.astype(jnp.int32), heads) for x in row_budget(*row_args))
+      row_args = (jnp.repeat(row_args[0], heads), start)
+      return _launch(scores, count, row_args, n=n, impl="xla", interpret=interpret,
+                     num_warps=num_warps, bits_per_pass=bits_per_pass, early_exit=early_exit,
+                     block_size=block_size, n_sink_blocks=n_sink_blocks), count
     if block_size is not None:
       valid, forced = block_valid_forced(nb, *row_args, block_size, n_sink_blocks)
       scores = rank_scores(scores, valid, forced)
@@ -300,13 +348,15 @@ def _launch(scores, count, row_args, *, n, impl, interpret, num_warps, bits_per_
   kernel = functools.partial(_select_kernel, num_entries=nb, padded=padded, n=n,
                              bits_per_pass=bits_per_pass, early_exit=early_exit,
                              block_size=block_size, n_sink_blocks=n_sink_blocks,
-                             phases=phases)
+                             phases=phases, row_budget=row_budget, heads=heads)
+  ids = jax.ShapeDtypeStruct((r, n), jnp.int32)
   return pl.pallas_call(
       kernel,
-      out_shape=jax.ShapeDtypeStruct((r, n), jnp.int32),
+      out_shape=ids if row_budget is None else (ids, jax.ShapeDtypeStruct((r,), jnp.int32)),
       grid=(r,),
       interpret=interpret,
       compiler_params=plgpu.CompilerParams(num_warps=num_warps or default_warps(padded),
                                            num_stages=1),
       name="block_select",
-  )(scores.astype(jnp.float32), count.astype(jnp.int32), *row_args)
+  )(scores.astype(jnp.float32),
+    *(() if row_budget is not None else (count.astype(jnp.int32),)), *row_args)

@@ -17,6 +17,10 @@ ranking moved into the select, three). ``score_select`` does all of it in one pr
   3. ``block_select.destinations`` places the chosen ids first in ascending order, then the
      others, and one scatter writes the list; the program also writes its ``n_valid``.
 
+The row's local start and block count come as ``[B]`` arrays, or as ``row_budget``, a static
+rule the program applies to its own length (Quest's budget in closed form: a few scalar ops), so
+no XLA op runs before the launch.
+
 The query tile is each kv head's group mean (``block_score.query_halves`` pools the G rows),
 so the list, its order and ``n_valid`` are exactly those of ``block_score_pooled`` then
 ``selection.rank_scores`` then ``block_select`` (the Pallas path it replaces), in the layout
@@ -70,8 +74,19 @@ def _grouped(q):
   return q[:, :, None] if q.ndim == 3 else q
 
 
-def score_select_reference(q, kmin, kmax, length, local_start, count, *, block_size: int,
-                           n: int, n_sink_blocks: int):
+def _check_counts(local_start, count, row_budget):
+  if (row_budget is None) == (local_start is None or count is None):
+    raise ValueError("give local_start and count, or row_budget (not both)")
+
+
+def _row_counts(length, local_start, count, row_budget):
+  """``(local_start, count)``: as given, or ``row_budget(length)`` (exactly one of the two)."""
+  _check_counts(local_start, count, row_budget)
+  return (local_start, count) if row_budget is None else row_budget(length)
+
+
+def score_select_reference(q, kmin, kmax, length, local_start=None, count=None, *,
+                           block_size: int, n: int, n_sink_blocks: int, row_budget=None):
   """``block_score_reference`` -> ``block_select.rank_scores`` -> ``block_select_reference``
   (the ``impl="xla"`` path).
 
@@ -81,6 +96,7 @@ def score_select_reference(q, kmin, kmax, length, local_start, count, *, block_s
     ``idx [B, K, n]`` int32 (``lax.top_k``: best first; its first ``count`` are the kernel's
     set) and ``n_valid [B, K]`` int32 (``count`` per kv head).
   """
+  local_start, count = _row_counts(length, local_start, count, row_budget)
   b, kh, nb, _ = kmin.shape
   # [B, K, NB]
   scores = block_score_reference(pooled_query(_grouped(q)), kmin, kmax, length,
@@ -93,12 +109,19 @@ def score_select_reference(q, kmin, kmax, length, local_start, count, *, block_s
   return idx, jnp.broadcast_to(count[:, None], (b, kh)).astype(jnp.int32)
 
 
-def _kernel(q_ref, kmin_ref, kmax_ref, length_ref, start_ref, count_ref, idx_ref, n_valid_ref,
-            *, block_size: int, group: int, head_dim: int, num_blocks: int, block_nb: int,
-            padded: int, n: int, n_sink_blocks: int, bits_per_pass: int, early_exit: bool):
+def _kernel(q_ref, kmin_ref, kmax_ref, length_ref, *refs, block_size: int, group: int,
+            head_dim: int, num_blocks: int, block_nb: int, padded: int, n: int,
+            n_sink_blocks: int, bits_per_pass: int, early_exit: bool, row_budget):
   """One (batch, kv head): refs ``q [G, D]`` (pooled here), ``kmin, kmax [NB, D]``, scalars
-  ``length``, ``local_start``, ``count``; writes ``idx [n]`` and the scalar ``n_valid``."""
-  length, start, count = length_ref[()], start_ref[()], count_ref[()]
+  ``length`` and (without ``row_budget``) ``local_start``, ``count``; writes ``idx [n]`` and
+  the scalar ``n_valid``."""
+  length = length_ref[()]
+  if row_budget is None:
+    start_ref, count_ref, idx_ref, n_valid_ref = refs
+    start, count = start_ref[()], count_ref[()]
+  else:
+    idx_ref, n_valid_ref = refs
+    start, count = (x.astype(jnp.int32) for x in row_budget(length))
   halves = query_halves(q_ref, group, head_dim, kmin_ref.dtype, pool=True)
   n_tiles = padded // block_nb
   # [Rp, 1]: the one real query row (the others pad the dot to 16 rows)
@@ -129,11 +152,12 @@ def _kernel(q_ref, kmin_ref, kmax_ref, length_ref, start_ref, count_ref, idx_ref
 
 @functools.partial(jax.jit, static_argnames=(
     "block_size", "n", "n_sink_blocks", "impl", "interpret", "block_nb", "num_warps",
-    "num_stages", "bits_per_pass", "early_exit"))
-def score_select(q, kmin, kmax, length, local_start, count, *, block_size: int, n: int,
-                 n_sink_blocks: int, impl: _common.Impl = "auto", interpret: bool = False,
-                 block_nb: int = 64, num_warps: int | None = None, num_stages: int = 3,
-                 bits_per_pass: int = BITS_PER_PASS, early_exit: bool = EARLY_EXIT):
+    "num_stages", "bits_per_pass", "early_exit", "row_budget"))
+def score_select(q, kmin, kmax, length, local_start=None, count=None, *, block_size: int,
+                 n: int, n_sink_blocks: int, impl: _common.Impl = "auto",
+                 interpret: bool = False, block_nb: int = 64, num_warps: int | None = None,
+                 num_stages: int = 3, bits_per_pass: int = BITS_PER_PASS,
+                 early_exit: bool = EARLY_EXIT, row_budget=None):
   """Quest's group-shared selection: score every block for one query per kv head, keep the
   ``count`` best with the forced blocks first, list them (module docstring).
 
@@ -145,6 +169,9 @@ def score_select(q, kmin, kmax, length, local_start, count, *, block_size: int, 
     local_start: ``[B]`` int32; blocks ``>= local_start`` (inside the context) are forced.
     count: ``[B]`` int32 blocks to choose, forced ones included, ``0 <= count <= min(n,
       NB)``, at least the forced and at most the valid blocks (``selection.selected_count``).
+    row_budget: instead of ``local_start`` and ``count``, a static (hashable) rule mapping a
+      length (``[B]``, or a row's scalar inside the kernel) to ``(local_start, count)`` with
+      jnp ops (``sparse_attn.kernels.RowBudget``).
     block_size: tokens per block (static).
     n: static list length (``<= NB``).
     n_sink_blocks: blocks ``< n_sink_blocks`` (inside the context) are forced (static).
@@ -164,23 +191,26 @@ def score_select(q, kmin, kmax, length, local_start, count, *, block_size: int, 
   if not 0 < n <= nb:
     raise ValueError(f"list length n={n} must be in [1, {nb}]")
   _common.TileConfig(block_nb=block_nb)  # validates block_nb
+  _check_counts(local_start, count, row_budget)
   if _common.resolve_impl(impl, "score_select") == "xla" or not supported(nb):
     return score_select_reference(q, kmin, kmax, length, local_start, count,
-                                  block_size=block_size, n=n, n_sink_blocks=n_sink_blocks)
+                                  block_size=block_size, n=n, n_sink_blocks=n_sink_blocks,
+                                  row_budget=row_budget)
   padded = padded_entries(nb)
   block_nb = min(block_nb, padded)
   q = _grouped(q)
   kernel = functools.partial(_kernel, block_size=block_size, group=q.shape[2], head_dim=d,
                              num_blocks=nb, block_nb=block_nb, padded=padded, n=n,
-                             n_sink_blocks=n_sink_blocks,
-                             bits_per_pass=bits_per_pass, early_exit=early_exit)
+                             n_sink_blocks=n_sink_blocks, bits_per_pass=bits_per_pass,
+                             early_exit=early_exit, row_budget=row_budget)
   head = lambda bi, hi: (bi, hi, 0, 0)
   digest = pl.BlockSpec((None, None, nb, d), head)
   row = pl.BlockSpec((None,), lambda bi, hi: (bi,))
   return pl.pallas_call(
       kernel,
       grid=(b, kh),
-      in_specs=[pl.BlockSpec((None, None, q.shape[2], d), head), digest, digest, row, row, row],
+      in_specs=[pl.BlockSpec((None, None, q.shape[2], d), head), digest, digest, row]
+      + [row, row] * (row_budget is None),
       out_specs=[pl.BlockSpec((None, None, n), lambda bi, hi: (bi, hi, 0)),
                  pl.BlockSpec((None, None), lambda bi, hi: (bi, hi))],
       out_shape=[jax.ShapeDtypeStruct((b, kh, n), jnp.int32),
@@ -189,5 +219,5 @@ def score_select(q, kmin, kmax, length, local_start, count, *, block_size: int, 
                                            num_stages=num_stages),
       interpret=interpret,
       name="score_select",
-  )(q, kmin, kmax, length.astype(jnp.int32), local_start.astype(jnp.int32),
-    count.astype(jnp.int32))
+  )(q, kmin, kmax, length.astype(jnp.int32),
+    *(() if row_budget is not None else (local_start.astype(jnp.int32), count.astype(jnp.int32))))

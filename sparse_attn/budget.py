@@ -111,7 +111,12 @@ class Budget:
     if self.budget is None:
       n = jnp.maximum(self.n_min, jnp.ceil(m * self.p).astype(jnp.int32))
     elif isinstance(self.budget, float):
-      n = jnp.ceil(self.budget * length.astype(jnp.float32) / unit).astype(jnp.int32)
+      tokens = self.budget * length.astype(jnp.float32)
+      # / unit as a product with 2^-k when unit is a power of 2: exact either way, so the same
+      # value, and no approximate division where a Triton kernel applies the rule
+      # (``kernels.RowBudget``; Triton's f32 division is ``div.approx``).
+      exact = unit & (unit - 1) == 0
+      n = jnp.ceil(tokens * (1.0 / unit) if exact else tokens / unit).astype(jnp.int32)
     else:
       n = jnp.full_like(length, -(-self.budget // unit))
     return jnp.maximum(n, -(-self.min_tokens // unit)).astype(jnp.int32)
@@ -135,8 +140,12 @@ class Budget:
     n = max(n, -(-self.min_tokens // unit))
     return max(1, min(m, n + self.max_forced(unit)))
 
+  def sink_entries(self, unit: int) -> int:
+    """Leading entries of ``unit`` tokens that hold the ``n_sink`` sinks (static)."""
+    return -(-self.n_sink // unit)
+
   def max_forced(self, unit: int) -> int:
-    sink = -(-self.n_sink // unit)
+    sink = self.sink_entries(unit)
     local = self.n_local if self.n_local is not None else -(-self.local_window // unit) + 1
     return sink + local
 
@@ -145,7 +154,7 @@ class Budget:
     ``forced == (idx < sink | idx >= start) & (idx * unit < length)`` (sinks: ``idx * unit <
     n_sink``; local: the last ``n_local`` entries, or those ending past ``length -
     local_window``, ``(idx + 1) * unit > length - local_window``, none for a 0 window)."""
-    sink = -(-self.n_sink // unit)
+    sink = self.sink_entries(unit)
     last = (length + unit - 1) // unit
     if self.n_local is not None:
       start = last - self.n_local

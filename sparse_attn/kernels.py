@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import pallas_kernels
 from pallas_kernels import Impl, resolve_impl  # pylint: disable=unused-import (re-exported)
 from sparse_attn import selection
+from sparse_attn.budget import Budget
 from sparse_attn.cache import KVCache
 from sparse_attn.selection import Selection, block_count
 
@@ -105,35 +106,47 @@ def top_ids(ranked, count, n_max: int, *, impl: Impl = "xla", interpret: bool = 
   return ids.reshape(b, h, n_max)
 
 
-def _closed_form_budget(cache: KVCache, budget):
-  """``(n_max, sink, start, count)``: the static list length, the forced span
-  (``Budget.forced_span``) and the ``[B]`` block count (``selection.block_count``) of a block
-  selection over ``cache``, as ``[B]`` arithmetic (no ``[B, NB]`` mask)."""
-  nb, bs = cache.num_blocks, cache.block_size
-  n_max = min(budget.max_count(cache.capacity, bs), nb)
-  sink, start = budget.forced_span(cache.length, bs)
-  return n_max, sink, start, block_count(cache.length, budget, nb, bs, n_max)
+@dataclasses.dataclass(frozen=True)
+class RowBudget:
+  """A block selection's per-row bookkeeping in closed form, as a static (hashable) rule:
+  ``length -> (local_start, count)``, the forced span's start (``Budget.forced_span``) and the
+  block count (``selection.block_count``). jnp ops only, so it maps ``[B]`` lengths here and one
+  row's scalar length inside a kernel (``pallas_kernels.score_select``'s ``row_budget``)."""
+  budget: Budget
+  num_blocks: int
+  block_size: int
+  n_max: int
+
+  @classmethod
+  def of(cls, cache: KVCache, budget: Budget) -> "RowBudget":
+    nb, bs = cache.num_blocks, cache.block_size
+    return cls(budget, nb, bs, min(budget.max_count(cache.capacity, bs), nb))
+
+  @property
+  def sink(self) -> int:
+    """Blocks ``< sink`` (inside the context) are forced: a static count."""
+    return self.budget.sink_entries(self.block_size)
+
+  def __call__(self, length):
+    _, start = self.budget.forced_span(length, self.block_size)
+    return start, block_count(length, self.budget, self.num_blocks, self.block_size, self.n_max)
 
 
 def select_blocks(scores, cache: KVCache, budget, *, impl: Impl = "xla",
                   interpret: bool = False) -> Selection:
   """``selection.select_blocks`` of ``scores [B, H, NB]`` under ``budget`` with ``top_ids``'s
   select: the same selection. On the Pallas path the ranking happens inside the select
-  (``pallas_kernels.block_select_ranked``, from each row's length and local start) and the
-  count is closed-form ``[B]`` arithmetic (``selection.block_count``), so no ``[B, NB]`` mask,
-  ranking or reduction runs between the score and select kernels."""
+  (``pallas_kernels.block_select_budgeted``), and so does the bookkeeping: each program applies
+  ``RowBudget`` (closed-form ``Budget.forced_span`` and ``selection.block_count``) to its row's
+  length, so no XLA op runs between the score and select kernels."""
   if resolve_impl(impl, "block_select") != "pallas":
     pick = functools.partial(top_ids, impl=impl, interpret=interpret)
     return selection.select_blocks(scores, cache, budget, pick)
-  b, h, nb = scores.shape
-  bs = cache.block_size
-  n_max, sink, start, count = _closed_form_budget(cache, budget)
-  rows = lambda x: jnp.broadcast_to(x[:, None], (b, h)).reshape(b * h)
-  ids = pallas_kernels.block_select_ranked(
-      scores.reshape(b * h, nb), rows(count), rows(cache.length), rows(start), n=n_max,
-      block_size=bs, n_sink_blocks=sink, impl=impl, interpret=interpret)
-  n_valid = jnp.broadcast_to(count[:, None], (b, h)).astype(jnp.int32)
-  return Selection(idx=ids.reshape(b, h, n_max), n_valid=n_valid, granularity=bs)
+  rule = RowBudget.of(cache, budget)
+  idx, n_valid = pallas_kernels.block_select_budgeted(
+      scores, cache.length, row_budget=rule, n=rule.n_max, block_size=cache.block_size,
+      n_sink_blocks=rule.sink, impl=impl, interpret=interpret)
+  return Selection(idx=idx, n_valid=n_valid, granularity=cache.block_size)
 
 
 def quest_select(q, cache: KVCache, budget, *, impl: Impl = "xla",
@@ -145,19 +158,22 @@ def quest_select(q, cache: KVCache, budget, *, impl: Impl = "xla",
   kernel does not run (``impl`` not resolving to the Triton scorer and select, or more than
   ``score_select.FUSED_MAX_ENTRIES`` blocks): the caller then scores and selects as before.
 
-  The bookkeeping around the kernel is closed-form ``[B]`` arithmetic (``Budget.forced_span``,
-  ``selection.block_count``) where the two-kernel path builds ``[B, NB]`` masks and sums them.
+  The bookkeeping is closed-form arithmetic (``RowBudget``: ``Budget.forced_span``,
+  ``selection.block_count``) that each program applies to its row's length inside the kernel,
+  so no XLA op runs before the launch (the two-kernel path builds ``[B, NB]`` masks and sums
+  them).
   """
   nb, bs = cache.num_blocks, cache.block_size
   if (resolve_impl(impl, "block_score") != "pallas"
       or resolve_impl(impl, "block_select") != "pallas"
       or not pallas_kernels.score_select_supported(nb)):
     return None
-  n_max, sink, start, count = _closed_form_budget(cache, budget)
+  rule = RowBudget.of(cache, budget)
   b, hq, d = q.shape
   qg = q.reshape(b, cache.num_kv_heads, hq // cache.num_kv_heads, d)
-  idx, n_valid = pallas_kernels.score_select(qg, cache.kmin, cache.kmax, cache.length, start,
-                                             count, block_size=bs, n=n_max, n_sink_blocks=sink,
+  idx, n_valid = pallas_kernels.score_select(qg, cache.kmin, cache.kmax, cache.length,
+                                             block_size=bs, n=rule.n_max,
+                                             n_sink_blocks=rule.sink, row_budget=rule,
                                              impl=impl, interpret=interpret)
   return Selection(idx=idx, n_valid=n_valid, granularity=bs)
 
