@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-
+import jax
 import jax.numpy as jnp
 
 from pallas_kernels.backends import IMPLS, Impl, resolve_impl  # pylint: disable=unused-import
@@ -154,3 +154,19 @@ def listed_slots_ok(block_idx, n_valid, length, block_size: int, pos=None):
     return ok, slot.reshape(b, p, -1)
   pos_g = gather_blocks(pos, block_idx, block_size).astype(jnp.int32)
   return ok & (pos_g >= 0), pos_g
+
+
+def order_after(x, *reads):
+  """``x`` unchanged, made data-dependent on ``reads`` (so XLA computes them first).
+
+  The dependency is ``x + 0 * isnan(sum(read))``: exactly zero for any read (inf and NaN
+  included), and not folded away by XLA (``0 * y`` is not simplified for floats). A kernel
+  orders itself without ops by taking the reads as operands instead (``cache_append``'s
+  ``after``); this is the jnp form (``sparse_attn.ordering``).
+  """
+  dep = jnp.zeros((), jnp.float32)
+  for r in jax.tree.leaves(reads):
+    dep = dep + jnp.isnan(jnp.sum(r.astype(jnp.float32))).astype(jnp.float32)
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    return x + (dep * 0).astype(x.dtype)
+  return x + (dep * 0).astype(jnp.int32).astype(x.dtype)

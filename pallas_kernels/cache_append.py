@@ -123,13 +123,14 @@ def cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos,
   return k, v, pos, kmin, kmax, length
 
 
-def _append_kernel(k_in, v_in, pos_in, kmin_in, kmax_in, len_in, knew_ref, vnew_ref, slot_ref,
-                   tok_ref, k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, len_ref, *,
-                   block_size: int, t: int, head_dim: int, tokens: int):
+def _append_kernel(*refs, block_size: int, t: int, head_dim: int, tokens: int):
   """One (batch, kv head): the new length, then per new token its row and position, and its
   block's digests from the block as read with every new token of the row merged in
-  (registers, not memory: no read-after-write between the program's threads)."""
-  del k_in, v_in, pos_in, kmin_in, kmax_in, len_in  # aliased with the outputs: used there
+  (registers, not memory: no read-after-write between the program's threads). ``refs``: the
+  six aliased state inputs (used through the outputs), the four new-token inputs, the
+  ``after`` operands (never read), the six outputs."""
+  knew_ref, vnew_ref, slot_ref, tok_ref = refs[6:10]
+  k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, len_ref = refs[-6:]
   dp = _common.pad_rows(head_dim, 1)
   col = jnp.arange(dp)
   col_ok = col < head_dim
@@ -194,14 +195,19 @@ def _append_kernel(k_in, v_in, pos_in, kmin_in, kmax_in, len_in, knew_ref, vnew_
 
 @functools.partial(jax.jit, static_argnames=("block_size", "impl", "interpret"))
 def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *,
-                 block_size: int, impl: _common.Impl = "auto", interpret: bool = False):
+                 block_size: int, impl: _common.Impl = "auto", interpret: bool = False,
+                 after=()):
   """One token (or a window of S <= ``MAX_TOKENS``) per (batch, kv head) written at ``slot``,
   the touched blocks' box digests recomputed, in one launch.
 
-  Args: as ``cache_append_reference`` (``length`` before the write); ``impl``: ``"pallas"``/``"triton"``, ``"mosaic"``
-    (``pallas_kernels.mosaic.cache_append``: one token; a window there takes the reference),
+  Args: as ``cache_append_reference`` (``length`` before the write); ``impl``:
+    ``"pallas"``/``"triton"``, ``"mosaic"`` (``pallas_kernels.mosaic.cache_append``: one token;
+    a window there takes the reference),
     ``"xla"`` or ``"auto"`` (``backends.resolve_impl``); ``interpret``: run the kernel in
-    interpret mode (CPU).
+    interpret mode (CPU); ``after``: arrays (a pytree) the launch takes as operands and never
+    reads, so XLA runs their producers first with no op of its own: a read of the slots this
+    write overwrites (RESA's prior update) stays before it and the cache stays in place (the
+    reference route orders itself with ``_common.order_after``).
 
   Returns:
     ``(k, v, pos, kmin, kmax, length)`` updated (in place where the inputs are donated).
@@ -213,9 +219,12 @@ def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *
   if resolved == "mosaic" and k_new.ndim == 3:
     from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
     return mosaic.cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
-                               block_size=block_size, impl="mosaic", interpret=interpret)
+                               block_size=block_size, impl="mosaic", interpret=interpret,
+                               after=after)
   k_new, v_new, slot, token_pos = _with_token_axis(k_new, v_new, slot, token_pos)
+  after = jax.tree.leaves(after)
   if resolved != "pallas":  # XLA, or a window through Mosaic (its twin writes one token)
+    k_new, v_new = (_common.order_after(x, *after) if after else x for x in (k_new, v_new))
     return cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
                                   block_size=block_size)
   b, h, t, d = k.shape
@@ -235,11 +244,12 @@ def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *
       out_shape=tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in state),
       grid=(b, h),
       in_specs=specs + [row(n, d), row(n, d), per_batch(n),
-                        per_batch(n) if token_pos.ndim == 2 else row(n)],
+                        per_batch(n) if token_pos.ndim == 2 else row(n)]
+      + [pl.BlockSpec(memory_space=pl.ANY)] * len(after),
       out_specs=tuple(specs),
       input_output_aliases={i: i for i in range(len(state))},
       interpret=interpret,
       compiler_params=plgpu.CompilerParams(num_warps=1, num_stages=1),
       name="cache_append",
   )(*state, k_new.astype(k.dtype), v_new.astype(v.dtype), slot.astype(jnp.int32),
-    token_pos.astype(jnp.int32))
+    token_pos.astype(jnp.int32), *after)

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 from pallas_kernels import gather_blocks  # pylint: disable=unused-import (re-exported)
 from pallas_kernels import Impl, cache_append, resolve_impl
 from pallas_kernels.cache_append import MAX_TOKENS as APPEND_TOKENS, new_length
+from sparse_attn import ordering
 
 
 class SlotBuffer:
@@ -269,7 +270,7 @@ def scatter_set(arr, index, values):
 
 
 def write(cache: KVCache, k_new, v_new, positions, token_positions=None, *,
-          impl: Impl = "xla", interpret: bool = False) -> KVCache:
+          impl: Impl = "xla", interpret: bool = False, after=()) -> KVCache:
   """Writes keys/values at explicit slots (append and overwrite alike).
 
   Args:
@@ -281,6 +282,8 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None, *,
     impl, interpret: ``"pallas"`` writes up to ``cache_append.MAX_TOKENS`` tokens a row into a
       cache keeping only the box digests in one kernel (``pallas_kernels.cache_append``), the
       same result.
+    after: arrays (a pytree) whose producers must run before the write, e.g. a read of the
+      slots it overwrites: operands of the kernel (no op), else ``ordering.after`` on the rows.
 
   Returns:
     The cache with the entries written, ``length`` advanced and the digests of every touched
@@ -300,8 +303,11 @@ def write(cache: KVCache, k_new, v_new, positions, token_positions=None, *,
     # advances the length itself: no XLA op around the launch.
     k, v, pos, kmin, kmax, length = cache_append(
         cache.k, cache.v, cache.pos, cache.kmin, cache.kmax, k_new, v_new, positions,
-        token_positions, cache.length, block_size=bs, impl=impl, interpret=interpret)
+        token_positions, cache.length, block_size=bs, impl=impl, interpret=interpret,
+        after=after)
     return dataclasses.replace(cache, k=k, v=v, pos=pos, length=length, kmin=kmin, kmax=kmax)
+  if jax.tree.leaves(after):
+    k_new, v_new = (ordering.after(x, *jax.tree.leaves(after)) for x in (k_new, v_new))
   # Out-of-range slot = dropped by the scatter.
   slot = jnp.where((positions >= 0) & (positions < t), positions, t)
   tok = jnp.broadcast_to(

@@ -156,9 +156,9 @@ class SeqShards:
     mine = (positions >= 0) & (positions < self.capacity) & (slot >= 0) & (slot < self.local)
     return jnp.where(mine, slot, -1)
 
-  def store(self, cache, k, v, slots, positions, *, impl, interpret):
+  def store(self, cache, k, v, slots, positions, *, impl, interpret, after=()):
     del impl, interpret  # a shard's slots are not its positions: the jnp write
-    cache = write(cache, k, v, slots, token_positions=positions)
+    cache = write(cache, k, v, slots, token_positions=positions, after=after)
     return dataclasses.replace(cache, length=self._local_length(self.length))
 
   def share(self, old, new, slots, positions):

@@ -36,9 +36,9 @@ class OneDevice:
   def slots(self, positions):
     return positions
 
-  def store(self, cache, k, v, slots, positions, *, impl, interpret):
+  def store(self, cache, k, v, slots, positions, *, impl, interpret, after=()):
     del positions  # slot = position
-    return write(cache, k, v, slots, impl=impl, interpret=interpret)
+    return write(cache, k, v, slots, impl=impl, interpret=interpret, after=after)
 
   def share(self, old, new, slots, positions):
     del old, slots, positions

@@ -17,10 +17,12 @@ head):
 
 In place, one launch, no copy of the cache: ``plgpu.kernel`` has no ``input_output_aliases``,
 so the kernel is a ``pl.core_map`` over a ``plgpu.Mesh`` on the Refs of ``pl.run_state``. Pallas
-discharges it into one ``mosaic_gpu_v2`` custom call whose outputs alias the five cache inputs
-it writes, the length included (``output_operand_aliases``; the Mosaic GPU interpreter honours them too); with the
-cache donated to the enclosing ``jax.jit`` XLA reuses the buffers, as with the Triton kernel's
-``input_output_aliases``. A ``custom_vmap`` rule folds a vmapped axis into the batch (rows are
+discharges it into one ``mosaic_gpu_v2`` custom call whose outputs alias the six inputs it
+writes, the length included (``output_operand_aliases``; the Mosaic GPU interpreter honours
+them too); with the cache donated to the enclosing ``jax.jit`` XLA reuses the buffers, as with
+the Triton kernel's ``input_output_aliases``. ``after`` arrays are extra operands that order the
+launch after their producers (each program loads one element of them and drops it: a Ref no
+program touches is pruned from the call). A ``custom_vmap`` rule folds a vmapped axis into the batch (rows are
 independent), since Pallas batches a mesh kernel only over an axis of size 1.
 
 Limits: ``block_size`` a power of 2 >= 16; head dim a multiple of 64 (bf16/f16) or 32 (f32)
@@ -50,9 +52,10 @@ def _append_body(k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, knew_ref, vnew_ref, 
                  tok_ref, len_ref, kb_s, pb_s, row_s, dig_s, blk_bar, row_bar, *,
                  block_size, t, regs):
   """One program. GMEM: the cache Refs (aliased in place; ``len [B]`` among them),
-  ``knew/vnew [B, K, D]``, ``slot [B]``, ``tok [B]`` or ``[B, K]``. SMEM: ``kb_s [NT, 64, D]`` block tiles (rows past ``bs``
-  unused), ``pb_s [NT, 64]`` their positions, ``row_s [2, D]`` the new K / V rows, ``dig_s
-  [2, D]`` the digests out. Barriers: ``blk_bar [2 NT]`` (keys, positions), ``row_bar [2]``."""
+  ``knew/vnew [B, K, D]``, ``slot [B]``, ``tok [B]`` or ``[B, K]``. SMEM: ``kb_s [NT, 64, D]``
+  block tiles (rows past ``bs`` unused), ``pb_s [NT, 64]`` their positions, ``row_s [2, D]``
+  the new K / V rows, ``dig_s [2, D]`` the digests out. Barriers: ``blk_bar [2 NT]`` (keys,
+  positions), ``row_bar [2]``."""
   bi, hi = lax.axis_index("b"), lax.axis_index("h")
   bs = block_size
   rows = min(bs, TILE)  # filled rows of each tile
@@ -123,7 +126,7 @@ def _append_body(k_ref, v_ref, pos_ref, kmin_ref, kmax_ref, knew_ref, vnew_ref, 
     plgpu.wait_smem_to_gmem(0)
 
 
-def _launch(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *, block_size,
+def _launch(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *after, block_size,
             interpret):
   b, h, t, d = k.shape
   params = mc.interpret_params(interpret)
@@ -144,16 +147,18 @@ def _launch(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *, blo
   def write(refs):
     @pl.core_map(mesh, interpret=params)
     def _():
-      pl.run_scoped(functools.partial(body, *refs), *scratch)
+      for r in refs[10:]:  # `after`: one element loaded and dropped, so the operand stays
+        r[(0,) * len(r.shape)]  # (a Ref never touched is pruned from the call)
+      pl.run_scoped(functools.partial(body, *refs[:10]), *scratch)
 
-  args = (k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length)
+  args = (k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *after)
   out = pl.run_state(write)(args)
   return (*out[:5], out[9])
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "impl", "interpret"))
 def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *,
-                 block_size: int, impl: _common.Impl = "auto", interpret=False):
+                 block_size: int, impl: _common.Impl = "auto", interpret=False, after=()):
   """One token per (batch, kv head) written at ``slot`` in place, the touched block's box
   digests recomputed, the length advanced (Mosaic GPU kernel).
 
@@ -166,12 +171,15 @@ def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *
     impl: ``"xla"`` runs ``cache_append_reference``; any other value runs the Mosaic kernel.
     interpret: False (lower for the GPU), True (Mosaic GPU interpret mode on the CPU, race
       detection on) or an ``InterpretGPUParams``.
+    after: arrays the launch takes as operands and never reads (ordering only, as there).
 
   Returns:
     ``(k, v, pos, kmin, kmax, length)`` updated (in place where the inputs are donated).
   """
   check_token_pos(token_pos, slot, k.shape[1])
+  after = jax.tree.leaves(after)
   if impl == "xla":
+    k_new, v_new = (_common.order_after(x, *after) if after else x for x in (k_new, v_new))
     return cache_append_reference(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length,
                                   block_size=block_size)
   b, h, t, d = k.shape
@@ -181,7 +189,7 @@ def cache_append(k, v, pos, kmin, kmax, k_new, v_new, slot, token_pos, length, *
   mc.check_minor_dim(d, k.dtype, kmin.dtype)
   args = (k, v, pos.astype(jnp.int32), kmin, kmax, k_new.astype(k.dtype),
           v_new.astype(v.dtype), slot.astype(jnp.int32), token_pos.astype(jnp.int32),
-          length.astype(jnp.int32))
+          length.astype(jnp.int32), *after)
   return _batched(block_size, interpret)(*args)
 
 

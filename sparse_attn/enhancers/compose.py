@@ -25,7 +25,6 @@ import jax.numpy as jnp
 from sparse_attn import kernels, placement, reference, sliding_window, sparse
 from sparse_attn.cache import KVCache
 from sparse_attn.enhancers import resa, retro
-from sparse_attn.ordering import after
 
 
 @jax.tree_util.register_dataclass
@@ -75,6 +74,7 @@ def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool,
   """Writes the new K/V where ``place`` keeps their slots; RESA's prior follows them."""
   k, v = k.astype(cache.k.dtype), v.astype(cache.v.dtype)
   cache, slots = place.view(cache), place.slots(positions)
+  reads = ()
   if m.resa and prior_formed:
     st = state.resa
     incremental = m.resa.prior_update == "incremental"
@@ -87,10 +87,11 @@ def _write(m, cache: KVCache, state, k, v, positions, scale, prior_formed: bool,
       new = resa.update_prior(st, cache, k, v, slots, scale, incremental)
     state = dataclasses.replace(state, resa=place.share(st, new, slots, positions))
     # The prior update read the overwritten slots: order that read before the write (the
-    # kernel's outputs all come from its one launch: its smallest one orders it).
+    # kernel's outputs all come from its one launch: its smallest one orders it; an operand
+    # of the cache write's kernel, or ``ordering.after`` on the rows where XLA writes).
     reads = (state.resa.kcount,) if launched else (state.resa.osum, state.resa.ksum)
-    k, v = (after(x, *reads) for x in (k, v))
-  return place.store(cache, k, v, slots, positions, impl=m.impl, interpret=m.interpret), state
+  return place.store(cache, k, v, slots, positions, impl=m.impl, interpret=m.interpret,
+                     after=reads), state
 
 
 def _dense_pass(m, q, k, v, cache, state, positions, scale, prior_formed):

@@ -87,6 +87,28 @@ def test_the_length_advances_from_the_one_before_the_write():
   np.testing.assert_array_equal(got[5], [21, 20])
 
 
+def test_after_operands_stay_in_the_call_and_change_nothing():
+  """An ``after`` array is an operand of the one custom call (a Ref no program touched would be
+  pruned) and leaves every output as it was (interpret mode, race detection on)."""
+  b, h, nb, bs, d, dtype = POOL[0]
+  rng = np.random.default_rng(4)
+  c = _cache(rng, b, h, nb * bs, d, bs, dtype, 20, [], 0)
+  slot = jnp.asarray([20, 7], jnp.int32)
+  k_new = jnp.asarray(rng.standard_normal((b, h, d)), dtype)
+  args = (c.k, c.v, c.pos, c.kmin, c.kmax, k_new, k_new, slot, slot, c.length)
+  later = jnp.full((b, h), jnp.nan, jnp.float32)
+  gpu_callbacks.reset_gpu_interpret_mode_state()
+  got = jax.block_until_ready(cache_append(*args, block_size=bs, impl="mosaic", interpret=True,
+                                           after=(later,)))
+  assert not gpu_callbacks.get_races().races_found
+  assert_equal(got, run(*args, block_size=bs))
+  fn = jax.jit(lambda *a, after: cache_append(*a, block_size=bs, impl="mosaic", after=after))
+  text = jax.export.export(fn, platforms=["cuda"])(
+      *(S(x.shape, x.dtype) for x in args), after=(S((b, h), jnp.float32),)).mlir_module()
+  operands = re.search(r"custom_call @mosaic_gpu_v2\(([^)]*)\)", text).group(1).split(", ")
+  assert len(operands) == 11 and "%arg10" in operands
+
+
 def test_a_window_takes_the_reference():
   """The Mosaic twin writes one token a row; a window of several (RetroAttention) through
   ``impl="mosaic"`` is ``cache.write``'s XLA result."""

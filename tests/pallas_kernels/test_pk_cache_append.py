@@ -160,6 +160,30 @@ def test_lowers_for_cuda_in_place(window):
   assert text.count("tf.aliasing_output") == 6  # k, v, pos, kmin, kmax, length in place
 
 
+def test_after_operands_order_the_launch_without_ops():
+  """``after`` arrays become operands of the launch (so their producers run first) and change
+  nothing: the same result in interpret mode, no XLA op for them in the CUDA export."""
+  rng = np.random.default_rng(3)
+  c = _cache(rng, 2, 2, 64, 16, 16, jnp.float32, 30, [], 0)
+  k_new = jnp.asarray(rng.standard_normal((2, 2, 16)), jnp.float32)
+  slot = jnp.asarray([30, 4], jnp.int32)
+  args = (c.k, c.v, c.pos, c.kmin, c.kmax, k_new, k_new, slot, slot, c.length)
+  later = jnp.full((2, 2), jnp.nan)  # never read: even NaN changes nothing
+  for impl in ("pallas", "xla"):
+    got = cache_append(*args, block_size=16, impl=impl, interpret=True, after=(later,))
+    for g, w in zip(got, cache_append(*args, block_size=16, impl=impl, interpret=True)):
+      np.testing.assert_array_equal(g, w)
+  fn = jax.jit(lambda *a, after: cache_append(*a, block_size=16, impl="pallas", after=after))
+  text = jax.export.export(
+      fn, platforms=["cuda"],
+      disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("__gpu$xla.gpu.triton")])(
+          *_avals(), after=(S((1, 8), jnp.float32),)).mlir_module()
+  operands = re.search(r"custom_call @[\w$.]+\(([^)]*)\)", text).group(1).split(", ")
+  assert operands[-1] == "%arg10" and len(operands) == 11
+  assert not set(re.findall(r"stablehlo\.(\w+)\b(?!<)", text)) - {"custom_call",
+                                                                   "broadcast_in_dim"}
+
+
 def test_a_decode_write_is_the_launch_alone():
   """``cache.write`` of one token a row at the 8B shape, 128k, exported for CUDA: the launch
   and no XLA compute op beside it (the slot check, the length and the positions' broadcast
