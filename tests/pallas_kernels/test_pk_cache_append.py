@@ -70,7 +70,7 @@ def _assert_same(want, ref, got):
       np.testing.assert_array_equal(np.asarray(x, np.float32), np.asarray(w, np.float32), name)
 
 
-@settings(deadline=None, max_examples=6)  # each example compiles two programs (~1.5 s)
+@settings(deadline=None, max_examples=6)  # each example compiles two programs
 @given(b=st.integers(1, 3), h=st.integers(1, 3), nb=st.integers(1, 6),
        bs=st.sampled_from((16, 32)), d=st.sampled_from((16, 48, 64)),
        dtype=st.sampled_from((jnp.float32, jnp.bfloat16)), data=st.data(),
