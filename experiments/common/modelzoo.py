@@ -24,11 +24,9 @@ RANDOM = "random:"
 
 @functools.lru_cache(maxsize=None)
 def smollm2_tokenizer():
-  import gguf  # pylint: disable=g-import-not-at-top
-  from models import gguf_loader, sources  # pylint: disable=g-import-not-at-top
+  from models import gguf_metadata, sources  # pylint: disable=g-import-not-at-top
   from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  reader = gguf.GGUFReader(sources.smollm2_path())
-  return tokenizer_lib.from_gguf_metadata(gguf_loader.read_metadata(reader))
+  return tokenizer_lib.from_gguf_metadata(gguf_metadata.read(sources.smollm2_path()))
 
 
 def tiny_random(seed: int = 0):

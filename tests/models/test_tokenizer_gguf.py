@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from models import gguf_loader, sources
+from models import gguf_loader, gguf_metadata, sources
 from tests import isolated
 
 BASE = [
@@ -73,7 +73,9 @@ def tokenizers_pair():
   path = sources.smollm2_path()
   import gguf
   from models import tokenizer as tokenizer_lib
-  ours = tokenizer_lib.from_gguf_metadata(gguf_loader.read_metadata(gguf.GGUFReader(path)))
+  meta = gguf_loader.read_metadata(gguf.GGUFReader(path))
+  assert gguf_metadata.read(path) == meta  # the fast reader modelzoo's tokenizer comes from
+  ours = tokenizer_lib.from_gguf_metadata(meta)
   strings = _strings()
   ref = isolated.reference(_transformers_side, strings, [ours.encode(x) for x in strings[:100]])
   ref["by_string"] = dict(zip(strings, ref["ids"]))

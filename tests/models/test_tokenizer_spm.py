@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from models import gguf_loader
+from models import gguf_loader, gguf_metadata
 from models import tokenizer as tokenizer_lib
 from tests import isolated
 
@@ -190,6 +190,7 @@ def pair(tmp_path_factory):
     paths[arch] = str(d / f"{arch}.gguf")
     write_spm_gguf(paths[arch], arch, add_space_prefix=prefix)
     meta = gguf_loader.read_metadata(gguf.GGUFReader(paths[arch]))
+    assert gguf_metadata.read(paths[arch]) == meta
     ours[arch] = tokenizer_lib.from_gguf_metadata(meta)
   strings = _strings()
   decode_ids = {a: [t.encode(s) for s in strings] for a, t in ours.items()}
