@@ -150,7 +150,7 @@ def hf_config(meta: dict, names, side: dict) -> dict[str, Any]:
   """The ``config.json`` dict a GGUF file describes.
 
   Args:
-    meta: the file's metadata (``gguf_loader.read_metadata``).
+    meta: the file's metadata (``gguf_file.read_metadata``).
     names: the file's tensor names (side tensors included or not).
     side: the file's side tensors (``Arch.side_tensors``) present, as float32 arrays.
 

@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-from models import gguf_arch, hf_loader
+from models import gguf_arch, gguf_file, hf_loader
 from models import tokenizer as tokenizer_lib
 from models.config import ModelConfig
 
@@ -47,16 +47,6 @@ def unpermute_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
   d = w.shape[0] // n_heads
   rest = w.shape[1:]
   return w.reshape(n_heads, d // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
-
-
-def read_metadata(reader) -> dict:
-  """All key/value fields of a ``gguf.GGUFReader`` as Python values."""
-  out = {}
-  for key, field in reader.fields.items():
-    if key.startswith("GGUF."):
-      continue
-    out[key] = field.contents()
-  return out
 
 
 def config_from_metadata(meta: dict, names, side: dict, dtype: str = "float32") -> ModelConfig:
@@ -108,15 +98,13 @@ def load_gguf(path: str, dtype: str = "float32"):
   Returns:
     ``(config, params, tokenizer)`` with numpy params (float32 unless ``dtype`` says otherwise).
   """
-  import gguf
   from gguf import quants
 
   if not os.path.exists(path):
     raise FileNotFoundError(f"GGUF file {path} does not exist")
-  reader = gguf.GGUFReader(path)
-  meta = read_metadata(reader)
+  meta, tensors = gguf_file.read(path)
   _, spec = gguf_arch.arch_of(meta)
-  by_name = {t.name: t for t in reader.tensors}
+  by_name = {t.name: t for t in tensors}
   side = {}
   for name in spec.side_tensors:
     if name in by_name:

@@ -24,9 +24,9 @@ RANDOM = "random:"
 
 @functools.lru_cache(maxsize=None)
 def smollm2_tokenizer():
-  from models import gguf_metadata, sources  # pylint: disable=g-import-not-at-top
+  from models import gguf_file, sources  # pylint: disable=g-import-not-at-top
   from models import tokenizer as tokenizer_lib  # pylint: disable=g-import-not-at-top
-  return tokenizer_lib.from_gguf_metadata(gguf_metadata.read(sources.smollm2_path()))
+  return tokenizer_lib.from_gguf_metadata(gguf_file.read_metadata(sources.smollm2_path()))
 
 
 def tiny_random(seed: int = 0):

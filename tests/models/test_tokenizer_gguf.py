@@ -6,7 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from models import gguf_loader, gguf_metadata, sources
+from models import gguf_file, sources
+from tests.models.test_gguf_file import reader_metadata
 from tests import isolated
 
 BASE = [
@@ -71,10 +72,9 @@ def _transformers_side(strings, decode_ids):
 def tokenizers_pair():
   """(our tokenizer, transformers' results on ``_strings()``)."""
   path = sources.smollm2_path()
-  import gguf
   from models import tokenizer as tokenizer_lib
-  meta = gguf_loader.read_metadata(gguf.GGUFReader(path))
-  assert gguf_metadata.read(path) == meta  # the fast reader modelzoo's tokenizer comes from
+  meta = reader_metadata(path)
+  assert gguf_file.read_metadata(path) == meta  # the fast reader modelzoo's tokenizer comes from
   ours = tokenizer_lib.from_gguf_metadata(meta)
   strings = _strings()
   ref = isolated.reference(_transformers_side, strings, [ours.encode(x) for x in strings[:100]])

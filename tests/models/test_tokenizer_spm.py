@@ -15,9 +15,10 @@ import os
 import numpy as np
 import pytest
 
-from models import gguf_loader, gguf_metadata
+from models import gguf_file
 from models import tokenizer as tokenizer_lib
 from tests import isolated
+from tests.models.test_gguf_file import reader_metadata
 
 CORPUS = [
     "the cat sat on the mat and the dog sat on the log",
@@ -183,14 +184,13 @@ def _transformers_side(paths, strings, decode_ids):
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
   """(ours by arch, transformers' results by arch, strings)."""
-  import gguf
   d = tmp_path_factory.mktemp("spm")
   paths, ours = {}, {}
   for arch, prefix in (("llama", True), ("phi3", True), ("gemma2", False)):
     paths[arch] = str(d / f"{arch}.gguf")
     write_spm_gguf(paths[arch], arch, add_space_prefix=prefix)
-    meta = gguf_loader.read_metadata(gguf.GGUFReader(paths[arch]))
-    assert gguf_metadata.read(paths[arch]) == meta
+    meta = reader_metadata(paths[arch])
+    assert gguf_file.read_metadata(paths[arch]) == meta
     ours[arch] = tokenizer_lib.from_gguf_metadata(meta)
   strings = _strings()
   decode_ids = {a: [t.encode(s) for s in strings] for a, t in ours.items()}
@@ -267,10 +267,9 @@ def test_special_ids_and_flags(pair):
 def test_phi3_right_strip_and_add_eos(tmp_path):
   """llama.cpp strips whitespace after a Phi-3 model's special tokens (by ``general.name``);
   ``add_eos_token`` appends EOS."""
-  import gguf
   path = tmp_path / "phi.gguf"
   write_spm_gguf(path, "phi3", name="Phi-3-mini-4k-instruct")
-  meta = gguf_loader.read_metadata(gguf.GGUFReader(str(path)))
+  meta = gguf_file.read_metadata(str(path))
   tok = tokenizer_lib.from_gguf_metadata(meta)
   eot = _vocab()[0].index("<end_of_turn>")
   assert tok.encode("<end_of_turn> \n the") == [1, eot] + tok.encode("the", add_bos=False)
