@@ -375,8 +375,9 @@ class StateAggregator:
   form: str = "renormalised"
   scale: float = 1.0
 
-  def __call__(self, true, prior_seen, seen, osum, zsum, pmax, q, mu_q, mu_k, count, *head):
+  def __call__(self, true, prior_seen, seen, osum, zsum, pmax, q, mu_q, ksum, count, *head):
     o_est, log_z = _total(osum, zsum, pmax)
+    mu_k = ksum / jnp.maximum(count, 1)[..., None].astype(jnp.float32)  # as ``mu_k(state)``
     b = self.scale * jnp.sum((q.astype(jnp.float32) - mu_q) * mu_k, axis=-1)
     if head:  # per-head parameters: the renormalised reading only (``online_bias``)
       if self.form != "renormalised":
@@ -388,12 +389,12 @@ class StateAggregator:
 
 def aggregator_inputs(state: ResaState, q):
   """``StateAggregator``'s per-head inputs for ``q [B,N,D]``: the state's rows as they are
-  (``osum [B,N,D]``, ``zsum, pmax [B,N]``, ``q``, ``mu_q``) and the kv heads' ``mu_K`` and prior
-  count repeated over their query heads (``[B,N,D]``, ``[B,N]``), then the per-head
-  parameters when set."""
+  (``osum [B,N,D]``, ``zsum, pmax [B,N]``, ``q``, ``mu_q``) and the kv heads' key sum and prior
+  count repeated over their query heads (``[B,N,D]``, ``[B,N]``; the epilogue divides them
+  into ``mu_K``), then the per-head parameters when set."""
   n = q.shape[1]
   g = n // state.kcount.shape[1]
   head = () if state.head_log_lam is None else (
       (state.head_log_lam,) + (() if state.head_beta is None else (state.head_beta,)))
   return (state.osum, state.zsum, state.pmax, q, state.mu_q,
-          jnp.repeat(mu_k(state), g, axis=1), prior_count(state, n)) + head
+          jnp.repeat(state.ksum, g, axis=1), prior_count(state, n)) + head
