@@ -30,8 +30,10 @@ Defaults, read from the authors' repository (github tsinghua-ideal/Twilight, com
   are the paper's configuration ``benchmark/configs/config_quest_twi.json`` (``"min_max_quant"``,
   ``"quant_bit": 4``).
 * ``topp = 0.85``: the same file, ``"weight_pruner": {"type": "top_p", "threshold": 0.85}``
-  (also ``config_ds_twi.json``). The softmax is float32 over the estimated logits with the
-  non-candidates masked (``twilight/pyimpl/top_p.py`` lines 10-15).
+  (also ``config_ds_twi.json``). The paper's own evaluation of LLaMA models states p = 0.95
+  (pass ``topp=0.95`` for it); the default follows the released configuration. The softmax is
+  float32 over the estimated logits with the non-candidates masked
+  (``twilight/pyimpl/top_p.py`` lines 10-15).
 * Base budget: Quest with ``"token_budget": 8192`` and 16-token pages (``"chunk_size": 16``)
   in ``config_quest_twi.json``: a conservative budget (a quarter of a 32k context) that the
   pruner then cuts. Here the budget is this selector's ``budget`` (the library's ``Budget``,
@@ -101,8 +103,8 @@ class Twilight(Selector):
   Attributes (besides ``budget``, ``block_size`` and ``gqa``, which configure the base Quest
   selection):
     topp: the top-p threshold: per head, the fewest candidate tokens whose estimated attention
-      mass reaches it are kept (the paper's ``p``; 0.85 in its Quest configuration). 1.0 keeps
-      every candidate.
+      mass reaches it are kept (the paper's ``p``; 0.85 in the authors' Quest configuration,
+      0.95 in the paper's LLaMA runs). 1.0 keeps every candidate.
     bits: bits per key element of the estimate's quantised keys (the paper's 4).
   """
 
