@@ -65,7 +65,7 @@ def wonderwords_lists() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ..
 class SortedPairs(Sequence[str]):
   """``sorted({f"{a}-{b}" for a in firsts for b in seconds})`` without building it.
 
-  RULER's key pool is 6.2M strings (912 adjectives x 6,786 nouns): sorting them took ~10 s of
+  RULER's key pool is 6.2M strings (912 adjectives x 6,786 nouns): sorting them took ~15 s of
   every process that drew a NIAH key. Here the pairs stay grouped by their first word: all pairs
   of ``a`` start with ``a + "-"``, so the groups whose prefixes are not prefixes of one another
   (no hyphenated word starts with another word and a hyphen) occupy disjoint ranges of the sorted

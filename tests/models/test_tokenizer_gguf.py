@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from models import gguf_file, sources
-from tests.models.test_gguf_file import reader_metadata
 from tests import isolated
+from tests.models.test_gguf_file import reader_metadata
 
 BASE = [
     "", " ", "  ", "\n", "\n\n", "\t", " \t\n ", "Hello world", "Hello  world", " Hello",
