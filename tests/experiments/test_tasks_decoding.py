@@ -22,8 +22,14 @@ SPECS = ["dense", "quest", "quest+resa", "quest+retro:w=2", "quest+resa+retro:w=
 COMPRESSION = [s for s in SPECS if "ratio" in s]
 
 
-def test_shared_prefill_equals_own_prefill():
-  model = modelzoo.tiny_random()
+@pytest.fixture(scope="module")
+def model():
+  """One tiny random model for the module: its random init costs ~0.2 s a call under the
+  suite's compile settings, and nothing here writes to (or donates) its params."""
+  return modelzoo.tiny_random()
+
+
+def test_shared_prefill_equals_own_prefill(model):
   rng = np.random.default_rng(0)
   lengths = np.array([70, 53], np.int32)
   prompts = rng.integers(10, 1000, (2, 70)).astype(np.int32)
@@ -55,12 +61,11 @@ def test_shared_prefill_equals_own_prefill():
   assert prefill_groups.shares_union(ms[4], union)
 
 
-def test_prefill_order_runs_each_shared_prefill_once(monkeypatch):
+def test_prefill_order_runs_each_shared_prefill_once(monkeypatch, model):
   """Methods of the dense union and the compression union given in turn: ``prefill_order``
   puts each group's members together (groups by first member, order kept inside a group),
   and ``prefill_all`` in that order prefills each group once, where the order given prefills
   at every change of group."""
-  model = modelzoo.tiny_random()
   rng = np.random.default_rng(2)
   lengths = np.array([40], np.int32)
   prompts = rng.integers(10, 1000, (1, 40)).astype(np.int32)
@@ -106,10 +111,9 @@ def _generate(model, prompts, lengths, m, new, suffix=None, suffix_lengths=None)
 
 
 @pytest.mark.parametrize("spec", ["dense", "snapkv:ratio=0.5", "expected_attention:ratio=0.5"])
-def test_extend_rows_equal_single_rows(spec):
+def test_extend_rows_equal_single_rows(spec, model):
   """Rows with questions of different lengths read side by side give each row's own tokens;
   with dense attention, reading the question after the prefill equals prefilling it."""
-  model = modelzoo.tiny_random()
   m = methods.make(spec)
   rng = np.random.default_rng(1)
   ctx = [rng.integers(10, 1000, n).astype(np.int32) for n in (60, 45)]
@@ -127,11 +131,10 @@ def test_extend_rows_equal_single_rows(spec):
 
 
 @pytest.mark.parametrize("spec", ["expected-attention", "snapkv:ratio=0.5", "dense"])
-def test_extend_equals_reading_token_by_token(spec):
+def test_extend_equals_reading_token_by_token(spec, model):
   """The question read in one chunk (``extend``) gives each row the first answer token, the
   history, the cache and the continuation that reading it one decode step at a time gives
   (``extend_stepwise``; Ada-KV's flat cache, a uniform one, dense)."""
-  model = modelzoo.tiny_random()
   m = methods.make(spec)
   rng = np.random.default_rng(3)
   lengths = np.array([70, 52], np.int32)
@@ -154,8 +157,7 @@ def test_extend_equals_reading_token_by_token(spec):
   np.testing.assert_array_equal(got.lengths, lengths + suffix_lengths)
 
 
-def test_extend_rejects_rectification_and_full_caches():
-  model = modelzoo.tiny_random()
+def test_extend_rejects_rectification_and_full_caches(model):
   m = methods.make("quest+rect:f=4", budget=0.25)
   ((_, pre),) = decoding.prefill_all(model, np.ones((1, 40), np.int32), np.array([40]), [m], 64)
   with pytest.raises(ValueError, match="rectifies"):
@@ -176,13 +178,12 @@ def test_compression_union_refuses_caps_and_windows_it_cannot_model():
     union.with_sliding_window(8)
 
 
-def test_capped_windowed_model_prefills_each_compression_method_on_its_own():
+def test_capped_windowed_model_prefills_each_compression_method_on_its_own(model):
   """On a soft-capped model with local and global layers (Gemma 2's) the shared union is
   skipped: each compression method prefills itself (capped, windowed where the layer is) and
   gets exactly its own prefill."""
-  base = modelzoo.tiny_random()
-  model = dataclasses.replace(base, config=dataclasses.replace(
-      base.config, attn_softcap=20.0, sliding_window=24, sliding_layers=(True, False)))
+  model = dataclasses.replace(model, config=dataclasses.replace(
+      model.config, attn_softcap=20.0, sliding_window=24, sliding_layers=(True, False)))
   rng = np.random.default_rng(1)
   lengths = np.array([50], np.int32)
   prompts = rng.integers(10, 1000, (1, 50)).astype(np.int32)
@@ -210,12 +211,11 @@ def _registered():
 
 
 @pytest.mark.parametrize("spec,kwargs", _registered())
-def test_every_registered_method_gets_its_own_prefill_from_the_shared_one(spec, kwargs):
+def test_every_registered_method_gets_its_own_prefill_from_the_shared_one(spec, kwargs, model):
   """The shared prefills (the compression union: one dense prefill, each member's
   observations, KVzip's replays; the dense union: Quest's and RESA's state) leave each
   registered method the cache and state its own ``models.decode.prefill`` leaves, beside
   methods of both groups."""
-  model = modelzoo.tiny_random()
   rng = np.random.default_rng(2)
   lengths = np.array([70, 53], np.int32)
   prompts = rng.integers(10, 1000, (2, 70)).astype(np.int32)
@@ -245,10 +245,9 @@ def test_shared_prefill_replays_with_one_chunk_size():
     compression_union.CompressionUnion.of(same + [methods.make("kvzip:chunk_size=512")])
 
 
-def test_both_kvzip_selections_share_one_replay():
+def test_both_kvzip_selections_share_one_replay(model):
   """KVzip ranked over all layers and per layer observe alike (one replay, one state slot) and
   each still gets its own prefill's cache from the shared one."""
-  model = modelzoo.tiny_random()
   rng = np.random.default_rng(3)
   lengths = np.array([70, 53], np.int32)
   prompts = rng.integers(10, 1000, (2, 70)).astype(np.int32)
@@ -264,13 +263,12 @@ def test_both_kvzip_selections_share_one_replay():
       np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=m.spec)
 
 
-def test_members_of_one_shared_prefill_decode_in_turn_with_little_room():
+def test_members_of_one_shared_prefill_decode_in_turn_with_little_room(model):
   """Each member of the compression union reads its question and decodes (donating its
   buffers) before the next is split off: no member may hold a buffer of the shared prefill
   (ThinK's slices over a whole axis did). The rows' questions fill almost all of the room
   the cache has after the longest prompt, so ``extend``'s rounded chunk must not outgrow it
   (ThinK's decode keys hold only the rows' room). Each answer equals the method's own."""
-  model = modelzoo.tiny_random()
   rng = np.random.default_rng(4)
   lengths = np.array([60, 41], np.int32)
   prompts = rng.integers(10, 1000, (2, 60)).astype(np.int32)
