@@ -8,7 +8,8 @@ This package never imports ``sparse_attn``; ``sparse_attn`` adapts its cache and
 these ops.
 """
 
-from pallas_kernels._common import (IMPLS, Impl, TileConfig, choose_num_splits, gather_blocks,
+from pallas_kernels._common import (IMPLS, Impl, TileConfig, attended_length,
+                                    choose_num_splits, empty_padding_rows, gather_blocks,
                                     listed_slots_ok, order_after, resolve_impl)
 from pallas_kernels.block_score import (block_score, block_score_pooled,
                                         block_score_pooled_reference, block_score_reference)
@@ -31,7 +32,7 @@ from pallas_kernels.resa_prior_update import resa_prior_update, resa_prior_updat
 
 __all__ = [
     "IMPLS", "Impl", "TileConfig", "choose_num_splits", "resolve_impl", "gather_blocks",
-    "listed_slots_ok", "order_after", "gather_listed", "gather_prior", "window_slots_ok",
+    "listed_slots_ok", "order_after", "attended_length", "empty_padding_rows", "gather_listed", "gather_prior", "window_slots_ok",
     "check_softcap", "default_scale", "grouped_attention", "lse_combine", "scaled_logits",
     "soft_cap", "softmax_sum",
     "block_score", "block_score_pooled", "block_score_reference", "block_score_pooled_reference",

@@ -156,6 +156,25 @@ def listed_slots_ok(block_idx, n_valid, length, block_size: int, pos=None):
   return ok & (pos_g >= 0), pos_g
 
 
+def attended_length(length, query_pos=None):
+  """The slots a row may attend: ``length``, or 0 where the row's query is padding
+  (``query_pos < 0``: an inactive row attends nothing). ``[B]`` arrays, or one row's scalars
+  inside a kernel; ``query_pos`` None: every row is live."""
+  return length if query_pos is None else jnp.where(query_pos >= 0, length, 0)
+
+
+def empty_padding_rows(out, lse, query_pos):
+  """``(out, lse)`` with the rows of padding queries (``query_pos [B] < 0``) empty: ``0`` and
+  ``-inf``, the result of attending nothing (an epilogue such as RESA's would otherwise give
+  such a row its estimate). ``out [B, ..., D]``, ``lse [B, ...]``; ``query_pos`` None: as
+  given."""
+  if query_pos is None:
+    return out, lse
+  live = (query_pos >= 0).reshape((-1,) + (1,) * (lse.ndim - 1))
+  return (jnp.where(live[..., None], out, 0).astype(out.dtype),
+          jnp.where(live, lse, -jnp.inf).astype(lse.dtype))
+
+
 def order_after(x, *reads):
   """``x`` unchanged, made data-dependent on ``reads`` (so XLA computes them first).
 

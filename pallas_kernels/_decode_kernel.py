@@ -34,6 +34,9 @@ Optional extras, all static flags of the same body:
   * ``softcap``: Gemma 2's attention-logit soft-cap, ``s -> cap * tanh(s / cap)`` on the scaled
     logits before the masks (``softmax.soft_cap``): the softmax, the lse and the split combine
     all see the capped scores. The RESA prior logits are given as they are.
+  * ``query_pos``: the batch row's query position; a negative one (a padding row) attends
+    nothing (length and list count 0: no iteration runs), and with an epilogue the combine
+    returns the row empty, so the decode step needs no masking op of its own.
   * ``count_attended``: per row, the keys it attended (RetroAttention's effective budget,
     Fig. 2c), counted from the masks already built; with a stacked prior one count vector
     holds both halves (query rows: keys attended, prior rows: prior members seen).
@@ -51,8 +54,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 import jax.numpy as jnp
 
-from pallas_kernels._common import (MIN_BLOCKS_PER_SPLIT, TileConfig, choose_num_splits,
-                                    pad_rows, tokens_per_iter)
+from pallas_kernels._common import (MIN_BLOCKS_PER_SPLIT, TileConfig, attended_length,
+                                    choose_num_splits, pad_rows, tokens_per_iter)
 from pallas_kernels.softmax import soft_cap
 from pallas_kernels.split_combine import split_combine_pairs
 from pallas_kernels.backends import triton_module
@@ -108,7 +111,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
                    bit_words: int, bits_per_word: int, with_prior: bool, with_bits: bool,
                    with_limit: bool, with_pos: bool, rows_per_prior: int = 1,
                    softcap: float | None = None, with_idx: bool = True,
-                   count_attended: bool = False):
+                   count_attended: bool = False, with_query_pos: bool = False):
   """Kernel body; refs are one program's views (see ``decode_partials`` for the layout).
   Without ``with_idx`` the list is the identity (entry ``i`` is block ``i``) and its length
   ``ceil(length / block_size)``: no list is read."""
@@ -116,6 +119,7 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
   q_ref, k_ref, v_ref = (next(it) for _ in range(3))
   idx_ref, nvalid_ref = (next(it), next(it)) if with_idx else (None, None)
   length_ref = next(it)
+  qpos_ref = next(it) if with_query_pos else None
   pos_ref = next(it) if with_pos else None
   prior_ref = next(it) if with_prior else None
   bits_ref = next(it) if with_bits else None
@@ -150,7 +154,11 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
     limit = plgpu.load(lim_ref.at[src], mask=tile_ok, other=-1)
 
   length = length_ref[()]
+  if with_query_pos:  # a padding row: nothing to attend, no iteration
+    length = attended_length(length, qpos_ref[()])
   n_valid = nvalid_ref[()] if with_idx else (length + block_size - 1) // block_size
+  if with_query_pos and with_idx:
+    n_valid = jnp.where(length > 0, n_valid, 0)
   lo, hi = split_bounds(n_valid, pl.program_id(2), list_len=list_len,
                         max_splits=max_splits, blocks_per_iter=blocks_per_iter)
   # [W]: token t of a tile is offset t % bs of the tile's (t // bs)-th listed block.
@@ -274,7 +282,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
                     row_limit=None, pos=None, *, block_size: int, scale: float, tiles: TileConfig,
                     interpret: bool, bits_per_word: int = 1, rows_per_prior: int = 1,
                     epilogue=None, extras=(), softcap: float | None = None,
-                    count_attended: bool = False, carry_in=None):
+                    count_attended: bool = False, carry_in=None, query_pos=None):
   """Runs the kernel and combines its splits (``split_combine``, a second Pallas pass).
 
   Args:
@@ -297,6 +305,9 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
     count_attended: static; also count the keys each row attended (not with an epilogue).
     carry_in: optional ``[(out [B, P, R, D], lse [B, P, R])]`` per pair (true, then prior):
       partials of an earlier pass merged into the result as one more split.
+    query_pos: optional ``[B]`` int32 query position of each batch row: a negative one (a
+      padding row) attends nothing and comes out empty (``0`` / ``-inf``), an epilogue's or a
+      carried partial's values included.
 
   Returns:
     ``(out [B, P, R, D] f32, lse [B, P, R] f32)``; with ``prior`` also the prior pair and
@@ -326,7 +337,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
       bit_words=bit_words, bits_per_word=bits_per_word, with_prior=with_prior,
       with_bits=with_bits, with_limit=with_limit, with_pos=with_pos,
       rows_per_prior=rows_per_prior, softcap=softcap, with_idx=with_idx,
-      count_attended=count_attended)
+      count_attended=count_attended, with_query_pos=query_pos is not None)
   head = lambda bi, pi, si: (bi, pi, 0, 0)
   kv = pl.BlockSpec((None, None, t, d), lambda bi, pi, si: (bi, pi // ratio, 0, 0))
   in_specs = [pl.BlockSpec((None, None, r, d), head), kv, kv]
@@ -337,6 +348,9 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
     args += [block_idx.astype(jnp.int32), n_valid.astype(jnp.int32)]
   in_specs.append(pl.BlockSpec((None,), lambda bi, pi, si: (bi,)))
   args.append(length.astype(jnp.int32))
+  if query_pos is not None:
+    in_specs.append(pl.BlockSpec((None,), lambda bi, pi, si: (bi,)))
+    args.append(query_pos.astype(jnp.int32))
   if with_pos:
     in_specs.append(pl.BlockSpec((None, None, t), lambda bi, pi, si: (bi, pi // ratio, 0)))
     args.append(pos.astype(jnp.int32))
@@ -381,6 +395,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
   combined = split_combine_pairs([(outs[2 * i], outs[2 * i + 1]) for i in range(n_pairs)],
                                  counts[0] if epilogue is not None else counts,
                                  epilogue=epilogue, extras=extras, carry_in=carry_in,
+                                 query_pos=None if epilogue is None and carry_in is None
+                                 else query_pos,
                                  impl="pallas", interpret=interpret)
   if epilogue is not None:
     return combined

@@ -144,7 +144,7 @@ def gathered_partials(q, kg, vg, ok, prior=None, *, scale: float,
 
 def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: int,
                             scale: float | None = None, pos=None,
-                            softcap: float | None = None):
+                            softcap: float | None = None, query_pos=None):
   """Plain-jnp sparse decode (the ``impl="xla"`` path): gather the listed blocks, masked
   float32 softmax (``gathered_partials``). Any ``block_size`` dividing ``T`` (1: token lists).
 
@@ -155,6 +155,7 @@ def sparse_decode_reference(q, k, v, block_idx, n_valid, length, *, block_size: 
   """
   _, hq, d = q.shape
   selection_rows(hq, k.shape[1], block_idx.shape[1])
+  length = _common.attended_length(length, query_pos)
   kg, vg, ok, _ = gather_listed(k, v, block_idx, n_valid, length, block_size, pos)
   (out, lse), _ = gathered_partials(q[:, :, None], kg, vg, ok[:, :, None],
                                     scale=default_scale(d, scale),
@@ -169,7 +170,7 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
                   scale: float | None = None, num_splits: int | None = None,
                   impl: _common.Impl = "auto", interpret: bool = False, num_warps: int = 4,
                   num_stages: int = 3, blocks_per_iter: int | None = None, pos=None,
-                  softcap: float | None = None):
+                  softcap: float | None = None, query_pos=None):
   """Exact attention of one query per head over the listed KV blocks.
 
   Args:
@@ -195,6 +196,9 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
     blocks_per_iter: blocks gathered per loop iteration (static), default from shared memory.
     softcap: attention-logit soft-cap (static; Gemma 2's ``s -> cap * tanh(s / cap)`` on the
       scaled logits, ``softmax.soft_cap``), None = none.
+    query_pos: optional ``[B]`` int32 position of each row's query: a negative one marks a
+      padding row, which attends nothing (``0`` / ``-inf``; the kernel reads none of its
+      blocks), so the decode step needs no masking op after the launch. None: every row live.
 
   Per-query-head lists (``H = N``) run one program per kv head over the union of the group's
   lists with a per-head mask, so a block listed by several heads is read once.
@@ -206,13 +210,13 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   resolved = _common.resolve_impl(impl, "sparse_decode")
   if resolved == "xla":
     return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
-                                   scale=scale, pos=pos, softcap=softcap)
+                                   scale=scale, pos=pos, softcap=softcap, query_pos=query_pos)
   if resolved == "mosaic":
     from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
     return mosaic.sparse_decode(q, k, v, block_idx, n_valid, length, block_size=block_size,
                                 scale=scale, num_splits=num_splits, impl="mosaic",
                                 interpret=interpret, num_stages=num_stages, pos=pos,
-                                softcap=softcap)
+                                softcap=softcap, query_pos=query_pos)
   softcap, lists = checked_lists(q, k, block_idx, n_valid, block_size, softcap)
   b, hq, d = q.shape
   hkv = k.shape[1]
@@ -225,7 +229,7 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
       q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
       row_bits=None if words is None else _union.head_bits(words), bits_per_word=hq // hkv,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
-      softcap=softcap)
+      softcap=softcap, query_pos=query_pos)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)
 
 
@@ -243,7 +247,8 @@ def identity_lists(b: int, hkv: int, num_blocks: int, length, block_size: int):
 def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None,
                  num_splits: int | None = None, impl: _common.Impl = "auto",
                  interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
-                 blocks_per_iter: int | None = None, pos=None, softcap: float | None = None):
+                 blocks_per_iter: int | None = None, pos=None, softcap: float | None = None,
+                 query_pos=None):
   """``sparse_decode`` over every block of the context: exact attention of one query per head.
 
   The split-K kernel in its identity mode: list entry ``i`` is block ``i`` and the list holds
@@ -254,12 +259,12 @@ def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None
 
   Args:
     q: ``[B, N, D]``; k, v: ``[B, K, T, D]``; length: ``[B]`` int32 (0: the row attends
-      nothing); pos and the launch options: as ``sparse_decode``.
+      nothing); pos, query_pos and the launch options: as ``sparse_decode``.
 
   Returns:
     ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32.
   """
-  kw = dict(block_size=block_size, scale=scale, pos=pos, softcap=softcap)
+  kw = dict(block_size=block_size, scale=scale, pos=pos, softcap=softcap, query_pos=query_pos)
   resolved = _common.resolve_impl(impl, "sparse_decode")
   if resolved == "mosaic":
     from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
@@ -281,5 +286,5 @@ def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None
   out, lse = decode_partials(
       q.reshape(b, hkv, hq // hkv, d), k, v, None, None, length, pos=pos,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
-      softcap=softcap)
+      softcap=softcap, query_pos=query_pos)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)

@@ -31,7 +31,7 @@ from pallas_kernels.sparse_decode import (gather_listed, gather_prior, gathered_
 
 def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, block_size: int,
                                  scale: float | None = None, pos=None, epilogue=None,
-                                 extras=(), softcap: float | None = None):
+                                 extras=(), softcap: float | None = None, query_pos=None):
   """Plain-jnp RESA-fused sparse decode (the ``impl="xla"`` path): gather the listed blocks and
   priors, one float32 softmax over the true and prior logits (``gathered_partials``). Any
   ``block_size`` dividing ``T`` (1: token lists).
@@ -44,26 +44,31 @@ def sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length, *, 
   """
   _, hq, d = q.shape
   selection_rows(hq, k.shape[1], block_idx.shape[1])
+  length = _common.attended_length(length, query_pos)
   kg, vg, ok, _ = gather_listed(k, v, block_idx, n_valid, length, block_size, pos)
   (out, lse), (p_out, p_lse, seen) = gathered_partials(
       q[:, :, None], kg, vg, ok[:, :, None], gather_prior(prior, block_idx, block_size),
       scale=default_scale(d, scale), softcap=check_softcap(softcap))
   return _finish((out[:, :, 0], lse[:, :, 0]), (p_out[:, :, 0], p_lse[:, :, 0]), seen[:, :, 0],
-                 epilogue, extras)
+                 epilogue, extras, query_pos)
 
 
-def _finish(true, prior_seen, seen, epilogue, extras):
+def _finish(true, prior_seen, seen, epilogue, extras, query_pos=None):
+  """The partials as they are, or the epilogue's ``(out, lse)`` with padding rows empty (their
+  partials are empty already: they attended nothing)."""
   if epilogue is None:
     return (*true, *prior_seen, seen)
-  return epilogue(true, prior_seen, seen, *extras)
+  return _common.empty_padding_rows(*epilogue(true, prior_seen, seen, *extras), query_pos)
 
 
-def attends_nothing(q, epilogue, extras):
+def attends_nothing(q, epilogue, extras, query_pos=None):
   """What every backend returns when no block is listed: both partials ``0`` / ``-inf`` and
-  ``seen`` 0 for each ``[B, N]`` row (through ``epilogue`` if one is given)."""
+  ``seen`` 0 for each ``[B, N]`` row (through ``epilogue`` if one is given; padding rows of
+  ``query_pos`` empty)."""
   b, hq, d = q.shape
   zeros, empty = jnp.zeros((b, hq, d), jnp.float32), jnp.full((b, hq), -jnp.inf, jnp.float32)
-  return _finish((zeros, empty), (zeros, empty), jnp.zeros((b, hq), jnp.int32), epilogue, extras)
+  return _finish((zeros, empty), (zeros, empty), jnp.zeros((b, hq), jnp.int32), epilogue, extras,
+                 query_pos)
 
 
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
@@ -73,7 +78,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
                        scale: float | None = None, num_splits: int | None = None,
                        impl: _common.Impl = "auto", interpret: bool = False, num_warps: int = 4,
                        num_stages: int = 3, blocks_per_iter: int | None = None, pos=None,
-                       epilogue=None, extras=(), softcap: float | None = None):
+                       epilogue=None, extras=(), softcap: float | None = None, query_pos=None):
   """``sparse_decode`` plus RESA's prior statistics over the same selected positions.
 
   Args:
@@ -93,6 +98,9 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
     extras: the epilogue's per-head inputs, each ``[B, N]`` or ``[B, N, D]``.
     softcap: attention-logit soft-cap of the true logits (static, ``sparse_decode``'s); the
       prior logits are taken as given.
+    query_pos: optional ``[B]`` int32 as ``sparse_decode``'s: a padding row attends nothing
+      (empty partials, ``seen`` 0) and the epilogue's result for it is empty too (the Pallas
+      path's split combine applies it).
 
   Returns:
     ``(out [B, N, D], lse [B, N])`` as ``sparse_decode`` (out in float32: a partial), and
@@ -105,18 +113,20 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   if resolved == "xla":
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
                                         block_size=block_size, scale=scale, pos=pos,
-                                        epilogue=epilogue, extras=extras, softcap=softcap)
+                                        epilogue=epilogue, extras=extras, softcap=softcap,
+                                        query_pos=query_pos)
   if resolved == "mosaic":
     from pallas_kernels import mosaic  # pylint: disable=import-outside-toplevel (imports us)
     return mosaic.sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length,
                                      block_size=block_size, scale=scale, num_splits=num_splits,
                                      impl="mosaic", interpret=interpret, num_stages=num_stages,
-                                     pos=pos, epilogue=epilogue, extras=extras, softcap=softcap)
+                                     pos=pos, epilogue=epilogue, extras=extras, softcap=softcap,
+                                     query_pos=query_pos)
   softcap, lists = checked_lists(q, k, block_idx, n_valid, block_size, softcap)
   b, hq, d = q.shape
   hkv = k.shape[1]
   if lists is None:
-    return attends_nothing(q, epilogue, extras)
+    return attends_nothing(q, epilogue, extras, query_pos)
   idx, nv, words = lists
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
@@ -127,7 +137,8 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
       prior=prior.reshape(b, hkv, g, -1),
       row_bits=None if words is None else _union.head_bits(words), bits_per_word=g,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
-      epilogue=epilogue, extras=tuple(map(heads, extras)), softcap=softcap)
+      epilogue=epilogue, extras=tuple(map(heads, extras)), softcap=softcap,
+      query_pos=query_pos)
   if epilogue is not None:
     return got[0].reshape(b, hq, d), got[1].reshape(b, hq)
   out, lse, p_out, p_lse, seen = got

@@ -24,6 +24,7 @@ from jax.experimental import pallas as pl
 import jax.numpy as jnp
 
 from pallas_kernels import _common
+from pallas_kernels._common import empty_padding_rows
 from pallas_kernels.softmax import lse_combine
 from pallas_kernels.backends import triton_module
 
@@ -64,9 +65,9 @@ def _merge(out_ref, lse_ref, splits: int, rows: int, head_dim: int, carry=None):
 
 
 def _combine_kernel(*refs, pairs: int, n_counts: int, with_carry: bool, extra_ranks: tuple,
-                    epilogue, splits: int, rows: int, head_dim: int):
+                    epilogue, splits: int, rows: int, head_dim: int, with_query_pos: bool):
   n_carry = 2 * pairs * with_carry
-  n_in = 2 * pairs + n_counts + n_carry + len(extra_ranks)
+  n_in = 2 * pairs + n_counts + n_carry + len(extra_ranks) + with_query_pos
   ins, outs = refs[:n_in], refs[n_in:]
   rp, dp = _common.pad_rows(rows, 1), _common.pad_rows(head_dim, 1)
   r, c = jnp.arange(rp), jnp.arange(dp)
@@ -84,6 +85,10 @@ def _combine_kernel(*refs, pairs: int, n_counts: int, with_carry: bool, extra_ra
               plgpu.load(ref.at[pl.ds(0, rp), pl.ds(0, dp)], mask=rc_ok, other=0)
               for ref, rank in zip(ins[2 * pairs + n_counts + n_carry:], extra_ranks)]
     merged, counts = [epilogue(*merged, *counts, *extras)], []
+  if with_query_pos:  # a padding row comes out empty, whatever the epilogue or carry gave it
+    live = ins[n_in - 1][()] >= 0
+    merged = [(jnp.where(live, out, 0.0), jnp.where(live, lse, NEG_INF)) for out, lse in merged]
+    counts = [jnp.where(live, total, 0) for total in counts]
   for i, (out, lse) in enumerate(merged):
     plgpu.store(outs[2 * i].at[pl.ds(0, rp), pl.ds(0, dp)], out.astype(jnp.float32),
                 mask=rc_ok)
@@ -92,20 +97,26 @@ def _combine_kernel(*refs, pairs: int, n_counts: int, with_carry: bool, extra_ra
     plgpu.store(ref.at[pl.ds(0, rp)], total, mask=r_ok)
 
 
-def split_combine_reference(pairs, counts=None, epilogue=None, extras=(), carry_in=None):
+def split_combine_reference(pairs, counts=None, epilogue=None, extras=(), carry_in=None,
+                            query_pos=None):
   """``split_combine_pairs``' jnp path: ``lse_combine`` per pair (``carry_in``'s partial one
-  more split), counts summed, then the epilogue."""
+  more split), counts summed, then the epilogue, then padding rows emptied."""
   if carry_in is not None:
     pairs = [tuple(jnp.concatenate([x, y[:, :, None].astype(x.dtype)], axis=2)
                    for x, y in zip(pair, carry)) for pair, carry in zip(pairs, carry_in)]
   merged = [lse_combine(out, lse, axis=2) for out, lse in pairs]
-  return _finish(merged, jax.tree.map(lambda c: jnp.sum(c, axis=2), counts), epilogue, extras)
+  return _finish(merged, jax.tree.map(lambda c: jnp.sum(c, axis=2), counts), epilogue, extras,
+                 query_pos)
 
 
-def _finish(merged, counts, epilogue, extras):
-  if epilogue is None:
-    return merged, counts
-  return epilogue(*merged, *_count_list(counts, epilogue), *extras)
+def _finish(merged, counts, epilogue, extras, query_pos=None):
+  if epilogue is not None:
+    merged, counts = [epilogue(*merged, *_count_list(counts, epilogue), *extras)], None
+  if query_pos is not None:
+    live = lambda x: (query_pos >= 0).reshape((-1,) + (1,) * (x.ndim - 1))
+    merged = [empty_padding_rows(out, lse, query_pos) for out, lse in merged]
+    counts = jax.tree.map(lambda c: jnp.where(live(c), c, 0), counts)
+  return merged[0] if epilogue is not None else (merged, counts)
 
 
 def _count_list(counts, epilogue) -> tuple:
@@ -119,7 +130,7 @@ def _count_list(counts, epilogue) -> tuple:
 
 @functools.partial(jax.jit, static_argnames=("epilogue", "impl", "interpret", "num_warps"))
 def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(), carry_in=None,
-                        impl: _common.Impl = "auto", interpret: bool = False,
+                        query_pos=None, impl: _common.Impl = "auto", interpret: bool = False,
                         num_warps: int = 4):
   """Merges several split-partial pairs over ``S`` in one pass (one program per head).
 
@@ -134,6 +145,9 @@ def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(), carry_i
     extras: the epilogue's per-row inputs, each ``[B, P, R]`` or ``[B, P, R, D]``.
     carry_in: optional ``[(out [B, P, R, D], lse [B, P, R])]``, one per pair: a partial from an
       earlier pass merged in as one more split (``-inf`` lse: nothing to merge).
+    query_pos: optional ``[B]`` int32 query position of each batch row: a negative one (a
+      padding row) comes out empty (``0`` / ``-inf``, counts 0) whatever the epilogue or the
+      carried partial gives it (the decode kernels attend nothing for such a row).
 
   Returns:
     ``([(out [B, P, R, D] f32, lse [B, P, R] f32)], counts)``, each pair equal to
@@ -143,18 +157,18 @@ def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(), carry_i
   if carry_in is not None and len(carry_in) != len(pairs):
     raise ValueError(f"carry_in holds one partial per pair: {len(carry_in)} for {len(pairs)}")
   if _common.resolve_impl(impl, "split_combine") == "xla":
-    return split_combine_reference(pairs, counts, epilogue, extras, carry_in)
+    return split_combine_reference(pairs, counts, epilogue, extras, carry_in, query_pos)
   b, p, s, r, d = pairs[0][0].shape
   listed = _count_list(counts, epilogue)
   if s == 1 and carry_in is None:  # nothing to merge: a split's partial is already normalised
     return _finish([(out[:, :, 0].astype(jnp.float32), lse[:, :, 0].astype(jnp.float32))
                     for out, lse in pairs], jax.tree.map(lambda c: c[:, :, 0], counts),
-                   epilogue, extras)
+                   epilogue, extras, query_pos)
   ranks = tuple(x.ndim - 2 for x in extras)
   kernel = functools.partial(_combine_kernel, pairs=len(pairs), n_counts=len(listed),
                              with_carry=carry_in is not None,
                              extra_ranks=ranks, epilogue=epilogue, splits=s, rows=r,
-                             head_dim=d)
+                             head_dim=d, with_query_pos=query_pos is not None)
   split_in = [pl.BlockSpec((None, None, s, r, d), lambda bi, pi: (bi, pi, 0, 0, 0)),
               pl.BlockSpec((None, None, s, r), lambda bi, pi: (bi, pi, 0, 0))]
   row_spec = [pl.BlockSpec((None, None, r, d), lambda bi, pi: (bi, pi, 0, 0)),
@@ -171,6 +185,9 @@ def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(), carry_i
   if epilogue is not None:
     args += list(extras)
     in_specs += [row_spec[1] if rank == 1 else row_spec[0] for rank in ranks]
+  if query_pos is not None:
+    args.append(query_pos.astype(jnp.int32))
+    in_specs.append(pl.BlockSpec((None,), lambda bi, pi: (bi,)))
   n_pairs = 1 if epilogue is not None else len(pairs)
   count_out = 0 if epilogue is not None else len(listed)
   merged = pl.pallas_call(

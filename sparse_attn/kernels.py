@@ -71,11 +71,11 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
     out, lse = dense_attention(q[:, :, None], cache, positions[:, None], scale, impl="xla",
                                softcap=softcap)
     return out[:, :, 0], lse[:, :, 0]
-  length = jnp.where(positions >= 0, cache.length, 0)  # an inactive row attends nothing
-  return pallas_kernels.dense_decode(q, cache.k, cache.v, length, block_size=cache.block_size,
-                                     scale=scale, pos=cache.pos, impl=impl,
-                                     interpret=interpret, num_stages=num_stages,
-                                     softcap=softcap, **launch)
+  # an inactive row attends nothing: the kernel reads its position (no op before the launch)
+  return pallas_kernels.dense_decode(q, cache.k, cache.v, cache.length,
+                                     block_size=cache.block_size, scale=scale, pos=cache.pos,
+                                     impl=impl, interpret=interpret, num_stages=num_stages,
+                                     softcap=softcap, query_pos=positions, **launch)
 
 
 def quest_scores(qs, cache: KVCache, *, impl: Impl = "xla", interpret: bool = False,
@@ -193,11 +193,14 @@ def _run(op, reference, cache: KVCache, sel: Selection, impl: Impl, interpret: b
 
 
 def sparse_decode(q, cache: KVCache, sel: Selection, scale=None, *, impl: Impl = "xla",
-                  interpret: bool = False, softcap: float | None = None):
+                  interpret: bool = False, softcap: float | None = None, positions=None):
   """Exact attention of ``q [B, N, D]`` over the selected entries -> ``(out [B, N, D] q.dtype,
-  lse [B, N] f32)`` (``pallas_kernels.sparse_decode``; ``softcap``: the module's soft-cap)."""
+  lse [B, N] f32)`` (``pallas_kernels.sparse_decode``; ``softcap``: the module's soft-cap;
+  ``positions [B]``: the queries' positions, a negative one a padding row, which attends
+  nothing: ``0`` / ``-inf``)."""
   return _run(pallas_kernels.sparse_decode, pallas_kernels.sparse_decode_reference, cache, sel,
-              impl, interpret, q, *_listed(cache, sel), scale=scale, softcap=softcap)
+              impl, interpret, q, *_listed(cache, sel), scale=scale, softcap=softcap,
+              query_pos=positions)
 
 
 def resa_partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: Impl = "xla",
@@ -220,17 +223,19 @@ def resa_partials(q, cache: KVCache, sel: Selection, prior, scale, *, impl: Impl
 
 
 def resa_attend(q, cache: KVCache, sel: Selection, prior, scale, aggregator, extras, *,
-                impl: Impl = "xla", interpret: bool = False):
+                impl: Impl = "xla", interpret: bool = False, positions=None):
   """RESA's completed attention of one query per head: ``resa_partials`` finished by
   ``aggregator(true, prior_seen, seen, *extras)`` (``resa.Aggregator``), which the Pallas path
   runs inside the kernel's split combine (no pass of its own) -> ``(out [B,N,D], lse [B,N])``.
 
-  Args: as ``resa_partials``; extras: the aggregator's per-head inputs (``[B,N]`` / ``[B,N,D]``).
+  Args: as ``resa_partials``; extras: the aggregator's per-head inputs (``[B,N]`` / ``[B,N,D]``);
+  positions: optional ``[B]`` query positions, a padding row's (negative) result empty
+  (``0`` / ``-inf``: the split combine applies it, after the aggregator).
   """
   k, v, idx, n_valid, length = _listed(cache, sel)
   return _run(pallas_kernels.sparse_decode_resa, pallas_kernels.sparse_decode_resa_reference,
               cache, sel, impl, interpret, q, k, v, prior, idx, n_valid, length, scale=scale,
-              epilogue=aggregator, extras=tuple(extras))
+              epilogue=aggregator, extras=tuple(extras), query_pos=positions)
 
 
 def resa_prior_update(state, cache: KVCache, k_new, v_new, slot, scale, incremental: bool, *,

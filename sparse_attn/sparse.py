@@ -9,7 +9,7 @@ Letters: B batch, Hq query heads, D head dim.
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import pallas_kernels
 
 
 def mask_rows(out, lse, positions):
@@ -23,5 +23,4 @@ def mask_rows(out, lse, positions):
   Args:
     out: ``[B, Hq, ..., D]``; lse: ``[B, Hq, ...]``; positions: ``[B]`` int.
   """
-  live = (positions >= 0).reshape((-1,) + (1,) * (lse.ndim - 1))
-  return jnp.where(live[..., None], out, 0).astype(out.dtype), jnp.where(live, lse, -jnp.inf)
+  return pallas_kernels.empty_padding_rows(out, lse, positions)

@@ -29,7 +29,7 @@ import dataclasses
 from typing import ClassVar
 
 from pallas_kernels import check_softcap
-from sparse_attn import kernels, placement, reference, sparse
+from sparse_attn import kernels, placement, reference
 from sparse_attn.method import Method
 
 ROLES = ("dense", "select", "reuse")
@@ -114,7 +114,7 @@ class TidalMethod(Method):
     cache = placement.ONE_DEVICE.store(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype),
                                        positions, positions, impl=self.impl,
                                        interpret=self.interpret)
-    out, lse = kernels.sparse_decode(q[:, :, 0], cache, relay, scale, impl=self.impl,
-                                     interpret=self.interpret, softcap=self.softcap)
-    out = sparse.mask_rows(out, lse, positions[:, 0])[0]
+    out, _ = kernels.sparse_decode(q[:, :, 0], cache, relay, scale, impl=self.impl,
+                                   interpret=self.interpret, softcap=self.softcap,
+                                   positions=positions[:, 0])
     return out[:, :, None].astype(q.dtype), cache, state, relay

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from sparse_attn import kernels, methods, sparse
+from sparse_attn import kernels, methods
 from sparse_attn.cache import write
 from sparse_attn.protocol import PrefillGroup
 from sparse_attn.selection import Selection
@@ -78,9 +78,8 @@ class TrackedMethod(methods.Method):
       sel = Selection(idx=idx, n_valid=n_valid, granularity=fresh.granularity)
     else:
       sel = fresh
-    out, lse = kernels.sparse_decode(q[:, :, 0], cache, sel, scale, impl=self.impl,
-                                    interpret=self.interpret)
-    out, _ = sparse.mask_rows(out, lse, positions[:, 0])
+    out, _ = kernels.sparse_decode(q[:, :, 0], cache, sel, scale, impl=self.impl,
+                                   interpret=self.interpret, positions=positions[:, 0])
     state = dict(idx=sel.idx, n_valid=sel.n_valid,
                  mask=_entry_mask(sel.idx, sel.n_valid, ne) if self.reuse_every else mask,
                  step=step + 1, overlap=jnp.where((step > 0)[:, None], overlap, jnp.nan))

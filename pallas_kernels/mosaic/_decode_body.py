@@ -13,6 +13,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 import jax.numpy as jnp
 
+from pallas_kernels._common import attended_length
 from pallas_kernels._decode_kernel import split_bounds
 from pallas_kernels.mosaic import _common as mc
 from pallas_kernels.softmax import soft_cap
@@ -35,7 +36,8 @@ def _online(carry, s, v, row_ok, regs):
 
 def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, list_len,
                  max_splits, scale, softcap, with_pos, bits, with_limit, with_positions,
-                 with_prior, rows_per_prior, mma, identity, regs, count_attended=False):
+                 with_prior, rows_per_prior, mma, identity, regs, count_attended=False,
+                 with_query_pos=False):
   """One program; refs: inputs (GMEM), outputs (GMEM), scratch (SMEM, barriers). With
   ``with_pos``, ``slot_ref [B, K, n, ceil(bs / 32)]``: each listed entry's slot-validity words.
   ``bits``: None or ``(A, C)``, row ``r`` may use an entry iff bit ``r % C`` of its word
@@ -53,11 +55,13 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
   ``[W]``-token TMA per tensor (its window moved back to end at ``T`` where it would pass it,
   the tokens before the step's own start masked). ``count_attended`` (CUDA-core body only):
   an output ``att`` and its SMEM tile ``att_s`` (the last scratch), the keys each row
-  attended."""
+  attended. ``with_query_pos``: ``qp_ref [B]`` after the lengths, each row's query position (a
+  negative one, a padding row, attends nothing: no step runs)."""
   it = iter(refs)
   q_ref, k_ref, v_ref = next(it), next(it), next(it)
   idx_ref, nv_ref = (None, None) if identity else (next(it), next(it))
   len_ref = next(it)
+  qp_ref = next(it) if with_query_pos else None
   slot_ref = next(it) if with_pos else None
   bits_ref = next(it) if bits else None
   lim_ref = next(it) if with_limit else None
@@ -82,8 +86,12 @@ def decode_body(*refs, rows, block_size, blocks_per_step, stages, num_blocks, li
   d = k_s.shape[-1]
   words = -(-bs // 32)  # slot-validity words per block
   length = len_ref[bi]
+  if with_query_pos:
+    length = attended_length(length, qp_ref[bi])
   copies = 1 if identity else jn  # TMA copies (and barriers) per tensor and step
   row_blocks = (length + bs - 1) // bs if identity else nv_ref[bi, hi]
+  if with_query_pos and not identity:
+    row_blocks = jnp.where(length > 0, row_blocks, 0)
   lo, hi_e = split_bounds(row_blocks, si, list_len=list_len, max_splits=max_splits,
                           blocks_per_iter=jn)
   steps = (hi_e - lo + jn - 1) // jn

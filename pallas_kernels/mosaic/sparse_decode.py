@@ -83,7 +83,7 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
                     num_stages: int, softcap: float | None, interpret, bits_per_word: int = 32,
                     rows_per_prior: int = 1, epilogue=None, extras=(), mma: bool | None = None,
                     tokens_per_step: int | None = None, count_attended: bool = False,
-                    carry_in=None):
+                    carry_in=None, query_pos=None):
   """Runs the Mosaic GPU kernel: per-split partials, merged in XLA (``lse_combine``; with a
   prior ``split_combine_pairs``' jnp path, which also runs the epilogue).
 
@@ -113,6 +113,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
       not with ``mma=True``, nor with an epilogue).
     carry_in: optional ``[(out [B, K, R, D], lse [B, K, R])]``, one per output pair: merged
       as one more split in the same merge (as ``split_combine_pairs``' ``carry_in``).
+    query_pos: optional ``[B]`` int32, as the Triton ``decode_partials``': a padding row
+      (negative) attends nothing and comes out empty.
 
   Returns:
     ``(out [B, K, R, D] f32, lse [B, K, R] f32)``; with ``prior`` also ``(prior_out,
@@ -182,7 +184,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
       bits=None if row_bits is None else (row_bits.shape[-1], bits_per_word),
       with_limit=with_limit, with_positions=with_positions, with_prior=with_prior,
       rows_per_prior=rows_per_prior, mma=mma, identity=identity,
-      regs=mc.Regs(params is not None), count_attended=count_attended)
+      regs=mc.Regs(params is not None), count_attended=count_attended,
+      with_query_pos=query_pos is not None)
   # [B, K, 64, D]: the group's rows padded to one WGMMA-layout tile.
   q_pad = jnp.pad(q, ((0, 0), (0, 0), (0, mc.TILE_ROWS - r), (0, 0)))
   lse_pad = -(-r // 4) * 4  # a TMA store moves whole 16-byte rows
@@ -195,6 +198,8 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
   args = [q_pad, k, v] + ([] if identity else [block_idx.astype(jnp.int32),
                                                n_valid.astype(jnp.int32)])
   args.append(length.astype(jnp.int32))
+  if query_pos is not None:
+    args.append(query_pos.astype(jnp.int32))
   if pos is not None and not with_positions:  # [B, K, n, words]: the listed blocks' only
     args.append(mc.slot_words(_common.gather_blocks(pos, block_idx, block_size), block_size))
   if row_bits is not None:
@@ -232,15 +237,15 @@ def decode_partials(q, k, v, block_idx, n_valid, length, pos=None, row_bits=None
   attended = (jnp.sum(outs.pop(), axis=2),) if count_attended else ()
   if not with_prior:
     out, lse = outs
-    if carry_in is not None:  # one more split
-      out_c, lse_c = carry_in[0]
+    if carry_in is not None:  # one more split; a padding row's is dropped
+      out_c, lse_c = _common.empty_padding_rows(*carry_in[0], query_pos)
       out = jnp.concatenate([out, out_c[:, :, None].astype(out.dtype)], axis=2)
       lse = jnp.concatenate([lse, lse_c[:, :, None].astype(lse.dtype)], axis=2)
     if out.shape[2] == 1:
       return out[:, :, 0], lse[:, :, 0], *attended
     return (*lse_combine(out, lse, axis=2), *attended)
   got = split_combine_pairs([tuple(outs[:2]), tuple(outs[2:4])], outs[4], epilogue=epilogue,
-                            extras=extras, carry_in=carry_in, impl="xla")
+                            extras=extras, carry_in=carry_in, query_pos=query_pos, impl="xla")
   if epilogue is not None:
     return got
   (pair_true, pair_prior), seen = got
@@ -256,7 +261,7 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
                   impl: _common.Impl = "auto", interpret=False, num_warps: int = 4,
                   num_stages: int = 3, blocks_per_iter: int | None = None, pos=None,
                   softcap: float | None = None, mma: bool | None = None,
-                  tokens_per_step: int | None = None):
+                  tokens_per_step: int | None = None, query_pos=None):
   """Exact attention of one query per head over the listed KV blocks (Mosaic GPU kernel).
 
   Args: as ``pallas_kernels.sparse_decode``:
@@ -274,6 +279,8 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
       program here, and ``tokens_per_step`` sets the tokens a step reads.
     num_stages: depth of the TMA ring (>= 2; fewer when the ring would not fit in SMEM).
     softcap: static attention-logit soft-cap, None = none.
+    query_pos: optional ``[B]`` int32 query position of each row (negative: a padding row,
+      which attends nothing).
     mma: (Mosaic only) a step's two products as WGMMAs on the tensor cores (True), per row on
       CUDA cores (False), or wherever usable (None: 16-bit caches, ``mma_usable``).
     tokens_per_step: (Mosaic only) tokens a pipeline step reads (``decode_partials``).
@@ -285,7 +292,7 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   del num_warps, blocks_per_iter
   if impl == "xla":
     return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
-                                   scale=scale, pos=pos, softcap=softcap)
+                                   scale=scale, pos=pos, softcap=softcap, query_pos=query_pos)
   softcap, lists = checked_lists(q, k, block_idx, n_valid, block_size, softcap)
   b, hq, d = q.shape
   hkv = k.shape[1]
@@ -297,7 +304,7 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
       row_bits=None if words is None else _union.head_bits(words)[..., 0],
       block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
       num_stages=num_stages, softcap=softcap, interpret=interpret, mma=mma,
-      tokens_per_step=tokens_per_step)
+      tokens_per_step=tokens_per_step, query_pos=query_pos)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)
 
 
@@ -309,7 +316,7 @@ def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None
                  num_splits: int | None = None, impl: _common.Impl = "auto", interpret=False,
                  num_warps: int = 4, num_stages: int = 3, blocks_per_iter: int | None = None,
                  pos=None, softcap: float | None = None, mma: bool | None = None,
-                 tokens_per_step: int | None = None):
+                 tokens_per_step: int | None = None, query_pos=None):
   """``sparse_decode`` over every block of the context, in the kernel's identity mode: a step is
   one ``W``-token TMA per tensor, and no list is built or read (the Mosaic GPU twin of
   ``pallas_kernels.dense_decode``; the same arguments, plus ``mma`` and ``tokens_per_step`` as
@@ -323,7 +330,7 @@ def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None
     idx, nv = identity_lists(q.shape[0], k.shape[1], k.shape[2] // block_size, length,
                              block_size)
     return sparse_decode_reference(q, k, v, idx, nv, length, block_size=block_size,
-                                   scale=scale, pos=pos, softcap=softcap)
+                                   scale=scale, pos=pos, softcap=softcap, query_pos=query_pos)
   softcap = check_softcap(softcap)
   _common.check_block_size(block_size, k.shape[2])
   b, hq, d = q.shape
@@ -333,5 +340,5 @@ def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None
       q.reshape(b, hkv, hq // hkv, d), k, v, None, None, length, pos=pos,
       block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
       num_stages=num_stages, softcap=softcap, interpret=interpret, mma=mma,
-      tokens_per_step=tokens_per_step)
+      tokens_per_step=tokens_per_step, query_pos=query_pos)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)

@@ -38,7 +38,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
                        scale: float | None = None, num_splits: int | None = None,
                        impl: _common.Impl = "auto", interpret=False, num_warps: int = 4,
                        num_stages: int = 3, blocks_per_iter: int | None = None, pos=None,
-                       epilogue=None, extras=(), softcap: float | None = None):
+                       epilogue=None, extras=(), softcap: float | None = None, query_pos=None):
   """``sparse_decode`` plus RESA's prior statistics over the same selected positions (Mosaic
   GPU kernel).
 
@@ -52,6 +52,8 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
     interpret: False (lower for the GPU), True (Mosaic GPU interpret mode on the CPU, race
       detection on) or an ``InterpretGPUParams``.
     epilogue, extras: RESA's aggregator and its per-head inputs, run after the split merge.
+    query_pos: optional ``[B]`` int32: a padding row (negative) attends nothing and comes out
+      empty, the epilogue's result included.
 
   Returns:
     ``(out, lse, prior_out, prior_lse)`` float32 (``[B, N, D]`` / ``[B, N]``) and ``seen
@@ -61,12 +63,13 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   if impl == "xla":
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
                                         block_size=block_size, scale=scale, pos=pos,
-                                        epilogue=epilogue, extras=extras, softcap=softcap)
+                                        epilogue=epilogue, extras=extras, softcap=softcap,
+                                        query_pos=query_pos)
   softcap, lists = checked_lists(q, k, block_idx, n_valid, block_size, softcap)
   b, hq, d = q.shape
   hkv = k.shape[1]
   if lists is None:
-    return attends_nothing(q, epilogue, extras)
+    return attends_nothing(q, epilogue, extras, query_pos)
   idx, nv, words = lists
   g = hq // hkv
   heads = lambda x: x.reshape(b, hkv, g, *x.shape[2:])  # [B, N, ...] -> [B, K, G, ...]
@@ -75,7 +78,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
       row_bits=None if words is None else _union.head_bits(words)[..., 0], prior=heads(prior),
       block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
       num_stages=num_stages, softcap=softcap, interpret=interpret, epilogue=epilogue,
-      extras=tuple(map(heads, extras)))
+      extras=tuple(map(heads, extras)), query_pos=query_pos)
   if epilogue is not None:
     return got[0].reshape(b, hq, d), got[1].reshape(b, hq)
   out, lse, p_out, p_lse, seen = got

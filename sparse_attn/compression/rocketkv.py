@@ -34,7 +34,7 @@ import math
 
 import jax.numpy as jnp
 
-from sparse_attn import kernels, sparse
+from sparse_attn import kernels
 from sparse_attn.budget import Budget, parse_budget
 from sparse_attn.compression import layout
 from sparse_attn.compression.snapkv import SnapKV
@@ -103,8 +103,8 @@ class RocketKV(SnapKV):
     cache = layout.of(cache).append(cache, k, v, positions)
     q0 = q[:, :, 0]
     sel = self.stage2.select(q0, cache)
-    out, lse = kernels.sparse_decode(q0, cache, sel, scale, softcap=self.softcap)
-    out = sparse.mask_rows(out, lse, positions[:, 0])[0]
+    out, _ = kernels.sparse_decode(q0, cache, sel, scale, softcap=self.softcap,
+                                   positions=positions[:, 0])
     state = dict(state, next_pos=jnp.maximum(state["next_pos"], positions[:, 0] + 1))
     return out[:, :, None].astype(q.dtype), cache, state
 

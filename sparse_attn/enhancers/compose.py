@@ -152,9 +152,11 @@ def attend(m, q, cache: KVCache, positions, scale=None, place=placement.ONE_DEVI
     return kernels.dense_decode(q, cache, positions, scale, impl=impl, interpret=m.interpret,
                                 softcap=m.softcap)
   sel = select(m, q, cache, scale, place)
-  out, lse = place.merge(*kernels.sparse_decode(q, cache, sel, scale, impl=impl,
-                                                interpret=m.interpret, softcap=m.softcap))
-  return sparse.mask_rows(out, lse, positions)
+  # padding rows attend nothing inside the kernel (no masking op after it); merged across
+  # devices their partials stay empty
+  return place.merge(*kernels.sparse_decode(q, cache, sel, scale, impl=impl,
+                                            interpret=m.interpret, softcap=m.softcap,
+                                            positions=positions))
 
 
 def decode(m, q, k, v, cache, state, positions, scale=None, place=placement.ONE_DEVICE):
@@ -183,14 +185,15 @@ def _single(m, q, cache, state, positions, scale, place):
                    resa.aggregator_inputs(st, q)) if m.resa.fused else (
         resa.Aggregator(m.resa.lam, m.resa.lam_form),
         (*resa.total(st), bias(), resa.prior_count(st, q.shape[1])))
-    out, lse = kernels.resa_attend(q, cache, sel, st.prior, scale, agg, extras, impl=m.impl,
-                                   interpret=m.interpret)
-  else:  # partials over this device's keys, merged, then aggregated
-    true, prior_seen, seen = kernels.resa_partials(q, cache, sel, st.prior, scale,
-                                                   impl=m.impl, interpret=m.interpret)
-    covered = place.sum(seen) >= resa.prior_count(st, q.shape[1])
-    out, lse = resa.aggregate(place.merge(*true), place.merge(*prior_seen), resa.total(st),
-                              bias(), m.resa.lam, covered, m.resa.lam_form)
+    # padding rows come out empty: the split combine applies it after the aggregator
+    return kernels.resa_attend(q, cache, sel, st.prior, scale, agg, extras, impl=m.impl,
+                               interpret=m.interpret, positions=positions)[0]
+  # partials over this device's keys, merged, then aggregated
+  true, prior_seen, seen = kernels.resa_partials(q, cache, sel, st.prior, scale, impl=m.impl,
+                                                 interpret=m.interpret)
+  covered = place.sum(seen) >= resa.prior_count(st, q.shape[1])
+  out, lse = resa.aggregate(place.merge(*true), place.merge(*prior_seen), resa.total(st),
+                            bias(), m.resa.lam, covered, m.resa.lam_form)
   return sparse.mask_rows(out, lse, positions)[0]
 
 
