@@ -8,9 +8,12 @@ cached outputs of the window's past queries).
 A decode kernel writes one ``(out, lse)`` partial per split (flash-decoding); this pass merges
 them exactly (``softmax.lse_combine``, the reference): ``lse = log sum_s e^lse_s`` and
 ``out = sum_s e^(lse_s - lse) out_s``, ``0`` / ``-inf`` where every split is empty. One program
-per (batch, program head) holds its ``[S, R, D]`` partials in registers (S and R are small: a
-few splits of a few query rows), so the partials are read once and the result written once,
-instead of XLA's separate max, exp-sum and weighted-sum fusions.
+per (batch, program head, tile of rows) holds its ``[S, R', D]`` partials in registers, so the
+partials are read once and the result written once, instead of XLA's separate max, exp-sum and
+weighted-sum fusions. The row tile ``R'`` (``row_tile``) bounds what a program holds: a whole
+head's ``[64, 32, 128]`` (33 splits of RetroAttention's 4 x 8 window rows) would spill ~18 KB a
+thread to local memory on sm_90 (``ptxas``), and one program per head fills only 8 of an H100's
+132 SMs at Llama-3.1-8B's shape.
 
 Letters: B batch, P program heads, S splits, R rows, D head dim.
 """
@@ -31,6 +34,18 @@ from pallas_kernels.backends import triton_module
 plgpu = triton_module()  # jax.experimental.pallas.triton; see backends
 
 NEG_INF = float("-inf")
+# Partial elements (f32) one program holds per pair: 64 registers a thread at 4 warps.
+TILE_ELEMENTS = 8192
+
+
+def row_tile(splits: int, rows: int, head_dim: int) -> int:
+  """Rows ``R'`` of a program: the largest power of 2 dividing ``rows`` whose
+  ``[next_pow2(S), R', next_pow2(D)]`` partials stay within ``TILE_ELEMENTS`` (at least 1)."""
+  per_row = _common.next_pow2(splits) * _common.next_pow2(head_dim)
+  tile = 1
+  while rows % (2 * tile) == 0 and 2 * tile * per_row <= TILE_ELEMENTS:
+    tile *= 2
+  return tile
 
 
 def _merge(out_ref, lse_ref, splits: int, rows: int, head_dim: int, carry=None):
@@ -132,7 +147,8 @@ def _count_list(counts, epilogue) -> tuple:
 def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(), carry_in=None,
                         query_pos=None, impl: _common.Impl = "auto", interpret: bool = False,
                         num_warps: int = 4):
-  """Merges several split-partial pairs over ``S`` in one pass (one program per head).
+  """Merges several split-partial pairs over ``S`` in one pass (one program per head and
+  ``row_tile`` rows).
 
   Args:
     pairs: ``[(out [B, P, S, R, D], lse [B, P, S, R])]`` (f32), e.g. RESA's true and prior
@@ -165,14 +181,15 @@ def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(), carry_i
                     for out, lse in pairs], jax.tree.map(lambda c: c[:, :, 0], counts),
                    epilogue, extras, query_pos)
   ranks = tuple(x.ndim - 2 for x in extras)
+  rt = row_tile(s, r, d)
   kernel = functools.partial(_combine_kernel, pairs=len(pairs), n_counts=len(listed),
                              with_carry=carry_in is not None,
-                             extra_ranks=ranks, epilogue=epilogue, splits=s, rows=r,
+                             extra_ranks=ranks, epilogue=epilogue, splits=s, rows=rt,
                              head_dim=d, with_query_pos=query_pos is not None)
-  split_in = [pl.BlockSpec((None, None, s, r, d), lambda bi, pi: (bi, pi, 0, 0, 0)),
-              pl.BlockSpec((None, None, s, r), lambda bi, pi: (bi, pi, 0, 0))]
-  row_spec = [pl.BlockSpec((None, None, r, d), lambda bi, pi: (bi, pi, 0, 0)),
-              pl.BlockSpec((None, None, r), lambda bi, pi: (bi, pi, 0))]
+  split_in = [pl.BlockSpec((None, None, s, rt, d), lambda bi, pi, ri: (bi, pi, 0, ri, 0)),
+              pl.BlockSpec((None, None, s, rt), lambda bi, pi, ri: (bi, pi, 0, ri))]
+  row_spec = [pl.BlockSpec((None, None, rt, d), lambda bi, pi, ri: (bi, pi, ri, 0)),
+              pl.BlockSpec((None, None, rt), lambda bi, pi, ri: (bi, pi, ri))]
   shapes = [jax.ShapeDtypeStruct((b, p, r, d), jnp.float32),
             jax.ShapeDtypeStruct((b, p, r), jnp.float32)]
   args = [x for out, lse in pairs for x in (out, lse.astype(jnp.float32))]
@@ -187,12 +204,12 @@ def split_combine_pairs(pairs, counts=None, *, epilogue=None, extras=(), carry_i
     in_specs += [row_spec[1] if rank == 1 else row_spec[0] for rank in ranks]
   if query_pos is not None:
     args.append(query_pos.astype(jnp.int32))
-    in_specs.append(pl.BlockSpec((None,), lambda bi, pi: (bi,)))
+    in_specs.append(pl.BlockSpec((None,), lambda bi, pi, ri: (bi,)))
   n_pairs = 1 if epilogue is not None else len(pairs)
   count_out = 0 if epilogue is not None else len(listed)
   merged = pl.pallas_call(
       kernel,
-      grid=(b, p),
+      grid=(b, p, r // rt),
       in_specs=in_specs,
       out_specs=row_spec * n_pairs + row_spec[1:] * count_out,
       out_shape=shapes * n_pairs + [jax.ShapeDtypeStruct((b, p, r), jnp.int32)] * count_out,
