@@ -48,6 +48,8 @@ class PipelineReport:
       count over the copy groups one stage commits): tiles still loading while one is used.
     async_copies: ``cp.async`` instructions in the PTX.
     tma: TMA bulk copies (``cp.async.bulk.tensor``) in the PTX.
+    registers, spill_bytes: ``register_usage`` (``report`` fills them; 0 from
+      ``pipeline_report`` alone).
   """
   name: str
   shared_bytes: int
@@ -55,6 +57,8 @@ class PipelineReport:
   in_flight: int
   async_copies: int
   tma: int
+  registers: int = 0
+  spill_bytes: int = 0
 
   @property
   def stages_in_flight(self) -> int:
@@ -64,7 +68,8 @@ class PipelineReport:
   def __str__(self):
     return (f"{self.name}: smem {self.shared_bytes / 1024:.1f} KB, cp.async ring depth "
             f"{self.ring_depth}, stages in flight {self.stages_in_flight}, "
-            f"{self.async_copies} cp.async, {self.tma} TMA")
+            f"{self.async_copies} cp.async, {self.tma} TMA, {self.registers} registers, "
+            f"{self.spill_bytes} bytes spilled")
 
 
 def _unescape_mlir_string(text: str) -> bytes:
@@ -195,12 +200,14 @@ def register_usage(kernel, workdir: str) -> dict:
 
 
 def report(fn, *avals, workdir: str) -> list[PipelineReport]:
-  """``pipeline_report`` of every Pallas call in ``fn`` (needs the ``triton`` package)."""
+  """``pipeline_report`` of every Pallas call in ``fn`` with its ``register_usage`` (needs the
+  ``triton`` package)."""
   out = []
   for mod in triton_modules(fn, *avals):
     kernel = compile_sm90(mod, workdir)
-    out.append(pipeline_report(mod.name, kernel.metadata.shared, kernel.asm["ttgir"],
-                               kernel.asm["ptx"]))
+    rep = pipeline_report(mod.name, kernel.metadata.shared, kernel.asm["ttgir"],
+                          kernel.asm["ptx"])
+    out.append(dataclasses.replace(rep, **register_usage(kernel, workdir)))
   return out
 
 

@@ -112,13 +112,35 @@ def entry_lists(block_idx, n_valid, block_mask, hq: int, hkv: int, num_blocks: i
   return idx, nv, steps[..., None] if words is None else words
 
 
+# Rows of a program's register tiles (its query rows padded, twice with a prior, whose softmax
+# runs beside the true one) from which 4 warps and 64-128 token iterations spill on sm_90.
+WIDE_ROWS = 64
+WIDE_TOKENS = 32
+
+
+def default_launch(rows: int, with_prior: bool, block_size: int) -> tuple[int, int | None]:
+  """``(num_warps, blocks_per_iter)`` of a program of ``rows`` (G x W) query rows: from
+  ``WIDE_ROWS`` tile rows on, 8 warps over ``WIDE_TOKENS``-token iterations (one block when
+  blocks are longer); otherwise 4 warps and ``tokens_per_iter``'s default (None).
+
+  From ``ptxas`` on the sm_90 builds (2026-12-04, ``tests/pallas_kernels/test_pk_ptx.py``): with
+  RESA's prior, Llama-3.1-8B's 4 x 8 window spilled 916-1,852 bytes a thread at 4 warps and 64
+  tokens, 0-12 at 8 warps, none at 8 warps and 32 tokens; Qwen2.5's 7 x 8 (D = 64) spilled
+  192 bytes without a prior at 128 tokens, 6,648-15,736 with one, and none at 8 warps and 32.
+  """
+  if _common.pad_rows(rows, 1) * (2 if with_prior else 1) < WIDE_ROWS:
+    return 4, None
+  return 8, max(1, WIDE_TOKENS // block_size)
+
+
 @functools.partial(jax.jit, static_argnames=("block_size", "scale", "num_splits", "impl",
                                              "interpret", "num_warps", "num_stages",
                                              "blocks_per_iter", "softcap", "count_attended"))
 def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, length, *,
                              block_size: int, scale: float | None = None,
                              num_splits: int | None = None, impl: _common.Impl = "auto",
-                             interpret: bool = False, num_warps: int = 4, num_stages: int = 3,
+                             interpret: bool = False, num_warps: int | None = None,
+                             num_stages: int = 3,
                              blocks_per_iter: int | None = None, pos=None, prior=None,
                              softcap: float | None = None, count_attended: bool = False,
                              carry_in=None):
@@ -138,8 +160,9 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
       slot below ``length`` holds a token.
     prior: optional ``[B, N, T]`` float32 RESA prior logits ``P_j`` of each head, shared by its
       W queries (as ``sparse_decode_resa``).
-    block_size, scale, num_splits, impl, interpret, num_warps, num_stages, blocks_per_iter: as
+    block_size, scale, num_splits, impl, interpret, num_stages, blocks_per_iter: as
       ``sparse_decode`` (W <= 32; ``"mosaic"``: ``pallas_kernels.mosaic.sparse_decode_multiquery``).
+    num_warps: Triton warps per program; None (and ``blocks_per_iter=None``): ``default_launch``.
     softcap: attention-logit soft-cap (static, ``sparse_decode``'s), None = none.
     count_attended: static; also return the keys each query attended.
     carry_in: optional ``[(out [B, N, W, D], lse [B, N, W])]``, one per output pair (with
@@ -181,8 +204,9 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
                                   k.shape[2] // block_size)
   # [B, K, G * W]
   row_limit = jnp.broadcast_to(q_limit[:, None, None, :], (b, hkv, g, w))
-  tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
-                             blocks_per_iter=blocks_per_iter)
+  warps, per_iter = default_launch(g * w, prior is not None, block_size)
+  tiles = _common.TileConfig(num_warps=num_warps or warps, num_stages=num_stages,
+                             num_splits=num_splits, blocks_per_iter=blocks_per_iter or per_iter)
   rows = lambda x: x.reshape(b, hq, w, *x.shape[3:])  # [B, K, G * W, ...] -> [B, N, W, ...]
   carry = None if carry_in is None else [  # [B, N, W, ...] -> [B, K, G * W, ...]
       tuple(x.reshape(b, hkv, g * w, *x.shape[3:]) for x in pair) for pair in carry_in]

@@ -1,5 +1,6 @@
 """Every kernel compiled to sm_90 PTX by Triton (the ``ptx`` extra): shared memory within the
-H100 limit and a main loop that keeps >= 2 stages of asynchronous copies in flight.
+H100 limit, no register spills (``ptxas``), and a main loop that keeps >= 2 stages of
+asynchronous copies in flight.
 
 The Triton IR is the one ``jax.export`` lowers for CUDA (what a GPU run compiles); only the last
 step, Triton IR -> TTGIR -> PTX, runs in the PyPI ``triton`` package. Skipped without it.
@@ -32,6 +33,7 @@ def test_kernel_is_pipelined_within_h100_shared_memory(kernel, per_head, model, 
   fn, avals, bs = shapes.kernel_avals(kernel, model, per_head)
   for rep in reports(functools.partial(fn, block_size=bs, impl="pallas"), avals, tmp_path):
     assert rep.shared_bytes <= ptx.H100_SMEM_PER_BLOCK, str(rep)
+    assert rep.registers > 0 and rep.spill_bytes == 0, str(rep)
     if rep.name == "split_combine":  # no loop: one load of the partials, one store
       continue
     assert rep.shared_bytes > 0, str(rep)

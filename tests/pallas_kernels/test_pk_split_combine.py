@@ -15,7 +15,7 @@ from pallas_kernels.split_combine import TILE_ELEMENTS, row_tile
 from pk_testutil import assert_attention_close
 
 # (batch, program heads, splits, rows, head dim): padded and unpadded rows / dims, 2-33 splits;
-# row tiles of 8 rows (3 of 24), 1 (5 of 5, 7 of 7) and 2 (6 of 12 rows of 33 splits).
+# row tiles of 4 rows (6 of 24 rows), 1 (5 of 5, 7 of 7, 12 of 12 rows of 33 splits).
 SHAPES = [(2, 3, 3, 4, 64), (1, 2, 5, 24, 80), (1, 1, 2, 1, 128), (2, 1, 7, 16, 96),
           (1, 1, 33, 12, 64)]
 
@@ -91,8 +91,8 @@ def test_carry_in_is_one_more_split(shape, seed):
 
 
 @pytest.mark.parametrize("splits,rows,head_dim,tile", [
-    (33, 32, 128, 1), (33, 4, 128, 1), (5, 24, 80, 8), (3, 4, 64, 4), (33, 12, 64, 2),
-    (2, 7, 128, 1), (1, 64, 32, 64)])
+    (33, 32, 128, 1), (33, 4, 128, 1), (5, 24, 80, 4), (3, 4, 64, 4), (33, 12, 64, 1),
+    (2, 7, 128, 1), (1, 64, 32, 64), (2, 64, 64, 32)])
 def test_row_tile_divides_the_rows_within_the_budget(splits, rows, head_dim, tile):
   got = row_tile(splits, rows, head_dim)
   assert got == tile and rows % got == 0
