@@ -6,6 +6,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from pallas_kernels import (_union, sparse_decode, sparse_decode_multiquery,
                             sparse_decode_multiquery_reference, sparse_decode_reference,
@@ -38,6 +39,40 @@ def test_union_lists_is_the_set_union_with_per_head_words():
   bits = np.asarray(_union.head_bits(jnp.asarray(words)))[..., 0]
   assert ((bits >> np.arange(g)[:, None, None, None]) & 1).transpose(1, 2, 3, 0).astype(bool).tolist() \
       == (words != 0).tolist()
+
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 2), hkv=st.integers(1, 3), g=st.integers(1, 5), n=st.integers(1, 9),
+       nb=st.integers(1, 20), seed=st.integers(0, 2**31 - 1))
+def test_union_lists_equals_a_brute_force_with_duplicates(b, hkv, g, n, nb, seed):
+  """Random lists (ids repeated within a list, out of range, junk past n_valid): the union is
+  the ascending set of listed blocks, each (block, head) word one of that pair's payloads, the
+  tail past ``n_union`` block ``nb - 1`` with zero words (every array compared whole)."""
+  rng = np.random.default_rng(seed)
+  idx = rng.integers(-2, nb + 2, (b, hkv * g, n))
+  n_valid = rng.integers(0, n + 1, (b, hkv * g))
+  payload = rng.integers(1, 2**31 - 1, (b, hkv * g, n)) * rng.choice([1, -1], (b, hkv * g, n))
+  u, nu, words = map(np.asarray, _union.union_lists(
+      jnp.asarray(idx, jnp.int32), jnp.asarray(n_valid, jnp.int32), g, nb,
+      jnp.asarray(payload, jnp.int32)))
+  assert u.shape == (b, hkv, g * n) and words.shape == (b, hkv, g * n, g)
+  for bi in range(b):
+    for k in range(hkv):
+      pairs = {}
+      for gi in range(g):
+        for e in range(n_valid[bi, k * g + gi]):
+          pairs.setdefault((int(np.clip(idx[bi, k * g + gi, e], 0, nb - 1)), gi), set()).add(
+              int(payload[bi, k * g + gi, e]))
+      blocks = sorted({blk for blk, _ in pairs})
+      m = len(blocks)
+      assert nu[bi, k] == m
+      assert list(u[bi, k, :m]) == blocks and (u[bi, k, m:] == nb - 1).all()
+      assert not words[bi, k, m:].any()
+      for e, blk in enumerate(blocks):
+        for gi in range(g):
+          w = int(words[bi, k, e, gi])
+          assert w in pairs[(blk, gi)] if (blk, gi) in pairs else w == 0
 
 
 # batch, hkv, group, head_dim, block_size, num_blocks, list_len, per_head, dtype, num_splits
