@@ -17,8 +17,10 @@
 # stale manifest or a run that imports a file that is not the revision's; with
 # ALLOW_UNVERIFIED=1 such records are kept as REV+unverified (the claims mark them). Every record
 # carries the session id (EXPERIMENT_SESSION) and the claims pair parts only within one session.
-# Resume: the items the committed records (RESUME, default results/gpu_claims/results.jsonl) hold
-# complete from one session are seeded into the workdir, so the next session runs the rest.
+# Resume: the items the committed records (RESUME, default results/gpu_claims/results.jsonl; none
+# with QUICK=1) hold complete from one session are seeded into the workdir, so the next session
+# runs the rest; RESUME= (empty) seeds nothing, so every item reruns at this revision (after a
+# kernel change: seeded items keep the revision they were timed at).
 # Back here: copy $OUT/gpu_claims/results.jsonl to results/gpu_claims/ and regenerate the report
 # (python -m experiments.claims --workdir=results), from a clean tree.
 set -u
@@ -59,8 +61,10 @@ experiments.latency_lib.runner,experiments.latency_lib.shape_ours,experiments.la
   2>&1 | tee "$OUT/provenance.log"
 rc=${PIPESTATUS[0]}
 [ "$rc" = 0 ] || exit "$rc"
-RESUME=${RESUME:-results/gpu_claims/results.jsonl}
-[ -f "$RESUME" ] && python3 -m experiments.latency_lib.paper_runs seed "$RESUME" "$WORK"
+# A quick rehearsal's tiny config never matches the committed records: it seeds none by default.
+[ "${QUICK:-0}" = 1 ] && DEFAULT_RESUME="" || DEFAULT_RESUME=results/gpu_claims/results.jsonl
+RESUME=${RESUME-$DEFAULT_RESUME}
+[ -n "$RESUME" ] && [ -f "$RESUME" ] && python3 -m experiments.latency_lib.paper_runs seed "$RESUME" "$WORK"
 python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
 timeout "${TOTAL:-560}" python3 -m experiments.latency --config=configs/latency_gpu_claims.py \
   --workdir="$WORK" "--config.paper_deadline_s=${DEADLINE:-480}" "${EXTRA[@]}" \
