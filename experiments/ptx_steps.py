@@ -1,0 +1,82 @@
+r"""Registers, spills and shared memory of every Triton launch of whole decode steps, for sm_90.
+
+  python -m experiments.ptx_steps --contexts=32768,131072 --batches=1,8 \
+      --methods="dense;quest:gqa=group,p=0.1;quest:gqa=group,p=0.1+retro:w=8"
+
+Each method's decode step (append, select, attend, enhancers) at a named attention shape
+(default Llama-3.1-8B's 32 query / 8 kv heads, head dim 128, bf16 cache) is exported for CUDA
+(``jax.export``, the lowering a GPU run compiles), and each of its Pallas-Triton calls is compiled
+to sm_90 by the ``triton`` package (the ``ptx`` extra; ``pallas_kernels.ptx``); ``ptxas`` then
+gives its registers and spilled bytes. A spill is local-memory traffic a kernel was not designed
+for: the sweep is how the window's split combine and the multi-query kernel with RESA's prior
+were found spilling (docs/results.md). Specs are separated by ``;`` (a spec holds commas). No GPU
+is needed; nothing here is a timing.
+"""
+
+from __future__ import annotations
+
+import tempfile
+
+from absl import app, flags
+import jax
+import jax.numpy as jnp
+
+from pallas_kernels import ptx
+from sparse_attn import methods
+
+FLAGS = flags.FLAGS
+
+
+def define_flags():
+  """The command line (defined only when run as a script, so the module imports cleanly)."""
+  flags.DEFINE_string("methods", "dense;quest:gqa=group,p=0.1", "Method specs, ';'-separated.")
+  flags.DEFINE_string("contexts", "32768", "Cache slots, comma-separated.")
+  flags.DEFINE_string("batches", "1", "Batch sizes, comma-separated.")
+  flags.DEFINE_integer("num_heads", 32, "Query heads.")
+  flags.DEFINE_integer("num_kv_heads", 8, "KV heads.")
+  flags.DEFINE_integer("head_dim", 128, "Head dim.")
+
+
+def step_launches(spec: str, context: int, batch: int, *, num_heads: int = 32,
+                  num_kv_heads: int = 8, head_dim: int = 128, dtype=jnp.bfloat16) -> list[dict]:
+  """``[{name, grid, num_warps, registers, spill_bytes, shared_bytes}]`` of each Triton launch in
+  ``spec``'s decode step over a ``[batch, num_kv_heads, context, head_dim]`` cache."""
+  m = methods.make(spec, impl="pallas")
+  w = m.window
+  cache = jax.eval_shape(lambda: m.init_cache(batch, num_kv_heads, context, head_dim, dtype))
+  state = jax.eval_shape(lambda: m.init_state(batch, num_heads, num_kv_heads, head_dim, context,
+                                              dtype))
+  kv = jax.ShapeDtypeStruct((batch, num_kv_heads, w, head_dim), dtype)
+  q = jax.ShapeDtypeStruct((batch, num_heads, w, head_dim), dtype)
+  positions = jax.ShapeDtypeStruct((batch, w), jnp.int32)
+  step = lambda c, s, q, k, v, p: m.decode(q, k, v, c, s, p)
+  out = []
+  with tempfile.TemporaryDirectory() as tmp:
+    for mod in ptx.triton_modules(step, cache, state, q, kv, kv, positions):
+      kernel = ptx.compile_sm90(mod, tmp)
+      out.append(dict(name=mod.name, grid=mod.grid, num_warps=mod.num_warps,
+                      shared_bytes=int(kernel.metadata.shared),
+                      **ptx.register_usage(kernel, tmp)))
+  return out
+
+
+def main(argv):
+  del argv
+  split = lambda s, sep=",": [x for x in s.split(sep) if x]
+  spilled = 0
+  for spec in split(FLAGS.methods, ";"):
+    for context in map(int, split(FLAGS.contexts)):
+      for batch in map(int, split(FLAGS.batches)):
+        for r in step_launches(spec, context, batch, num_heads=FLAGS.num_heads,
+                               num_kv_heads=FLAGS.num_kv_heads, head_dim=FLAGS.head_dim):
+          spilled += r["spill_bytes"] > 0
+          print(f"{spec} context={context} batch={batch}: {r['name']} grid={r['grid']} "
+                f"warps={r['num_warps']} registers={r['registers']} spill={r['spill_bytes']} B "
+                f"smem={r['shared_bytes'] / 1024:.1f} KB"
+                + ("  <- spills" if r["spill_bytes"] else ""), flush=True)
+  print(f"{spilled} launch(es) spill")
+
+
+if __name__ == "__main__":
+  define_flags()
+  app.run(main)

@@ -1,0 +1,23 @@
+"""experiments.ptx_steps (the ``ptx`` extra): every launch of a decode step compiled for sm_90
+with ptxas's registers and spills; RetroAttention's w = 8 step at the 8B shape spills nowhere."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton")
+
+from experiments import ptx_steps  # pylint: disable=g-import-not-at-top
+
+
+def test_retro_window_step_at_8b_has_no_spill():
+  """Retro Table 6's w = 8 step at 8192 slots (its launches; the combine spilled 17,980 bytes a
+  thread before its row tiles)."""
+  spec = "quest:budget=0.15,min_tokens=256,n_sink=0,local_window=1,forced_count=inside+retro:w=8"
+  launches = ptx_steps.step_launches(spec, 8192, 1)
+  names = [r["name"] for r in launches]
+  assert "sparse_decode_multiquery" in names and "split_combine" in names, names
+  for r in launches:
+    assert r["registers"] > 0 and r["spill_bytes"] == 0, r
+  [combine] = [r for r in launches if r["name"] == "split_combine"]
+  assert combine["grid"][:2] == (1, 8) and combine["grid"][2] > 1, combine
