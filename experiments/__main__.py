@@ -21,6 +21,7 @@ TOOLS = {
     "shard_memory": "per-device cache bytes of a sharded decode",
     "load_memory": "peak host memory of a bf16 checkpoint load against its size",
     "ruler_throughput": "RULER samples per hour at 32k on a GPU, ours next to kvpress",
+    "ptx_steps": "registers and spills of each decode step's Triton launches for sm_90 (ptx extra)",
 }
 
 
