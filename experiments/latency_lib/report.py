@@ -99,8 +99,10 @@ def shape_table(rows: list[dict]) -> str:
         "GB/step": _f((r.get("weight_bytes", 0) + r.get("kv_bytes", 0)) / 1e9 or None),
         "bound ms": _f(r.get("bound_ms")), "of bound": _f(r.get("bound_fraction"), 2),
         "note": note.replace("|", "/").replace("\n", " ")[:120]})
+  # A row that never ran (the run's deadline) names no device: it adds no heading.
   devices = sorted({(r.get("shape"), r.get("dtype"), r.get("device"), r.get("backend"),
-                     r.get("peak_gbs"), r.get("peak_source")) for r in recs}, key=str)
+                     r.get("peak_gbs"), r.get("peak_source")) for r in recs
+                    if r.get("device")}, key=str)
   head = "\n".join(f"{s} ({dt}, random weights) on {dev} ({be}), peak {_f(pk)} GB/s "
                     f"({src}); x dense / x transformers: their time over this row's; host "
                     "ms/step: the host's time to issue one of a round's first steps (near "
@@ -316,7 +318,9 @@ def write(records: list[dict], workdir: str) -> tuple[str, str]:
                          ("Memory", memory_table, "memory"),
                          ("RESA overheads", resa_table, None)):
     if sec is None or any(r.get("section") == sec for r in rows):
-      secs.append(f"## {title}\n\n{fn(rows)}")
+      body = fn(rows)
+      if not body.rstrip().splitlines()[-1].startswith("|---"):  # a table with no rows: none
+        secs.append(f"## {title}\n\n{body}")
   figure(rows, workdir)
   path = render.write_markdown(workdir, "latency.md", "Decode latency and memory", secs)
   with open(path, encoding="utf-8") as f:

@@ -150,10 +150,14 @@ def test_report_keeps_every_part_and_prefers_a_finished_record():
            kv_bytes=137e9, reason="memory: needs ~140 GiB"),
       dict(base, part="c", batch=1, method="transformers", engine="transformers",
            status="error", reason="child exited with code -9"),
+      dict(section="shape_e2e", shape="llama-3.1-8b", dtype="bfloat16", phase="decode",
+           context=32768, engine="ours", part="d", batch=1, method="dense", status="timeout",
+           reason="the run's deadline"),
   ]
-  assert [r["status"] for r in report.shape_rows(recs)] == ["ok", "skipped", "error"]
+  assert [r["status"] for r in report.shape_rows(recs)] == ["ok", "skipped", "error", "timeout"]
   text = report.shape_table(recs)
   assert "| decode | 1 | 131072 | dense | ok | 40 |" in text and "0.17" in text
   assert "memory: needs ~140 GiB" in text and "child exited" in text
   assert "on NVIDIA H200 (gpu), peak 4.8e+03 GB/s" in text
+  assert " on None" not in text  # the timed-out row, which names no device, adds no heading
   assert "dense decode, fraction of the bound, 131072" in report.shape_targets(recs)
