@@ -5,7 +5,12 @@ r"""Registers, spills and shared memory of every Triton launch of whole decode s
 
 Each method's decode step (append, select, attend, enhancers) at a named attention shape
 (default Llama-3.1-8B's 32 query / 8 kv heads, head dim 128, bf16 cache) is exported for CUDA
-(``jax.export``, the lowering a GPU run compiles), and each of its Pallas-Triton calls is compiled
+(``jax.export``, the lowering a GPU run compiles) with every op's ``impl`` resolved as on an
+sm_90 GPU (``backends.assume_capability``: what ``"auto"`` runs there, so compression methods,
+which take no ``impl``, are swept too; a spec's own ``impl=`` still wins). A compression method's
+cache is the size it decodes over (``decode_capacity``: the kept share of the context);
+TidalDecode's step is a selection layer followed by a reuse layer, which reads its relay. Each
+of the step's Pallas-Triton calls is compiled
 to sm_90 by the ``triton`` package (the ``ptx`` extra; ``pallas_kernels.ptx``); ``ptxas`` then
 gives its registers and spilled bytes. A spill is local-memory traffic a kernel was not designed
 for: the sweep is how the window's split combine and the multi-query kernel with RESA's prior
@@ -15,13 +20,14 @@ is needed; nothing here is a timing.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 
 from absl import app, flags
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import ptx
+from pallas_kernels import backends, ptx
 from sparse_attn import methods
 
 FLAGS = flags.FLAGS
@@ -37,22 +43,40 @@ def define_flags():
   flags.DEFINE_integer("head_dim", 128, "Head dim.")
 
 
+def decode_step(m):
+  """``(cache, state, q, k, v, positions) -> outputs``: one decode step of method ``m`` as a
+  GPU run traces it; TidalDecode's (``decode_relay``) is a selection layer, then a reuse layer
+  over the same cache reading the selection it relays."""
+  if not hasattr(m, "decode_relay"):
+    return lambda c, s, q, k, v, p: m.decode(q, k, v, c, s, p)
+  select, reuse = (dataclasses.replace(m, role=role) for role in ("select", "reuse"))
+
+  def step(c, s, q, k, v, p):
+    out, c, s, relay = select.decode_relay(q, k, v, c, s, None, p)
+    out_reuse, c, s, _ = reuse.decode_relay(q, k, v, c, s, relay, p)
+    return out, out_reuse, c, s
+  return step
+
+
 def step_launches(spec: str, context: int, batch: int, *, num_heads: int = 32,
-                  num_kv_heads: int = 8, head_dim: int = 128, dtype=jnp.bfloat16) -> list[dict]:
+                  num_kv_heads: int = 8, head_dim: int = 128, dtype=jnp.bfloat16,
+                  capability: float = 9.0) -> list[dict]:
   """``[{name, grid, num_warps, registers, spill_bytes, shared_bytes}]`` of each Triton launch in
-  ``spec``'s decode step over a ``[batch, num_kv_heads, context, head_dim]`` cache."""
-  m = methods.make(spec, impl="pallas")
+  ``spec``'s decode step over a ``[batch, num_kv_heads, slots, head_dim]`` cache (``slots``:
+  ``context``, or the compressed cache a compression method decodes over), ops resolved as
+  on a GPU of compute ``capability``."""
+  m = methods.make(spec)
   w = m.window
-  cache = jax.eval_shape(lambda: m.init_cache(batch, num_kv_heads, context, head_dim, dtype))
-  state = jax.eval_shape(lambda: m.init_state(batch, num_heads, num_kv_heads, head_dim, context,
+  slots = m.decode_capacity(context, 0) if hasattr(m, "decode_capacity") else context
+  cache = jax.eval_shape(lambda: m.init_cache(batch, num_kv_heads, slots, head_dim, dtype))
+  state = jax.eval_shape(lambda: m.init_state(batch, num_heads, num_kv_heads, head_dim, slots,
                                               dtype))
   kv = jax.ShapeDtypeStruct((batch, num_kv_heads, w, head_dim), dtype)
   q = jax.ShapeDtypeStruct((batch, num_heads, w, head_dim), dtype)
   positions = jax.ShapeDtypeStruct((batch, w), jnp.int32)
-  step = lambda c, s, q, k, v, p: m.decode(q, k, v, c, s, p)
   out = []
-  with tempfile.TemporaryDirectory() as tmp:
-    for mod in ptx.triton_modules(step, cache, state, q, kv, kv, positions):
+  with tempfile.TemporaryDirectory() as tmp, backends.assume_capability(capability):
+    for mod in ptx.triton_modules(decode_step(m), cache, state, q, kv, kv, positions):
       kernel = ptx.compile_sm90(mod, tmp)
       out.append(dict(name=mod.name, grid=mod.grid, num_warps=mod.num_warps,
                       shared_bytes=int(kernel.metadata.shared),

@@ -12,7 +12,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.backends import IMPLS, Impl, resolve_impl  # pylint: disable=unused-import
+from pallas_kernels.backends import IMPLS, Impl, list_op, resolve_impl  # pylint: disable=unused-import
 
 # Triton's tl.dot needs every operand dimension >= 16.
 MIN_DOT_ROWS = 16
@@ -21,6 +21,8 @@ TARGET_PROGRAMS = 264
 # Fewest list entries a split should own: below this the fixed cost of a program (prologue,
 # pipeline fill, partial write + combine) is no longer amortised over its loads.
 MIN_BLOCKS_PER_SPLIT = 16
+# The same floor in tokens, for lists of smaller entries (token lists: one slot an entry).
+MIN_TOKENS_PER_SPLIT = 256
 # Shared memory a decode program may fill with its K/V ring (stages x tile), so that two programs
 # fit on one H100 SM (228 KB per SM, 227 KB per block).
 KV_RING_BYTES = 112 * 1024
@@ -58,6 +60,21 @@ def choose_num_splits(num_programs: int, n_blocks: int, *, target: int = TARGET_
   want = -(-target // max(num_programs, 1))
   cap = max(1, n_blocks // min_blocks)
   return int(max(1, min(want, cap)))
+
+
+def min_entries_per_split(entry_size: int) -> int:
+  """Fewest list entries of ``entry_size`` slots a split should own: ``MIN_BLOCKS_PER_SPLIT``
+  blocks, and at least ``MIN_TOKENS_PER_SPLIT`` tokens for smaller entries (token lists)."""
+  return max(MIN_BLOCKS_PER_SPLIT, MIN_TOKENS_PER_SPLIT // entry_size)
+
+
+def check_entry_size(entry_size: int, t: int) -> int:
+  """Validates the slots per list entry of a decode kernel: a block size
+  (``check_block_size``) or 1, a token list (its tiles gather ``MIN_DOT_ROWS`` or more single
+  slots); returns the entries a kv head has."""
+  if entry_size == 1:
+    return t
+  return check_block_size(entry_size, t)
 
 
 def check_block_size(block_size: int, t: int) -> int:

@@ -3,7 +3,7 @@
 A program owns one (batch, program head, split). Its R query rows share one block list, so each
 listed KV block is loaded once for all rows. The program head is a kv head: with group-shared
 selection its rows are the G query heads (x W window queries); per-query-head selection is served
-through the union of the G lists (``_union.union_lists``) with a per-(entry, row) bit mask, so a
+through the union of the G lists (``_union.union_head_bits``) with a per-(entry, row) bit mask, so a
 block listed by several heads of a group is still read once.
 
 Memory pipeline (what makes it bandwidth bound rather than latency bound on an H100):
@@ -15,6 +15,10 @@ Memory pipeline (what makes it bandwidth bound rather than latency bound on an H
 Splits are a static grid axis sized from the list length, but a program derives its slice from
 the dynamic ``n_valid``: ``ceil(n_valid / MIN_BLOCKS_PER_SPLIT)`` splits are used (the rest exit at
 once), so a short list (early in decoding, a small filled length) is not cut into tiny slices.
+
+Token lists (``block_size == 1``: an entry is one slot, TidalDecode's or RocketKV's selection)
+run the same body: a tile gathers J = 64-128 scattered slots (at least ``MIN_DOT_ROWS``), and a
+split owns at least ``MIN_TOKENS_PER_SPLIT`` of them (``min_entries_per_split``).
 
 Optional extras, all static flags of the same body:
   * ``prior``: RESA prior logits ``P_j`` accumulated alongside (same blocks, same V tile); row
@@ -54,8 +58,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 import jax.numpy as jnp
 
-from pallas_kernels._common import (MIN_BLOCKS_PER_SPLIT, TileConfig, attended_length,
-                                    choose_num_splits, pad_rows, tokens_per_iter)
+from pallas_kernels._common import (MIN_BLOCKS_PER_SPLIT, MIN_DOT_ROWS, TileConfig,
+                                    attended_length, choose_num_splits, min_entries_per_split,
+                                    pad_rows, tokens_per_iter)
 from pallas_kernels.softmax import soft_cap
 from pallas_kernels.split_combine import split_combine_pairs
 from pallas_kernels.backends import triton_module
@@ -107,7 +112,8 @@ def split_bounds(n_valid, split, *, list_len: int, max_splits: int, blocks_per_i
 
 
 def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: int,
-                   blocks_per_iter: int, max_splits: int, num_blocks: int, list_len: int,
+                   blocks_per_iter: int, min_entries: int, max_splits: int, num_blocks: int,
+                   list_len: int,
                    bit_words: int, bits_per_word: int, with_prior: bool, with_bits: bool,
                    with_limit: bool, with_pos: bool, rows_per_prior: int = 1,
                    softcap: float | None = None, with_idx: bool = True,
@@ -160,7 +166,8 @@ def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: in
   if with_query_pos and with_idx:
     n_valid = jnp.where(length > 0, n_valid, 0)
   lo, hi = split_bounds(n_valid, pl.program_id(2), list_len=list_len,
-                        max_splits=max_splits, blocks_per_iter=blocks_per_iter)
+                        max_splits=max_splits, blocks_per_iter=blocks_per_iter,
+                        min_blocks=min_entries)
   # [W]: token t of a tile is offset t % bs of the tile's (t // bs)-th listed block.
   tok = jnp.arange(width)
   tile_entry, in_block = tok // block_size, tok % block_size
@@ -326,14 +333,18 @@ def decode_partials(q, k, v, block_idx, n_valid, length, prior=None, row_bits=No
                                                  row_limit is not None, pos is not None)
   per_iter = tiles.blocks_per_iter or max(
       1, tokens_per_iter(d, jnp.dtype(k.dtype).itemsize, tiles.num_stages) // block_size)
-  per_iter = min(per_iter, pad_rows(n, 1))
-  splits = tiles.num_splits or choose_num_splits(b * p, n)
+  # A tile of at least MIN_DOT_ROWS tokens (the rule of every tl.dot here), however short a
+  # token list.
+  per_iter = max(min(per_iter, pad_rows(n, 1)), -(-MIN_DOT_ROWS // block_size))
+  min_entries = min_entries_per_split(block_size)
+  splits = tiles.num_splits or choose_num_splits(b * p, n, min_blocks=min_entries)
   splits = max(1, min(splits, -(-n // per_iter)))
   bit_words = row_bits.shape[-1] if with_bits else 1
 
   kernel = functools.partial(
       _decode_kernel, block_size=block_size, scale=float(scale), rows=r, head_dim=d,
-      blocks_per_iter=per_iter, max_splits=splits, num_blocks=t // block_size, list_len=n,
+      blocks_per_iter=per_iter, min_entries=min_entries, max_splits=splits,
+      num_blocks=t // block_size, list_len=n,
       bit_words=bit_words, bits_per_word=bits_per_word, with_prior=with_prior,
       with_bits=with_bits, with_limit=with_limit, with_pos=with_pos,
       rows_per_prior=rows_per_prior, softcap=softcap, with_idx=with_idx,

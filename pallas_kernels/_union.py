@@ -8,7 +8,10 @@ data-dependent shapes): each kv head's lists mark a membership map of its NB blo
 prefix count over the map places each member at its rank, so the union comes out ascending, at
 most ``G * n`` entries, valid ones first. (It replaced a sort of the ``G * n`` entries by
 (block, head): the same outputs, 6.3x faster on the CPU at Llama-3.1-8B's 32 heads and 8192
-blocks with 1,229 listed per head, 2026-12-04; not yet timed on a GPU.)
+blocks with 1,229 listed per head, 2026-12-04; not yet timed on a GPU.) The single-query
+kernels need only which heads list an entry: ``union_head_bits`` builds that as one bit word
+per block, without the per-(block, head) word map that ``union_lists`` carries for the window
+kernel's payloads.
 
 Letters: B batch, N query heads, K kv heads, G = N // K, n list length, U = G * n.
 """
@@ -19,6 +22,38 @@ import jax
 import jax.numpy as jnp
 
 MAX_GROUP = 32  # one bit per head in an int32 word
+
+
+def _targets(block_idx, n_valid, group: int, num_blocks: int):
+  """``blk [B, K, U]`` each entry's block (``num_blocks``, out of range, past ``n_valid``: its
+  stores are dropped) and ``head [B, K, U]`` its head within the group."""
+  b, hq, n = block_idx.shape
+  if hq % group:
+    raise ValueError(f"{hq} query heads are not a multiple of the group size {group}")
+  kh, u = hq // group, group * n
+  listed = jnp.arange(n)[None, None, :] < n_valid[..., None]
+  blk = jnp.where(listed, jnp.clip(block_idx, 0, num_blocks - 1), num_blocks).astype(jnp.int32)
+  head = jnp.broadcast_to((jnp.arange(hq, dtype=jnp.int32) % group)[None, :, None],
+                          (b, hq, n)).reshape(b, kh, u)
+  return blk.reshape(b, kh, u), head
+
+
+def _compacted(member, values, u: int):
+  """The members of ``member [B, K, NB]`` (bool) in ascending block order, each at its rank:
+  ``(idx [B, K, U], n_union [B, K], values [B, K, U, ...])`` (``values [B, K, NB, ...]``; the
+  tail past ``n_union``: block ``NB - 1``, zero values). Every store has its own index (the
+  non-members go to distinct out-of-range slots, dropped): plain stores on a GPU."""
+  b, kh, nb = member.shape
+  bi = jnp.arange(b)[:, None, None]
+  ki = jnp.arange(kh)[None, :, None]
+  rank = jnp.cumsum(member, axis=-1, dtype=jnp.int32) - 1
+  to = jnp.where(member, rank, u + jnp.arange(nb, dtype=jnp.int32))
+  ids = jnp.broadcast_to(jnp.arange(nb, dtype=jnp.int32), to.shape)
+  idx = jnp.full((b, kh, u), nb - 1, jnp.int32).at[bi, ki, to].set(
+      ids, mode="drop", unique_indices=True)
+  out = jnp.zeros((b, kh, u) + values.shape[3:], values.dtype).at[bi, ki, to].set(
+      values, mode="drop", unique_indices=True)
+  return idx, rank[..., -1] + 1, out
 
 
 def union_lists(block_idx, n_valid, group: int, num_blocks: int, payload=None):
@@ -38,15 +73,8 @@ def union_lists(block_idx, n_valid, group: int, num_blocks: int, payload=None):
     head ``g`` does not list it).
   """
   b, hq, n = block_idx.shape
-  if hq % group:
-    raise ValueError(f"{hq} query heads are not a multiple of the group size {group}")
-  kh, u = hq // group, group * n
-  listed = jnp.arange(n)[None, None, :] < n_valid[..., None]
-  # Unlisted entries aim at block num_blocks, out of range: their stores are dropped.
-  blk = jnp.where(listed, jnp.clip(block_idx, 0, num_blocks - 1), num_blocks).astype(jnp.int32)
-  blk = blk.reshape(b, kh, u)
-  head = jnp.broadcast_to((jnp.arange(hq, dtype=jnp.int32) % group)[None, :, None],
-                          (b, hq, n)).reshape(b, kh, u)
+  blk, head = _targets(block_idx, n_valid, group, num_blocks)
+  kh, u = blk.shape[1:]
   word = jnp.ones((b, hq, n), jnp.int32) if payload is None else payload.astype(jnp.int32)
   bi = jnp.arange(b)[:, None, None]
   ki = jnp.arange(kh)[None, :, None]
@@ -55,16 +83,28 @@ def union_lists(block_idx, n_valid, group: int, num_blocks: int, payload=None):
   member = jnp.zeros((b, kh, num_blocks), bool).at[bi, ki, blk].set(True, mode="drop")
   words = jnp.zeros((b, kh, num_blocks, group), jnp.int32).at[bi, ki, blk, head].set(
       word.reshape(b, kh, u), mode="drop")
-  rank = jnp.cumsum(member, axis=-1, dtype=jnp.int32) - 1
-  # Each member stores at its rank; the rest at distinct out-of-range slots, dropped: the
-  # scatters are unique-index (plain stores on a GPU, no atomics).
-  to = jnp.where(member, rank, u + jnp.arange(num_blocks, dtype=jnp.int32))
-  ids = jnp.broadcast_to(jnp.arange(num_blocks, dtype=jnp.int32), to.shape)
-  idx = jnp.full((b, kh, u), num_blocks - 1, jnp.int32).at[bi, ki, to].set(
-      ids, mode="drop", unique_indices=True)
-  words = jnp.zeros((b, kh, u, group), jnp.int32).at[bi, ki, to].set(
-      words, mode="drop", unique_indices=True)
-  return idx, rank[..., -1] + 1, words
+  return _compacted(member, words, u)
+
+
+def union_head_bits(block_idx, n_valid, group: int, num_blocks: int):
+  """``union_lists`` without a payload, its words as head bits: ``(idx [B, K, U], n_union
+  [B, K], bits [B, K, U, 1])`` with bit ``g`` of ``bits`` set where head ``g`` lists the entry
+  (``head_bits`` of ``union_lists``' words). The map it builds is ``[B, K, G, NB]`` bool and one
+  ``[B, K, NB]`` int32 word a block, where ``union_lists`` writes and compacts a ``[B, K, NB, G]``
+  int32 word per (block, head): a quarter of the bytes per head, which matters for token lists
+  (NB = the cache's slots)."""
+  if group > MAX_GROUP:
+    raise ValueError(f"per-head selection supports groups of at most {MAX_GROUP}, got {group}")
+  blk, head = _targets(block_idx, n_valid, group, num_blocks)
+  b, kh, u = blk.shape
+  bi = jnp.arange(b)[:, None, None]
+  ki = jnp.arange(kh)[None, :, None]
+  listed = jnp.zeros((b, kh, group, num_blocks), bool).at[bi, ki, head, blk].set(
+      True, mode="drop")
+  bits = jnp.left_shift(jnp.int32(1), jnp.arange(group, dtype=jnp.int32))[:, None]
+  word = jnp.sum(jnp.where(listed, bits, 0), axis=2, dtype=jnp.int32)  # [B, K, NB]
+  idx, n_union, word = _compacted(word != 0, word, u)
+  return idx, n_union, word[..., None]
 
 
 def head_bits(words):

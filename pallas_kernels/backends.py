@@ -26,6 +26,8 @@ jnp reference elsewhere, and an explicit ``"pallas"``/``"triton"`` raises saying
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import importlib
 from typing import Literal, get_args
@@ -42,6 +44,15 @@ Resolved = Literal["pallas", "mosaic", "xla"]
 # block, and block_score_pooled resolves as block_score.
 MOSAIC_OPS: frozenset[str] = frozenset({"sparse_decode", "block_score", "cache_append",
                                         "sparse_decode_resa", "sparse_decode_multiquery"})
+
+
+def list_op(op: str, entry_size: int) -> str:
+  """The name ``resolve_impl`` takes for decode op ``op`` over list entries of ``entry_size``
+  slots: ``op`` for block lists; ``op + "_tokens"`` for token lists (one slot an entry), which
+  no Mosaic kernel serves (its TMA copies move whole blocks of 128 bytes or more) and nothing
+  has timed, so they resolve to Triton, or the reference where Triton is gone."""
+  return op if entry_size > 1 else f"{op}_tokens"
+
 
 # Mosaic GPU needs Hopper's TMA and wgmma: sm_90 and newer.
 MOSAIC_MIN_CAPABILITY = 9.0
@@ -103,8 +114,29 @@ def triton_module():
   return _MissingTriton()
 
 
+_ASSUMED_CAPABILITY: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "assumed_capability", default=None)
+
+
+@contextlib.contextmanager
+def assume_capability(capability: float):
+  """Inside it, ``device_capability()`` is ``capability``, so ``"auto"`` resolves every op as on
+  such a GPU: for lowering what a GPU run traces from a CPU host (``jax.export`` with
+  ``platforms=["cuda"]``). Resolution happens at trace time and ``jax.jit`` caches traces, so
+  trace functions inside it that are not also traced outside it."""
+  token = _ASSUMED_CAPABILITY.set(float(capability))
+  try:
+    yield
+  finally:
+    _ASSUMED_CAPABILITY.reset(token)
+
+
 def device_capability() -> float | None:
-  """Compute capability of the default device (e.g. 9.0 for an H100); None off CUDA GPUs."""
+  """Compute capability of the default device (e.g. 9.0 for an H100), or the one
+  ``assume_capability`` sets; None off CUDA GPUs."""
+  assumed = _ASSUMED_CAPABILITY.get()
+  if assumed is not None:
+    return assumed
   if jax.default_backend() != "gpu":
     return None
   cap = getattr(jax.devices()[0], "compute_capability", None)

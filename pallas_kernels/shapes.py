@@ -21,6 +21,15 @@ MODELS = {
     "qwen25_g7": (1, 14, 2, 64, 32768, 16, 102),
     "llama31_8b_32k": (1, 32, 8, 128, 32768, 16, 102),
 }
+# Token lists (entries of one slot: TidalDecode, RocketKV's stage 2, Twilight, the oracle
+# top-k) through the decode kernels; same fields, block_size 1, n listed tokens (10% of 32k).
+TOKEN_MODELS = {
+    "llama31_8b_32k_tokens": (1, 32, 8, 128, 32768, 1, 3277),
+}
+TOKEN_KERNELS = [
+    ("sparse_decode", False), ("sparse_decode", True), ("sparse_decode_resa", False),
+    ("sparse_decode_resa", True), ("sparse_decode_multiquery", False),
+]
 WINDOW = 8
 CHUNK = 512  # queries of a prefill / rectification chunk
 
@@ -54,7 +63,7 @@ def kernel_avals(kernel: str, model: str, per_head: bool, dtype=BF16):
   """``(op, abstract args, block_size)`` of ``kernel`` at ``MODELS[model]``."""
   # pylint: disable=g-import-not-at-top (avoid a cycle: the ops import nothing from here)
   from pallas_kernels import block_score, block_score_pooled, sparse_decode, sparse_decode_resa
-  b, hq, hkv, d, t, bs, n = MODELS[model]
+  b, hq, hkv, d, t, bs, n = {**MODELS, **TOKEN_MODELS}[model]
   hs = hq if per_head else hkv
   cache = S((b, hkv, t, d), dtype)
   lists = (S((b, hs, n), I32), S((b, hs), I32))

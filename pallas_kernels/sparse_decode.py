@@ -52,20 +52,26 @@ def kv_head_lists(block_idx, n_valid, hq: int, hkv: int, num_blocks: int, payloa
 
 
 def checked_lists(q, k, block_idx, n_valid, block_size: int, softcap):
-  """What every sparse-decode kernel wrapper checks and prepares: the soft-cap, the block size,
-  the selection heads; then each kv head's list (``kv_head_lists``).
+  """What every single-query sparse-decode kernel wrapper checks and prepares: the soft-cap,
+  the entry size, the selection heads; then each kv head's list: as given (group-shared) or
+  the union of its group's lists (``_union.union_head_bits``).
 
   Returns:
-    ``(softcap, lists)``: ``lists`` is ``(idx, n_valid, words)`` or None for empty lists
-    (``n == 0``: the caller returns its empty result).
+    ``(softcap, lists)``: ``lists`` is ``(idx [B, K, U], n_valid [B, K], row_bits)`` with
+    ``row_bits [B, K, U, 1]`` int32 (bit ``g``: query head ``g`` of the group lists the entry;
+    None for group-shared lists), or None for empty lists (``n == 0``: the caller returns its
+    empty result).
   """
   softcap = check_softcap(softcap)
-  _common.check_block_size(block_size, k.shape[2])
+  _common.check_entry_size(block_size, k.shape[2])
   hq, hkv = q.shape[1], k.shape[1]
   selection_rows(hq, hkv, block_idx.shape[1])
   if block_idx.shape[2] == 0:
     return softcap, None
-  return softcap, kv_head_lists(block_idx, n_valid, hq, hkv, k.shape[2] // block_size)
+  if block_idx.shape[1] == hkv:
+    return softcap, (block_idx, n_valid, None)
+  return softcap, _union.union_head_bits(block_idx, n_valid, hq // hkv,
+                                         k.shape[2] // block_size)
 
 
 def gather_prior(prior, block_idx, block_size: int):
@@ -207,7 +213,7 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
     ``out [B, N, D]`` in ``q.dtype`` and ``lse [B, N]`` float32 (``0`` and ``-inf`` for a row
     that attends nothing).
   """
-  resolved = _common.resolve_impl(impl, "sparse_decode")
+  resolved = _common.resolve_impl(impl, _common.list_op("sparse_decode", block_size))
   if resolved == "xla":
     return sparse_decode_reference(q, k, v, block_idx, n_valid, length, block_size=block_size,
                                    scale=scale, pos=pos, softcap=softcap, query_pos=query_pos)
@@ -222,12 +228,12 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   hkv = k.shape[1]
   if lists is None:
     return jnp.zeros_like(q), jnp.full((b, hq), -jnp.inf, jnp.float32)
-  idx, nv, words = lists
+  idx, nv, bits = lists
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
   out, lse = decode_partials(
       q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
-      row_bits=None if words is None else _union.head_bits(words), bits_per_word=hq // hkv,
+      row_bits=bits, bits_per_word=hq // hkv,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
       softcap=softcap, query_pos=query_pos)
   return out.reshape(b, hq, d).astype(q.dtype), lse.reshape(b, hq)
@@ -277,7 +283,7 @@ def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None
                          interpret=interpret, num_warps=num_warps, num_stages=num_stages,
                          blocks_per_iter=blocks_per_iter, **kw)
   softcap = check_softcap(softcap)
-  _common.check_block_size(block_size, k.shape[2])
+  _common.check_entry_size(block_size, k.shape[2])
   b, hq, d = q.shape
   hkv = k.shape[1]
   selection_rows(hq, hkv, hkv)

@@ -92,7 +92,7 @@ def checked(q, k, block_idx, prior, block_size: int, softcap, count_attended: bo
   empty list (``n = 0``: zero outputs, -inf LSE, the prior's three outputs with one, and a
   zero count with ``count_attended``)."""
   softcap = check_softcap(softcap)
-  _common.check_block_size(block_size, k.shape[2])
+  _common.check_entry_size(block_size, k.shape[2])
   b, hq, w, _ = q.shape
   selection_rows(hq, k.shape[1], block_idx.shape[1])
   if block_idx.shape[2]:
@@ -179,7 +179,7 @@ def sparse_decode_multiquery(q, k, v, block_idx, n_valid, block_mask, q_limit, l
     [B, N, W]`` int32: the keys each query attended (listed, valid, usable, at or before its
     limit; the reference's ``window_slots_ok`` count).
   """
-  resolved = _common.resolve_impl(impl, "sparse_decode_multiquery")
+  resolved = _common.resolve_impl(impl, _common.list_op("sparse_decode_multiquery", block_size))
   if resolved == "xla":
     return sparse_decode_multiquery_reference(q, k, v, block_idx, n_valid, block_mask, q_limit,
                                               length, block_size=block_size, scale=scale,

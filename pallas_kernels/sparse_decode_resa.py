@@ -22,7 +22,6 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import _common
-from pallas_kernels import _union
 from pallas_kernels._decode_kernel import decode_partials
 from pallas_kernels.softmax import check_softcap, default_scale
 from pallas_kernels.sparse_decode import (gather_listed, gather_prior, gathered_partials,
@@ -109,7 +108,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
     and ``seen [B, N]`` int32, the prior members (finite ``P_j``) attended, counted in the same
     pass and summed by the split combine (RESA's test that the selection covered the prior).
   """
-  resolved = _common.resolve_impl(impl, "sparse_decode_resa")
+  resolved = _common.resolve_impl(impl, _common.list_op("sparse_decode_resa", block_size))
   if resolved == "xla":
     return sparse_decode_resa_reference(q, k, v, prior, block_idx, n_valid, length,
                                         block_size=block_size, scale=scale, pos=pos,
@@ -127,7 +126,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   hkv = k.shape[1]
   if lists is None:
     return attends_nothing(q, epilogue, extras, query_pos)
-  idx, nv, words = lists
+  idx, nv, bits = lists
   tiles = _common.TileConfig(num_warps=num_warps, num_stages=num_stages, num_splits=num_splits,
                              blocks_per_iter=blocks_per_iter)
   g = hq // hkv
@@ -135,7 +134,7 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   got = decode_partials(
       q.reshape(b, hkv, g, d), k, v, idx, nv, length, pos=pos,
       prior=prior.reshape(b, hkv, g, -1),
-      row_bits=None if words is None else _union.head_bits(words), bits_per_word=g,
+      row_bits=bits, bits_per_word=g,
       block_size=block_size, scale=default_scale(d, scale), tiles=tiles, interpret=interpret,
       epilogue=epilogue, extras=tuple(map(heads, extras)), softcap=softcap,
       query_pos=query_pos)

@@ -5,8 +5,8 @@ scores, the top-k select, sparse decode, RESA's partials, retro's window partial
 the cache and selection arrays to its ``pallas_kernels`` op and passes ``impl`` through: the op
 resolves it (``pallas_kernels.resolve_impl``, the one dispatcher) and runs its Triton kernel or
 its jnp ``*_reference``, the one jnp implementation of the op. A token selection (``granularity`` 1, not
-the cache's block size) has no kernel: its path is the reference at that granularity, whatever
-``impl`` says. Besides the attention, the RESA and retro steps count prior members attended (the
+the cache's block size) runs the same ops over lists of single slots: the Triton kernels gather
+a tile of scattered slots (Mosaic GPU has no such kernel: ``backends.list_op``). Besides the attention, the RESA and retro steps count prior members attended (the
 op counts them in its own pass) and retro counts keys attended (computed here from the masks the
 references use).
 
@@ -185,10 +185,14 @@ def _listed(cache: KVCache, sel: Selection):
 
 def _run(op, reference, cache: KVCache, sel: Selection, impl: Impl, interpret: bool, *args,
          **kw):
-  """``op`` over the selection's blocks, or its ``reference`` for a token selection."""
-  if sel.granularity != cache.block_size:  # no kernel lists single slots
+  """``op`` over the selection's entries (blocks, or single slots for a token selection);
+  its ``reference`` directly for ``impl="xla"`` (the op would resolve to it anyway)."""
+  if sel.granularity not in (1, cache.block_size):
+    raise ValueError(f"a selection of {sel.granularity}-slot entries over a cache of "
+                     f"{cache.block_size}-slot blocks")
+  if impl == "xla":
     return reference(*args, block_size=sel.granularity, pos=cache.pos, **kw)
-  return op(*args, block_size=cache.block_size, pos=cache.pos, impl=impl, interpret=interpret,
+  return op(*args, block_size=sel.granularity, pos=cache.pos, impl=impl, interpret=interpret,
             **kw)
 
 

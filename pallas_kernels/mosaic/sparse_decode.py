@@ -23,7 +23,7 @@ warpgroup) per (batch, kv head, split) walks its slice of the kv head's list:
     reduction of the WGMMA-layout tile), the online softmax, and ``acc += sum_t p * v`` (a
     column reduction).
 
-Per-query-head lists run over the union of the group's lists (``_union.union_lists``) with a
+Per-query-head lists run over the union of the group's lists (``_union.union_head_bits``) with a
 per-(entry, row) bit, as the Triton kernel does; the split partials are merged by
 ``lse_combine`` (XLA). Block sizes: powers of 2 >= 16; head dims: multiples of 64 (bf16/f16) or
 32 (f32) elements (whole 128-byte swizzled rows).
@@ -53,7 +53,6 @@ from jax.experimental.pallas import mosaic_gpu as plgpu
 import jax.numpy as jnp
 
 from pallas_kernels import _common
-from pallas_kernels import _union
 from pallas_kernels.mosaic import _common as mc
 from pallas_kernels.mosaic._decode_body import decode_body
 from pallas_kernels.softmax import check_softcap, default_scale, lse_combine
@@ -298,10 +297,10 @@ def sparse_decode(q, k, v, block_idx, n_valid, length, *, block_size: int,
   hkv = k.shape[1]
   if lists is None:
     return jnp.zeros_like(q), jnp.full((b, hq), -jnp.inf, jnp.float32)
-  idx, nv, words = lists
+  idx, nv, bits = lists
   out, lse = decode_partials(
       q.reshape(b, hkv, hq // hkv, d), k, v, idx, nv, length, pos=pos,
-      row_bits=None if words is None else _union.head_bits(words)[..., 0],
+      row_bits=None if bits is None else bits[..., 0],
       block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
       num_stages=num_stages, softcap=softcap, interpret=interpret, mma=mma,
       tokens_per_step=tokens_per_step, query_pos=query_pos)

@@ -24,7 +24,6 @@ import jax
 import jax.numpy as jnp
 
 from pallas_kernels import _common
-from pallas_kernels import _union
 from pallas_kernels.mosaic.sparse_decode import decode_partials
 from pallas_kernels.softmax import default_scale
 from pallas_kernels.sparse_decode import checked_lists
@@ -70,12 +69,12 @@ def sparse_decode_resa(q, k, v, prior, block_idx, n_valid, length, *, block_size
   hkv = k.shape[1]
   if lists is None:
     return attends_nothing(q, epilogue, extras, query_pos)
-  idx, nv, words = lists
+  idx, nv, bits = lists
   g = hq // hkv
   heads = lambda x: x.reshape(b, hkv, g, *x.shape[2:])  # [B, N, ...] -> [B, K, G, ...]
   got = decode_partials(
       heads(q), k, v, idx, nv, length, pos=pos,
-      row_bits=None if words is None else _union.head_bits(words)[..., 0], prior=heads(prior),
+      row_bits=None if bits is None else bits[..., 0], prior=heads(prior),
       block_size=block_size, scale=default_scale(d, scale), num_splits=num_splits,
       num_stages=num_stages, softcap=softcap, interpret=interpret, epilogue=epilogue,
       extras=tuple(map(heads, extras)), query_pos=query_pos)

@@ -35,7 +35,7 @@ from typing import ClassVar
 
 import jax.numpy as jnp
 
-from pallas_kernels import check_softcap
+from pallas_kernels import Impl, check_softcap
 from sparse_attn import reference
 from sparse_attn import sliding_window as sliding_window_lib
 from sparse_attn.cache import KVCache, init_cache, write
@@ -77,6 +77,11 @@ class CompressionMethod(Scorer):
       attention weights (SnapKV, TOVA, H2O) see capped logits.
     sliding_window: the layer's attention window (Mistral, Gemma's local layers; None =
       unlimited), set by ``with_sliding_window``: see there.
+    impl: the attention over the cache (prefill chunks, decode steps, ``extend``) on a per-head
+      cache: ``"auto"`` (the Pallas kernels on a GPU, ``kernels.dense_attention`` /
+      ``dense_decode``; the jnp reference elsewhere), ``"pallas"``, ``"mosaic"`` or ``"xla"``.
+      Ada-KV's flat buffer and the scorers' own passes are jnp whatever it says.
+    interpret: run those kernels in Pallas interpret mode (tests on a CPU).
     capacity_bits: None (the compacted cache holds the block multiple it needs), or the
       significant bits of its size (``compact.bucket``: ``2 ** bits`` sizes per doubling), so
       that layers and batches that keep nearby counts (PyramidKV's layer budgets, KVzip's
@@ -99,6 +104,8 @@ class CompressionMethod(Scorer):
   softcap: float | None = None
   sliding_window: int | None = None
   capacity_bits: int | None = None
+  impl: Impl = "auto"
+  interpret: bool = False
 
   name: ClassVar[str] = ""
   prefill_group: ClassVar[PrefillGroup | None] = PrefillGroup.COMPRESSION
@@ -309,7 +316,8 @@ class CompressionMethod(Scorer):
     """Exact attention of ``q [B, N, S, D]`` over either layout, then ``observe`` ->
     ``(out [B, N, S, D], state)``."""
     out, lse, seen = layout.of(cache).attend(q, cache, positions, scale, self.softcap,
-                                             self.sliding_window)
+                                             self.sliding_window, impl=self.impl,
+                                             interpret=self.interpret)
     state = dict(state, next_pos=jnp.maximum(
         state["next_pos"], jnp.max(positions, axis=-1).astype(jnp.int32) + 1))
     scale = reference.default_scale(q.shape[-1], scale)

@@ -23,8 +23,9 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from pallas_kernels import Impl
+from sparse_attn import kernels
 from sparse_attn.cache import KVCache, write
-from sparse_attn.cache_attention import dense_over_cache
 from sparse_attn.compression import compact as compact_lib
 from sparse_attn.compression import flat
 
@@ -46,10 +47,19 @@ class PerHead:
     """The cache as ``[B, K, T]`` rows for scoring: itself."""
     return cache
 
-  def attend(self, q, cache: KVCache, positions, scale, softcap=None, window=None):
+  def attend(self, q, cache: KVCache, positions, scale, softcap=None, window=None, *,
+             impl: Impl = "xla", interpret: bool = False):
     """Exact causal attention of ``q [B, N, S, D]`` -> ``(out, lse [B, N, S], view)``
-    (``softcap``: the attention-logit soft-cap; ``window``: a sliding window)."""
-    out, lse = dense_over_cache(q, cache, positions, scale, softcap=softcap, window=window)
+    (``softcap``: the attention-logit soft-cap; ``window``: a sliding window; ``impl``: the
+    kernels', ``kernels.dense_attention``'s, or for one query without a window the split-K
+    ``kernels.dense_decode``'s: every kept slot is at or before the newest token's position,
+    and a negative position is an inactive row there too)."""
+    if q.shape[2] == 1 and window is None:
+      out, lse = kernels.dense_decode(q[:, :, 0], cache, positions[:, 0], scale, impl=impl,
+                                      interpret=interpret, softcap=softcap)
+      return out[:, :, None], lse[:, :, None], cache
+    out, lse = kernels.dense_attention(q, cache, positions, scale, window=window,
+                                       softcap=softcap, impl=impl, interpret=interpret)
     return out, lse, cache
 
   def append(self, cache: KVCache, k, v, positions) -> KVCache:
@@ -100,9 +110,12 @@ class Flat:
     """The buffer as ``[B, K, Tf]`` rows for scoring (``flat.heads_view``)."""
     return flat.heads_view(cache)
 
-  def attend(self, q, cache: flat.FlatKVCache, positions, scale, softcap=None, window=None):
+  def attend(self, q, cache: flat.FlatKVCache, positions, scale, softcap=None, window=None, *,
+             impl: Impl = "xla", interpret: bool = False):
     """Exact causal attention of ``q [B, N, S, D]`` (own head's slots) -> ``(out, lse, view)``
-    (``softcap``: the attention-logit soft-cap; ``window``: a sliding window)."""
+    (``softcap``: the attention-logit soft-cap; ``window``: a sliding window; ``impl``,
+    ``interpret``: unused, no kernel reads a flat buffer)."""
+    del impl, interpret
     out, lse = flat.attend(q, cache, positions, scale, softcap, window)
     return out, lse, flat.heads_view(cache)
 

@@ -103,7 +103,8 @@ class RocketKV(SnapKV):
     cache = layout.of(cache).append(cache, k, v, positions)
     q0 = q[:, :, 0]
     sel = self.stage2.select(q0, cache)
-    out, _ = kernels.sparse_decode(q0, cache, sel, scale, softcap=self.softcap,
+    out, _ = kernels.sparse_decode(q0, cache, sel, scale, impl=self.impl,
+                                   interpret=self.interpret, softcap=self.softcap,
                                    positions=positions[:, 0])
     state = dict(state, next_pos=jnp.maximum(state["next_pos"], positions[:, 0] + 1))
     return out[:, :, None].astype(q.dtype), cache, state

@@ -21,3 +21,14 @@ def test_retro_window_step_at_8b_has_no_spill():
     assert r["registers"] > 0 and r["spill_bytes"] == 0, r
   [combine] = [r for r in launches if r["name"] == "split_combine"]
   assert combine["grid"][:2] == (1, 8) and combine["grid"][2] > 1, combine
+
+
+@pytest.mark.parametrize("spec", ["tidaldecode", "rocketkv"])
+def test_token_decoders_steps_compile_without_spills(spec):
+  """TidalDecode (a selection layer, then a reuse layer reading its relay) and RocketKV (a
+  compression method, no ``impl`` in its spec: swept as a GPU's ``"auto"`` runs it) reach the
+  sparse decode kernel over their token lists, and nothing spills."""
+  launches = ptx_steps.step_launches(spec, 8192, 1)
+  assert "sparse_decode" in [r["name"] for r in launches], launches
+  for r in launches:
+    assert r["registers"] > 0 and r["spill_bytes"] == 0, r

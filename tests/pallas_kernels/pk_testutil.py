@@ -101,14 +101,22 @@ POOL = [
     (1, 2, 4, 128, 16, 96, 12, True, F32, 1),
     (2, 2, 3, 128, 32, 8, 8, True, BF16, 11),
 ]
+# Token lists (block_size 1: an entry is one slot, ``num_blocks`` the slots): longer lists than
+# a split's 256-token floor (several splits, given or heuristic), one shorter than a tile.
+TOKEN_POOL = [
+    (2, 2, 3, 64, 1, 320, 90, False, BF16, None),
+    (1, 2, 4, 64, 1, 640, 560, True, F32, 3),
+    (2, 1, 2, 128, 1, 96, 10, True, BF16, 2),
+]
 _FIELDS = ("batch", "hkv", "group", "head_dim", "block_size", "num_blocks", "list_len",
            "per_head", "dtype", "num_splits")
 
 
 @st.composite
-def pooled_cases(draw, windows=None):
-  """A case with a shape from ``POOL`` (and a window from ``windows``) and a fresh seed."""
-  shape = dict(zip(_FIELDS, draw(st.sampled_from(POOL))))
+def pooled_cases(draw, windows=None, pool=None):
+  """A case with a shape from ``pool`` (default ``POOL``; and a window from ``windows``) and a
+  fresh seed."""
+  shape = dict(zip(_FIELDS, draw(st.sampled_from(POOL if pool is None else pool))))
   if windows is not None:
     shape.update(window=draw(st.sampled_from(windows)), multi=True)
   return Case(**shape, seed=draw(st.integers(0, 2**31 - 1)))

@@ -117,14 +117,12 @@ def test_16_bit_steps_match_reference(shape, mma, seed, with_pos):
 def _group_lists(case, idx, n_valid):
   """``decode_partials``' lists: group lists as given, per-head ones as their union with a
   per-(entry, row) bit (what ``sparse_decode`` hands it)."""
-  from pallas_kernels import _union  # pylint: disable=g-import-not-at-top
   from pallas_kernels.sparse_decode import checked_lists  # pylint: disable=g-import-not-at-top
   q_dummy = jnp.zeros((case.batch, case.hq, case.head_dim), case.dtype)
   k_dummy = jnp.zeros((case.batch, case.hkv, case.t, case.head_dim), case.dtype)
   _, lists = checked_lists(q_dummy, k_dummy, idx, n_valid, case.block_size, None)
-  u_idx, u_nv, words = lists
-  bits = None if words is None else _union.head_bits(words)[..., 0]
-  return u_idx, u_nv, bits
+  u_idx, u_nv, bits = lists
+  return u_idx, u_nv, None if bits is None else bits[..., 0]
 
 
 def test_mma_is_for_16_bit_plain_steps():

@@ -51,6 +51,35 @@ def test_auto_per_device_and_measured_table(monkeypatch):
   assert resolve("mosaic", "block_select", capability=9.0) == "pallas"
 
 
+def test_token_lists_never_resolve_to_mosaic(monkeypatch):
+  """One slot an entry: no Mosaic kernel (TMA moves whole blocks), so Triton, else the jnp path."""
+  resolve, op = backends.resolve_impl, backends.list_op("sparse_decode", 1)
+  monkeypatch.setattr(backends, "_noticed", True)
+  assert backends.list_op("sparse_decode", 16) == "sparse_decode"
+  for impl in ("auto", "mosaic"):
+    assert resolve(impl, op, capability=9.0) == "pallas"
+  monkeypatch.setattr(backends, "triton_available", lambda: False)
+  assert resolve("auto", op, capability=9.0) == resolve("mosaic", op, capability=9.0) == "xla"
+  assert resolve("auto", "sparse_decode", capability=9.0) == (
+      "mosaic" if backends.mosaic_available() else "xla")
+
+
+def test_assume_capability_is_scoped(monkeypatch):
+  """Inside ``assume_capability``, ``auto`` resolves as on that GPU; outside, as here."""
+  monkeypatch.setattr(backends, "_noticed", True)
+  here = backends.device_capability()
+  with backends.assume_capability(9.0):
+    assert backends.device_capability() == 9.0
+    assert backends.resolve_impl("auto", "sparse_decode") == "pallas"
+    with backends.assume_capability(8.0):
+      assert backends.device_capability() == 8.0
+    assert backends.device_capability() == 9.0
+  assert backends.device_capability() == here
+  with pytest.raises(RuntimeError), backends.assume_capability(9.0):
+    raise RuntimeError("left by an exception")
+  assert backends.device_capability() == here
+
+
 def test_triton_notice_is_one_line_and_silences_jax(monkeypatch):
   monkeypatch.setattr(backends, "_noticed", False)
   monkeypatch.setattr(jax, "__version__", "0.11.2")

@@ -16,7 +16,8 @@ import pytest
 
 from pallas_kernels import sparse_decode
 
-from pallas_kernels.shapes import BF16, F32, I32, KERNELS, MODELS, S, kernel_avals
+from pallas_kernels.shapes import (BF16, F32, I32, KERNELS, MODELS, S, TOKEN_KERNELS,
+                                   TOKEN_MODELS, kernel_avals)
 
 TRITON_CALL = "__gpu$xla.gpu.triton"
 
@@ -32,6 +33,17 @@ def export_cuda(fn, *avals) -> str:
 @pytest.mark.parametrize("kernel,per_head", KERNELS)
 def test_lowers_for_cuda(kernel, per_head, model):
   fn, avals, bs = kernel_avals(kernel, model, per_head)
+  text = export_cuda(functools.partial(fn, block_size=bs, impl="pallas"), *avals)
+  targets = set(re.findall(r"custom_call @([\w$.]+)", text))
+  assert targets == {TRITON_CALL}, targets
+
+
+@pytest.mark.parametrize("model", sorted(TOKEN_MODELS))
+@pytest.mark.parametrize("kernel,per_head", TOKEN_KERNELS)
+def test_token_lists_lower_for_cuda(kernel, per_head, model):
+  """Lists of single slots (block_size 1) through the same Triton kernels."""
+  fn, avals, bs = kernel_avals(kernel, model, per_head)
+  assert bs == 1
   text = export_cuda(functools.partial(fn, block_size=bs, impl="pallas"), *avals)
   targets = set(re.findall(r"custom_call @([\w$.]+)", text))
   assert targets == {TRITON_CALL}, targets

@@ -41,6 +41,19 @@ def test_kernel_is_pipelined_within_h100_shared_memory(kernel, per_head, model, 
     assert rep.ring_depth >= 2 and rep.stages_in_flight >= 2, str(rep)
 
 
+@pytest.mark.parametrize("model", sorted(shapes.TOKEN_MODELS))
+@pytest.mark.parametrize("kernel,per_head", shapes.TOKEN_KERNELS)
+def test_token_list_kernels_do_not_spill(kernel, per_head, model, tmp_path):
+  """Token lists (one slot an entry: a tile gathers 64-128 scattered rows) within shared memory,
+  pipelined, and without register spills at the Llama-3.1-8B shape."""
+  fn, avals, bs = shapes.kernel_avals(kernel, model, per_head)
+  for rep in reports(functools.partial(fn, block_size=bs, impl="pallas"), avals, tmp_path):
+    assert rep.shared_bytes <= ptx.H100_SMEM_PER_BLOCK, str(rep)
+    assert rep.registers > 0 and rep.spill_bytes == 0, str(rep)
+    if rep.name != "split_combine":
+      assert rep.ring_depth >= 2 and rep.stages_in_flight >= 2, str(rep)
+
+
 def test_check_fails_for_the_unpipelined_configuration(tmp_path):
   """num_stages=2 with one block per iteration (the old kernel): a single buffer, waited empty."""
   fn, avals, bs = shapes.kernel_avals("sparse_decode", "llama31_8b", False)

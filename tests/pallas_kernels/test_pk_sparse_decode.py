@@ -9,10 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pallas_kernels import sparse_decode, sparse_decode_reference
 from sparse_attn import reference as dense
-from pk_testutil import Case, assert_attention_close, cases, pooled_cases
+from pk_testutil import TOKEN_POOL, Case, assert_attention_close, cases, pooled_cases
 
 INTERPRET = True
 reference = jax.jit(sparse_decode_reference, static_argnames=("block_size", "scale"))
@@ -55,6 +56,22 @@ def test_kernel_matches_reference(case):
 @given(case=cases())
 def test_kernel_matches_reference_random_shapes(case):
   check_kernel(case)
+
+
+@settings(max_examples=8, deadline=None)
+@given(case=pooled_cases(pool=TOKEN_POOL), hole_share=st.sampled_from((0.0, 0.2)))
+def test_token_lists_match_reference(case, hole_share):
+  """Lists of single slots (TidalDecode, RocketKV, Twilight, the oracle top-k): the kernel
+  gathers a tile of scattered slots; empty slots (``pos < 0``, a compacted cache's holes)
+  are never attended."""
+  q, k, v, idx, n_valid, length, _ = case.arrays()
+  rng = np.random.default_rng(case.seed)
+  pos = np.where(rng.random(k.shape[:3]) < hole_share, -1, np.arange(case.t))
+  pos = jnp.asarray(pos, jnp.int32)
+  out, lse = run_kernel(case, q, k, v, idx, n_valid, length, num_splits=case.num_splits,
+                        pos=pos)
+  ref_out, ref_lse = reference(q, k, v, idx, n_valid, length, block_size=1, pos=pos)
+  assert_attention_close(out, lse, ref_out, ref_lse, case.dtype)
 
 
 @settings(max_examples=10, deadline=None)

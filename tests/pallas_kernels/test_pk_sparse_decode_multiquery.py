@@ -12,7 +12,7 @@ from pallas_kernels import (sparse_decode, sparse_decode_multiquery,
                             sparse_decode_multiquery_reference)
 from pallas_kernels.sparse_decode_multiquery import merge_carry
 from sparse_attn import reference as dense
-from pk_testutil import Case, assert_attention_close, cases, pooled_cases
+from pk_testutil import TOKEN_POOL, Case, assert_attention_close, cases, pooled_cases
 
 INTERPRET = True
 reference = jax.jit(sparse_decode_multiquery_reference,
@@ -94,6 +94,13 @@ def test_kernel_matches_reference(case):
 @settings(max_examples=8, deadline=None)
 @given(case=cases(windows=(1, 2, 4, 5), max_list=8))
 def test_kernel_matches_reference_random_shapes(case):
+  check_kernel(case)
+
+
+@settings(max_examples=5, deadline=None)
+@given(case=pooled_cases(windows=(3,), pool=TOKEN_POOL))
+def test_token_lists_match_reference(case):
+  """RetroAttention's window over a token selection: one slot an entry."""
   check_kernel(case)
 
 

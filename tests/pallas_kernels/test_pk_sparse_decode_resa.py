@@ -12,7 +12,7 @@ from hypothesis import given, settings
 
 from pallas_kernels import sparse_decode, sparse_decode_resa, sparse_decode_resa_reference
 from sparse_attn import reference as dense
-from pk_testutil import Case, assert_attention_close, cases, pooled_cases
+from pk_testutil import TOKEN_POOL, Case, assert_attention_close, cases, pooled_cases
 
 INTERPRET = True
 reference = jax.jit(sparse_decode_resa_reference, static_argnames=("block_size", "scale"))
@@ -53,6 +53,13 @@ def test_kernel_matches_reference(case):
 @settings(max_examples=8, deadline=None)
 @given(case=cases())
 def test_kernel_matches_reference_random_shapes(case):
+  check_kernel(case)
+
+
+@settings(max_examples=6, deadline=None)
+@given(case=pooled_cases(pool=TOKEN_POOL))
+def test_token_lists_match_reference(case):
+  """RESA over a token selection (``topk+resa``): one slot an entry."""
   check_kernel(case)
 
 

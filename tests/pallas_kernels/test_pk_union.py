@@ -75,6 +75,21 @@ def test_union_lists_equals_a_brute_force_with_duplicates(b, hkv, g, n, nb, seed
           assert w in pairs[(blk, gi)] if (blk, gi) in pairs else w == 0
 
 
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 2), hkv=st.integers(1, 3), g=st.integers(1, 8), n=st.integers(1, 9),
+       nb=st.integers(1, 20), seed=st.integers(0, 2**31 - 1))
+def test_union_head_bits_is_union_lists_as_bits(b, hkv, g, n, nb, seed):
+  """The single-query kernels' union (bits only, no per-head word map) is ``union_lists``'
+  union with ``head_bits`` of its words, every array whole (duplicates, junk past n_valid)."""
+  rng = np.random.default_rng(seed)
+  idx = jnp.asarray(rng.integers(-2, nb + 2, (b, hkv * g, n)), jnp.int32)
+  n_valid = jnp.asarray(rng.integers(0, n + 1, (b, hkv * g)), jnp.int32)
+  u, nu, words = _union.union_lists(idx, n_valid, g, nb)
+  got = _union.union_head_bits(idx, n_valid, g, nb)
+  for a, want in zip(got, (u, nu, _union.head_bits(words))):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(want))
+
+
 # batch, hkv, group, head_dim, block_size, num_blocks, list_len, per_head, dtype, num_splits
 SHAPES = [
     (1, 2, 7, 96, 16, 80, 40, True, jnp.bfloat16, None),  # Qwen's G = 7, D = 96, 2 splits
