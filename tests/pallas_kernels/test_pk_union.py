@@ -75,7 +75,7 @@ def test_union_lists_equals_a_brute_force_with_duplicates(b, hkv, g, n, nb, seed
           assert w in pairs[(blk, gi)] if (blk, gi) in pairs else w == 0
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=12, deadline=None)
 @given(b=st.integers(1, 2), hkv=st.integers(1, 3), g=st.integers(1, 8), n=st.integers(1, 9),
        nb=st.integers(1, 20), seed=st.integers(0, 2**31 - 1))
 def test_union_head_bits_is_union_lists_as_bits(b, hkv, g, n, nb, seed):
