@@ -80,7 +80,8 @@ class CompressionMethod(Scorer):
     impl: the attention over the cache (prefill chunks, decode steps, ``extend``) on a per-head
       cache: ``"auto"`` (the Pallas kernels on a GPU, ``kernels.dense_attention`` /
       ``dense_decode``; the jnp reference elsewhere), ``"pallas"``, ``"mosaic"`` or ``"xla"``.
-      Ada-KV's flat buffer and the scorers' own passes are jnp whatever it says.
+      Ada-KV's flat buffer and the scorers' own passes are jnp whatever it says. The kernels
+      need ``block_size`` a power of 2 >= 16 (the default); other sizes run ``"xla"``.
     interpret: run those kernels in Pallas interpret mode (tests on a CPU).
     capacity_bits: None (the compacted cache holds the block multiple it needs), or the
       significant bits of its size (``compact.bucket``: ``2 ** bits`` sizes per doubling), so
