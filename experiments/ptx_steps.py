@@ -6,8 +6,8 @@ r"""Registers, spills and shared memory of every Triton launch of whole decode s
 Each method's decode step (append, select, attend, enhancers) at a named attention shape
 (default Llama-3.1-8B's 32 query / 8 kv heads, head dim 128, bf16 cache) is exported for CUDA
 (``jax.export``, the lowering a GPU run compiles) with every op's ``impl`` resolved as on an
-sm_90 GPU (``backends.assume_capability``: what ``"auto"`` runs there, so compression methods,
-which take no ``impl``, are swept too; a spec's own ``impl=`` still wins). A compression method's
+sm_90 GPU (``backends.assume_capability``: what a GPU run's default ``impl="auto"`` runs
+there, compression methods included; a spec's own ``impl=`` still wins). A compression method's
 cache is the size it decodes over (``decode_capacity``: the kept share of the context);
 TidalDecode's step is a selection layer followed by a reuse layer, which reads its relay. Each
 of the step's Pallas-Triton calls is compiled

@@ -12,7 +12,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels.backends import IMPLS, Impl, list_op, resolve_impl  # pylint: disable=unused-import
+# pylint: disable-next=unused-import
+from pallas_kernels.backends import IMPLS, Impl, list_op, resolve_impl
 
 # Triton's tl.dot needs every operand dimension >= 16.
 MIN_DOT_ROWS = 16
@@ -66,6 +67,21 @@ def min_entries_per_split(entry_size: int) -> int:
   """Fewest list entries of ``entry_size`` slots a split should own: ``MIN_BLOCKS_PER_SPLIT``
   blocks, and at least ``MIN_TOKENS_PER_SPLIT`` tokens for smaller entries (token lists)."""
   return max(MIN_BLOCKS_PER_SPLIT, MIN_TOKENS_PER_SPLIT // entry_size)
+
+
+def split_bounds(n_valid, split, *, list_len: int, max_splits: int, blocks_per_iter: int,
+                 min_blocks: int = MIN_BLOCKS_PER_SPLIT):
+  """``[lo, hi)`` list entries of split ``split`` given the dynamic ``n_valid`` (traced ints).
+
+  ``ceil(n_valid / min_blocks)`` splits (at most ``max_splits``, at least 1) share the list in
+  slices of a multiple of ``blocks_per_iter`` entries; splits past them get ``lo == hi``.
+  """
+  nv = jnp.clip(n_valid, 0, list_len)
+  used = jnp.clip((nv + min_blocks - 1) // min_blocks, 1, max_splits)
+  chunk = (nv + used - 1) // used
+  chunk = (chunk + blocks_per_iter - 1) // blocks_per_iter * blocks_per_iter
+  lo = jnp.minimum(split * chunk, nv)
+  return lo, jnp.minimum(lo + chunk, nv)
 
 
 def check_entry_size(entry_size: int, t: int) -> int:

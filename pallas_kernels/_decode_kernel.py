@@ -58,9 +58,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 import jax.numpy as jnp
 
-from pallas_kernels._common import (MIN_BLOCKS_PER_SPLIT, MIN_DOT_ROWS, TileConfig,
-                                    attended_length, choose_num_splits, min_entries_per_split,
-                                    pad_rows, tokens_per_iter)
+from pallas_kernels._common import (MIN_DOT_ROWS, TileConfig, attended_length,
+                                    choose_num_splits, min_entries_per_split, pad_rows,
+                                    split_bounds, tokens_per_iter)
 from pallas_kernels.softmax import soft_cap
 from pallas_kernels.split_combine import split_combine_pairs
 from pallas_kernels.backends import triton_module
@@ -94,21 +94,6 @@ def _finish(carry):
   out = jnp.where(ok[:, None], acc / safe[:, None], 0.0)
   lse = jnp.where(ok, m + jnp.log(safe), NEG_INF)
   return out, lse
-
-
-def split_bounds(n_valid, split, *, list_len: int, max_splits: int, blocks_per_iter: int,
-                 min_blocks: int = MIN_BLOCKS_PER_SPLIT):
-  """``[lo, hi)`` list entries of split ``split`` given the dynamic ``n_valid`` (traced ints).
-
-  ``ceil(n_valid / min_blocks)`` splits (at most ``max_splits``, at least 1) share the list in
-  slices of a multiple of ``blocks_per_iter`` entries; splits past them get ``lo == hi``.
-  """
-  nv = jnp.clip(n_valid, 0, list_len)
-  used = jnp.clip((nv + min_blocks - 1) // min_blocks, 1, max_splits)
-  chunk = (nv + used - 1) // used
-  chunk = (chunk + blocks_per_iter - 1) // blocks_per_iter * blocks_per_iter
-  lo = jnp.minimum(split * chunk, nv)
-  return lo, jnp.minimum(lo + chunk, nv)
 
 
 def _decode_kernel(*refs, block_size: int, scale: float, rows: int, head_dim: int,

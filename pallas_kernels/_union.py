@@ -24,6 +24,11 @@ import jax.numpy as jnp
 MAX_GROUP = 32  # one bit per head in an int32 word
 
 
+def _check_group(group: int) -> None:
+  if group > MAX_GROUP:
+    raise ValueError(f"per-head selection supports groups of at most {MAX_GROUP}, got {group}")
+
+
 def _targets(block_idx, n_valid, group: int, num_blocks: int):
   """``blk [B, K, U]`` each entry's block (``num_blocks``, out of range, past ``n_valid``: its
   stores are dropped) and ``head [B, K, U]`` its head within the group."""
@@ -93,8 +98,7 @@ def union_head_bits(block_idx, n_valid, group: int, num_blocks: int):
   ``[B, K, NB]`` int32 word a block, where ``union_lists`` writes and compacts a ``[B, K, NB, G]``
   int32 word per (block, head): a quarter of the bytes per head, which matters for token lists
   (NB = the cache's slots)."""
-  if group > MAX_GROUP:
-    raise ValueError(f"per-head selection supports groups of at most {MAX_GROUP}, got {group}")
+  _check_group(group)
   blk, head = _targets(block_idx, n_valid, group, num_blocks)
   b, kh, u = blk.shape
   bi = jnp.arange(b)[:, None, None]
@@ -110,8 +114,7 @@ def union_head_bits(block_idx, n_valid, group: int, num_blocks: int):
 def head_bits(words):
   """``[..., G]`` per-head words -> ``[..., 1]`` int32 with bit ``g`` set where word ``g != 0``."""
   g = words.shape[-1]
-  if g > MAX_GROUP:
-    raise ValueError(f"per-head selection supports groups of at most {MAX_GROUP}, got {g}")
+  _check_group(g)
   bits = jnp.left_shift(jnp.int32(1), jnp.arange(g, dtype=jnp.int32))
   return jnp.sum(jnp.where(words != 0, bits, 0), axis=-1, keepdims=True, dtype=jnp.int32)
 

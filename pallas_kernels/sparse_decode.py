@@ -283,7 +283,7 @@ def dense_decode(q, k, v, length, *, block_size: int, scale: float | None = None
                          interpret=interpret, num_warps=num_warps, num_stages=num_stages,
                          blocks_per_iter=blocks_per_iter, **kw)
   softcap = check_softcap(softcap)
-  _common.check_entry_size(block_size, k.shape[2])
+  _common.check_block_size(block_size, k.shape[2])
   b, hq, d = q.shape
   hkv = k.shape[1]
   selection_rows(hq, hkv, hkv)

@@ -186,13 +186,10 @@ def _listed(cache: KVCache, sel: Selection):
 
 def _run(op, reference, cache: KVCache, sel: Selection, impl: Impl, interpret: bool, *args,
          **kw):
-  """``op`` over the selection's entries (blocks, or single slots for a token selection);
-  its ``reference`` directly for ``impl="xla"`` (the op would resolve to it anyway)."""
+  """``op`` over the selection's entries (blocks, or single slots for a token selection)."""
   if sel.granularity not in (1, cache.block_size):
     raise ValueError(f"a selection of {sel.granularity}-slot entries over a cache of "
                      f"{cache.block_size}-slot blocks")
-  if impl == "xla":
-    return reference(*args, block_size=sel.granularity, pos=cache.pos, **kw)
   return op(*args, block_size=sel.granularity, pos=cache.pos, impl=impl, interpret=interpret,
             **kw)
 

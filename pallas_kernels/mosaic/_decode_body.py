@@ -13,8 +13,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 import jax.numpy as jnp
 
-from pallas_kernels._common import attended_length
-from pallas_kernels._decode_kernel import split_bounds
+from pallas_kernels._common import attended_length, split_bounds
 from pallas_kernels.mosaic import _common as mc
 from pallas_kernels.softmax import soft_cap
 

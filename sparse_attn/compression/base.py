@@ -77,11 +77,9 @@ class CompressionMethod(Scorer):
       attention weights (SnapKV, TOVA, H2O) see capped logits.
     sliding_window: the layer's attention window (Mistral, Gemma's local layers; None =
       unlimited), set by ``with_sliding_window``: see there.
-    impl: the attention over the cache (prefill chunks, decode steps, ``extend``) on a per-head
-      cache: ``"auto"`` (the Pallas kernels on a GPU, ``kernels.dense_attention`` /
-      ``dense_decode``; the jnp reference elsewhere), ``"pallas"``, ``"mosaic"`` or ``"xla"``.
-      Ada-KV's flat buffer and the scorers' own passes are jnp whatever it says. The kernels
-      need ``block_size`` a power of 2 >= 16 (the default); other sizes run ``"xla"``.
+    impl: ``kernels.dense_attention`` / ``dense_decode``'s over a per-head cache (``"auto"``:
+      the kernels on a GPU, which need ``block_size`` a power of 2 >= 16; jnp elsewhere, and
+      always over Ada-KV's flat buffer and in the scorers' own passes).
     interpret: run those kernels in Pallas interpret mode (tests on a CPU).
     capacity_bits: None (the compacted cache holds the block multiple it needs), or the
       significant bits of its size (``compact.bucket``: ``2 ** bits`` sizes per doubling), so

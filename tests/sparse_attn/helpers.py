@@ -1,5 +1,9 @@
-"""Random problems shared by the sparse_attn tests (fresh normal data, never zeros)."""
+"""Random problems shared by the sparse_attn tests (fresh normal data, never zeros), and a spy
+on the Pallas kernels a call traces."""
 
+import sys
+
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -61,3 +65,27 @@ def prefill_then_decode(m, rng, lengths, *, capacity, head_dim, steps, dtype=jnp
     out, cache, state = step(q1, k1, v1, cache, state, p)
     outs.append(out)
   return outs, prompt_cache, cache
+
+
+def traced_kernels(monkeypatch) -> list[tuple[str, int | None]]:
+  """``(kernel, entry size)`` of each Pallas decode or chunk kernel traced from now on (the jit
+  caches are cleared first, so nothing traced before is reused): ``("decode", block_size)``
+  for the split-K decode kernels, ``("chunk", None)`` for ``chunk_attention``'s."""
+  jax.clear_caches()
+  seen = []
+  decode = sys.modules["pallas_kernels._decode_kernel"].decode_partials
+
+  def spy_decode(*args, **kw):
+    seen.append(("decode", kw["block_size"]))
+    return decode(*args, **kw)
+  for name in ("_decode_kernel", "sparse_decode", "sparse_decode_resa",
+               "sparse_decode_multiquery"):
+    monkeypatch.setattr(sys.modules[f"pallas_kernels.{name}"], "decode_partials", spy_decode)
+  chunk_module = sys.modules["pallas_kernels.chunk_attention"]
+  chunk = chunk_module._chunk_attention_kernel  # pylint: disable=protected-access
+
+  def spy_chunk(*args, **kw):
+    seen.append(("chunk", None))
+    return chunk(*args, **kw)
+  monkeypatch.setattr(chunk_module, "_chunk_attention_kernel", spy_chunk)
+  return seen

@@ -5,9 +5,6 @@ path: prompt chunks (``chunk_attention``), decode steps over the compacted cache
 layer, and with Ada-KV's flat buffer (Expected Attention's default; no kernel reads it, so its
 decode is jnp either way, its prompt chunks are not)."""
 
-import sys
-
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -18,22 +15,6 @@ from tests.sparse_attn import helpers
 B, HQ, HKV, CAP, D = 2, 4, 2, 64, 16
 CASES = [("snapkv", None), ("expected_attention", None), ("knorm", None), ("snapkv", 24),
          ("snapkv:head_budget=adakv", None)]
-
-
-def _kernels_traced(monkeypatch):
-  """Names of the Pallas kernels traced from now (jit caches cleared first)."""
-  jax.clear_caches()
-  seen = []
-  decode, chunk = (sys.modules[f"pallas_kernels.{m}"] for m in ("sparse_decode",
-                                                                "chunk_attention"))
-  for module, name in ((decode, "decode_partials"), (chunk, "_chunk_attention_kernel")):
-    traced = getattr(module, name)
-
-    def spy(*args, _traced=traced, _name=name, **kw):
-      seen.append(_name)
-      return _traced(*args, **kw)
-    monkeypatch.setattr(module, name, spy)
-  return seen
 
 
 def _run(spec, window, impl):
@@ -63,12 +44,12 @@ def _run(spec, window, impl):
 @pytest.mark.parametrize("spec,window", CASES)
 def test_kernel_path_equals_jnp_path(spec, window, monkeypatch):
   want = _run(spec, window, "xla")
-  traced = _kernels_traced(monkeypatch)
+  traced = helpers.traced_kernels(monkeypatch)
   got = _run(spec, window, "pallas")
-  assert "_chunk_attention_kernel" in traced, traced  # the prompt chunk
+  assert ("chunk", None) in traced, traced  # the prompt chunk
   flat = methods.make(spec).head_budget == "adakv"  # Expected Attention's default too
   # one query without a window: the split-K decode kernel (not over Ada-KV's flat buffer)
-  assert ("decode_partials" in traced) == (window is None and not flat), traced
+  assert (("decode", 16) in traced) == (window is None and not flat), traced
   for a, b in zip(got, want):
     a, b = np.asarray(a), np.asarray(b)
     assert np.all(np.isfinite(a)) and not np.any(a[1])  # the padding row is empty

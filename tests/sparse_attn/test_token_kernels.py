@@ -4,9 +4,7 @@ outputs with ``impl="pallas"`` as with their jnp path (``impl="xla"``), with a p
 the kernel really runs (a token list reaches it with one slot an entry)."""
 
 import dataclasses
-import sys
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -16,22 +14,6 @@ from tests.sparse_attn import helpers
 
 CAP, D = 64, 16
 SPECS = ["topk", "topk:gqa=group", "streaming", "twilight", "rocketkv"]
-
-
-def _entry_sizes(monkeypatch):
-  """The entry sizes of the lists the Triton decode kernel is traced with (from now: the jit
-  caches are cleared, so nothing traced before is reused)."""
-  jax.clear_caches()
-  module = sys.modules["pallas_kernels._decode_kernel"]
-  seen, traced = [], module.decode_partials
-
-  def spy(*args, **kw):
-    seen.append(kw["block_size"])
-    return traced(*args, **kw)
-  monkeypatch.setattr(module, "decode_partials", spy)
-  for name in ("sparse_decode", "sparse_decode_resa", "sparse_decode_multiquery"):
-    monkeypatch.setattr(sys.modules[f"pallas_kernels.{name}"], "decode_partials", spy)
-  return seen
 
 
 def _decode(spec, impl, steps=3, **kw):
@@ -47,9 +29,9 @@ def _decode(spec, impl, steps=3, **kw):
 @pytest.mark.parametrize("spec", SPECS)
 def test_token_decoders_match_their_jnp_path(spec, monkeypatch):
   want = _decode(spec, "xla")
-  sizes = _entry_sizes(monkeypatch)
+  traced = helpers.traced_kernels(monkeypatch)
   got = _decode(spec, "pallas")
-  assert 1 in sizes, sizes  # the kernel ran over a token list
+  assert ("decode", 1) in traced, traced  # the kernel ran over a token list
   for a, b in zip(got, want):
     a, b = np.asarray(a), np.asarray(b)
     assert np.all(np.isfinite(a)) and not np.any(a[1])  # the padding row is empty
@@ -65,13 +47,13 @@ def test_tidal_reuse_layer_matches_its_jnp_path(monkeypatch):
   k, v = (helpers.normal(rng, (b, hkv, 1, D)) for _ in range(2))
   positions = jnp.asarray([[50], [17]], jnp.int32)
   outs = {}
-  sizes = _entry_sizes(monkeypatch)
+  traced = helpers.traced_kernels(monkeypatch)
   for impl in ("xla", "pallas"):
     m = methods.make("tidaldecode", budget=12, impl=impl, interpret=impl == "pallas")
     select, reuse = (dataclasses.replace(m, role=r) for r in ("select", "reuse"))
     state = m.init_state(b, hq, hkv, D, CAP)
     _, _, _, relay = select.decode_relay(q, k, v, cache, state, None, positions)
     outs[impl], *_ = reuse.decode_relay(q, k, v, cache, state, relay, positions)
-  assert 1 in sizes, sizes
+  assert ("decode", 1) in traced, traced
   np.testing.assert_allclose(np.asarray(outs["pallas"]), np.asarray(outs["xla"]),
                              **helpers.tol(jnp.float32))
