@@ -40,6 +40,9 @@
 #   8c. profile_retro: the same at 32k for Retro Table 6's base and its w = 8 window (issue 51
 #      item 3: where w = 8's 30-32% of throughput goes, against the paper's 5-7%), the window's
 #      attended keys counted in the kernel (the default) and in XLA ops (exposed=xla);
+#   8d. flat_decode: the decode over Ada-KV's flat buffer (Expected Attention's default) at 32k /
+#      128k kept at 0.5, batch 1 and 8: the kernel vs the jnp form it replaced vs a per-head
+#      cache of the same bytes (experiments/flat_decode_bench.py; issue 55's decode path);
 #   9. profile_e2e: the same for whole-model steps of the random Llama-3.1-8B at 32k (what the
 #      end-to-end ms per token is made of, next to the untraced wall clock), with the optimized
 #      HLO of those programs ($OUT/hlo_e2e.tgz) to read the profile's fusion names in.
@@ -84,6 +87,7 @@ SELECT=(--select_entries=8192,2048 --select_rows=8 --select_bits=1 --select_warp
 MOSAIC_SWEEP=(--contexts=8192,32768,131072 --iters= --mosaic=mma,rows --mosaic_tokens=64,128
               --mosaic_stages=3)  # 24 rows; --mosaic_stages=2,3,4 in a lease of its own
 PROFILE=(--steps=32 --calls=2)
+FLAT=(--contexts=32768,131072)
 PROFILE_E2E=(--shape=llama-3.1-8b --context=32768 --steps=8 --calls=2 --top=30)
 CTX_SMALL=(131072 32768)
 MOSAIC=dense,dense:impl=mosaic,quest:gqa=group,quest:gqa=group,impl=mosaic
@@ -110,6 +114,7 @@ if [ "$QUICK" = 1 ]; then
   MOSAIC_SWEEP=(--contexts=256 --iters= --mosaic=mma,rows --mosaic_tokens=64 --mosaic_stages=2
                 --steps=1 --repeats=1 --interpret)
   PROFILE=(--steps=2 --calls=1 --interpret)
+  FLAT=(--contexts=256 --steps=2 --repeats=1 --interpret)
   PROFILE_E2E=(--shape=tiny --dtype=float32 --context=128 --steps=2 --calls=1 --interpret)
   CTX_SMALL=(256 256)
   MOSAIC=dense,dense:impl=mosaic,interpret=true,quest:gqa=group
@@ -180,6 +185,9 @@ for name in $PARTS; do
     profile_32k) part profile_32k 60 python3 -m experiments.profile_step \
         --context="${CTX_SMALL[1]}" --impl=pallas "${PROFILE[@]}" \
         --methods=quest:gqa=group,dense ;;
+    flat_decode) part flat_decode 90 bash -c 'for b in 1 8; do python3 -m \
+        experiments.flat_decode_bench --batch=$b "$@" --out="$0/flat_decode.jsonl" || exit; \
+        done' "$OUT" "${FLAT[@]}" ;;
     profile_e2e) rm -rf /tmp/hlo_e2e
       part profile_e2e 240 env "XLA_FLAGS=--xla_dump_to=/tmp/hlo_e2e --xla_dump_hlo_as_text \
         --xla_dump_hlo_module_re=.*decode_program.*" python3 -m experiments.profile_step \

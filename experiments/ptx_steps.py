@@ -8,7 +8,8 @@ Each method's decode step (append, select, attend, enhancers) at a named attenti
 (``jax.export``, the lowering a GPU run compiles) with every op's ``impl`` resolved as on an
 sm_90 GPU (``backends.assume_capability``: what a GPU run's default ``impl="auto"`` runs
 there, compression methods included; a spec's own ``impl=`` still wins). A compression method's
-cache is the size it decodes over (``decode_capacity``: the kept share of the context);
+cache is the size it decodes over (``decode_capacity``: the kept share of the context), in the
+layout it decodes from (Ada-KV's flat buffer holds every kv head's share in one);
 TidalDecode's step is a selection layer followed by a reuse layer, which reads its relay. Each
 of the step's Pallas-Triton calls is compiled
 to sm_90 by the ``triton`` package (the ``ptx`` extra; ``pallas_kernels.ptx``); ``ptxas`` then
@@ -29,6 +30,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import backends, ptx
 from sparse_attn import methods
+from sparse_attn.compression import flat, layout
 
 FLAGS = flags.FLAGS
 
@@ -58,6 +60,16 @@ def decode_step(m):
   return step
 
 
+def decode_cache(m, batch: int, num_kv_heads: int, slots: int, head_dim: int, dtype):
+  """The cache ``m`` decodes over: ``slots`` per kv head, per head or, for a method whose
+  head budget compacts into Ada-KV's flat buffer, every head's in one ``[B, K slots, D]``."""
+  cache = m.init_cache(batch, num_kv_heads, slots, head_dim, dtype)
+  if getattr(getattr(m, "head_rule", None), "layout", None) is not layout.FLAT:
+    return cache
+  return flat.from_heads(cache.k, cache.v, cache.pos, cache.valid, num_kv_heads * slots,
+                         cache.block_size)[0]
+
+
 def step_launches(spec: str, context: int, batch: int, *, num_heads: int = 32,
                   num_kv_heads: int = 8, head_dim: int = 128, dtype=jnp.bfloat16,
                   capability: float = 9.0) -> list[dict]:
@@ -68,7 +80,7 @@ def step_launches(spec: str, context: int, batch: int, *, num_heads: int = 32,
   m = methods.make(spec)
   w = m.window
   slots = m.decode_capacity(context, 0) if hasattr(m, "decode_capacity") else context
-  cache = jax.eval_shape(lambda: m.init_cache(batch, num_kv_heads, slots, head_dim, dtype))
+  cache = jax.eval_shape(lambda: decode_cache(m, batch, num_kv_heads, slots, head_dim, dtype))
   state = jax.eval_shape(lambda: m.init_state(batch, num_heads, num_kv_heads, head_dim, slots,
                                               dtype))
   kv = jax.ShapeDtypeStruct((batch, num_kv_heads, w, head_dim), dtype)

@@ -17,6 +17,7 @@ from pallas_kernels.block_select import (block_select, block_select_budgeted, bl
                                          block_select_reference)
 from pallas_kernels.cache_append import cache_append, cache_append_reference
 from pallas_kernels.chunk_attention import chunk_attention, chunk_attention_reference
+from pallas_kernels.flat_decode import flat_decode, flat_decode_reference
 from pallas_kernels.score_select import score_select, score_select_reference
 from pallas_kernels.score_select import supported as score_select_supported
 from pallas_kernels.softmax import (check_softcap, default_scale, grouped_attention,
@@ -38,7 +39,8 @@ __all__ = [
     "block_score", "block_score_pooled", "block_score_reference", "block_score_pooled_reference",
     "block_select", "block_select_budgeted", "block_select_ranked", "block_select_reference",
     "cache_append", "cache_append_reference",
-    "chunk_attention", "chunk_attention_reference", "score_select", "score_select_reference",
+    "chunk_attention", "chunk_attention_reference", "flat_decode", "flat_decode_reference",
+    "score_select", "score_select_reference",
     "score_select_supported", "split_combine", "split_combine_pairs",
     "dense_decode", "sparse_decode", "sparse_decode_reference",
     "sparse_decode_resa", "sparse_decode_resa_reference",

@@ -1,8 +1,9 @@
 """The ops with a Pallas kernel, over a ``KVCache`` and a ``Selection``.
 
-One function per op (dense causal attention over the cache and its split-K decode step, block
-scores, the top-k select, sparse decode, RESA's partials, retro's window partials). Each adapts
-the cache and selection arrays to its ``pallas_kernels`` op and passes ``impl`` through: the op
+One function per op (dense causal attention over the cache and its split-K decode step, the
+decode over Ada-KV's flat buffer, block scores, the top-k select, sparse decode, RESA's
+partials, retro's window partials). Each adapts the cache and selection arrays to its
+``pallas_kernels`` op and passes ``impl`` through: the op
 resolves it (``pallas_kernels.resolve_impl``, the one dispatcher) and runs its Triton kernel or
 its jnp ``*_reference``, the one jnp implementation of the op. A token selection
 (``granularity`` 1, not the cache's block size) runs the same ops over lists of single slots:
@@ -77,6 +78,22 @@ def dense_decode(q, cache: KVCache, positions, scale=None, *, impl: Impl = "xla"
                                      block_size=cache.block_size, scale=scale, pos=cache.pos,
                                      impl=impl, interpret=interpret, num_stages=num_stages,
                                      softcap=softcap, query_pos=positions, **launch)
+
+
+def flat_decode(q, cache, positions, scale=None, *, impl: Impl = "xla",
+                interpret: bool = False, softcap: float | None = None):
+  """Dense decode of one query per head ``q [B, N, D]`` at ``positions [B]`` (the newest token;
+  negative = an inactive row) over Ada-KV's flat buffer (``compression.flat.FlatKVCache``:
+  every kv head's slots in one ``[B, Tf, D]`` buffer, query head ``n`` attends its kv head's)
+  -> ``(out [B, N, D], lse [B, N])`` from ``pallas_kernels.flat_decode``'s kernel; None where
+  ``impl`` resolves to the jnp reference (the caller runs ``compression.flat.attend``, the
+  general form). ``softcap``: the module's soft-cap."""
+  if resolve_impl(impl, "flat_decode") == "xla":
+    return None
+  return pallas_kernels.flat_decode(q, cache.k, cache.v, cache.head, cache.length,
+                                    num_kv_heads=cache.num_kv_heads, scale=scale, pos=cache.pos,
+                                    softcap=softcap, query_pos=positions, impl=impl,
+                                    interpret=interpret)
 
 
 def quest_scores(qs, cache: KVCache, *, impl: Impl = "xla", interpret: bool = False,

@@ -77,9 +77,9 @@ class CompressionMethod(Scorer):
       attention weights (SnapKV, TOVA, H2O) see capped logits.
     sliding_window: the layer's attention window (Mistral, Gemma's local layers; None =
       unlimited), set by ``with_sliding_window``: see there.
-    impl: ``kernels.dense_attention`` / ``dense_decode``'s over a per-head cache (``"auto"``:
-      the kernels on a GPU, which need ``block_size`` a power of 2 >= 16; jnp elsewhere, and
-      always over Ada-KV's flat buffer and in the scorers' own passes).
+    impl: ``kernels.dense_attention`` / ``dense_decode`` / ``flat_decode``'s (a decode step
+      over Ada-KV's flat buffer); ``"auto"``: the kernels on a GPU (per-head caches need
+      ``block_size`` a power of 2 >= 16), jnp elsewhere and in the scorers' own passes.
     interpret: run those kernels in Pallas interpret mode (tests on a CPU).
     capacity_bits: None (the compacted cache holds the block multiple it needs), or the
       significant bits of its size (``compact.bucket``: ``2 ** bits`` sizes per doubling), so

@@ -15,7 +15,9 @@ total is the same for every layer, every layer compacts to the same shape (compi
 
 Query head ``h`` attends the slots of kv head ``h // G`` (a head mask over the flat buffer):
 the memory is exact, the logits cost ``K`` times those of one head's slots (every query head
-scores the whole layer buffer, masked), a dense matmul with no gather.
+scores the whole layer buffer, masked), a dense matmul with no gather. ``attend`` is that jnp
+form; a decode step on a GPU runs ``pallas_kernels.flat_decode`` instead (``layout.Flat``),
+which reads the buffer once for every query head without the ``[B, N, Tf]`` logits in memory.
 Scoring and slot-aligned method state use ``heads_view``: the buffer seen as ``[B, K, Tf]`` with
 each slot valid only in its own head's row, so every method's per-head ``scores`` works unchanged.
 The flat cache has no block digests: compression methods attend densely and never read them.

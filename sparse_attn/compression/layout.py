@@ -113,9 +113,14 @@ class Flat:
   def attend(self, q, cache: flat.FlatKVCache, positions, scale, softcap=None, window=None, *,
              impl: Impl = "xla", interpret: bool = False):
     """Exact causal attention of ``q [B, N, S, D]`` (own head's slots) -> ``(out, lse, view)``
-    (``softcap``: the attention-logit soft-cap; ``window``: a sliding window; ``impl``,
-    ``interpret``: unused, no kernel reads a flat buffer)."""
-    del impl, interpret
+    (``softcap``: the attention-logit soft-cap; ``window``: a sliding window; ``impl``: for one
+    query without a window, ``kernels.flat_decode``'s, whose kernel reads the buffer once for
+    every query head; ``flat.attend`` otherwise)."""
+    if q.shape[2] == 1 and window is None:
+      got = kernels.flat_decode(q[:, :, 0], cache, positions[:, 0], scale, impl=impl,
+                                interpret=interpret, softcap=softcap)
+      if got is not None:
+        return got[0][:, :, None], got[1][:, :, None], flat.heads_view(cache)
     out, lse = flat.attend(q, cache, positions, scale, softcap, window)
     return out, lse, flat.heads_view(cache)
 

@@ -32,3 +32,14 @@ def test_token_decoders_steps_compile_without_spills(spec):
   assert "sparse_decode" in [r["name"] for r in launches], launches
   for r in launches:
     assert r["registers"] > 0 and r["spill_bytes"] == 0, r
+
+
+def test_adakv_step_decodes_the_flat_buffer_in_one_program_head():
+  """Expected Attention's default head budget (Ada-KV) decodes over its flat buffer: the kernel
+  runs one program head per batch row (every query head its rows), splits filling the GPU, and
+  nothing spills."""
+  launches = ptx_steps.step_launches("expected_attention", 8192, 1)
+  [decode] = [r for r in launches if r["name"] == "sparse_decode"]
+  assert decode["grid"][:2] == (1, 1) and decode["grid"][2] > 32, decode
+  for r in launches:
+    assert r["registers"] > 0 and r["spill_bytes"] == 0, r

@@ -79,7 +79,7 @@ def traced_kernels(monkeypatch) -> list[tuple[str, int | None]]:
     seen.append(("decode", kw["block_size"]))
     return decode(*args, **kw)
   for name in ("_decode_kernel", "sparse_decode", "sparse_decode_resa",
-               "sparse_decode_multiquery"):
+               "sparse_decode_multiquery", "flat_decode"):
     monkeypatch.setattr(sys.modules[f"pallas_kernels.{name}"], "decode_partials", spy_decode)
   chunk_module = sys.modules["pallas_kernels.chunk_attention"]
   chunk = chunk_module._chunk_attention_kernel  # pylint: disable=protected-access

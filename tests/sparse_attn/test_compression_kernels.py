@@ -2,8 +2,8 @@
 path: prompt chunks (``chunk_attention``), decode steps over the compacted cache (the split-K
 ``dense_decode``, holes and a padding row included) and a chunk read after the prompt
 (``extend``), for scorers of attention weights, of queries and of keys, on a sliding-window
-layer, and with Ada-KV's flat buffer (Expected Attention's default; no kernel reads it, so its
-decode is jnp either way, its prompt chunks are not)."""
+layer, and with Ada-KV's flat buffer (Expected Attention's default: its decode steps through
+``flat_decode``'s kernel over single slots, its ``extend`` in jnp)."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -48,8 +48,10 @@ def test_kernel_path_equals_jnp_path(spec, window, monkeypatch):
   got = _run(spec, window, "pallas")
   assert ("chunk", None) in traced, traced  # the prompt chunk
   flat = methods.make(spec).head_budget == "adakv"  # Expected Attention's default too
-  # one query without a window: the split-K decode kernel (not over Ada-KV's flat buffer)
+  # one query without a window: the split-K decode kernel, over blocks of a per-head cache or
+  # the single slots of Ada-KV's flat buffer
   assert (("decode", 16) in traced) == (window is None and not flat), traced
+  assert (("decode", 1) in traced) == (window is None and flat), traced
   for a, b in zip(got, want):
     a, b = np.asarray(a), np.asarray(b)
     assert np.all(np.isfinite(a)) and not np.any(a[1])  # the padding row is empty
