@@ -1,9 +1,9 @@
 """flat_decode: decoding over one buffer every kv head shares (Ada-KV's flat layout). The kernel
 (interpret mode) equals the reference on random owners, holes, padding rows, soft-caps and split
-counts, with up to 32 query heads in one bit word and more in two; the reference equals a
-per-head numpy softmax over each head's own slots and the compression layout's jnp form; it
-lowers for CUDA without the ``[B, N, T]`` logits, and with the ``ptx`` extra compiles for sm_90
-without spills."""
+counts, with up to 32 query heads in one bit word and more in two, and under jit and vmap; the
+reference equals a per-head numpy softmax over each head's own slots and the compression
+layout's jnp form; it lowers for CUDA without the ``[B, N, T]`` logits, and with the ``ptx``
+extra compiles for sm_90 without spills."""
 
 from __future__ import annotations
 
@@ -60,6 +60,21 @@ def test_kernel_equals_reference(shape, seed, holes, softcap):
   assert_attention_close(out, lse, want_out, want_lse, shape[5])
   if shape[0] > 1:  # the padding row
     assert np.all(np.isneginf(np.asarray(lse[-1]))) and not np.asarray(out[-1], F32).any()
+
+
+def test_kernel_under_vmap_equals_the_reference():
+  """A leading axis vmapped over the kernel (a batch of layers' buffers, say)."""
+  shape = POOL[0]
+  probs = [_problem(shape, s, holes=True) for s in range(3)]
+  stacked = [jnp.stack(x) for x in zip(*probs)]
+  kw = dict(num_kv_heads=shape[1])
+  run = lambda q, k, v, h, n, p, qp: flat_decode(q, k, v, h, n, pos=p, query_pos=qp,
+                                                  impl="pallas", interpret=True, **kw)
+  out, lse = jax.jit(jax.vmap(run))(*stacked)
+  for i, prob in enumerate(probs):
+    q, k, v, head, length, pos, query_pos = prob
+    want = flat_decode_reference(q, k, v, head, length, pos=pos, query_pos=query_pos, **kw)
+    assert_attention_close(out[i], lse[i], *want, F32)
 
 
 @pytest.mark.parametrize("holes", [False, True])
