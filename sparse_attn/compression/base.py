@@ -22,10 +22,10 @@ Schedule:
   * ``decode`` appends at slot ``length`` recording the token position it is given, attends the
     whole (compacted) cache (``extend``: the same for a chunk read after the prompt), and with
     phase ``decode`` | ``both`` compresses a row back to its budget once ``interval`` tokens were
-    added since its last compression or its buffer is full (``decode_phase``).
+    added since its last compression or its buffer is full (``decode_phase``); without it no
+    score is taken again and the scorer's state stays as the prompt left it.
 
-With ``ratio=0`` (and no ``max_tokens``) nothing is ever evicted and the method equals dense
-attention.
+With ``ratio=0`` (and no ``max_tokens``) nothing is evicted: the method equals dense attention.
 """
 
 from __future__ import annotations
@@ -302,8 +302,7 @@ class CompressionMethod(Scorer):
 
   def init_state(self, batch, num_q_heads, num_kv_heads, head_dim, capacity,
                  dtype=jnp.float32) -> dict:
-    """``next_pos``, ``budget`` (-1: no decode budget yet), ``since`` ``[B]`` int32, and the
-    scorer's own state (``init_extra``)."""
+    """``next_pos``, ``budget`` (-1: none yet), ``since`` ``[B]`` int32 and ``init_extra``'s."""
     del dtype
     state = {"next_pos": jnp.zeros((batch,), jnp.int32),
              "budget": jnp.full((batch,), -1, jnp.int32),
@@ -390,11 +389,12 @@ class CompressionMethod(Scorer):
 
   def _append_and_attend(self, q, k, v, cache, state, positions, scale):
     """``decode`` / ``extend``: append ``S`` tokens after the cache's slots, attend, count."""
-    ok = positions >= 0
-    cache = layout.of(cache).append(cache, k, v, positions)
-    out, state = self._attend(q, cache, state, positions, scale)
-    state = dict(state, since=state["since"] + jnp.sum(ok, axis=-1, dtype=jnp.int32))
-    phase = self.decode_phase
+    cache = layout.of(cache).append(cache, k, v, positions, impl=self.impl,
+                                    interpret=self.interpret)
+    out, seen = self._attend(q, cache, state, positions, scale)
+    phase = self.decode_phase  # None: no score is taken again, the scorer's state stays put
+    state = seen if phase is not None else dict(state, next_pos=seen["next_pos"])
+    state = dict(state, since=state["since"] + jnp.sum(positions >= 0, -1, dtype=jnp.int32))
     if phase is not None:
       cache, state = phase.maybe_compress(cache, state, scale)
     return out, cache, state

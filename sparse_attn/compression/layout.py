@@ -62,13 +62,16 @@ class PerHead:
                                        softcap=softcap, impl=impl, interpret=interpret)
     return out, lse, cache
 
-  def append(self, cache: KVCache, k, v, positions) -> KVCache:
-    """Writes ``k, v [B, K, S, D]`` after the row's slots (``positions [B, S]``, -1 skipped)."""
+  def append(self, cache: KVCache, k, v, positions, *, impl: Impl = "xla",
+             interpret: bool = False) -> KVCache:
+    """Writes ``k, v [B, K, S, D]`` after the row's slots (``positions [B, S]``, -1 skipped;
+    ``impl``: ``cache.write``'s, whose ``cache_append`` kernel writes the tokens and their
+    blocks' digests in one launch)."""
     ok = positions >= 0
     rank = jnp.cumsum(ok, axis=-1, dtype=jnp.int32) - 1
     slots = jnp.where(ok, cache.length[:, None] + rank, -1)
     return write(cache, k.astype(cache.k.dtype), v.astype(cache.v.dtype), slots,
-                 token_positions=positions)
+                 token_positions=positions, impl=impl, interpret=interpret)
 
   def from_heads(self, cache: KVCache, keep, capacity: int, block_size: int):
     """Compacts the prompt's kept slots ``keep [B, K, T]`` into ``capacity`` slots per head.
@@ -124,8 +127,11 @@ class Flat:
     out, lse = flat.attend(q, cache, positions, scale, softcap, window)
     return out, lse, flat.heads_view(cache)
 
-  def append(self, cache: flat.FlatKVCache, k, v, positions) -> flat.FlatKVCache:
-    """Appends ``k, v [B, K, S, D]``: ``K`` slots per token (``flat.append``)."""
+  def append(self, cache: flat.FlatKVCache, k, v, positions, *, impl: Impl = "xla",
+             interpret: bool = False) -> flat.FlatKVCache:
+    """Appends ``k, v [B, K, S, D]``: ``K`` slots per token (``flat.append``; ``impl``,
+    ``interpret``: unused, a scatter of ``K`` rows and no digests)."""
+    del impl, interpret
     return flat.append(cache, k, v, positions)
 
   def from_heads(self, cache: KVCache, keep, capacity: int, block_size: int):

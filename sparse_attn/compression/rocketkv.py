@@ -100,7 +100,8 @@ class RocketKV(SnapKV):
     """
     if q.shape[2] != 1:
       raise ValueError(f"{self.spec} decodes 1 query per step, got {q.shape[2]}")
-    cache = layout.of(cache).append(cache, k, v, positions)
+    cache = layout.of(cache).append(cache, k, v, positions, impl=self.impl,
+                                    interpret=self.interpret)
     q0 = q[:, :, 0]
     sel = self.stage2.select(q0, cache)
     out, _ = kernels.sparse_decode(q0, cache, sel, scale, impl=self.impl,

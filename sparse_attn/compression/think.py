@@ -276,7 +276,8 @@ class ThinK(CompressionMethod):
   def _append_and_attend(self, q, k, v, cache, state, positions, scale):
     if not isinstance(cache, ThinKCache):
       return super()._append_and_attend(q, k, v, cache, state, positions, scale)
-    recent = layout.PER_HEAD.append(cache.recent, k, v, positions)
+    recent = layout.PER_HEAD.append(cache.recent, k, v, positions, impl=self.impl,
+                                    interpret=self.interpret)
     cache = dataclasses.replace(cache, recent=recent)
     out, state = self._attend(q, cache, state, positions, scale)
     return out, cache, state

@@ -68,9 +68,10 @@ def prefill_then_decode(m, rng, lengths, *, capacity, head_dim, steps, dtype=jnp
 
 
 def traced_kernels(monkeypatch) -> list[tuple[str, int | None]]:
-  """``(kernel, entry size)`` of each Pallas decode or chunk kernel traced from now on (the jit
-  caches are cleared first, so nothing traced before is reused): ``("decode", block_size)``
-  for the split-K decode kernels, ``("chunk", None)`` for ``chunk_attention``'s."""
+  """``(kernel, entry size)`` of each Pallas decode, chunk or append kernel traced from now on
+  (the jit caches are cleared first, so nothing traced before is reused): ``("decode",
+  block_size)`` for the split-K decode kernels, ``("chunk", None)`` for ``chunk_attention``'s,
+  ``("append", None)`` for ``cache_append``'s."""
   jax.clear_caches()
   seen = []
   decode = sys.modules["pallas_kernels._decode_kernel"].decode_partials
@@ -88,4 +89,11 @@ def traced_kernels(monkeypatch) -> list[tuple[str, int | None]]:
     seen.append(("chunk", None))
     return chunk(*args, **kw)
   monkeypatch.setattr(chunk_module, "_chunk_attention_kernel", spy_chunk)
+  append_module = sys.modules["pallas_kernels.cache_append"]
+  append = append_module._append_kernel  # pylint: disable=protected-access
+
+  def spy_append(*args, **kw):
+    seen.append(("append", None))
+    return append(*args, **kw)
+  monkeypatch.setattr(append_module, "_append_kernel", spy_append)
   return seen

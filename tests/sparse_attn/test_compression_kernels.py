@@ -3,7 +3,8 @@ path: prompt chunks (``chunk_attention``), decode steps over the compacted cache
 ``dense_decode``, holes and a padding row included) and a chunk read after the prompt
 (``extend``), for scorers of attention weights, of queries and of keys, on a sliding-window
 layer, and with Ada-KV's flat buffer (Expected Attention's default: its decode steps through
-``flat_decode``'s kernel over single slots, its ``extend`` in jnp)."""
+``flat_decode``'s kernel over single slots, its ``extend`` in jnp); a per-head cache's appends
+(decode steps and ``extend``) go through ``cache_append``'s kernel."""
 
 import jax.numpy as jnp
 import numpy as np
@@ -52,6 +53,8 @@ def test_kernel_path_equals_jnp_path(spec, window, monkeypatch):
   # the single slots of Ada-KV's flat buffer
   assert (("decode", 16) in traced) == (window is None and not flat), traced
   assert (("decode", 1) in traced) == (window is None and flat), traced
+  # the decode steps' and extend's appends: one cache_append launch into a per-head cache
+  assert (("append", None) in traced) == (not flat), traced
   for a, b in zip(got, want):
     a, b = np.asarray(a), np.asarray(b)
     assert np.all(np.isfinite(a)) and not np.any(a[1])  # the padding row is empty
