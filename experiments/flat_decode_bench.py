@@ -149,22 +149,18 @@ def rows(cands, moved: int, gap: float, *, peak_tbs: float, **setting) -> list[d
 def main(argv):
   del argv
   dtype = jnp.dtype(FLAGS.dtype)
-  sink = open(FLAGS.out, "a", encoding="utf-8") if FLAGS.out else None
   for context in (int(x) for x in FLAGS.contexts.split(",") if x):
     cands, moved, gap = candidates(FLAGS.batch, context, FLAGS.keep, dtype, FLAGS.steps,
                                    FLAGS.interpret)
     timing.interleaved(cands, warmup=1, repeats=FLAGS.repeats)
-    for r in rows(cands, moved, gap, peak_tbs=FLAGS.peak_tbs, context=context, keep=FLAGS.keep,
-                  batch=FLAGS.batch, dtype=FLAGS.dtype, steps=FLAGS.steps,
-                  interpret=FLAGS.interpret):
-      print(f"{context} keep {FLAGS.keep} batch {FLAGS.batch}: {r['candidate']}: "
-            f"{r['us_per_step']:.1f} us/step ({100 * r['peak_fraction']:.0f}% of peak), "
-            f"{r['over_flat_kernel']:.2f}x the flat kernel", flush=True)
-      if sink:
-        sink.write(json.dumps(r) + "\n")
-        sink.flush()
-  if sink:
-    sink.close()
+    got = rows(cands, moved, gap, peak_tbs=FLAGS.peak_tbs, context=context, keep=FLAGS.keep,
+               batch=FLAGS.batch, dtype=FLAGS.dtype, steps=FLAGS.steps, interpret=FLAGS.interpret)
+    print("\n".join(f"{context} keep {FLAGS.keep} batch {FLAGS.batch}: {r['candidate']}: "
+                    f"{r['us_per_step']:.1f} us/step ({100 * r['peak_fraction']:.0f}% of peak), "
+                    f"{r['over_flat_kernel']:.2f}x the flat kernel" for r in got), flush=True)
+    if FLAGS.out:  # each context's rows as soon as they are measured
+      with open(FLAGS.out, "a", encoding="utf-8") as sink:
+        sink.writelines(json.dumps(r) + "\n" for r in got)
 
 
 if __name__ == "__main__":

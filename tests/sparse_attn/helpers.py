@@ -74,26 +74,17 @@ def traced_kernels(monkeypatch) -> list[tuple[str, int | None]]:
   ``("append", None)`` for ``cache_append``'s."""
   jax.clear_caches()
   seen = []
-  decode = sys.modules["pallas_kernels._decode_kernel"].decode_partials
 
-  def spy_decode(*args, **kw):
-    seen.append(("decode", kw["block_size"]))
-    return decode(*args, **kw)
+  def spy(module: str, attr: str, tag):
+    real = getattr(sys.modules[f"pallas_kernels.{module}"], attr)
+
+    def traced(*args, **kw):
+      seen.append(tag(kw))
+      return real(*args, **kw)
+    monkeypatch.setattr(sys.modules[f"pallas_kernels.{module}"], attr, traced)
   for name in ("_decode_kernel", "sparse_decode", "sparse_decode_resa",
                "sparse_decode_multiquery", "flat_decode"):
-    monkeypatch.setattr(sys.modules[f"pallas_kernels.{name}"], "decode_partials", spy_decode)
-  chunk_module = sys.modules["pallas_kernels.chunk_attention"]
-  chunk = chunk_module._chunk_attention_kernel  # pylint: disable=protected-access
-
-  def spy_chunk(*args, **kw):
-    seen.append(("chunk", None))
-    return chunk(*args, **kw)
-  monkeypatch.setattr(chunk_module, "_chunk_attention_kernel", spy_chunk)
-  append_module = sys.modules["pallas_kernels.cache_append"]
-  append = append_module._append_kernel  # pylint: disable=protected-access
-
-  def spy_append(*args, **kw):
-    seen.append(("append", None))
-    return append(*args, **kw)
-  monkeypatch.setattr(append_module, "_append_kernel", spy_append)
+    spy(name, "decode_partials", lambda kw: ("decode", kw["block_size"]))
+  spy("chunk_attention", "_chunk_attention_kernel", lambda kw: ("chunk", None))
+  spy("cache_append", "_append_kernel", lambda kw: ("append", None))
   return seen
