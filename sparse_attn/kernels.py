@@ -3,9 +3,9 @@
 One function per op (dense causal attention over the cache and its split-K decode step, the
 decode over Ada-KV's flat buffer, block scores, the top-k select, sparse decode, RESA's
 partials, retro's window partials). Each adapts the cache and selection arrays to its
-``pallas_kernels`` op and passes ``impl`` through: the op
-resolves it (``pallas_kernels.resolve_impl``, the one dispatcher) and runs its Triton kernel or
-its jnp ``*_reference``, the one jnp implementation of the op. A token selection
+``pallas_kernels`` op and passes ``impl`` through: the op resolves it
+(``pallas_kernels.resolve_impl``, the one dispatcher) and runs its Triton kernel or its jnp
+``*_reference``, the one jnp implementation of the op. A token selection
 (``granularity`` 1, not the cache's block size) runs the same ops over lists of single slots:
 the Triton kernels gather a tile of scattered slots (Mosaic GPU has no such kernel:
 ``backends.list_op``). Besides the attention, the RESA and retro steps count prior members
