@@ -22,8 +22,9 @@ next step's query):
 Each row: microseconds a step (median over rounds), the bytes of K and V it must read over the
 peak bandwidth (``--peak_tbs``; ``bound_us``) as a fraction, the paired per-round ratio of
 ``flat jnp`` and ``per-head kernel`` over ``flat kernel``, and ``max_abs_diff``, one step's
-largest output difference between the kernel and the jnp form (checked before timing). ``--interpret`` runs the kernels in
-Pallas interpret mode (a CPU rehearsal; its times mean nothing).
+largest output difference between the kernel and the jnp form (checked before timing).
+``--interpret`` runs the kernels in Pallas interpret mode (a CPU rehearsal; its times mean
+nothing).
 """
 
 from __future__ import annotations

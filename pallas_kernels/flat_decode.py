@@ -7,13 +7,13 @@ attends the valid slots its kv head ``n // G`` owns.
 
 The jnp reference scores every query head against the whole buffer and masks the other heads'
 slots: in XLA that can write and read back ``[B, N, T]`` float32 logits and probabilities, up
-to as many bytes as the keys and values themselves (``N = 32``, ``D = 128``, bf16). The kernel is the split-K decode
-kernel (``_decode_kernel``) in its identity mode over single slots: one program head whose ``N``
-rows are every query head, so each key and value is read once for all of them, and a per-slot
-row-bit word marks which rows may use the slot (the bits of its owner's ``G`` query heads, from a
-``[K, A]`` table). Beside ``K`` and ``V`` it reads 4 + 4 A bytes a slot (position, bits); the extra
-rows cost tensor-core work a memory-bound step has to spare (a GQA group's rows are padded to 16
-anyway). The reads are contiguous: no list is built or read.
+to as many bytes as the keys and values themselves (``N = 32``, ``D = 128``, bf16). The kernel
+is the split-K decode kernel (``_decode_kernel``) in its identity mode over single slots: one
+program head whose ``N`` rows are every query head, so each key and value is read once for all
+of them, and a per-slot row-bit word marks which rows may use the slot (the bits of its owner's
+``G`` query heads, from a ``[K, A]`` table). Beside ``K`` and ``V`` it reads ``4 + 4 A`` bytes a
+slot (position, bits); the extra rows cost tensor-core work a memory-bound step has to spare (a
+GQA group's rows are padded to 16 anyway). The reads are contiguous: no list is built or read.
 
 Letters: B batch, N query heads, K kv heads, G = N // K, T slots, D head dim, A = ceil(N / 32)
 bit words per slot.
