@@ -33,8 +33,8 @@ _KEEP_ONLY = dict(spec="", ratio=0.0, head_budget=HeadBudget.UNIFORM, floor=0.2,
 
 
 # The same, for options only some methods have (KVzip's ranking over all layers or per layer,
-# FINCH's key re-rotation after the compaction).
-_KEEP_ONLY_IF_PRESENT = dict(layerwise=True, rerotate_keys=True)
+# FINCH's key re-rotation after the compaction, the prompt cut block by block).
+_KEEP_ONLY_IF_PRESENT = dict(layerwise=True, rerotate_keys=True, prompt_block=0)
 
 
 def observation_key(method: CompressionMethod) -> CompressionMethod:

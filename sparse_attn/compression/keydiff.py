@@ -13,10 +13,11 @@ import dataclasses
 import jax.numpy as jnp
 
 from sparse_attn.compression.base import CompressionMethod
+from sparse_attn.compression.block_prompt import BlockPrompt
 
 
 @dataclasses.dataclass(frozen=True)
-class KeyDiff(CompressionMethod):
+class KeyDiff(BlockPrompt, CompressionMethod):
   """KeyDiff eviction (Park et al. 2025, Eq. 4-5): score ``-cos(k, mean normalised key)``."""
 
   name = "keydiff"

@@ -12,10 +12,11 @@ import dataclasses
 import jax.numpy as jnp
 
 from sparse_attn.compression.base import CompressionMethod
+from sparse_attn.compression.block_prompt import BlockPrompt
 
 
 @dataclasses.dataclass(frozen=True)
-class KNorm(CompressionMethod):
+class KNorm(BlockPrompt, CompressionMethod):
   """KNorm eviction (Devoto et al. 2024, Sec. 3): score ``-||k||_2``."""
 
   name = "knorm"
