@@ -14,14 +14,15 @@ fraction kept). Rows per panel, as kvpress runs them:
 * query-agnostic: the methods of ``results/ruler_compression`` are there at 0.75 / 0.5 /
   0.25 / 0.1 (EA Table 1's grid), so this run adds their 0.125 cell and every method new to
   the library at all four fractions: random, CUR, LagKV, Compactor with Ada-KV head budgets
-  (kvpress's ``adakv_compactor``), Q-Filters, PyramidKV, DuoAttention on the fly, KVzip,
-  kvpress's observed attention (H2O's sums as a mean, no recent window), KeyDiff cut block by
-  block (kvpress's ``block_keydiff``, ``BlockPress(KeyDiffPress(), block_size=128)``: here
-  ``keydiff:prompt_block=128``), and CriticalKV / CriticalAdaKV and ThinK (not on kvpress's
-  board; ours beside them). ThinK evicts no token:
-  its kept fraction is of the key channels (kvpress's ``key_channel_compression_ratio`` =
-  ``1 - kept``), so its cache holds ``(1 + kept) / 2`` of the dense bytes. kvpress's
-  ``duo_attention`` (trained patterns) and ``kvzap`` (a trained scorer) are out of scope.
+  (kvpress's ``adakv_compactor``), Q-Filters, PyramidKV, DuoAttention on the fly, KVzip and
+  KVzip+ (kvpress's ``kvzip_plus``: ``kvzip:plus=true``), kvpress's observed attention (H2O's
+  sums as a mean, no recent window), KeyDiff cut block by block (kvpress's ``block_keydiff``,
+  ``BlockPress(KeyDiffPress(), block_size=128)``: ``keydiff:prompt_block=128``), and
+  CriticalKV / CriticalAdaKV and ThinK (not on kvpress's board; ours beside them). ThinK
+  evicts no token: its kept fraction is of the key channels (kvpress's
+  ``key_channel_compression_ratio`` = ``1 - kept``), so its cache holds ``(1 + kept) / 2`` of
+  the dense bytes. kvpress's ``duo_attention`` (trained patterns) and ``kvzap`` (a trained
+  scorer) are out of scope.
 * query-aware: SnapKV, Ada-KV SnapKV, FINCH and ChunkKV with the question in the window.
   FINCH runs as kvpress's ``FinchPress`` (kept keys re-rotated to consecutive positions, its
   default) and with ``rerotate_keys=false`` (positions kept, as every other row), paired: what
@@ -43,7 +44,8 @@ from configs import accuracy_compression
 KEPT = (0.75, 0.5, 0.25, 0.125)  # kvpress's ratios 0.25 / 0.5 / 0.75 / 0.875
 NEW_QUERY_AGNOSTIC = ("random", "cur", "lagkv", "compactor:head_budget=adakv", "qfilters",
                       "pyramidkv", "duo_attention_on_the_fly", "kvzip", "criticalkv",
-                      "criticaladakv", "observed_attention", "think", "keydiff:prompt_block=128")
+                      "criticaladakv", "observed_attention", "think", "keydiff:prompt_block=128",
+                      "kvzip:plus=true")
 QUERY_AWARE = ("snapkv", "snapkv:head_budget=adakv", "finch", "chunkkv",
                "finch:rerotate_keys=false", "chunkkv:reuse_layers=2")
 

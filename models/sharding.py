@@ -74,6 +74,8 @@ STATE_AXES = {
     ("mean", 3): ("batch", "heads", None), ("m2", 4): ("batch", "heads", None, None),
     # CriticalKV's W^O [N, D, E]: one per layer, no batch axis (compression.criticalkv)
     ("out_proj", 3): ("heads", None, None),
+    # KVzip+'s W^O as stored, [N D, E] (head-major rows; compression.kvzip)
+    ("out_proj", 2): ("heads", None),
     # ThinK's kept key channels [B, K, D'] beside its pruned KVCache parts (compression.think)
     ("channels", 3): ("batch", "kv_heads", None),
 }

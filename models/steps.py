@@ -228,12 +228,15 @@ def _layer_body(layer_params, x, positions, cache, state, relay=None, *, config,
   relays = phase == "decode" and hasattr(m, "decode_relay")
   fn = m.decode_relay if relays else getattr(m, phase)
   scale = llama.softmax_scale(config)
+  extra = {}
+  if phase == "replay" and getattr(m, "reads_hidden_norm", False):  # KVzip+
+    extra["hidden_norm"] = llama.attention_input_norms(layer_params, config, x)
 
   def attend(q, k, v):
     if relays:
       out, c, s, r = fn(q, k, v, cache, state, relay, positions, scale=scale)
       return out, (c, s, r)
-    out, c, s = fn(q, k, v, cache, state, positions, scale=scale)
+    out, c, s = fn(q, k, v, cache, state, positions, scale=scale, **extra)
     return out, (c, s, relay)
 
   x, (cache, state, relay) = llama.apply_layer(layer_params, config, x, positions, attend,

@@ -29,8 +29,10 @@ def smollm2_tokenizer():
   return tokenizer_lib.from_gguf_metadata(gguf_file.read_metadata(sources.smollm2_path()))
 
 
-def tiny_random(seed: int = 0):
-  """The 2-layer random Llama (a ``models.loading.Model``)."""
+def tiny_random(seed: int = 0, random_norms: bool = False):
+  """The 2-layer random Llama (a ``models.loading.Model``); ``random_norms``: its RMSNorm scales
+  drawn from U(0.5, 1.5) instead of ones (a trained model's are not uniform: its attention
+  inputs' norms then differ by token, which KVzip+ reads)."""
   import jax  # pylint: disable=g-import-not-at-top
   from models import llama  # pylint: disable=g-import-not-at-top
   from models.config import ModelConfig, RopeConfig  # pylint: disable=g-import-not-at-top
@@ -41,6 +43,11 @@ def tiny_random(seed: int = 0):
                        rope=RopeConfig(theta=10000.0), tie_word_embeddings=True,
                        eos_token_ids=tuple(tok.eos_ids))
   params = llama.init_params(config, jax.random.key(seed))
+  if random_norms:
+    keys = iter(jax.random.split(jax.random.key(seed + 1), 64))
+    params = jax.tree_util.tree_map_with_path(
+        lambda path, x: jax.random.uniform(next(keys), x.shape, x.dtype, 0.5, 1.5)
+        if "norm" in jax.tree_util.keystr(path) else x, params)
   return Model(config, params, tok, TINY)
 
 

@@ -145,7 +145,12 @@ class ReplayingUnion(CompressionUnion):
     extra = super().init_extra(batch, num_q_heads, num_kv_heads, head_dim, capacity)
     return dict(extra, span=jnp.zeros((batch, 2), jnp.int32))
 
-  def replay(self, q, k, v, cache, state, positions, *, scale=None):
+  @property
+  def reads_hidden_norm(self) -> bool:
+    """Whether a replaying member needs the replay's attention-input norms (KVzip+)."""
+    return any(m.reads_hidden_norm for m in self._replaying())
+
+  def replay(self, q, k, v, cache, state, positions, *, scale=None, hidden_norm=None):
     """One replay chunk ``q [B, N, S, D]`` (``kvzip.KVzip.replay``) for every replaying member:
     ``(out, cache, state)``, the cache unwritten."""
     out = kvzip.replay_attention(q, k, v, cache, positions, scale)
@@ -153,7 +158,8 @@ class ReplayingUnion(CompressionUnion):
     for i, m in enumerate(self.observers):
       if hasattr(m, "replay"):
         mine = dict(state[f"m{i}"], span=state["span"])
-        new[f"m{i}"] = m.record_replay(q, k, cache, mine, positions, scale=scale)
+        new[f"m{i}"] = m.record_replay(q, k, cache, mine, positions, scale=scale,
+                                       hidden_norm=hidden_norm)
     return out, cache, new
 
 

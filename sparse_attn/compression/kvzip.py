@@ -31,7 +31,17 @@ this ranking allows). A layer compressed alone, without that pass (a one-layer b
 ranks within itself. ``layerwise=True`` is kvpress's other mode: every layer evicts its lowest
 ``int(K n ratio)`` over all its heads (here keeping ``K ceil((1 - ratio) n)``, at most ``K`` more
 than kvpress's). kvpress leaves the chat template's prefix unscored (score 0); here every
-prompt token is scored. Without a replay every score is 0 and the sinks and the earliest tokens
+prompt token is scored.
+
+KVzip+ (``plus=True``; kvpress's ``kvzip_plus_normalization``, its leaderboard's ``kvzip_plus``)
+weighs each weight by what the key's value writes and by the query's scale before the max:
+
+  score_i = max_{h in group(i's head), s} a_{h,s,i} ||v_i W^O_h||_2 / ||x_s||_2,
+
+``W^O_h`` query head ``h``'s rows of the layer's output projection and ``x_s`` the replay token's
+attention input (after the layer's input norm). A model run gives each layer its ``W^O``
+(``layer_state``, as CriticalKV's) and the replay the norms (``models.steps``); without ``W^O``
+(a layer run by hand) ``||v_i||_2`` stands in, without the norms 1. Without a replay every score is 0 and the sinks and the earliest tokens
 are kept (the rank's tie order).
 """
 
@@ -58,7 +68,7 @@ QUERY_BLOCK = 256
 
 
 def replay_scores(q, k_ctx, pos_ctx, k_own, positions, span, n_sink: int, scale,
-                  query_block: int = QUERY_BLOCK, chunk: int | None = None):
+                  query_block: int = QUERY_BLOCK, chunk: int | None = None, plus=None):
   """``[B, K, T]`` KVzip scores of the chunk ``span`` (module docstring), ``-inf`` elsewhere.
 
   The replay's queries are taken ``query_block`` at a time (``lax.map``), so the weights live
@@ -75,15 +85,20 @@ def replay_scores(q, k_ctx, pos_ctx, k_own, positions, span, n_sink: int, scale,
     k_own: ``[B, K, S, D]`` the replay's own keys.
     span: ``[B, 2]`` the chunk's ``[start, end)`` positions; n_sink, query_block, chunk:
       static; scale: float.
+    plus: None (KVzip), or KVzip+'s ``(v_ctx [B, K, T, D] cached values, out_proj [N D, E] |
+      None, hidden_norm [B, S] | None)`` (module docstring; ``output_norms``).
   """
   b, n, s, d = q.shape
   kh, t = k_ctx.shape[1], k_ctx.shape[2]
   start, end = span[:, 0, None, None], span[:, 1, None, None]  # [B, 1, 1]
   sink = jnp.minimum(n_sink, start)
   in_chunk = lambda pos: (pos >= start) & (pos < end)
+  v_ctx, out_proj, hidden_norm = (None, None, None) if plus is None else plus
+  rows = None if hidden_norm is None else 1.0 / hidden_norm.astype(jnp.float32)  # [B, S]
   if chunk is None or n_sink + chunk >= t:
     seen = (pos_ctx >= 0) & ((pos_ctx < sink) | in_chunk(pos_ctx))  # [B, K, T]
-    score = _replay_weights(q, k_ctx, seen, k_own, positions, scale, query_block)
+    cols = None if plus is None else output_norms(v_ctx, out_proj, n // kh)
+    score = _replay_weights(q, k_ctx, seen, k_own, positions, scale, query_block, cols, rows)
     return jnp.where(in_chunk(pos_ctx) & (pos_ctx >= 0), score, -jnp.inf)
   # [B, W]: the sink slots, then the chunk's
   slots = jnp.concatenate([jnp.broadcast_to(jnp.arange(n_sink), (b, n_sink)),
@@ -94,7 +109,9 @@ def replay_scores(q, k_ctx, pos_ctx, k_own, positions, span, n_sink: int, scale,
   pos = jnp.where(inside[:, None], jnp.take_along_axis(pos_ctx, slots, axis=2), -1)
   is_sink = jnp.arange(n_sink + chunk) < n_sink  # sink slots count only as sinks: no key twice
   seen = (pos >= 0) & jnp.where(is_sink, pos < sink, in_chunk(pos))  # [B, K, W]
-  score = _replay_weights(q, k_sel, seen, k_own, positions, scale, query_block)
+  cols = None if plus is None else output_norms(
+      jnp.take_along_axis(v_ctx, slots[..., None], axis=2), out_proj, n // kh)
+  score = _replay_weights(q, k_sel, seen, k_own, positions, scale, query_block, cols, rows)
   score = jnp.where(seen & ~is_sink, score, -jnp.inf)[..., n_sink:]  # [B, K, chunk]
   bi, ki = jnp.indices((b, kh))
   out = jnp.full((b, kh, t + 1), -jnp.inf, score.dtype)  # slot t: past the cache, dropped
@@ -102,10 +119,27 @@ def replay_scores(q, k_ctx, pos_ctx, k_own, positions, span, n_sink: int, scale,
   return out.at[bi[..., None], ki[..., None], dest].set(score)[..., :t]
 
 
-def _replay_weights(q, k_ctx, seen, k_own, positions, scale, query_block: int):
+def output_norms(v, out_proj, group: int):
+  """``[B, K, G, W]``: ``||v_i W^O_h||_2`` of values ``v [B, K, W, D]`` for each query head ``h``
+  of a kv head's group (KVzip+), ``W^O`` the layer's ``out_proj [N D, E]``; ``||v_i||_2`` for
+  every head without one. Through each head's ``[D, D]`` Gram matrix ``W^O_h W^O_h^T``: ``N D^2
+  E + W N D^2`` multiply-adds, not the ``W N D E`` of projecting every value."""
+  v = v.astype(jnp.float32)
+  b, kh, w, d = v.shape
+  if out_proj is None:
+    return jnp.broadcast_to(jnp.linalg.norm(v, axis=-1)[:, :, None], (b, kh, group, w))
+  wo = out_proj.astype(jnp.float32).reshape(kh, group, d, -1)  # [K, G, D, E]
+  gram = jnp.einsum("kgde,kgfe->kgdf", wo, wo)
+  quad = jnp.einsum("bkwd,kgdf,bkwf->bkgw", v, gram, v)
+  return jnp.sqrt(jnp.maximum(quad, 0.0))
+
+
+def _replay_weights(q, k_ctx, seen, k_own, positions, scale, query_block: int, cols=None,
+                    rows=None):
   """``[B, K, W]``: each context key's largest softmax weight over the group and the replay's
   queries, the softmax over the ``seen [B, K, W]`` keys ``k_ctx [B, K, W, D]`` and the replay's
-  own causal keys (``replay_scores``; 0 where not seen)."""
+  own causal keys (``replay_scores``; 0 where not seen); KVzip+ weighs each weight by its key's
+  ``cols [B, K, G, W]`` and its query's ``rows [B, S]`` first (None: 1)."""
   b, n, s, d = q.shape
   kh = k_ctx.shape[1]
   blk = min(query_block, s)
@@ -115,12 +149,14 @@ def _replay_weights(q, k_ctx, seen, k_own, positions, scale, query_block: int):
   qg = qg.reshape(b, kh, n // kh, nb, blk, d).transpose(3, 0, 1, 2, 4, 5)  # [nb,B,K,G,blk,D]
   q_pos = jnp.pad(positions, ((0, 0), (0, pad)), constant_values=-1)
   q_pos = q_pos.reshape(b, nb, blk).transpose(1, 0, 2)  # [nb, B, blk]
+  rows = jnp.ones((b, s), jnp.float32) if rows is None else rows
+  q_row = jnp.pad(rows, ((0, 0), (0, pad))).reshape(b, nb, blk).transpose(1, 0, 2)
   k_ctx = k_ctx.astype(jnp.float32)
   k_own = k_own.astype(jnp.float32)
   own_ok = positions >= 0  # [B, S]
 
   def block_max(args):  # the largest weight of each context key over one block's queries
-    qb, pb = args  # [B, K, G, blk, D], [B, blk]
+    qb, pb, rb = args  # [B, K, G, blk, D], [B, blk], [B, blk]
     lc = jnp.einsum("bkgsd,bktd->bkgst", qb, k_ctx) * scale  # [B, K, G, blk, W]
     lo = jnp.einsum("bkgsd,bkud->bkgsu", qb, k_own) * scale  # [B, K, G, blk, S]
     ok = pb >= 0
@@ -131,10 +167,12 @@ def _replay_weights(q, k_ctx, seen, k_own, positions, scale, query_block: int):
     den = (jnp.sum(jnp.exp(lc - mx), -1, keepdims=True)
            + jnp.sum(jnp.exp(lo - mx), -1, keepdims=True))
     w = jnp.where(seen[:, :, None, None, :], jnp.exp(lc - mx) / den, 0.0)
-    w = jnp.where(ok[:, None, None, :, None], w, 0.0)  # padding queries score nothing
+    w = jnp.where(ok[:, None, None, :, None], w * rb[:, None, None, :, None], 0.0)  # padding: 0
+    if cols is not None:
+      w = w * cols[:, :, :, None, :]
     return jnp.max(w, axis=(2, 3))
 
-  return jnp.max(jax.lax.map(block_max, (qg, q_pos)), axis=0)
+  return jnp.max(jax.lax.map(block_max, (qg, q_pos, q_row)), axis=0)
 
 
 def replay_attention(q, k, v, cache, positions, scale=None, *, softcap=None, window=None):
@@ -157,10 +195,12 @@ class KVzip(CompressionMethod):
     chunk_size: context tokens reconstructed per replay (2,048).
     layerwise: False (the paper's and kvpress's default): one ranking over all layers and
       heads; True: each layer keeps ``K ceil((1 - ratio) n)`` (module docstring).
+    plus: KVzip+ (module docstring): each weight times ``||v W^O_h|| / ||x_s||``.
   """
 
   chunk_size: int = 2048
   layerwise: bool = False
+  plus: bool = False
 
   name = "kvzip"
   SIGNAL = "attention"  # the attention of the context's reconstruction
@@ -173,8 +213,9 @@ class KVzip(CompressionMethod):
       raise ValueError(f"chunk_size must be an int >= 1, got {c!r}")
     if self.compresses_decode:
       raise ValueError("kvzip scores the prompt by replaying it (phase='prefill'), as kvpress")
-    if not isinstance(self.layerwise, bool):
-      raise ValueError(f"layerwise must be a bool, got {self.layerwise!r}")
+    for field in ("layerwise", "plus"):
+      if not isinstance(getattr(self, field), bool):
+        raise ValueError(f"{field} must be a bool, got {getattr(self, field)!r}")
     if not self.layerwise and (self.head_budget is not HeadBudget.ADAKV or self.floor != 0):
       raise ValueError(
           "kvzip ranks all layers and heads at once (layerwise=False), so a layer's heads share "
@@ -217,28 +258,46 @@ class KVzip(CompressionMethod):
     keep = adakv_keep(self.slot_scores(cache, state, scale, kept), kept, 0.0, total=total)
     return keep & cache.valid, token_budget(n, kept, self.max_tokens)
 
-  def replay(self, q, k, v, cache, state, positions, *, scale=None):
+  @property
+  def reads_hidden_norm(self) -> bool:
+    """Whether a replay needs its tokens' attention-input norms (``models.steps`` passes
+    ``hidden_norm``): KVzip+'s ``||x_s||``."""
+    return self.plus
+
+  def layer_state(self, state, layer: int, inputs=None):
+    """KVzip+: the state with the layer's output projection (``sparse_attn.layer_inputs``; a
+    copy, no batch axis, as CriticalKV's), if given."""
+    del layer
+    if not self.plus or inputs is None or inputs.out_proj is None:
+      return state
+    return dict(state, out_proj=jnp.array(inputs.out_proj, copy=True))
+
+  def replay(self, q, k, v, cache, state, positions, *, scale=None, hidden_norm=None):
     """A replay chunk (module docstring): attends the cache and its own keys causally, records
     the scores of the chunk ``state["span"]`` and writes nothing.
 
     Args:
       q: ``[B, N, S, D]`` post-RoPE queries; k, v: ``[B, K, S, D]``.
       positions: ``[B, S]`` token positions after the prompt (-1 = padding).
+      hidden_norm: ``[B, S]`` the tokens' attention-input norms (KVzip+), or None.
 
     Returns:
       ``(out [B, N, S, D], cache, state)``.
     """
     out = replay_attention(q, k, v, cache, positions, scale, softcap=self.softcap,
                            window=self.sliding_window)
-    return out, cache, self.record_replay(q, k, cache, state, positions, scale=scale)
+    return out, cache, self.record_replay(q, k, cache, state, positions, scale=scale,
+                                          hidden_norm=hidden_norm)
 
-  def record_replay(self, q, k, cache, state, positions, *, scale=None):
+  def record_replay(self, q, k, cache, state, positions, *, scale=None, hidden_norm=None):
     """``state`` with the scores of the chunk ``state["span"]`` that the replay ``q [B, N, S,
-    D]`` (own keys ``k [B, K, S, D]``, ``positions [B, S]``) gives; what ``replay`` records
-    (the shared compression prefill records it for each KVzip member it serves)."""
+    D]`` (own keys ``k [B, K, S, D]``, ``positions [B, S]``, KVzip+'s ``hidden_norm [B, S]``)
+    gives; what ``replay`` records (the shared compression prefill records it for each KVzip
+    member it serves)."""
     scale = reference.default_scale(q.shape[-1], scale)
+    plus = (cache.v, state.get("out_proj"), hidden_norm) if self.plus else None
     new = replay_scores(q, cache.k, cache.pos, k, positions, state["span"], self.n_sink, scale,
-                        chunk=self.chunk_size)
+                        chunk=self.chunk_size, plus=plus)
     return dict(state, score=jnp.where(new > -jnp.inf, new, state["score"]))
 
   def scores(self, cache, state, scale, n):
@@ -248,4 +307,5 @@ class KVzip(CompressionMethod):
 
   def compact_state(self, state, idx):
     del idx
+    state = {key: x for key, x in state.items() if key != "out_proj"}
     return dict(state, score=state["score"][:, :, :0])

@@ -245,16 +245,20 @@ def test_shared_prefill_replays_with_one_chunk_size():
     compression_union.CompressionUnion.of(same + [methods.make("kvzip:chunk_size=512")])
 
 
-def test_both_kvzip_selections_share_one_replay(model):
-  """KVzip ranked over all layers and per layer observe alike (one replay, one state slot) and
-  each still gets its own prefill's cache from the shared one."""
+def test_both_kvzip_selections_share_one_replay():
+  """KVzip ranked over all layers and per layer observe alike (one replay, one state slot),
+  KVzip+ in a slot of its own (its replay weighs by W^O and the attention-input norms, which
+  the shared replay hands it), and each still gets its own prefill's cache from the shared
+  one."""
+  model = modelzoo.tiny_random(random_norms=True)  # attention-input norms differ by token
   rng = np.random.default_rng(3)
   lengths = np.array([70, 53], np.int32)
   prompts = rng.integers(10, 1000, (2, 70)).astype(np.int32)
   prompts[1, 53:] = 0
   ms = [methods.make("kvzip:chunk_size=32", ratio=0.5),
-        methods.make("kvzip:chunk_size=32,layerwise=true", ratio=0.25)]
-  assert len(compression_union.CompressionUnion.of(ms).observers) == 1
+        methods.make("kvzip:chunk_size=32,layerwise=true", ratio=0.25),
+        methods.make("kvzip:chunk_size=32,plus=true", ratio=0.5)]
+  assert len(compression_union.CompressionUnion.of(ms).observers) == 2
   got = dict(decoding.prefill_all(model, prompts, lengths, [methods.make("dense")] + ms,
                                   capacity=96))
   for m in ms:

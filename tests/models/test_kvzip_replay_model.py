@@ -75,3 +75,36 @@ def test_replay_runs_and_keeps_its_share(monkeypatch, layerwise):
   *_, fallback, _ = decode.prefill(model, _prompts(), LENGTHS, m, CAP)
   for with_replay, without in zip(_kept(caches), _kept(fallback)):
     assert not np.array_equal(with_replay, without)
+
+
+def test_kvzip_plus_gets_each_layers_out_proj_and_the_replay_norms(monkeypatch):
+  """KVzip+ in a model run: each layer's state holds that layer's ``W^O`` while the replays run
+  (dropped at ``end_prefill``), and layer 0's replay is handed ``||x_s||`` of its attention
+  input (numpy: the replay tokens' embeddings through layer 0's input RMSNorm); the kept cache
+  differs from KVzip's."""
+  from models import llama  # pylint: disable=g-import-not-at-top
+  from sparse_attn.compression import kvzip  # pylint: disable=g-import-not-at-top
+  model = modelzoo.tiny_random(random_norms=True)  # attention-input norms differ by token
+  m = methods.make(f"kvzip:chunk_size={CHUNK},plus=true", ratio=RATIO)
+  seen, record = [], kvzip.KVzip.record_replay
+  monkeypatch.setattr(kvzip.KVzip, "record_replay", lambda self, q, k, cache, state, pos, **kw: (
+      seen.append((q.shape, state.get("out_proj"), kw["hidden_norm"], pos)) or
+      record(self, q, k, cache, state, pos, **kw)))
+  monkeypatch.setattr(steps, "_layer", steps._layer_body)  # eager: each layer's own values
+  caches, states = _prefill(model, m, monkeypatch)
+  layers = llama.split_layers(model.decode_params)["layers"]
+  assert len(seen) == 2 * len(layers)  # two chunks x every layer
+  for i, (qshape, wo, norm, _) in enumerate(seen[:len(layers)]):
+    np.testing.assert_array_equal(wo, layers[i]["o_proj"]["kernel"])
+    assert norm.shape == (qshape[0], qshape[2])
+  assert all("out_proj" in s for s in states)  # held while the replays ran
+  rows = kvzip_replay.replay_tokens(model.tokenizer, _prompts()[0, :LENGTHS[0]], CHUNK)
+  ids = np.asarray(rows[0][2])
+  x = np.asarray(model.decode_params["embed"], np.float64)[ids]
+  scale = np.asarray(layers[0]["attn_norm"]["scale"], np.float64)
+  h = x / np.sqrt(np.mean(x * x, -1, keepdims=True) + model.config.rms_norm_eps) * scale
+  np.testing.assert_allclose(np.asarray(seen[0][2])[0, :len(ids)], np.linalg.norm(h, axis=-1),
+                             rtol=1e-5)
+  plain, _ = _prefill(model, methods.make(f"kvzip:chunk_size={CHUNK}", ratio=RATIO),
+                      monkeypatch)
+  assert any(not np.array_equal(a, b) for a, b in zip(_kept(caches), _kept(plain)))

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sparse_attn import methods, reference
+from sparse_attn import layer_inputs, methods, reference
 from sparse_attn.compression import cross_layer, flat, kvzip, prefill
 
 B, HQ, HKV, D, T, S = 2, 4, 2, 8, 48, 6
@@ -24,7 +24,11 @@ LENGTHS = (40, 29)
 SINK = 4
 
 
-def scores_np(q, k, kown, lengths, spans):
+def scores_np(q, k, kown, lengths, spans, col=None, row=None):
+  """``col [B, N, T]`` (a key's weight for each query head) and ``row [B, S]`` (a query's): KVzip+
+  (each weight times both before the max); None: 1."""
+  col = np.ones((B, HQ, T)) if col is None else col
+  row = np.ones((B, S)) if row is None else row
   out = np.full((B, HKV, T), -np.inf)
   for b in range(B):
     start, end = spans[b]
@@ -37,7 +41,8 @@ def scores_np(q, k, kown, lengths, spans):
           a = keys @ q[b, h * G + g, s] / np.sqrt(D)
           w = np.exp(a - a.max())
           w /= w.sum()
-          best[ctx] = np.maximum(best[ctx], w[:len(ctx)])
+          w = w[:len(ctx)] * col[b, h * G + g, ctx] * row[b, s]
+          best[ctx] = np.maximum(best[ctx], w)
       out[b, h, start:min(end, lengths[b])] = best[start:min(end, lengths[b])]
   return out
 
@@ -107,6 +112,41 @@ def test_replay_scores_and_kept_set_match_numpy(seed, split, chunk):
     want = np.zeros((HKV, n), bool)
     want.reshape(-1)[order] = True
     np.testing.assert_array_equal(keep[b, :, :n], want)
+
+
+@hypothesis.given(seed=st.integers(0, 2**31 - 1), split=st.integers(1, 28),
+                  chunk=st.sampled_from([40, 2048]), with_proj=st.booleans())
+@hypothesis.settings(max_examples=6, deadline=None)
+def test_kvzip_plus_scores_match_numpy(seed, split, chunk, with_proj):
+  """KVzip+ (kvpress's ``kvzip_plus_normalization``): each weight times ``||v_i W^O_h||_2 /
+  ||x_s||_2`` before the max; without ``W^O`` (no model) ``||v_i||_2``."""
+  rng = np.random.default_rng(seed)
+  m = methods.make("kvzip:plus=true", ratio=0.5, block_size=8, chunk_size=chunk)
+  cache, state, k = prefilled(m, rng)
+  v = np.asarray(cache.v, np.float64)[:, :, :T]
+  wo = rng.normal(size=(HQ * D, 12))
+  if with_proj:
+    state = m.layer_state(state, 0, layer_inputs.LayerInputs(out_proj=jnp.asarray(wo)))
+    heads = wo.reshape(HKV, G, D, 12)
+    col = np.stack([np.linalg.norm(v[:, h] @ heads[h, g], axis=-1)
+                    for h in range(HKV) for g in range(G)], 1)  # [B, N, T]
+  else:
+    col = np.repeat(np.linalg.norm(v, axis=-1), G, axis=1)
+  spans = [(split, 40), (split, 29)]
+  q, kown, vown = (rng.normal(size=(B, n, S, D)) for n in (HQ, HKV, HKV))
+  norm = rng.uniform(0.5, 4.0, size=(B, S))
+  pos = np.asarray(LENGTHS)[:, None] + np.arange(S)[None]
+  state = dict(state, span=jnp.asarray(spans, jnp.int32))
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  _, _, state = jax.jit(m.replay)(f32(q), f32(kown), f32(vown), cache, state,
+                                  jnp.asarray(pos, jnp.int32), hidden_norm=f32(norm))
+  want = scores_np(q, k, kown, LENGTHS, spans, col, 1.0 / norm)
+  plain = scores_np(q, k, kown, LENGTHS, spans)
+  got = np.asarray(state["score"])[..., :T]
+  for b, n in enumerate(LENGTHS):
+    np.testing.assert_allclose(got[b, :, split:n], want[b, :, split:n], rtol=1e-4, atol=1e-7)
+    assert not np.allclose(got[b, :, split:n], plain[b, :, split:n])  # the weights count
+  assert "out_proj" not in m.end_prefill(cache, state)[1]  # not carried into decoding
 
 
 def test_jit_vmap_and_bf16():
