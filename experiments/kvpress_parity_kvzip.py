@@ -171,8 +171,8 @@ def main(argv):
         f"in all ours {a.sum()}, kvpress {b.sum()}")
   o = kept_overlap.overlap(a, b).reshape(-1)
   print(kept_overlap.TABLE_HEAD)
-  print(f"RESULT | kvzip:layerwise={FLAGS.layerwise},plus={FLAGS.plus} | {press} | {o.min():.4f} | {o.mean():.4f} | "
-        f"{np.mean((a == b).all(-1)):.1%} of {o.size} |")
+  print(f"RESULT | kvzip:layerwise={FLAGS.layerwise},plus={FLAGS.plus} | {press} | "
+        f"{o.min():.4f} | {o.mean():.4f} | {np.mean((a == b).all(-1)):.1%} of {o.size} |")
   diff = np.argwhere(a != b)
   fmt = lambda x: " ".join(f"{y:.7e}" for y in x[:6])
   if len(diff):  # how close the disagreeing tokens' scores sit to the cut (a layer's, or all's)

@@ -41,8 +41,10 @@ weighs each weight by what the key's value writes and by the query's scale befor
 ``W^O_h`` query head ``h``'s rows of the layer's output projection and ``x_s`` the replay token's
 attention input (after the layer's input norm). A model run gives each layer its ``W^O``
 (``layer_state``, as CriticalKV's) and the replay the norms (``models.steps``); without ``W^O``
-(a layer run by hand) ``||v_i||_2`` stands in, without the norms 1. Without a replay every score is 0 and the sinks and the earliest tokens
-are kept (the rank's tie order).
+(a layer run by hand) ``||v_i||_2`` stands in, without the norms 1.
+
+Without a replay every score is 0 and the sinks and the earliest tokens are kept (the rank's
+tie order).
 """
 
 from __future__ import annotations
