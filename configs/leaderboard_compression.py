@@ -17,7 +17,8 @@ fraction kept). Rows per panel, as kvpress runs them:
   (kvpress's ``adakv_compactor``), Q-Filters, PyramidKV, DuoAttention on the fly, KVzip and
   KVzip+ (kvpress's ``kvzip_plus``: ``kvzip:plus=true``), kvpress's observed attention (H2O's
   sums as a mean, no recent window), KeyDiff cut block by block (kvpress's ``block_keydiff``,
-  ``BlockPress(KeyDiffPress(), block_size=128)``: ``keydiff:prompt_block=128``), and
+  ``BlockPress(KeyDiffPress(), block_size=128)``: ``keydiff:prompt_block=128``), kvpress's
+  ``merging_knorm`` / ``merging_snapkv`` / ``merging_expected_attention`` (``merge=true``), and
   CriticalKV / CriticalAdaKV and ThinK (not on kvpress's board; ours beside them). ThinK
   evicts no token: its kept fraction is of the key channels (kvpress's
   ``key_channel_compression_ratio`` = ``1 - kept``), so its cache holds ``(1 + kept) / 2`` of
@@ -45,7 +46,8 @@ KEPT = (0.75, 0.5, 0.25, 0.125)  # kvpress's ratios 0.25 / 0.5 / 0.75 / 0.875
 NEW_QUERY_AGNOSTIC = ("random", "cur", "lagkv", "compactor:head_budget=adakv", "qfilters",
                       "pyramidkv", "duo_attention_on_the_fly", "kvzip", "criticalkv",
                       "criticaladakv", "observed_attention", "think", "keydiff:prompt_block=128",
-                      "kvzip:plus=true")
+                      "kvzip:plus=true", "knorm:merge=true", "snapkv:merge=true",
+                      "expected_attention:head_budget=uniform,eps=0.01,merge=true")
 QUERY_AWARE = ("snapkv", "snapkv:head_budget=adakv", "finch", "chunkkv",
                "finch:rerotate_keys=false", "chunkkv:reuse_layers=2")
 

@@ -29,7 +29,8 @@ from sparse_attn.compression import cross_layer, kvzip
 from sparse_attn.compression.base import CompressionMethod
 
 # Options only ``end_prefill`` / ``keep_mask`` read: members differing in them observe alike.
-_KEEP_ONLY = dict(spec="", ratio=0.0, head_budget=HeadBudget.UNIFORM, floor=0.2, max_tokens=None)
+_KEEP_ONLY = dict(spec="", ratio=0.0, head_budget=HeadBudget.UNIFORM, floor=0.2, max_tokens=None,
+                  merge=False, merge_threshold=0.0, merge_fraction=1.0)
 
 
 # The same, for options only some methods have (KVzip's ranking over all layers or per layer,

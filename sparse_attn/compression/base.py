@@ -45,6 +45,7 @@ from sparse_attn.compression import head_budget as head_budget_lib
 from sparse_attn.compression import layout, prefill
 from sparse_attn.compression.decode_phase import Phase
 from sparse_attn.compression.head_budget import HeadBudget
+from sparse_attn.compression.merge_evicted import MergeOnEvict
 from sparse_attn.compression.scorer import Scorer
 from sparse_attn.protocol import PrefillGroup
 
@@ -55,7 +56,7 @@ SIGNALS = {"attention": "attention weights of the prompt's queries",
 
 
 @dataclasses.dataclass(frozen=True)
-class CompressionMethod(Scorer):
+class CompressionMethod(Scorer, MergeOnEvict):
   """Static configuration of a compression method (hashable; a jit static argument).
 
   Attributes:
@@ -86,8 +87,8 @@ class CompressionMethod(Scorer):
       that layers and batches that keep nearby counts (PyramidKV's layer budgets, KVzip's
       model-wide ranking, ragged batches) share compiled shapes, for at most ``2 ** -bits``
       more slots. The extra slots are empty: per-head caches attend bit for bit as exact
-      sizes, Ada-KV's flat buffer to float rounding (its softmax sums the whole buffer)
-      (``tests/experiments/test_compression_buckets.py``).
+      sizes, Ada-KV's flat buffer to float rounding (``test_compression_buckets.py``).
+    merge, merge_threshold, merge_fraction: merge on evict (``merge_evicted.MergeOnEvict``).
   """
 
   spec: str = ""
@@ -109,17 +110,15 @@ class CompressionMethod(Scorer):
   name: ClassVar[str] = ""
   prefill_group: ClassVar[PrefillGroup | None] = PrefillGroup.COMPRESSION
   DEFAULTS: ClassVar[dict] = {}  # per-method defaults of the common options
-  # True for a scorer whose attention weights come from a model of uncapped, unwindowed
-  # logits (Expected Attention's Gaussian moments): it refuses a soft-capped model and a
-  # sliding window (``with_softcap``, ``with_sliding_window``).
+  # True for a scorer whose attention weights model uncapped, unwindowed logits (Expected
+  # Attention's): it refuses a soft-capped model and a window (``with_softcap`` / ``_window``).
   estimates_raw_attention: ClassVar[bool] = False
   # The leaderboard panels it runs on (kvpress's evaluation/leaderboard.sh): "query_agnostic"
   # (the question arrives after compression) and/or "query_aware" (the question is compressed
   # with the context: the methods whose paper scores with the question in view).
   PANELS: ClassVar[tuple[str, ...]] = ("query_agnostic",)
   # True when each decode step also reads only a subset of the kept cache (RocketKV's stage 2):
-  # its budget is a share read per step, compared beside the sparse decoders (the leaderboard
-  # figure draws it in their panel).
+  # compared beside the sparse decoders (the leaderboard figure draws it in their panel).
   SPARSE_DECODE: ClassVar[bool] = False
   # What its token scores are computed from (``SIGNALS``; the catalog lists it and the
   # leaderboard figure splits a crowded compression panel by it). None: not stated.
@@ -137,6 +136,7 @@ class CompressionMethod(Scorer):
     r = self.ratio
     if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0.0 <= r < 1.0:
       raise ValueError(f"ratio (fraction evicted) must be in [0, 1), got {r!r}")
+    self.check_merge()
     object.__setattr__(self, "phase", Phase.parse(self.phase, "phase"))
     object.__setattr__(self, "head_budget", HeadBudget.parse(self.head_budget, "head_budget"))
     if not 0.0 <= self.floor <= 1.0:

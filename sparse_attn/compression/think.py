@@ -213,6 +213,9 @@ class ThinK(CompressionMethod):
     if self.phase != "prefill" or self.head_budget != "uniform" or self.max_tokens is not None:
       raise ValueError(f"{self.spec or self.name}: ThinK prunes key channels once after the "
                        "prompt (phase='prefill', head_budget='uniform', no max_tokens)")
+    if self.merge:
+      raise ValueError(f"{self.spec or self.name}: ThinK evicts no token, so none merges "
+                       "(merge=true merges a token press's evicted values: 'snapkv:merge=true')")
 
   def kept_dim(self, head_dim: int) -> int:
     """``D' = ceil((1 - ratio) D)`` key channels kept."""
