@@ -20,6 +20,10 @@ and each kept value becomes
 (unchanged where nothing merged). Keys are untouched, so their RoPE positions stay valid. The
 merge applies at the prompt's cut only (kvpress's press is a prefill press); a decode phase's
 later cuts evict plainly.
+
+Cost: every slot's cosine with every slot of its head, masked to the kept ones (static shapes:
+which slots are evicted is data), ``ROW_TILE`` rows at a time: ``B K T^2 D`` multiply-adds
+once per layer, where kvpress forms the evicted x kept block (a quarter of it at ratio 0.5).
 """
 
 from __future__ import annotations
