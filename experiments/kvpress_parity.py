@@ -117,16 +117,23 @@ READS_QUERIES = {"compactor", "compactor_exact", "adakv_compactor", "expected_at
 def ours_kept(m, k, v, ratio, q=None):
   """``[K, S]`` bool: what method ``m`` keeps of one layer's ``k, v [K, S, D]`` (and its
   queries ``q [N, S, D]``, for the methods that read them)."""
+  cache, state = prefilled(m, k, v, q)
+  s = k.shape[1]
+  n = jnp.full((1,), math.ceil((1 - ratio) * s), jnp.int32)
+  return np.asarray(m.keep_mask(cache, state, None, n))[0, :, :s]
+
+
+def prefilled(m, k, v, q=None):
+  """``(cache, state)`` of ``m`` after a dense prefill of one layer's ``k, v [K, S, D]`` (and
+  queries ``q [N, S, D]``; zeros for the scorers that read none), batch 1."""
   kh, s, d = k.shape
   nq = kh if q is None else q.shape[0]
   cache = m.init_cache(1, kh, m.round_capacity(s), d)
   state = m.init_state(1, nq, kh, d, cache.capacity)
   pos = jnp.arange(s, dtype=jnp.int32)[None]
-  # the key/value scorers read no queries
   q = jnp.zeros((1, kh, s, d), jnp.float32) if q is None else jnp.asarray(q)[None]
   _, cache, state = m.prefill(q, jnp.asarray(k)[None], jnp.asarray(v)[None], cache, state, pos)
-  n = jnp.full((1,), math.ceil((1 - ratio) * s), jnp.int32)
-  return np.asarray(m.keep_mask(cache, state, None, n))[0, :, :s]
+  return cache, state
 
 
 def merged_values(m, press, kvpress, k, v, ratio, q=None, inv_freq=None):
@@ -137,13 +144,7 @@ def merged_values(m, press, kvpress, k, v, ratio, q=None, inv_freq=None):
   in the order of its top-k."""
   import torch  # pylint: disable=g-import-not-at-top
   kh, s, d = k.shape
-  nq = kh if q is None else q.shape[0]
-  cache = m.init_cache(1, kh, m.round_capacity(s), d)
-  state = m.init_state(1, nq, kh, d, cache.capacity)
-  qq = jnp.zeros((1, kh, s, d), jnp.float32) if q is None else jnp.asarray(q)[None]
-  pos = jnp.arange(s, dtype=jnp.int32)[None]
-  _, cache, state = m.prefill(qq, jnp.asarray(k)[None], jnp.asarray(v)[None], cache, state, pos)
-  new, _ = m.end_prefill(cache, state)
+  new, _ = m.end_prefill(*prefilled(m, k, v, q))
   ours = {}
   for h in range(kh):
     for slot in np.flatnonzero(np.asarray(new.valid)[0, h]):

@@ -330,14 +330,6 @@ def apply_layer(layer_params: Params, config: ModelConfig, x, positions, attend,
                                                             positions, attend)
 
 
-def attention_input_norms(layer_params: Params, config: ModelConfig, x):
-  """``[B, S]`` float32 ``||h_s||_2`` of a layer's attention input ``h`` (``x [B, S, E]`` after
-  the layer's input norm, as ``Block`` computes it): KVzip+'s query weights."""
-  h = RMSNorm(config.rms_norm_eps, compute_dtype(config), config.norm_plus_one).apply(
-      {"params": layer_params["attn_norm"]}, x)
-  return jnp.linalg.norm(h.astype(jnp.float32), axis=-1)
-
-
 def _run_layers_unrolled(block, params, x, positions, attend, per_layer, tables, config):
   """``run_layers`` for per-layer inputs given as lists (the decode layout); ``tables``: the
   global and the local layers' RoPE tables."""

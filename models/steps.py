@@ -230,7 +230,7 @@ def _layer_body(layer_params, x, positions, cache, state, relay=None, *, config,
   scale = llama.softmax_scale(config)
   extra = {}
   if phase == "replay" and getattr(m, "reads_hidden_norm", False):  # KVzip+
-    extra["hidden_norm"] = llama.attention_input_norms(layer_params, config, x)
+    extra["hidden_norm"] = _attention_input_norms(layer_params, config, x)
 
   def attend(q, k, v):
     if relays:
@@ -242,6 +242,14 @@ def _layer_body(layer_params, x, positions, cache, state, relay=None, *, config,
   x, (cache, state, relay) = llama.apply_layer(layer_params, config, x, positions, attend,
                                                local)
   return x, cache, state, relay
+
+
+def _attention_input_norms(layer_params, config, x):
+  """``[B, S]`` float32 ``||h_s||_2`` of a layer's attention input ``h`` (``x [B, S, E]`` after
+  the layer's input norm, as ``llama.Block`` computes it): KVzip+'s query weights."""
+  h = llama.RMSNorm(config.rms_norm_eps, llama.compute_dtype(config), config.norm_plus_one).apply(
+      {"params": layer_params["attn_norm"]}, x)
+  return jnp.linalg.norm(h.astype(jnp.float32), axis=-1)
 
 
 _layer = jax.jit(_layer_body, static_argnames=("config", "method", "phase", "local"),

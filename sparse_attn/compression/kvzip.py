@@ -151,14 +151,15 @@ def _replay_weights(q, k_ctx, seen, k_own, positions, scale, query_block: int, c
   qg = qg.reshape(b, kh, n // kh, nb, blk, d).transpose(3, 0, 1, 2, 4, 5)  # [nb,B,K,G,blk,D]
   q_pos = jnp.pad(positions, ((0, 0), (0, pad)), constant_values=-1)
   q_pos = q_pos.reshape(b, nb, blk).transpose(1, 0, 2)  # [nb, B, blk]
-  rows = jnp.ones((b, s), jnp.float32) if rows is None else rows
-  q_row = jnp.pad(rows, ((0, 0), (0, pad))).reshape(b, nb, blk).transpose(1, 0, 2)
+  xs = (qg, q_pos)
+  if rows is not None:  # KVzip+: each block's query weights
+    xs += (jnp.pad(rows, ((0, 0), (0, pad))).reshape(b, nb, blk).transpose(1, 0, 2),)
   k_ctx = k_ctx.astype(jnp.float32)
   k_own = k_own.astype(jnp.float32)
   own_ok = positions >= 0  # [B, S]
 
   def block_max(args):  # the largest weight of each context key over one block's queries
-    qb, pb, rb = args  # [B, K, G, blk, D], [B, blk], [B, blk]
+    qb, pb, *rb = args  # [B, K, G, blk, D], [B, blk], KVzip+'s [B, blk]
     lc = jnp.einsum("bkgsd,bktd->bkgst", qb, k_ctx) * scale  # [B, K, G, blk, W]
     lo = jnp.einsum("bkgsd,bkud->bkgsu", qb, k_own) * scale  # [B, K, G, blk, S]
     ok = pb >= 0
@@ -169,12 +170,14 @@ def _replay_weights(q, k_ctx, seen, k_own, positions, scale, query_block: int, c
     den = (jnp.sum(jnp.exp(lc - mx), -1, keepdims=True)
            + jnp.sum(jnp.exp(lo - mx), -1, keepdims=True))
     w = jnp.where(seen[:, :, None, None, :], jnp.exp(lc - mx) / den, 0.0)
-    w = jnp.where(ok[:, None, None, :, None], w * rb[:, None, None, :, None], 0.0)  # padding: 0
+    w = jnp.where(ok[:, None, None, :, None], w, 0.0)  # padding queries score nothing
+    if rb:
+      w = w * rb[0][:, None, None, :, None]
     if cols is not None:
       w = w * cols[:, :, :, None, :]
     return jnp.max(w, axis=(2, 3))
 
-  return jnp.max(jax.lax.map(block_max, (qg, q_pos, q_row)), axis=0)
+  return jnp.max(jax.lax.map(block_max, xs), axis=0)
 
 
 def replay_attention(q, k, v, cache, positions, scale=None, *, softcap=None, window=None):
